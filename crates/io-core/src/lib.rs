@@ -1,1 +1,38 @@
-//! (being written)
+//! MORI-IO engine core: the types every layer above shares.
+//!
+//! - [`EngineDesc`], [`MemoryDesc`]: descriptors exchanged out of band (postcard + version byte).
+//! - [`TransferStatus`]: completion handle (poll, spin, `wait_for`; first error sticks).
+//! - [`IoError`] / [`ErrorCode`]: codes compatible with upstream MORI-IO's `StatusCode`.
+//! - [`Backend`]: the transport trait; [`Refusal`] says why a backend will not serve a pair.
+//! - Sans-IO pieces: [`wire`] (control-plane framing), [`plan`] (batch checks and striping),
+//!   [`registry`] (bounds checks), [`inbound`] (target-side completion records).
+
+pub mod backend;
+pub mod desc;
+pub mod error;
+pub mod inbound;
+pub mod plan;
+pub mod registry;
+pub mod status;
+pub mod wire;
+
+pub use backend::{Backend, BackendContext, BackendKind, Op, Refusal, TransferRequest};
+pub use desc::{BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, DESC_VERSION};
+pub use error::{ErrorCode, IoError, IoResult};
+pub use inbound::InboundTable;
+pub use plan::{Piece, Seg};
+pub use registry::{MemRegistry, Region};
+pub use status::{TransferId, TransferStatus};
+
+/// Reads a duration in milliseconds from environment variable `var`, else `default`.
+/// Errors: `InvalidArgs` naming the variable and its value when it does not parse.
+pub fn env_millis(var: &str, default: std::time::Duration) -> IoResult<std::time::Duration> {
+    match std::env::var(var) {
+        Ok(v) => v
+            .trim()
+            .parse::<u64>()
+            .map(std::time::Duration::from_millis)
+            .map_err(|_| IoError::invalid(format!("{var}={v:?} is not a whole number of milliseconds"))),
+        Err(_) => Ok(default),
+    }
+}

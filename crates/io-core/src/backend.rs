@@ -1,0 +1,131 @@
+//! The transport trait every backend implements, and what the engine hands it.
+
+use crate::desc::{EngineDesc, MemoryDesc};
+use crate::error::IoResult;
+use crate::inbound::InboundTable;
+use crate::plan::Seg;
+use crate::registry::MemRegistry;
+use crate::status::{TransferId, TransferStatus};
+use serde::{Deserialize, Serialize};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+/// The transports, in the engine's preference order (first that serves wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum BackendKind {
+    /// Same-node GPU P2P through CUDA/HIP IPC (NVLink, xGMI, PCIe P2P).
+    Xgmi,
+    /// VMM shareable handles (POSIX FD within a node, FABRIC across a scale-up domain).
+    Fabric,
+    /// RDMA RC queue pairs over ibverbs.
+    Rdma,
+    /// TCP streams; any host, host memory.
+    Tcp,
+}
+
+impl BackendKind {
+    /// Lower-case name as the CLI spells it (`xgmi`, `fabric`, `rdma`, `tcp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Xgmi => "xgmi",
+            BackendKind::Fabric => "fabric",
+            BackendKind::Rdma => "rdma",
+            BackendKind::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a backend will not serve a (local, remote, peer) triple, in words a user can act on
+/// ("remote memory is on a GPU; the tcp backend moves host memory only").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The backend that refused.
+    pub backend: BackendKind,
+    /// The reason.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.backend, self.reason)
+    }
+}
+
+/// Direction of a transfer, seen from the initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// Remote memory -> local memory.
+    Read,
+    /// Local memory -> remote memory.
+    Write,
+}
+
+/// A checked, merged batch ready for a backend. The engine has verified every segment
+/// against both regions' sizes; the backend still checks the local region is registered
+/// (and the target checks its side again) before touching memory.
+#[derive(Debug, Clone)]
+pub struct TransferRequest {
+    /// Read or write.
+    pub op: Op,
+    /// Transfer id (the target reports inbound completion under it).
+    pub id: TransferId,
+    /// The target engine.
+    pub peer: Arc<EngineDesc>,
+    /// Local region.
+    pub local: Arc<MemoryDesc>,
+    /// Remote region.
+    pub remote: Arc<MemoryDesc>,
+    /// Non-empty segments in batch order (adjacent contiguous entries merged).
+    pub segs: Vec<Seg>,
+}
+
+/// What a backend shares with its engine.
+#[derive(Clone)]
+pub struct BackendContext {
+    /// This engine's descriptor.
+    pub local: Arc<EngineDesc>,
+    /// This engine's registrations (the bounds check for inbound requests).
+    pub registry: Arc<MemRegistry>,
+    /// Where inbound completions are recorded for `pop_inbound_status`.
+    pub inbound: Arc<InboundTable>,
+}
+
+/// A transport. Implementations never block the caller without a deadline, never complete a
+/// write before its data is at the target, and never touch memory outside a registration.
+pub trait Backend: Send + Sync {
+    /// Which transport this is.
+    fn kind(&self) -> BackendKind;
+
+    /// Called when the engine registers memory; may attach handles to `desc`.
+    fn on_register(&self, _desc: &mut MemoryDesc) -> IoResult<()> {
+        Ok(())
+    }
+
+    /// Called when the engine deregisters memory (after in-flight operations drained).
+    fn on_deregister(&self, _desc: &MemoryDesc) -> IoResult<()> {
+        Ok(())
+    }
+
+    /// Whether this backend can move data between `local` and `remote` owned by `peer`.
+    fn can_serve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> Result<(), Refusal>;
+
+    /// Sets up connections to `peer` ahead of the first transfer (sessions call it).
+    fn connect(&self, peer: &EngineDesc) -> IoResult<()>;
+
+    /// Posts a request; the backend completes `status` (which the engine created with one
+    /// piece; the backend may `add_pieces`). Errors are reported through `status`.
+    fn post(&self, req: TransferRequest, status: TransferStatus);
+
+    /// Takes over an inbound data connection whose hello named this backend, sent by the
+    /// engine `from`. The backend owns the stream from now on.
+    fn accept(&self, stream: TcpStream, from: EngineDesc, lane: u32) -> IoResult<()>;
+
+    /// Forgets connections to a peer (the engine deregistered it).
+    fn disconnect(&self, _peer_key: &str) {}
+}

@@ -1,0 +1,189 @@
+//! Descriptors exchanged between engines out of band: [`EngineDesc`] and [`MemoryDesc`].
+//!
+//! Both serialize with postcard behind one version byte ([`DESC_VERSION`]); decoding rejects
+//! an unknown version, truncated input and trailing bytes with `InvalidArgs`.
+
+use crate::error::{IoError, IoResult};
+use serde::{Deserialize, Serialize};
+
+/// Version byte that prefixes every serialized descriptor.
+pub const DESC_VERSION: u8 = 1;
+
+/// Identifies an engine and tells peers how to reach its control plane.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EngineDesc {
+    /// Unique engine key chosen by the user (e.g. "prefill-0").
+    pub key: String,
+    /// Identifies the node (host) the engine runs on; engines with equal `node_id` share a node.
+    pub node_id: String,
+    /// The host name of that node.
+    pub hostname: String,
+    /// Address the control-plane listener is reachable at (IPv4/IPv6 literal or host name).
+    pub host: String,
+    /// Port of the control-plane listener.
+    pub port: u16,
+    /// Process id of the owning process.
+    pub pid: u32,
+}
+
+/// Where a registered region lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MemLoc {
+    /// Host (CPU) memory, optionally on a known NUMA node.
+    Host {
+        /// NUMA node, if known.
+        numa: Option<u32>,
+    },
+    /// GPU device memory on the given device ordinal.
+    Gpu {
+        /// Device ordinal as the GPU runtime numbers it.
+        device: u32,
+    },
+}
+
+impl MemLoc {
+    /// True for host memory.
+    pub fn is_host(&self) -> bool {
+        matches!(self, MemLoc::Host { .. })
+    }
+}
+
+/// Identifier of a registered region, unique within its engine.
+pub type MemId = u64;
+
+/// A registered memory region as peers see it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MemoryDesc {
+    /// Key of the engine that registered it.
+    pub engine_key: String,
+    /// Region id within that engine.
+    pub id: MemId,
+    /// Virtual address of the region's first byte in the owner's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Host or GPU.
+    pub loc: MemLoc,
+    /// PCI bus id of the GPU (or NIC-local device) when known.
+    pub bus_id: Option<String>,
+    /// Backend-specific handles (IPC handle, fabric handle, rkeys) as the backends fill them.
+    pub handles: Vec<BackendHandle>,
+}
+
+/// An opaque handle a backend attached to a [`MemoryDesc`] at registration.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BackendHandle {
+    /// Which backend understands it.
+    pub backend: crate::BackendKind,
+    /// The backend's serialized handle.
+    pub bytes: Vec<u8>,
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    let mut out = vec![DESC_VERSION];
+    // postcard serialization of these plain structs cannot fail (no maps with non-string keys,
+    // no unsupported types); fall back to an empty body that decode rejects, never panic.
+    match postcard::to_allocvec(v) {
+        Ok(body) => out.extend_from_slice(&body),
+        Err(_) => out.clear(),
+    }
+    out
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> IoResult<T> {
+    let (&ver, body) = bytes
+        .split_first()
+        .ok_or_else(|| IoError::invalid(format!("{what}: empty input (expected version byte)")))?;
+    if ver != DESC_VERSION {
+        return Err(IoError::invalid(format!(
+            "{what}: unknown descriptor version {ver} (this build reads version {DESC_VERSION})"
+        )));
+    }
+    let (v, rest) = postcard::take_from_bytes::<T>(body)
+        .map_err(|e| IoError::invalid(format!("{what}: malformed or truncated ({e}), {} bytes", bytes.len())))?;
+    if !rest.is_empty() {
+        return Err(IoError::invalid(format!("{what}: {} trailing bytes after the descriptor", rest.len())));
+    }
+    Ok(v)
+}
+
+impl EngineDesc {
+    /// Serializes as `[DESC_VERSION] ++ postcard(self)`.
+    pub fn pack(&self) -> Vec<u8> {
+        encode(self)
+    }
+    /// Parses what [`EngineDesc::pack`] produced. Errors: `InvalidArgs` for an unknown version,
+    /// truncated or trailing bytes.
+    pub fn unpack(bytes: &[u8]) -> IoResult<Self> {
+        decode("EngineDesc", bytes)
+    }
+}
+
+impl MemoryDesc {
+    /// Serializes as `[DESC_VERSION] ++ postcard(self)`.
+    pub fn pack(&self) -> Vec<u8> {
+        encode(self)
+    }
+    /// Parses what [`MemoryDesc::pack`] produced. Errors as [`EngineDesc::unpack`].
+    pub fn unpack(bytes: &[u8]) -> IoResult<Self> {
+        decode("MemoryDesc", bytes)
+    }
+    /// The handle a given backend attached, if any.
+    pub fn handle(&self, backend: crate::BackendKind) -> Option<&[u8]> {
+        self.handles.iter().find(|h| h.backend == backend).map(|h| h.bytes.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn engine() -> EngineDesc {
+        EngineDesc {
+            key: "prefill-0".into(),
+            node_id: "n1".into(),
+            hostname: "h".into(),
+            host: "127.0.0.1".into(),
+            port: 18516,
+            pid: 42,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_rejections() {
+        let e = engine();
+        let b = e.pack();
+        assert_eq!(b[0], DESC_VERSION);
+        assert_eq!(EngineDesc::unpack(&b).unwrap(), e);
+        let mut bad = b.clone();
+        bad[0] = 9;
+        let err = EngineDesc::unpack(&bad).unwrap_err();
+        assert_eq!(err.code, crate::ErrorCode::InvalidArgs);
+        assert!(err.msg.contains("unknown descriptor version 9"), "{err}");
+        assert!(EngineDesc::unpack(&[]).is_err());
+        let mut long = b.clone();
+        long.push(0);
+        assert!(EngineDesc::unpack(&long).unwrap_err().msg.contains("trailing"));
+    }
+
+    proptest! {
+        #[test]
+        fn memory_desc_round_trips_and_every_truncation_fails(
+            id in any::<u64>(), addr in any::<u64>(), len in any::<u64>(), gpu in any::<bool>(),
+            dev in 0u32..16, h in proptest::collection::vec(any::<u8>(), 0..64)
+        ) {
+            let d = MemoryDesc {
+                engine_key: "decode-3".into(), id, addr, len,
+                loc: if gpu { MemLoc::Gpu { device: dev } } else { MemLoc::Host { numa: Some(dev) } },
+                bus_id: gpu.then(|| "0000:19:00.0".to_string()),
+                handles: vec![BackendHandle { backend: crate::BackendKind::Tcp, bytes: h }],
+            };
+            let b = d.pack();
+            prop_assert_eq!(MemoryDesc::unpack(&b).unwrap(), d);
+            for cut in 0..b.len() {
+                prop_assert!(MemoryDesc::unpack(&b[..cut]).is_err());
+            }
+        }
+    }
+}

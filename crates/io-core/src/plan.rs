@@ -1,0 +1,180 @@
+//! Sans-IO batch checking and striping of a batch over several connections ("lanes").
+//!
+//! Used by stream transports (TCP): a batch of `(local offset, remote offset, length)` entries
+//! is checked against both regions, adjacent entries that are contiguous on both sides are
+//! merged, and the byte stream is cut into near-equal shares, one per lane, each share cut
+//! again into pieces of at most `max_segs` segments.
+
+use crate::error::{IoError, IoResult};
+use crate::registry::check_range;
+
+/// One contiguous copy: `len` bytes from local offset to remote offset (or back, for reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seg {
+    /// Offset in the local region, bytes.
+    pub local_off: u64,
+    /// Offset in the remote region, bytes.
+    pub remote_off: u64,
+    /// Length, bytes.
+    pub len: u64,
+}
+
+/// Part of a transfer that travels as one request on one lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Lane (connection) index, `0..lanes`.
+    pub lane: usize,
+    /// Segments, in stream order.
+    pub segs: Vec<Seg>,
+}
+
+/// Checks a batch given as three parallel arrays and returns its non-empty segments, merged.
+///
+/// Rules: the arrays must have equal, non-zero lengths (`InvalidArgs` naming the three
+/// lengths, or "empty batch"); every entry must lie inside both regions (`InvalidArgs` naming
+/// the entry index, the side, the range and the region size); zero-length entries are allowed
+/// and skipped. Adjacent entries contiguous on both sides merge into one segment.
+pub fn check_batch(
+    local: (u64, u64),
+    remote: (u64, u64),
+    local_offs: &[u64],
+    remote_offs: &[u64],
+    sizes: &[u64],
+) -> IoResult<Vec<Seg>> {
+    let (lid, llen) = local;
+    let (rid, rlen) = remote;
+    if local_offs.len() != remote_offs.len() || local_offs.len() != sizes.len() {
+        return Err(IoError::invalid(format!(
+            "batch arrays differ in length: {} local offsets, {} remote offsets, {} sizes",
+            local_offs.len(),
+            remote_offs.len(),
+            sizes.len()
+        )));
+    }
+    if sizes.is_empty() {
+        return Err(IoError::invalid("empty batch: no entries"));
+    }
+    let mut out: Vec<Seg> = Vec::with_capacity(sizes.len().min(1 << 16));
+    for (i, ((&lo, &ro), &n)) in local_offs.iter().zip(remote_offs).zip(sizes).enumerate() {
+        check_range(lid, llen, lo, n).map_err(|e| IoError::invalid(format!("entry {i}: local {}", e.msg)))?;
+        check_range(rid, rlen, ro, n).map_err(|e| IoError::invalid(format!("entry {i}: remote {}", e.msg)))?;
+        if n == 0 {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if last.local_off + last.len == lo && last.remote_off + last.len == ro => last.len += n,
+            _ => out.push(Seg { local_off: lo, remote_off: ro, len: n }),
+        }
+    }
+    Ok(out)
+}
+
+/// Cuts `segs` into pieces over at most `lanes` lanes.
+///
+/// The number of lanes used is `min(lanes, ceil(total / min_lane_bytes))` (at least 1);
+/// shares are near-equal in bytes (they differ by at most one byte), taken in stream order, so
+/// a segment may be split at a share boundary. Lane numbering starts at `first_lane % lanes`
+/// and goes round. Each share is cut into pieces of at most `max_segs` segments.
+/// Returns no pieces when `segs` holds no bytes.
+pub fn stripe(segs: &[Seg], lanes: usize, first_lane: usize, min_lane_bytes: u64, max_segs: usize) -> Vec<Piece> {
+    let lanes = lanes.max(1);
+    let max_segs = max_segs.max(1);
+    let total: u64 = segs.iter().map(|s| s.len).sum();
+    if total == 0 {
+        return Vec::new();
+    }
+    let used = (total.div_ceil(min_lane_bytes.max(1)) as usize).clamp(1, lanes);
+    let mut pieces = Vec::new();
+    let mut it = segs.iter().copied();
+    let mut cur: Option<Seg> = None;
+    for k in 0..used {
+        let share = total / used as u64 + u64::from((k as u64) < total % used as u64);
+        let lane = (first_lane + k) % lanes;
+        let mut left = share;
+        let mut piece = Piece { lane, segs: Vec::new() };
+        while left > 0 {
+            let s = match cur.take().or_else(|| it.next()) {
+                Some(s) => s,
+                None => break,
+            };
+            let take = s.len.min(left);
+            piece.segs.push(Seg { len: take, ..s });
+            if take < s.len {
+                cur = Some(Seg { local_off: s.local_off + take, remote_off: s.remote_off + take, len: s.len - take });
+            }
+            left -= take;
+            if piece.segs.len() == max_segs && left > 0 {
+                pieces.push(std::mem::replace(&mut piece, Piece { lane, segs: Vec::new() }));
+            }
+        }
+        if !piece.segs.is_empty() {
+            pieces.push(piece);
+        }
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Oracle: the byte-level map local byte -> remote byte of a list of segments.
+    fn bytes(segs: &[Seg]) -> Vec<(u64, u64)> {
+        segs.iter().flat_map(|s| (0..s.len).map(move |i| (s.local_off + i, s.remote_off + i))).collect()
+    }
+
+    #[test]
+    fn errors_name_the_input() {
+        let e = check_batch((1, 100), (2, 50), &[0, 0], &[0], &[1]).unwrap_err();
+        assert!(e.msg.contains("2 local offsets, 1 remote offsets, 1 sizes"), "{e}");
+        let e = check_batch((1, 100), (2, 50), &[], &[], &[]).unwrap_err();
+        assert!(e.msg.contains("empty batch"));
+        let e = check_batch((1, 100), (2, 50), &[0, 10], &[0, 45], &[5, 10]).unwrap_err();
+        assert!(e.msg.contains("entry 1: remote range offset 45 + length 10 exceeds region 2 of 50 bytes"), "{e}");
+        let e = check_batch((1, 100), (2, 50), &[u64::MAX], &[0], &[2]).unwrap_err();
+        assert!(e.msg.contains("entry 0: local"), "{e}");
+    }
+
+    #[test]
+    fn merges_contiguous_and_skips_empty() {
+        let s = check_batch((1, 100), (2, 100), &[0, 10, 20, 50], &[0, 10, 30, 60], &[10, 10, 0, 5]).unwrap();
+        assert_eq!(s, vec![Seg { local_off: 0, remote_off: 0, len: 20 }, Seg { local_off: 50, remote_off: 60, len: 5 }]);
+    }
+
+    proptest! {
+        #[test]
+        fn stripe_covers_every_byte_once_in_order(
+            raw in proptest::collection::vec((0u64..64, 1u64..300), 0..40),
+            lanes in 1usize..9, first in 0usize..20, min_lane in 1u64..2000, max_segs in 1usize..6,
+        ) {
+            // Build non-overlapping segments at increasing offsets with gaps.
+            let mut segs = Vec::new();
+            let (mut lo, mut ro) = (0u64, 7u64);
+            for (gap, len) in raw {
+                lo += gap; ro += gap * 2 + 1;
+                segs.push(Seg { local_off: lo, remote_off: ro, len });
+                lo += len; ro += len;
+            }
+            let pieces = stripe(&segs, lanes, first, min_lane, max_segs);
+            let flat: Vec<Seg> = pieces.iter().flat_map(|p| p.segs.clone()).collect();
+            prop_assert_eq!(bytes(&flat), bytes(&segs));
+            let total: u64 = segs.iter().map(|s| s.len).sum();
+            let used = if total == 0 { 0 } else { (total.div_ceil(min_lane) as usize).clamp(1, lanes) };
+            let mut per_lane = vec![0u64; lanes];
+            for p in &pieces {
+                prop_assert!(p.lane < lanes);
+                prop_assert!(!p.segs.is_empty() && p.segs.len() <= max_segs);
+                per_lane[p.lane] += p.segs.iter().map(|s| s.len).sum::<u64>();
+            }
+            let busy: Vec<u64> = per_lane.iter().copied().filter(|&b| b > 0).collect();
+            prop_assert_eq!(busy.len(), used);
+            if let (Some(mx), Some(mn)) = (busy.iter().max(), busy.iter().min()) {
+                prop_assert!(mx - mn <= 1);
+            }
+            if total > 0 {
+                prop_assert_eq!(pieces[0].lane, first % lanes);
+            }
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! [`TransferStatus`]: the completion handle of one posted transfer.
+
+use crate::error::{ErrorCode, IoError};
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const IN_PROGRESS: u8 = 0;
+const SUCCESS: u8 = 1;
+const FAILED: u8 = 2;
+
+/// Transfer identifier, unique per initiating engine (see `IoEngine::allocate_transfer_uid`).
+pub type TransferId = u64;
+
+struct Inner {
+    state: AtomicU8,
+    pending: AtomicU32,
+    error: Mutex<Option<IoError>>,
+    waiters: AtomicU32,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+/// Shared completion state of a transfer that was split into `pieces` (one per connection,
+/// QP or stream). Cloning shares the state.
+///
+/// - It becomes `Success` when every piece completed without error.
+/// - The first error sticks: the status turns `Failed` at once with that error, and later
+///   pieces (successful or not) change nothing.
+/// - [`TransferStatus::poll`] never blocks; [`TransferStatus::wait_for`] blocks with a deadline.
+#[derive(Clone)]
+pub struct TransferStatus {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for TransferStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferStatus").field("code", &self.code()).finish()
+    }
+}
+
+impl TransferStatus {
+    /// A status waiting for `pieces` completions. `pieces == 0` is already `Success`.
+    pub fn new(pieces: u32) -> Self {
+        let s = TransferStatus {
+            inner: Arc::new(Inner {
+                state: AtomicU8::new(if pieces == 0 { SUCCESS } else { IN_PROGRESS }),
+                pending: AtomicU32::new(pieces),
+                error: Mutex::new(None),
+                waiters: AtomicU32::new(0),
+                lock: Mutex::new(()),
+                cv: Condvar::new(),
+            }),
+        };
+        s
+    }
+
+    /// A status that already failed with `err`.
+    pub fn failed(err: IoError) -> Self {
+        let s = Self::new(1);
+        s.complete_piece(Err(err));
+        s
+    }
+
+    /// Adds `n` more expected pieces to a status still in progress (used when a backend splits
+    /// further after creation). No effect once the status is terminal.
+    pub fn add_pieces(&self, n: u32) {
+        if self.inner.state.load(Ordering::Acquire) == IN_PROGRESS {
+            self.inner.pending.fetch_add(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Records the completion of one piece. The first `Err` makes the status `Failed` (sticky).
+    pub fn complete_piece(&self, r: Result<(), IoError>) {
+        let inner = &self.inner;
+        match r {
+            Err(e) => {
+                let mut slot = inner.error.lock();
+                if inner.state.load(Ordering::Acquire) == IN_PROGRESS {
+                    *slot = Some(e);
+                    inner.state.store(FAILED, Ordering::Release);
+                    drop(slot);
+                    self.wake();
+                }
+            }
+            Ok(()) => {
+                let prev = inner.pending.fetch_sub(1, Ordering::AcqRel);
+                if prev == 1
+                    && inner
+                        .state
+                        .compare_exchange(IN_PROGRESS, SUCCESS, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    self.wake();
+                }
+            }
+        }
+    }
+
+    fn wake(&self) {
+        if self.inner.waiters.load(Ordering::Acquire) > 0 {
+            let _g = self.inner.lock.lock();
+            self.inner.cv.notify_all();
+        }
+    }
+
+    /// Current code: `InProgress`, `Success`, or the sticky error's code. Never blocks.
+    pub fn code(&self) -> ErrorCode {
+        match self.inner.state.load(Ordering::Acquire) {
+            IN_PROGRESS => ErrorCode::InProgress,
+            SUCCESS => ErrorCode::Success,
+            _ => self.inner.error.lock().as_ref().map(|e| e.code).unwrap_or(ErrorCode::Transport),
+        }
+    }
+
+    /// `None` while in progress, else the final result. Never blocks.
+    pub fn poll(&self) -> Option<Result<(), IoError>> {
+        match self.inner.state.load(Ordering::Acquire) {
+            IN_PROGRESS => None,
+            SUCCESS => Some(Ok(())),
+            _ => Some(Err(self
+                .inner
+                .error
+                .lock()
+                .clone()
+                .unwrap_or_else(|| IoError::transport("failed without a recorded error")))),
+        }
+    }
+
+    /// True once `Success` or `Failed`.
+    pub fn is_done(&self) -> bool {
+        self.inner.state.load(Ordering::Acquire) != IN_PROGRESS
+    }
+
+    /// True once `Success`.
+    pub fn succeeded(&self) -> bool {
+        self.inner.state.load(Ordering::Acquire) == SUCCESS
+    }
+
+    /// Spin-polls (no sleeping, as nixlbench's `getXferStatus` loop does) until done or until
+    /// `timeout` passes. On expiry returns `Timeout`; the transfer itself stays in progress.
+    pub fn spin_for(&self, timeout: Duration) -> Result<(), IoError> {
+        let deadline = Instant::now() + timeout;
+        let mut n: u32 = 0;
+        loop {
+            if let Some(r) = self.poll() {
+                return r;
+            }
+            n = n.wrapping_add(1);
+            if n % 64 == 0 {
+                if Instant::now() >= deadline {
+                    return Err(self.timeout_error(timeout));
+                }
+                // Give the transport's threads a chance on small machines; still a poll loop.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Blocks until done or until `timeout` passes (then `Timeout`; the transfer stays in
+    /// progress and can be waited on again).
+    pub fn wait_for(&self, timeout: Duration) -> Result<(), IoError> {
+        let deadline = Instant::now() + timeout;
+        for _ in 0..256 {
+            if let Some(r) = self.poll() {
+                return r;
+            }
+            std::hint::spin_loop();
+        }
+        self.inner.waiters.fetch_add(1, Ordering::AcqRel);
+        let mut g = self.inner.lock.lock();
+        let r = loop {
+            if let Some(r) = self.poll() {
+                break r;
+            }
+            if self.inner.cv.wait_until(&mut g, deadline).timed_out() {
+                break self.poll().unwrap_or_else(|| Err(self.timeout_error(timeout)));
+            }
+        };
+        drop(g);
+        self.inner.waiters.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+
+    fn timeout_error(&self, timeout: Duration) -> IoError {
+        IoError::timeout(format!(
+            "transfer not complete after {:.3} s ({} piece(s) outstanding)",
+            timeout.as_secs_f64(),
+            self.inner.pending.load(Ordering::Acquire)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_then_success() {
+        let s = TransferStatus::new(3);
+        assert_eq!(s.code(), ErrorCode::InProgress);
+        s.complete_piece(Ok(()));
+        s.complete_piece(Ok(()));
+        assert!(s.poll().is_none());
+        s.complete_piece(Ok(()));
+        assert_eq!(s.poll(), Some(Ok(())));
+        assert!(TransferStatus::new(0).succeeded());
+    }
+
+    #[test]
+    fn first_error_sticks() {
+        let s = TransferStatus::new(3);
+        s.complete_piece(Ok(()));
+        s.complete_piece(Err(IoError::not_found("first")));
+        s.complete_piece(Err(IoError::transport("second")));
+        s.complete_piece(Ok(()));
+        let e = s.poll().unwrap().unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert_eq!(e.msg, "first");
+        assert_eq!(s.code(), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn wait_for_times_out_then_completes() {
+        let s = TransferStatus::new(1);
+        let t = Instant::now();
+        let e = s.wait_for(Duration::from_millis(50)).unwrap_err();
+        assert_eq!(e.code, ErrorCode::Timeout);
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        assert_eq!(s.spin_for(Duration::from_millis(5)).unwrap_err().code, ErrorCode::Timeout);
+        let s2 = s.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            s2.complete_piece(Ok(()));
+        });
+        assert_eq!(s.wait_for(Duration::from_secs(5)), Ok(()));
+        h.join().unwrap();
+    }
+}

@@ -1,0 +1,197 @@
+//! Control-plane messages and their framing: `u32` little-endian length, then a postcard body.
+//!
+//! [`FrameDecoder`] is the sans-IO core (feed bytes, take messages); [`read_frame`] and
+//! [`write_frame`] are thin blocking helpers over `std::io`.
+
+use crate::backend::BackendKind;
+use crate::desc::{EngineDesc, MemId, MemoryDesc};
+use crate::error::{IoError, IoResult};
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+
+/// Protocol version carried in every [`Hello`].
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Default upper bound of one control frame's body, bytes (16 MiB).
+pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
+
+/// First frame on every connection to an engine's listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Must equal [`PROTOCOL_VERSION`].
+    pub version: u16,
+    /// The connecting engine.
+    pub from: EngineDesc,
+    /// What the connection is for.
+    pub role: Role,
+}
+
+/// Purpose of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// Control requests ([`CtrlRequest`]).
+    Control,
+    /// A backend's data connection number `lane`.
+    Data {
+        /// Which backend owns it.
+        backend: BackendKind,
+        /// Lane index.
+        lane: u32,
+    },
+}
+
+/// Reply to a [`Hello`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HelloReply {
+    /// Accepted; carries the listener's engine.
+    Ok(EngineDesc),
+    /// Refused, with the reason.
+    Refused(IoError),
+}
+
+/// Requests on a control connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CtrlRequest {
+    /// Look a registered region up by id.
+    LookupMemory(MemId),
+    /// Liveness check.
+    Ping,
+}
+
+/// Replies on a control connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CtrlReply {
+    /// The region (answer to `LookupMemory`).
+    Memory(MemoryDesc),
+    /// Answer to `Ping`.
+    Pong,
+    /// The request failed (`NotFound` for an unknown region id).
+    Error(IoError),
+}
+
+/// Encodes one frame: `len: u32 LE` then the postcard body.
+pub fn encode_frame<T: Serialize>(msg: &T) -> IoResult<Vec<u8>> {
+    let body = postcard::to_allocvec(msg).map_err(|e| IoError::invalid(format!("control message encode: {e}")))?;
+    let len = u32::try_from(body.len())
+        .map_err(|_| IoError::invalid(format!("control message of {} bytes exceeds u32 framing", body.len())))?;
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(out)
+}
+
+/// Incremental frame decoder with a maximum body size.
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl FrameDecoder {
+    /// A decoder refusing bodies larger than `max` bytes.
+    pub fn new(max: usize) -> Self {
+        FrameDecoder { buf: Vec::new(), max }
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Takes the next complete message. `Ok(None)`: more bytes needed. Errors: `InvalidArgs`
+    /// when the declared length exceeds the maximum (naming both) or the body does not decode
+    /// as `T` exactly.
+    pub fn next<T: for<'de> Deserialize<'de>>(&mut self) -> IoResult<Option<T>> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        if len > self.max {
+            return Err(IoError::invalid(format!(
+                "control frame declares {len} bytes, above the maximum of {} bytes",
+                self.max
+            )));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let r = decode_body(&self.buf[4..4 + len]);
+        self.buf.drain(..4 + len);
+        r.map(Some)
+    }
+}
+
+fn decode_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> IoResult<T> {
+    match postcard::take_from_bytes::<T>(body) {
+        Ok((v, rest)) if rest.is_empty() => Ok(v),
+        Ok((_, rest)) => Err(IoError::invalid(format!("control frame has {} trailing bytes", rest.len()))),
+        Err(e) => Err(IoError::invalid(format!("control frame does not decode: {e}"))),
+    }
+}
+
+/// Writes one frame (blocking, honouring the stream's write timeout).
+pub fn write_frame<T: Serialize, W: Write>(w: &mut W, msg: &T) -> IoResult<()> {
+    let f = encode_frame(msg)?;
+    w.write_all(&f).map_err(|e| IoError::from_io("control write", &e))
+}
+
+/// Reads one frame (blocking, honouring the stream's read timeout). Errors as
+/// [`FrameDecoder::next`], plus `RemoteDisconnect`/`Timeout`/`Transport` from the socket.
+pub fn read_frame<T: for<'de> Deserialize<'de>, R: Read>(r: &mut R, max: usize) -> IoResult<T> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len).map_err(|e| IoError::from_io("control read", &e))?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(IoError::invalid(format!(
+            "control frame declares {len} bytes, above the maximum of {max} bytes"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| IoError::from_io("control read", &e))?;
+    decode_body(&body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn oversized_frame_is_refused_by_name() {
+        let mut d = FrameDecoder::new(8);
+        d.push(&100u32.to_le_bytes());
+        let e = d.next::<CtrlRequest>().unwrap_err();
+        assert!(e.msg.contains("declares 100 bytes, above the maximum of 8 bytes"), "{e}");
+        let mut r: &[u8] = &[200, 0, 0, 0];
+        assert!(read_frame::<CtrlRequest, _>(&mut r, 8).is_err());
+    }
+
+    #[test]
+    fn truncated_stream_is_a_disconnect() {
+        let f = encode_frame(&CtrlRequest::LookupMemory(7)).unwrap();
+        let mut r: &[u8] = &f[..f.len() - 1];
+        let e = read_frame::<CtrlRequest, _>(&mut r, 1024).unwrap_err();
+        assert_eq!(e.code, crate::ErrorCode::RemoteDisconnect);
+    }
+
+    proptest! {
+        #[test]
+        fn decoder_reassembles_any_split(ids in proptest::collection::vec(any::<u64>(), 1..20), cut in 1usize..7) {
+            let msgs: Vec<CtrlRequest> = ids.iter().map(|&i| if i % 3 == 0 { CtrlRequest::Ping } else { CtrlRequest::LookupMemory(i) }).collect();
+            let stream: Vec<u8> = msgs.iter().flat_map(|m| encode_frame(m).unwrap()).collect();
+            let mut d = FrameDecoder::new(DEFAULT_MAX_FRAME);
+            let mut got = Vec::new();
+            for chunk in stream.chunks(cut) {
+                d.push(chunk);
+                while let Some(m) = d.next::<CtrlRequest>().unwrap() { got.push(m); }
+            }
+            prop_assert_eq!(got, msgs);
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let mut d = FrameDecoder::new(64);
+            d.push(&bytes);
+            for _ in 0..8 { if !matches!(d.next::<CtrlReply>(), Ok(Some(_))) { break; } }
+        }
+    }
+}
