@@ -1,1 +1,26 @@
-//! (being written)
+//! MORI-IO transfer engine.
+//!
+//! ```text
+//! let eng = IoEngine::new("prefill-0", EngineConfig::new("10.0.0.1", 18516)?)?;
+//! eng.create_backend(BackendConfig::Tcp(TcpConfig::from_env()?))?;
+//! let mem = unsafe { eng.register_memory(ptr, len, MemLoc::Host { numa: None })? };
+//! // exchange eng.desc().pack() and mem.pack() with the peer out of band, then:
+//! eng.register_remote_engine(EngineDesc::unpack(&peer_desc)?)?;
+//! let sess = eng.create_session(&mem, &MemoryDesc::unpack(&peer_mem)?)?;
+//! sess.batch_write(&offs, &offs, &sizes, eng.allocate_transfer_uid()).wait_for(timeout)?;
+//! ```
+//!
+//! Backends are asked in the fixed preference order xgmi, fabric, rdma, tcp; the engine logs
+//! (tracing, target `mori_io`) which backend serves each (local, remote) pair and why the
+//! others refused. This build has the tcp backend; the others report `NotSupported`.
+
+mod engine;
+mod listener;
+mod session;
+
+pub use engine::{BackendConfig, EngineConfig, IoEngine};
+pub use mori_io_core::{
+    BackendKind, EngineDesc, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, TransferId, TransferStatus,
+};
+pub use mori_io_tcp::TcpConfig;
+pub use session::Session;

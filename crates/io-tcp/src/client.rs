@@ -1,0 +1,144 @@
+//! Initiator side: one worker thread per data connection ("lane"), fed by a channel.
+
+use crate::proto::*;
+use crate::vio::{read_exact_vectored, write_all_vectored};
+use mori_io_core::wire::{read_frame, write_frame, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
+use mori_io_core::{BackendKind, EngineDesc, ErrorCode, IoError, IoResult, Op, Region, Seg, TransferStatus};
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One request for a lane worker.
+pub(crate) struct Job {
+    pub op: Op,
+    pub transfer_id: u64,
+    pub remote_mem: u64,
+    pub piece_total: u32,
+    pub segs: Vec<Seg>,
+    pub local: Arc<Region>,
+    pub status: TransferStatus,
+}
+
+/// Timeouts of a lane.
+#[derive(Clone, Copy)]
+pub(crate) struct LaneTimeouts {
+    pub connect: Duration,
+    pub data: Duration,
+}
+
+/// Opens data connection `lane` to `peer` and says hello.
+pub(crate) fn dial(local: &EngineDesc, peer: &EngineDesc, lane: u32, t: LaneTimeouts) -> IoResult<TcpStream> {
+    let target = format!("{}:{}", peer.host, peer.port);
+    let addr = target
+        .to_socket_addrs()
+        .map_err(|e| IoError::invalid(format!("engine {:?} address {target}: {e}", peer.key)))?
+        .next()
+        .ok_or_else(|| IoError::invalid(format!("engine {:?} address {target} resolves to nothing", peer.key)))?;
+    let mut s = TcpStream::connect_timeout(&addr, t.connect)
+        .map_err(|e| IoError::from_io(&format!("tcp connect to engine {:?} at {addr}", peer.key), &e))?;
+    s.set_nodelay(true).ok();
+    s.set_read_timeout(Some(t.data)).ok();
+    s.set_write_timeout(Some(t.data)).ok();
+    let hello = Hello { version: PROTOCOL_VERSION, from: local.clone(), role: Role::Data { backend: BackendKind::Tcp, lane } };
+    write_frame(&mut s, &hello)?;
+    match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME)? {
+        HelloReply::Ok(_) => Ok(s),
+        HelloReply::Refused(e) => Err(e),
+    }
+}
+
+/// Worker loop of one lane: runs jobs in order, stop-and-wait on the connection.
+/// Reconnects once per job after a connection failure.
+pub(crate) fn run_lane(
+    rx: crossbeam_channel::Receiver<Job>,
+    mut conn: Option<TcpStream>,
+    local: Arc<EngineDesc>,
+    peer: Arc<EngineDesc>,
+    lane: u32,
+    t: LaneTimeouts,
+) {
+    while let Ok(job) = rx.recv() {
+        if conn.is_none() {
+            match dial(&local, &peer, lane, t) {
+                Ok(s) => conn = Some(s),
+                Err(e) => {
+                    job.status.complete_piece(Err(e));
+                    continue;
+                }
+            }
+        }
+        let Some(s) = conn.as_mut() else { continue };
+        let r = run_job(s, &job);
+        match &r {
+            Err(e) if matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Timeout | ErrorCode::Transport) => {
+                // The stream may be out of step: drop it; the next job dials again.
+                if let Some(s) = conn.take() {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+            }
+            _ => {}
+        }
+        job.status.complete_piece(r);
+    }
+}
+
+/// Address of `[off, off+len)` of the local region; the engine checked the range.
+fn local_ptr(region: &Region, seg_off: u64, len: u64) -> IoResult<*mut u8> {
+    Ok(region.range(seg_off, len)? as *mut u8)
+}
+
+fn run_job(s: &mut TcpStream, job: &Job) -> IoResult<()> {
+    let total: u64 = job.segs.iter().map(|g| g.len).sum();
+    let head = ReqHeader {
+        magic: MAGIC,
+        op: if job.op == Op::Write { OP_WRITE } else { OP_READ },
+        transfer_id: job.transfer_id,
+        mem_id: job.remote_mem,
+        total_len: total,
+        nsegs: job.segs.len() as u32,
+        piece_total: job.piece_total,
+        _pad: 0,
+    };
+    let table: Vec<SegWire> = job.segs.iter().map(|g| SegWire { remote_off: g.remote_off, len: g.len }).collect();
+    let mut ptrs = Vec::with_capacity(job.segs.len());
+    for g in &job.segs {
+        ptrs.push((local_ptr(&job.local, g.local_off, g.len)?, g.len as usize));
+    }
+    let mut out: Vec<IoSlice<'_>> = Vec::with_capacity(2 + ptrs.len());
+    out.push(IoSlice::new(bytemuck::bytes_of(&head)));
+    out.push(IoSlice::new(bytemuck::cast_slice(&table)));
+    if job.op == Op::Write {
+        // SAFETY: each (ptr, len) was bounds-checked against the local registration, which
+        // `job.local` (an Arc of the region) keeps registered until this job completes.
+        out.extend(ptrs.iter().map(|&(p, n)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, n) })));
+    }
+    write_all_vectored(s, &mut out).map_err(|e| IoError::from_io("tcp send", &e))?;
+
+    let mut rh = ReplyHeader { magic: 0, code: 0, transfer_id: 0, payload_len: 0, msg_len: 0, _pad: 0 };
+    s.read_exact(bytemuck::bytes_of_mut(&mut rh)).map_err(|e| IoError::from_io("tcp reply", &e))?;
+    if rh.magic != MAGIC || rh.transfer_id != job.transfer_id || rh.msg_len as usize > MAX_MSG {
+        return Err(IoError::transport(format!(
+            "bad reply on tcp lane (magic {:#x}, transfer {} for {}, msg_len {})",
+            rh.magic, rh.transfer_id, job.transfer_id, rh.msg_len
+        )));
+    }
+    let mut msg = vec![0u8; rh.msg_len as usize];
+    s.read_exact(&mut msg).map_err(|e| IoError::from_io("tcp reply", &e))?;
+    if rh.code != 0 {
+        return Err(IoError::new(
+            ErrorCode::from_u32(rh.code),
+            format!("target engine refused: {}", String::from_utf8_lossy(&msg)),
+        ));
+    }
+    if job.op == Op::Read {
+        if rh.payload_len != total {
+            return Err(IoError::transport(format!("read reply carries {} bytes, expected {total}", rh.payload_len)));
+        }
+        // SAFETY: as above; the region stays registered while `job.local` is held.
+        let mut bufs: Vec<IoSliceMut<'_>> =
+            ptrs.iter().map(|&(p, n)| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(p, n) })).collect();
+        read_exact_vectored(s, &mut bufs).map_err(|e| IoError::from_io("tcp read payload", &e))?;
+    }
+    Ok(())
+}

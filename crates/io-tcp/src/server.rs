@@ -1,0 +1,158 @@
+//! Target side of a TCP data connection: validates each request against the registry, then
+//! moves the payload straight between the socket and registered memory.
+
+use crate::proto::*;
+use crate::vio::{drain, read_exact_vectored, write_all_vectored};
+use mori_io_core::{BackendContext, ErrorCode, IoError, Region};
+use bytemuck::Zeroable;
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often an idle connection checks for shutdown.
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
+/// Serves one inbound data connection until the peer closes it, a protocol error occurs, or
+/// `shutdown` is set. `from` is the initiator's engine key.
+pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdown: Arc<AtomicBool>) {
+    loop {
+        match wait_readable(&s, IDLE_POLL) {
+            Ok(false) => {
+                if shutdown.load(Ordering::Acquire) {
+                    return;
+                }
+                continue;
+            }
+            Ok(true) => {}
+            Err(_) => return,
+        }
+        if let Err(e) = serve_one(&mut s, &ctx, &from) {
+            if e.code != ErrorCode::RemoteDisconnect {
+                tracing::warn!(peer = %from, error = %e, "tcp data connection closed");
+            }
+            let _ = s.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
+}
+
+/// `poll(2)` for readability with a timeout.
+fn wait_readable(s: &TcpStream, t: Duration) -> std::io::Result<bool> {
+    let mut p = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: `p` is a valid pollfd for the duration of the call and nfds is 1.
+    let r = unsafe { libc::poll(&mut p, 1, t.as_millis() as libc::c_int) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    }
+    Ok(r > 0)
+}
+
+fn read_pod<T: bytemuck::Pod>(s: &mut TcpStream) -> Result<T, IoError> {
+    let mut v = T::zeroed();
+    s.read_exact(bytemuck::bytes_of_mut(&mut v)).map_err(|e| IoError::from_io("tcp request", &e))?;
+    Ok(v)
+}
+
+fn reply(s: &mut TcpStream, id: u64, r: &Result<(), IoError>, payload: &mut [IoSlice<'_>], payload_len: u64) -> Result<(), IoError> {
+    let msg = match r {
+        Ok(()) => String::new(),
+        Err(e) => {
+            let mut m = e.msg.clone();
+            m.truncate(MAX_MSG);
+            m
+        }
+    };
+    let h = ReplyHeader {
+        magic: MAGIC,
+        code: r.as_ref().map(|_| 0).unwrap_or_else(|e| e.code.as_u32()),
+        transfer_id: id,
+        payload_len,
+        msg_len: msg.len() as u32,
+        _pad: 0,
+    };
+    let mut v = Vec::with_capacity(2 + payload.len());
+    v.push(IoSlice::new(bytemuck::bytes_of(&h)));
+    v.push(IoSlice::new(msg.as_bytes()));
+    v.extend(payload.iter().map(|p| IoSlice::new(p)));
+    write_all_vectored(s, &mut v).map_err(|e| IoError::from_io("tcp reply", &e))
+}
+
+/// Validates the segments against the target region; returns it with the segment list.
+fn resolve(ctx: &BackendContext, h: &ReqHeader, segs: &[SegWire]) -> Result<Arc<Region>, IoError> {
+    let region = ctx.registry.get(h.mem_id)?;
+    let mut sum: u64 = 0;
+    for (i, sg) in segs.iter().enumerate() {
+        region.range(sg.remote_off, sg.len).map_err(|e| IoError::invalid(format!("segment {i}: {}", e.msg)))?;
+        sum = sum.checked_add(sg.len).ok_or_else(|| IoError::invalid("segment lengths overflow"))?;
+    }
+    if sum != h.total_len {
+        return Err(IoError::invalid(format!("segments sum to {sum} bytes but the header says {}", h.total_len)));
+    }
+    Ok(region)
+}
+
+fn serve_one(s: &mut TcpStream, ctx: &BackendContext, from: &str) -> Result<(), IoError> {
+    let h: ReqHeader = read_pod(s)?;
+    if h.magic != MAGIC || (h.op != OP_WRITE && h.op != OP_READ) {
+        return Err(IoError::transport(format!("bad request header from {from} (magic {:#x}, op {})", h.magic, h.op)));
+    }
+    if h.nsegs as usize > MAX_SEGS_PER_REQ {
+        let e = IoError::invalid(format!("request carries {} segments, above the limit of {MAX_SEGS_PER_REQ}", h.nsegs));
+        let _ = reply(s, h.transfer_id, &Err(e.clone()), &mut [], 0);
+        return Err(e);
+    }
+    let mut segs = vec![SegWire::zeroed(); h.nsegs as usize];
+    s.read_exact(bytemuck::cast_slice_mut(&mut segs)).map_err(|e| IoError::from_io("tcp request", &e))?;
+    let checked = resolve(ctx, &h, &segs);
+    if h.op == OP_WRITE {
+        let r = match &checked {
+            Ok(region) => {
+                let mut bufs: Vec<IoSliceMut<'_>> = segs
+                    .iter()
+                    .map(|sg| {
+                        let p = region.addr + sg.remote_off as usize;
+                        // SAFETY: `resolve` checked [remote_off, remote_off+len) lies inside the
+                        // registered region, and the `Arc<Region>` held here keeps the
+                        // registration (whose owner promised the memory stays valid while
+                        // registered) from completing deregistration until we are done.
+                        IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(p as *mut u8, sg.len as usize) })
+                    })
+                    .collect();
+                read_exact_vectored(s, &mut bufs).map_err(|e| IoError::from_io("tcp write payload", &e))?;
+                Ok(())
+            }
+            Err(_) => {
+                drain(s, h.total_len).map_err(|e| IoError::from_io("tcp write payload (refused)", &e))?;
+                checked.as_ref().map(|_| ()).map_err(Clone::clone)
+            }
+        };
+        // The data is in place (or refused): record, then acknowledge.
+        ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, r.clone());
+        reply(s, h.transfer_id, &r, &mut [], 0)
+    } else {
+        match checked {
+            Ok(region) => {
+                let mut bufs: Vec<IoSlice<'_>> = segs
+                    .iter()
+                    .map(|sg| {
+                        let p = region.addr + sg.remote_off as usize;
+                        // SAFETY: as for writes: bounds checked by `resolve`, registration held.
+                        IoSlice::new(unsafe { std::slice::from_raw_parts(p as *const u8, sg.len as usize) })
+                    })
+                    .collect();
+                reply(s, h.transfer_id, &Ok(()), &mut bufs, h.total_len)?;
+                ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                let r = Err(e);
+                ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, r.clone());
+                reply(s, h.transfer_id, &r, &mut [], 0)
+            }
+        }
+    }
+}

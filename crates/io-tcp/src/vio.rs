@@ -1,0 +1,86 @@
+//! Vectored socket I/O straight into and out of registered memory.
+
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
+
+/// At most this many buffers go to one `writev`/`readv` call (Linux `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// Writes every byte of `bufs`, in order, with as few `writev` calls as the socket allows.
+pub fn write_all_vectored<W: Write>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !bufs.is_empty() {
+        let k = bufs.len().min(IOV_MAX);
+        match w.write_vectored(&bufs[..k]) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting data")),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Fills every byte of `bufs`, in order, with as few `readv` calls as the socket allows.
+pub fn read_exact_vectored<R: Read>(r: &mut R, mut bufs: &mut [IoSliceMut<'_>]) -> io::Result<()> {
+    while !bufs.is_empty() {
+        let k = bufs.len().min(IOV_MAX);
+        match r.read_vectored(&mut bufs[..k]) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-message")),
+            Ok(n) => IoSliceMut::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads and discards exactly `n` bytes (keeps a stream in step after a refused request).
+pub fn drain<R: Read>(r: &mut R, mut n: u64) -> io::Result<()> {
+    let mut scratch = [0u8; 64 * 1024];
+    while n > 0 {
+        let k = (n as usize).min(scratch.len());
+        r.read_exact(&mut scratch[..k])?;
+        n -= k as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer/reader that moves at most 3 bytes per call, to exercise partial progress.
+    struct Trickle(Vec<u8>, usize);
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            let n = b.len().min(3);
+            self.0.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    impl Read for Trickle {
+        fn read(&mut self, b: &mut [u8]) -> io::Result<usize> {
+            let n = b.len().min(3).min(self.0.len() - self.1);
+            b[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+            self.1 += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn partial_progress_keeps_order() {
+        let (a, b, c) = (b"hello".to_vec(), b"".to_vec(), b"world!!".to_vec());
+        let mut t = Trickle(Vec::new(), 0);
+        write_all_vectored(&mut t, &mut [IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)]).unwrap();
+        assert_eq!(t.0, b"helloworld!!");
+        let (mut x, mut y) = ([0u8; 4], [0u8; 8]);
+        read_exact_vectored(&mut t, &mut [IoSliceMut::new(&mut x), IoSliceMut::new(&mut y)]).unwrap();
+        assert_eq!(&x, b"hell");
+        assert_eq!(&y, b"oworld!!");
+        let mut z = [0u8; 1];
+        let e = read_exact_vectored(&mut t, &mut [IoSliceMut::new(&mut z)]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+}

@@ -1,0 +1,481 @@
+//! [`IoEngine`]: registrations, remote engines, backend choice and one-shot transfers.
+
+use crate::session::Session;
+use mori_io_core::plan::check_batch;
+use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, PROTOCOL_VERSION};
+use mori_io_core::{
+    Backend, BackendContext, BackendKind, EngineDesc, ErrorCode, InboundTable, IoError, IoResult, MemId, MemLoc,
+    MemRegistry, MemoryDesc, Op, Refusal, Region, TransferId, TransferRequest, TransferStatus,
+};
+use mori_io_tcp::{TcpBackend, TcpConfig};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings of an engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Address to listen on and advertise in the [`EngineDesc`] (must be reachable by peers;
+    /// `0.0.0.0` is refused because peers would dial their own host).
+    pub host: String,
+    /// Control-plane port; 0 picks a free one (the descriptor carries the real port).
+    pub port: u16,
+    /// Deadline of control-plane connects, hellos and lookups (default 10 s, env
+    /// `MORI_IO_CONTROL_TIMEOUT_MS`).
+    pub control_timeout: Duration,
+    /// Longest control frame accepted, bytes (default 16 MiB).
+    pub max_frame: usize,
+    /// How long `deregister_memory` waits for in-flight operations (default 10 s).
+    pub drain_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            host: "127.0.0.1".into(),
+            port: 0,
+            control_timeout: Duration::from_secs(10),
+            max_frame: mori_io_core::wire::DEFAULT_MAX_FRAME,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// `host` and `port` with the other fields from defaults and the environment.
+    /// Errors: `InvalidArgs` naming an environment variable that does not parse.
+    pub fn new(host: impl Into<String>, port: u16) -> IoResult<Self> {
+        let d = EngineConfig::default();
+        Ok(EngineConfig {
+            host: host.into(),
+            port,
+            control_timeout: mori_io_core::env_millis("MORI_IO_CONTROL_TIMEOUT_MS", d.control_timeout)?,
+            ..d
+        })
+    }
+}
+
+/// Which backend to create, with its settings.
+#[derive(Debug, Clone)]
+pub enum BackendConfig {
+    /// TCP streams (any host, host memory).
+    Tcp(TcpConfig),
+    /// RDMA over ibverbs: not in this build yet.
+    Rdma,
+    /// Same-node GPU P2P over IPC: not in this build yet.
+    Xgmi,
+    /// VMM fabric handles: not in this build yet.
+    Fabric,
+}
+
+pub(crate) struct EngineInner {
+    pub(crate) desc: Arc<EngineDesc>,
+    pub(crate) cfg: EngineConfig,
+    pub(crate) shutdown: AtomicBool,
+    registry: Arc<MemRegistry>,
+    inbound: Arc<InboundTable>,
+    local_descs: RwLock<HashMap<MemId, MemoryDesc>>,
+    backends: RwLock<Vec<Arc<dyn Backend>>>,
+    remotes: RwLock<HashMap<String, Arc<EngineDesc>>>,
+    choice: Mutex<HashMap<(String, MemId, MemId), Arc<dyn Backend>>>,
+    ctrl: Mutex<HashMap<String, Arc<Mutex<TcpStream>>>>,
+    next_mem: AtomicU64,
+    next_transfer: AtomicU64,
+}
+
+/// A MORI-IO transfer engine: one control-plane listener, the backends created on it, the
+/// memory registered with it, and the remote engines it knows.
+///
+/// Dropping it stops the listener and the backends' threads (within ~200 ms).
+pub struct IoEngine {
+    inner: Arc<EngineInner>,
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for 256 bytes; gethostname NUL-terminates within it or
+    // truncates, and we read only up to the first NUL.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if r != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn node_id(host: &str) -> String {
+    std::fs::read_to_string("/etc/machine-id").map(|s| s.trim().to_string()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| host.to_string())
+}
+
+impl IoEngine {
+    /// Starts an engine named `key` listening on `cfg.host:cfg.port`.
+    ///
+    /// Errors: `InvalidArgs` for an empty key, host `0.0.0.0`/`::` (peers would dial their own
+    /// loopback and fail with "connection refused"), or an unresolvable host; `BadState`
+    /// naming the port when it is already in use.
+    pub fn new(key: &str, cfg: EngineConfig) -> IoResult<Self> {
+        if key.is_empty() {
+            return Err(IoError::invalid("engine key is empty"));
+        }
+        if cfg.host == "0.0.0.0" || cfg.host == "::" || cfg.host == "[::]" {
+            return Err(IoError::invalid(format!(
+                "engine host {:?} is a wildcard: it becomes the address peers dial, so they would dial their own host and get 'connection refused'; give an address the peer can reach",
+                cfg.host
+            )));
+        }
+        let addr = (cfg.host.as_str(), cfg.port)
+            .to_socket_addrs()
+            .map_err(|e| IoError::invalid(format!("engine host {:?}: {e}", cfg.host)))?
+            .next()
+            .ok_or_else(|| IoError::invalid(format!("engine host {:?} resolves to nothing", cfg.host)))?;
+        let listener = TcpListener::bind(addr).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                IoError::bad_state(format!("control-plane port {} on {} is already in use", cfg.port, cfg.host))
+            } else {
+                IoError::from_io(&format!("bind control plane on {addr}"), &e)
+            }
+        })?;
+        let port = listener.local_addr().map_err(|e| IoError::from_io("listener address", &e))?.port();
+        let hn = hostname();
+        let desc = Arc::new(EngineDesc {
+            key: key.to_string(),
+            node_id: node_id(&hn),
+            hostname: hn,
+            host: cfg.host.clone(),
+            port,
+            pid: std::process::id(),
+        });
+        let inner = Arc::new(EngineInner {
+            desc,
+            cfg,
+            shutdown: AtomicBool::new(false),
+            registry: Arc::new(MemRegistry::new()),
+            inbound: Arc::new(InboundTable::new()),
+            local_descs: RwLock::new(HashMap::new()),
+            backends: RwLock::new(Vec::new()),
+            remotes: RwLock::new(HashMap::new()),
+            choice: Mutex::new(HashMap::new()),
+            ctrl: Mutex::new(HashMap::new()),
+            next_mem: AtomicU64::new(1),
+            next_transfer: AtomicU64::new(1),
+        });
+        let e = inner.clone();
+        std::thread::Builder::new()
+            .name("mori-io-listen".into())
+            .spawn(move || crate::listener::accept_loop(listener, e))
+            .map_err(|e| IoError::transport(format!("spawn listener thread: {e}")))?;
+        tracing::info!(key, host = %inner.desc.host, port, "engine listening");
+        Ok(IoEngine { inner })
+    }
+
+    /// This engine's descriptor (give it to peers).
+    pub fn desc(&self) -> &EngineDesc {
+        &self.inner.desc
+    }
+
+    /// Creates a backend. Errors: `InvalidArgs` for a backend already created or bad settings;
+    /// `NotSupported` for `rdma`, `xgmi` and `fabric`, which this build does not have yet.
+    pub fn create_backend(&self, cfg: BackendConfig) -> IoResult<()> {
+        let ctx = BackendContext {
+            local: self.inner.desc.clone(),
+            registry: self.inner.registry.clone(),
+            inbound: self.inner.inbound.clone(),
+        };
+        let b: Arc<dyn Backend> = match cfg {
+            BackendConfig::Tcp(c) => Arc::new(TcpBackend::new(ctx, c)?),
+            BackendConfig::Rdma => return Err(not_built(BackendKind::Rdma)),
+            BackendConfig::Xgmi => return Err(not_built(BackendKind::Xgmi)),
+            BackendConfig::Fabric => return Err(not_built(BackendKind::Fabric)),
+        };
+        let mut g = self.inner.backends.write();
+        if g.iter().any(|x| x.kind() == b.kind()) {
+            return Err(IoError::invalid(format!("backend {} was already created on engine {:?}", b.kind(), self.inner.desc.key)));
+        }
+        for d in self.inner.local_descs.write().values_mut() {
+            b.on_register(d)?;
+        }
+        tracing::info!(engine = %self.inner.desc.key, backend = %b.kind(), "backend created");
+        g.push(b);
+        g.sort_by_key(|x| x.kind());
+        self.inner.choice.lock().clear();
+        Ok(())
+    }
+
+    /// Registers `len` bytes at `ptr` and returns the descriptor peers use to address them.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes by this engine's threads (and, through
+    /// them, by remote engines) from now until [`IoEngine::deregister_memory`] returns `Ok`,
+    /// and must not be freed before that. Concurrent access by the caller while a transfer
+    /// touches the same bytes yields unspecified contents, as with DMA.
+    ///
+    /// Errors: `InvalidArgs` for a null pointer, zero length or a wrapping range;
+    /// `NotSupported` for GPU memory (no GPU runtime in this build).
+    pub unsafe fn register_memory(&self, ptr: *mut u8, len: usize, loc: MemLoc) -> IoResult<MemoryDesc> {
+        if ptr.is_null() {
+            return Err(IoError::invalid("register_memory: null pointer"));
+        }
+        if let MemLoc::Gpu { device } = loc {
+            return Err(IoError::not_supported(format!(
+                "register_memory: GPU memory (device {device}) needs the GPU runtime, which this build does not include yet"
+            )));
+        }
+        let id = self.inner.next_mem.fetch_add(1, Ordering::Relaxed);
+        let mut desc = MemoryDesc {
+            engine_key: self.inner.desc.key.clone(),
+            id,
+            addr: ptr as u64,
+            len: len as u64,
+            loc,
+            bus_id: None,
+            handles: Vec::new(),
+        };
+        for b in self.inner.backends.read().iter() {
+            b.on_register(&mut desc)?;
+        }
+        self.inner.registry.insert(Region { id, addr: ptr as usize, len: len as u64, loc })?;
+        self.inner.local_descs.write().insert(id, desc.clone());
+        Ok(desc)
+    }
+
+    /// Deregisters memory: no new transfer can use it; waits (up to the drain timeout) for
+    /// in-flight ones. Errors: `NotFound` if not registered here (double deregistration);
+    /// `InvalidArgs` if `desc` belongs to another engine; `Timeout` if operations still use it.
+    pub fn deregister_memory(&self, desc: &MemoryDesc) -> IoResult<()> {
+        self.own(desc)?;
+        self.inner.registry.remove(desc.id, self.inner.cfg.drain_timeout)?;
+        self.inner.local_descs.write().remove(&desc.id);
+        for b in self.inner.backends.read().iter() {
+            b.on_deregister(desc)?;
+        }
+        Ok(())
+    }
+
+    /// Makes a remote engine known (its descriptor came out of band).
+    /// Errors: `InvalidArgs` for this engine's own key.
+    pub fn register_remote_engine(&self, desc: EngineDesc) -> IoResult<()> {
+        if desc.key == self.inner.desc.key {
+            return Err(IoError::invalid(format!("remote engine key {:?} equals this engine's key", desc.key)));
+        }
+        self.inner.remotes.write().insert(desc.key.clone(), Arc::new(desc));
+        Ok(())
+    }
+
+    /// Forgets a remote engine and its connections.
+    pub fn deregister_remote_engine(&self, key: &str) {
+        self.inner.remotes.write().remove(key);
+        self.inner.ctrl.lock().remove(key);
+        self.inner.choice.lock().retain(|k, _| k.0 != key);
+        for b in self.inner.backends.read().iter() {
+            b.disconnect(key);
+        }
+    }
+
+    /// Asks engine `remote_key` over the control plane for its region `id`.
+    /// Errors: `NotFound` for an unknown engine or region; `Timeout`/`RemoteDisconnect`.
+    pub fn lookup_remote_memory(&self, remote_key: &str, id: MemId) -> IoResult<MemoryDesc> {
+        self.inner.lookup(remote_key, id)
+    }
+
+    /// A fresh transfer id (unique within this engine).
+    pub fn allocate_transfer_uid(&self) -> TransferId {
+        self.inner.next_transfer.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Final status of an inbound transfer `id` from engine `remote_key` once all its data
+    /// landed here; `None` while unknown or incomplete. Each status is returned once.
+    pub fn pop_inbound_status(&self, remote_key: &str, id: TransferId) -> Option<Result<(), IoError>> {
+        self.inner.inbound.pop(remote_key, id)
+    }
+
+    /// Reads `size` bytes at `remote_off` of `remote` into `local` at `local_off`.
+    pub fn read(&self, local: &MemoryDesc, local_off: u64, remote: &MemoryDesc, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
+        self.batch(Op::Read, local, &[local_off], remote, &[remote_off], &[size], id)
+    }
+
+    /// Writes `size` bytes at `local_off` of `local` to `remote` at `remote_off`.
+    pub fn write(&self, local: &MemoryDesc, local_off: u64, remote: &MemoryDesc, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
+        self.batch(Op::Write, local, &[local_off], remote, &[remote_off], &[size], id)
+    }
+
+    /// Batch read: entry `i` moves `sizes[i]` bytes from `remote_offs[i]` to `local_offs[i]`.
+    /// Errors (through the returned status): see [`mori_io_core::plan::check_batch`] for the
+    /// argument rules; `NotFound` for an unregistered engine; `NotSupported` with every
+    /// backend's refusal when none serves the pair.
+    pub fn batch_read(&self, local: &MemoryDesc, local_offs: &[u64], remote: &MemoryDesc, remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+        self.batch(Op::Read, local, local_offs, remote, remote_offs, sizes, id)
+    }
+
+    /// Batch write: entry `i` moves `sizes[i]` bytes from `local_offs[i]` to `remote_offs[i]`.
+    /// Errors as [`IoEngine::batch_read`].
+    pub fn batch_write(&self, local: &MemoryDesc, local_offs: &[u64], remote: &MemoryDesc, remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+        self.batch(Op::Write, local, local_offs, remote, remote_offs, sizes, id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn batch(&self, op: Op, local: &MemoryDesc, lo: &[u64], remote: &MemoryDesc, ro: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+        let r = (|| {
+            self.own(local)?;
+            let peer = self.inner.remote(&remote.engine_key)?;
+            let segs = check_batch((local.id, local.len), (remote.id, remote.len), lo, ro, sizes)?;
+            let b = self.inner.choose(local, remote, &peer)?;
+            Ok((peer, segs, b))
+        })();
+        match r {
+            Err(e) => TransferStatus::failed(e),
+            Ok((peer, segs, b)) => {
+                let st = TransferStatus::new(1);
+                b.post(TransferRequest { op, id, peer, local: Arc::new(local.clone()), remote: Arc::new(remote.clone()), segs }, st.clone());
+                st
+            }
+        }
+    }
+
+    /// Opens a session between a local and a remote region: resolves the backend, checks the
+    /// remote region exists (control-plane lookup: `NotFound` otherwise) and connects.
+    pub fn create_session(&self, local: &MemoryDesc, remote: &MemoryDesc) -> IoResult<Session> {
+        self.own(local)?;
+        let peer = self.inner.remote(&remote.engine_key)?;
+        let found = self.inner.lookup(&remote.engine_key, remote.id)?;
+        if found.len != remote.len || found.addr != remote.addr {
+            return Err(IoError::invalid(format!(
+                "remote memory {} of engine {:?} is registered as {} bytes at {:#x}, the descriptor says {} bytes at {:#x}",
+                remote.id, remote.engine_key, found.len, found.addr, remote.len, remote.addr
+            )));
+        }
+        let b = self.inner.choose(local, remote, &peer)?;
+        b.connect(&peer)?;
+        Ok(Session::new(Arc::new(local.clone()), Arc::new(remote.clone()), peer, b))
+    }
+
+    /// The backend that would serve this pair (creating the cache entry), for diagnostics.
+    pub fn backend_for(&self, local: &MemoryDesc, remote: &MemoryDesc) -> IoResult<BackendKind> {
+        let peer = self.inner.remote(&remote.engine_key)?;
+        Ok(self.inner.choose(local, remote, &peer)?.kind())
+    }
+
+    fn own(&self, d: &MemoryDesc) -> IoResult<()> {
+        if d.engine_key != self.inner.desc.key {
+            return Err(IoError::invalid(format!(
+                "memory {} belongs to engine {:?}, not to this engine {:?}",
+                d.id, d.engine_key, self.inner.desc.key
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for IoEngine {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+    }
+}
+
+fn not_built(k: BackendKind) -> IoError {
+    IoError::not_supported(format!("the {k} backend is not part of this build of mori-rs yet; use tcp"))
+}
+
+impl EngineInner {
+    pub(crate) fn backend(&self, k: BackendKind) -> Option<Arc<dyn Backend>> {
+        self.backends.read().iter().find(|b| b.kind() == k).cloned()
+    }
+
+    pub(crate) fn local_memory(&self, id: MemId) -> Option<MemoryDesc> {
+        self.local_descs.read().get(&id).cloned()
+    }
+
+    fn remote(&self, key: &str) -> IoResult<Arc<EngineDesc>> {
+        self.remotes.read().get(key).cloned().ok_or_else(|| {
+            IoError::not_found(format!("engine {key:?} is not registered here; call register_remote_engine with its descriptor"))
+        })
+    }
+
+    /// Asks the backends in preference order; caches and logs the choice and the refusals.
+    fn choose(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<Arc<dyn Backend>> {
+        let key = (peer.key.clone(), local.id, remote.id);
+        if let Some(b) = self.choice.lock().get(&key) {
+            return Ok(b.clone());
+        }
+        let backends = self.backends.read().clone();
+        if backends.is_empty() {
+            return Err(IoError::not_supported(format!("engine {:?} has no backend; call create_backend first", self.desc.key)));
+        }
+        let mut refusals: Vec<Refusal> = Vec::new();
+        for b in backends {
+            match b.can_serve(local, remote, peer) {
+                Ok(()) => {
+                    for r in &refusals {
+                        tracing::info!(backend = %r.backend, reason = %r.reason, "backend refused");
+                    }
+                    tracing::info!(
+                        backend = %b.kind(), local_mem = local.id, peer = %peer.key, remote_mem = remote.id,
+                        "backend chosen"
+                    );
+                    self.choice.lock().insert(key, b.clone());
+                    return Ok(b);
+                }
+                Err(r) => refusals.push(r),
+            }
+        }
+        let list: Vec<String> = refusals.iter().map(|r| r.to_string()).collect();
+        Err(IoError::not_supported(format!(
+            "no backend can move local memory {} -> engine {:?} memory {}: {}",
+            local.id,
+            peer.key,
+            remote.id,
+            list.join("; ")
+        )))
+    }
+
+    fn ctrl_conn(&self, key: &str) -> IoResult<Arc<Mutex<TcpStream>>> {
+        if let Some(c) = self.ctrl.lock().get(key) {
+            return Ok(c.clone());
+        }
+        let peer = self.remote(key)?;
+        let target = format!("{}:{}", peer.host, peer.port);
+        let addr = target
+            .to_socket_addrs()
+            .map_err(|e| IoError::invalid(format!("engine {key:?} address {target}: {e}")))?
+            .next()
+            .ok_or_else(|| IoError::invalid(format!("engine {key:?} address {target} resolves to nothing")))?;
+        let mut s = TcpStream::connect_timeout(&addr, self.cfg.control_timeout)
+            .map_err(|e| IoError::from_io(&format!("control connect to engine {key:?} at {addr}"), &e))?;
+        s.set_nodelay(true).ok();
+        s.set_read_timeout(Some(self.cfg.control_timeout)).ok();
+        s.set_write_timeout(Some(self.cfg.control_timeout)).ok();
+        write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: (*self.desc).clone(), role: Role::Control })?;
+        match read_frame::<HelloReply, _>(&mut s, self.cfg.max_frame)? {
+            HelloReply::Ok(d) if d.key == key => {}
+            HelloReply::Ok(d) => {
+                return Err(IoError::bad_state(format!("dialed engine {key:?} at {addr} but {:?} answered", d.key)))
+            }
+            HelloReply::Refused(e) => return Err(e),
+        }
+        let c = Arc::new(Mutex::new(s));
+        self.ctrl.lock().insert(key.to_string(), c.clone());
+        Ok(c)
+    }
+
+    fn lookup(&self, key: &str, id: MemId) -> IoResult<MemoryDesc> {
+        let c = self.ctrl_conn(key)?;
+        let r = (|| {
+            let mut s = c.lock();
+            write_frame(&mut *s, &CtrlRequest::LookupMemory(id))?;
+            read_frame::<CtrlReply, _>(&mut *s, self.cfg.max_frame)
+        })();
+        match r {
+            Ok(CtrlReply::Memory(d)) => Ok(d),
+            Ok(CtrlReply::Error(e)) => Err(e),
+            Ok(other) => Err(IoError::transport(format!("unexpected control reply {other:?}"))),
+            Err(e) => {
+                if matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Timeout | ErrorCode::Transport) {
+                    self.ctrl.lock().remove(key);
+                }
+                Err(e)
+            }
+        }
+    }
+}

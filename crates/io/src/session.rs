@@ -1,0 +1,65 @@
+//! [`Session`]: a pre-resolved (local region, remote region, backend) triple.
+
+use mori_io_core::plan::check_batch;
+use mori_io_core::{Backend, BackendKind, EngineDesc, MemoryDesc, Op, TransferId, TransferRequest, TransferStatus};
+use std::sync::Arc;
+
+/// Transfers between one local and one remote region over a backend chosen once, with the
+/// remote region verified and connections open (see `IoEngine::create_session`). Cheaper per
+/// call than the engine's one-shot methods.
+pub struct Session {
+    local: Arc<MemoryDesc>,
+    remote: Arc<MemoryDesc>,
+    peer: Arc<EngineDesc>,
+    backend: Arc<dyn Backend>,
+}
+
+impl Session {
+    pub(crate) fn new(local: Arc<MemoryDesc>, remote: Arc<MemoryDesc>, peer: Arc<EngineDesc>, backend: Arc<dyn Backend>) -> Self {
+        Session { local, remote, peer, backend }
+    }
+
+    /// The backend serving this session.
+    pub fn backend(&self) -> BackendKind {
+        self.backend.kind()
+    }
+
+    /// Reads `size` bytes at `remote_off` into `local_off`.
+    pub fn read(&self, local_off: u64, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
+        self.batch(Op::Read, &[local_off], &[remote_off], &[size], id)
+    }
+
+    /// Writes `size` bytes at `local_off` to `remote_off`.
+    pub fn write(&self, local_off: u64, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
+        self.batch(Op::Write, &[local_off], &[remote_off], &[size], id)
+    }
+
+    /// Batch read (parallel arrays; rules of `mori_io_core::plan::check_batch`).
+    pub fn batch_read(&self, local_offs: &[u64], remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+        self.batch(Op::Read, local_offs, remote_offs, sizes, id)
+    }
+
+    /// Batch write (parallel arrays; rules of `mori_io_core::plan::check_batch`).
+    pub fn batch_write(&self, local_offs: &[u64], remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+        self.batch(Op::Write, local_offs, remote_offs, sizes, id)
+    }
+
+    fn batch(&self, op: Op, lo: &[u64], ro: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+        match check_batch((self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, sizes) {
+            Err(e) => TransferStatus::failed(e),
+            Ok(segs) => {
+                let st = TransferStatus::new(1);
+                let req = TransferRequest {
+                    op,
+                    id,
+                    peer: self.peer.clone(),
+                    local: self.local.clone(),
+                    remote: self.remote.clone(),
+                    segs,
+                };
+                self.backend.post(req, st.clone());
+                st
+            }
+        }
+    }
+}
