@@ -7,10 +7,11 @@ use std::collections::{HashMap, VecDeque};
 
 /// Most finished entries kept for popping; older ones are dropped (with a warning) so a
 /// target that never pops cannot grow without bound.
-pub const MAX_FINISHED: usize = 1 << 20;
+pub const MAX_FINISHED: usize = 1 << 16;
 
 #[derive(Default)]
 struct Table {
+    warned: bool,
     partial: HashMap<(String, TransferId), (u32, Option<IoError>)>,
     finished: HashMap<(String, TransferId), Result<(), IoError>>,
     order: VecDeque<(String, TransferId)>,
@@ -45,8 +46,12 @@ impl InboundTable {
             t.order.push_back(key);
             while t.order.len() > MAX_FINISHED {
                 if let Some(old) = t.order.pop_front() {
-                    if t.finished.remove(&old).is_some() {
-                        tracing::warn!(engine = %old.0, id = old.1, "inbound status dropped unpopped (table full)");
+                    if t.finished.remove(&old).is_some() && !t.warned {
+                        t.warned = true;
+                        tracing::warn!(
+                            engine = %old.0, id = old.1, kept = MAX_FINISHED,
+                            "inbound statuses are not being popped; dropping the oldest (warned once)"
+                        );
                     }
                 }
             }
