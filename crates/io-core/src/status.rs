@@ -79,7 +79,7 @@ impl TransferStatus {
                 let mut slot = inner.error.lock();
                 if inner.state.load(Ordering::Acquire) == IN_PROGRESS {
                     *slot = Some(e);
-                    inner.state.store(FAILED, Ordering::Release);
+                    inner.state.store(FAILED, Ordering::SeqCst);
                     drop(slot);
                     self.wake();
                 }
@@ -89,7 +89,7 @@ impl TransferStatus {
                 if prev == 1
                     && inner
                         .state
-                        .compare_exchange(IN_PROGRESS, SUCCESS, Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange(IN_PROGRESS, SUCCESS, Ordering::SeqCst, Ordering::SeqCst)
                         .is_ok()
                 {
                     self.wake();
@@ -99,7 +99,9 @@ impl TransferStatus {
     }
 
     fn wake(&self) {
-        if self.inner.waiters.load(Ordering::Acquire) > 0 {
+        // SeqCst pairs with the SeqCst increment in `wait_for`: either the waiter sees the new
+        // state before sleeping, or we see the waiter and notify under the lock.
+        if self.inner.waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.inner.lock.lock();
             self.inner.cv.notify_all();
         }
@@ -116,7 +118,7 @@ impl TransferStatus {
 
     /// `None` while in progress, else the final result. Never blocks.
     pub fn poll(&self) -> Option<Result<(), IoError>> {
-        match self.inner.state.load(Ordering::Acquire) {
+        match self.inner.state.load(Ordering::SeqCst) {
             IN_PROGRESS => None,
             SUCCESS => Some(Ok(())),
             _ => Some(Err(self
@@ -170,7 +172,7 @@ impl TransferStatus {
             }
             std::hint::spin_loop();
         }
-        self.inner.waiters.fetch_add(1, Ordering::AcqRel);
+        self.inner.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.inner.lock.lock();
         let r = loop {
             if let Some(r) = self.poll() {
