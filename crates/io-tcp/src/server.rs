@@ -61,9 +61,11 @@ fn reply(s: &mut TcpStream, id: u64, r: &Result<(), IoError>, payload: &mut [IoS
     let msg = match r {
         Ok(()) => String::new(),
         Err(e) => {
-            let mut m = e.msg.clone();
-            m.truncate(MAX_MSG);
-            m
+            let mut cut = e.msg.len().min(MAX_MSG);
+            while !e.msg.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            e.msg[..cut].to_string()
         }
     };
     let h = ReplyHeader {
