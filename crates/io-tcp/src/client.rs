@@ -69,7 +69,7 @@ pub(crate) fn run_lane(
             }
         }
         let Some(s) = conn.as_mut() else { continue };
-        let r = run_job(s, &job);
+        let r = run_job(s, &job, &Lane { peer: &peer, lane, data_timeout: t.data });
         match &r {
             Err(e) if matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Timeout | ErrorCode::Transport) => {
                 // The stream may be out of step: drop it; the next job dials again.
@@ -88,7 +88,30 @@ fn local_ptr(region: &Region, seg_off: u64, len: u64) -> IoResult<*mut u8> {
     Ok(region.range(seg_off, len)? as *mut u8)
 }
 
-fn run_job(s: &mut TcpStream, job: &Job) -> IoResult<()> {
+/// What a socket error names: the lane, its peer, and the deadline in force.
+struct Lane<'a> {
+    peer: &'a EngineDesc,
+    lane: u32,
+    data_timeout: Duration,
+}
+
+impl Lane<'_> {
+    /// A socket error of `what` on this lane; an expired deadline says which one.
+    fn io_err(&self, what: &str, e: &std::io::Error) -> IoError {
+        let p = self.peer;
+        let mut err =
+            IoError::from_io(&format!("{what} on tcp lane {} to engine {:?} at {}:{}", self.lane, p.key, p.host, p.port), e);
+        if err.code == ErrorCode::Timeout {
+            err.msg.push_str(&format!(
+                " (no progress within the data timeout of {:.3} s: TcpConfig::data_timeout, env MORI_IO_TCP_TIMEOUT_MS)",
+                self.data_timeout.as_secs_f64()
+            ));
+        }
+        err
+    }
+}
+
+fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
     let total: u64 = job.segs.iter().map(|g| g.len).sum();
     let head = ReqHeader {
         magic: MAGIC,
@@ -113,10 +136,10 @@ fn run_job(s: &mut TcpStream, job: &Job) -> IoResult<()> {
         // `job.local` (an Arc of the region) keeps registered until this job completes.
         out.extend(ptrs.iter().map(|&(p, n)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, n) })));
     }
-    write_all_vectored(s, &mut out).map_err(|e| IoError::from_io("tcp send", &e))?;
+    write_all_vectored(s, &mut out).map_err(|e| lane.io_err("tcp send", &e))?;
 
     let mut rh = ReplyHeader { magic: 0, code: 0, transfer_id: 0, payload_len: 0, msg_len: 0, _pad: 0 };
-    s.read_exact(bytemuck::bytes_of_mut(&mut rh)).map_err(|e| IoError::from_io("tcp reply", &e))?;
+    s.read_exact(bytemuck::bytes_of_mut(&mut rh)).map_err(|e| lane.io_err("tcp reply", &e))?;
     if rh.magic != MAGIC || rh.transfer_id != job.transfer_id || rh.msg_len as usize > MAX_MSG {
         return Err(IoError::transport(format!(
             "bad reply on tcp lane (magic {:#x}, transfer {} for {}, msg_len {})",
@@ -124,7 +147,7 @@ fn run_job(s: &mut TcpStream, job: &Job) -> IoResult<()> {
         )));
     }
     let mut msg = vec![0u8; rh.msg_len as usize];
-    s.read_exact(&mut msg).map_err(|e| IoError::from_io("tcp reply", &e))?;
+    s.read_exact(&mut msg).map_err(|e| lane.io_err("tcp reply", &e))?;
     if rh.code != 0 {
         return Err(IoError::new(
             ErrorCode::from_u32(rh.code),
@@ -138,7 +161,7 @@ fn run_job(s: &mut TcpStream, job: &Job) -> IoResult<()> {
         // SAFETY: as above; the region stays registered while `job.local` is held.
         let mut bufs: Vec<IoSliceMut<'_>> =
             ptrs.iter().map(|&(p, n)| IoSliceMut::new(unsafe { std::slice::from_raw_parts_mut(p, n) })).collect();
-        read_exact_vectored(s, &mut bufs).map_err(|e| IoError::from_io("tcp read payload", &e))?;
+        read_exact_vectored(s, &mut bufs).map_err(|e| lane.io_err("tcp read payload", &e))?;
     }
     Ok(())
 }
