@@ -460,21 +460,30 @@ impl EngineInner {
     }
 
     fn lookup(&self, key: &str, id: MemId) -> IoResult<MemoryDesc> {
-        let c = self.ctrl_conn(key)?;
-        let r = (|| {
-            let mut s = c.lock();
-            write_frame(&mut *s, &CtrlRequest::LookupMemory(id))?;
-            read_frame::<CtrlReply, _>(&mut *s, self.cfg.max_frame)
-        })();
-        match r {
-            Ok(CtrlReply::Memory(d)) => Ok(d),
-            Ok(CtrlReply::Error(e)) => Err(e),
-            Ok(other) => Err(IoError::transport(format!("unexpected control reply {other:?}"))),
-            Err(e) => {
-                if matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Timeout | ErrorCode::Transport) {
-                    self.ctrl.lock().remove(key);
+        // A cached control connection may be stale (peer restarted): one retry on a fresh one.
+        let mut attempt = 0;
+        loop {
+            let fresh = !self.ctrl.lock().contains_key(key);
+            let r = self.ctrl_conn(key).and_then(|c| {
+                let mut s = c.lock();
+                write_frame(&mut *s, &CtrlRequest::LookupMemory(id))?;
+                read_frame::<CtrlReply, _>(&mut *s, self.cfg.max_frame)
+            });
+            match r {
+                Ok(CtrlReply::Memory(d)) => return Ok(d),
+                Ok(CtrlReply::Error(e)) => return Err(e),
+                Ok(other) => return Err(IoError::transport(format!("engine {key:?} sent an unexpected control reply {other:?}"))),
+                Err(e) => {
+                    let broken = matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Timeout | ErrorCode::Transport);
+                    if broken {
+                        self.ctrl.lock().remove(key);
+                    }
+                    if broken && !fresh && attempt == 0 && e.code != ErrorCode::Timeout {
+                        attempt += 1;
+                        continue;
+                    }
+                    return Err(IoError::new(e.code, format!("looking up memory {id} at engine {key:?}: {}", e.msg)));
                 }
-                Err(e)
             }
         }
     }
