@@ -1,0 +1,330 @@
+//! Command-line flags of `bench_engine`, after the MORI-IO benchmark guide (the seed's
+//! "Benchmark Arguments" and "Differences from the Python flags" tables). Python spellings are
+//! accepted as aliases.
+
+use clap::{Parser, ValueEnum};
+
+/// Transfer direction, seen from rank 0 (the initiator).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub enum OpArg {
+    /// Rank 0 reads rank 1's memory.
+    Read,
+    /// Rank 0 writes rank 1's memory.
+    Write,
+}
+
+/// Transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub enum BackendArg {
+    /// TCP streams (this build's backend).
+    Tcp,
+    /// RDMA over ibverbs (not in this build yet).
+    Rdma,
+    /// Same-node GPU P2P (not in this build yet).
+    Xgmi,
+    /// Scale-up fabric handles (not in this build yet).
+    Fabric,
+}
+
+/// Memory kind of the buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub enum MemArg {
+    /// Host memory.
+    Cpu,
+    /// GPU memory (not in this build yet).
+    Gpu,
+}
+
+/// How completion is awaited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+pub enum PollArg {
+    /// Spin-poll the status (nixlbench's way; the timing rule of the seed).
+    Polling,
+    /// Block on the status (wakeup latency included).
+    Event,
+}
+
+/// bench_engine: a nixlbench-comparable MORI-IO benchmark between two ranks.
+///
+/// Rank 0 is the initiator and prints the table; rank 1 is the target. Both ranks must get
+/// the same workload flags (they compare them at rendezvous).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bench_engine", version, about, long_about = None)]
+pub struct Args {
+    // ---- rendezvous
+    /// This process's rank: 0 = initiator (prints the table), 1 = target.
+    #[arg(long, default_value_t = 0, help_heading = "Rendezvous")]
+    pub rank: usize,
+    /// Rank 0's IP, identical on both ranks (bootstrap root). Python spelling: --host.
+    #[arg(long, alias = "host", default_value = "127.0.0.1", help_heading = "Rendezvous")]
+    pub master_ip: String,
+    /// Address this rank's engine advertises to its peer [default: 127.0.0.1 when the master
+    /// is loopback, else the local address that routes to the master]. 0.0.0.0 is refused.
+    #[arg(long, help_heading = "Rendezvous")]
+    pub self_ip: Option<String>,
+    /// Bootstrap port on the master; engines listen on port+1+rank [default: 18515; with
+    /// --local and no --port, a free range is picked].
+    #[arg(long, help_heading = "Rendezvous")]
+    pub port: Option<u16>,
+    /// Run both ranks on this machine: rank 0 starts rank 1 as a child process on loopback.
+    #[arg(long, help_heading = "Rendezvous")]
+    pub local: bool,
+
+    // ---- workload
+    /// Operation. Python spelling: --op-type.
+    #[arg(long, alias = "op-type", value_enum, default_value_t = OpArg::Read, help_heading = "Workload")]
+    pub op: OpArg,
+    /// Transport.
+    #[arg(long, value_enum, default_value_t = BackendArg::Tcp, help_heading = "Workload")]
+    pub backend: BackendArg,
+    /// Message size per transfer, bytes (single point and --all-batch).
+    #[arg(long, default_value_t = 32768, help_heading = "Workload")]
+    pub buffer_size: u64,
+    /// Transfers per iteration (the batch).
+    #[arg(long, default_value_t = 256, help_heading = "Workload")]
+    pub transfer_batch_size: u64,
+    /// Submit each iteration as one batch request (nixl-equivalent). On by default; accepted
+    /// for parity with the Python flag.
+    #[arg(long, conflicts_with = "disable_batch_transfer", help_heading = "Workload")]
+    pub enable_batch_transfer: bool,
+    /// Submit transfer-batch-size single transfers per iteration instead (Python's default path).
+    #[arg(long, help_heading = "Workload")]
+    pub disable_batch_transfer: bool,
+    /// Use a session (pre-resolved backend and remote region).
+    #[arg(long, help_heading = "Workload")]
+    pub enable_sess: bool,
+    /// Place the batch's slots back to back (they merge into fewer, larger requests).
+    #[arg(long, help_heading = "Workload")]
+    pub batch_contiguous: bool,
+    /// Timed iterations per point.
+    #[arg(long, default_value_t = 500, help_heading = "Workload")]
+    pub iters: u64,
+    /// Untimed iterations before each point's timed loop (nixl --warmup_iter).
+    #[arg(long, default_value_t = 100, help_heading = "Workload")]
+    pub warmup_iters: u64,
+
+    // ---- sweep
+    /// Sweep the message size from --sweep-start to --sweep-max (×2, or +step).
+    #[arg(long, conflicts_with = "all_batch", help_heading = "Sweep")]
+    pub all: bool,
+    /// Sweep the batch 1, 2, 4, ..., 32768 at --buffer-size.
+    #[arg(long, help_heading = "Sweep")]
+    pub all_batch: bool,
+    /// First message size of --all, bytes. Python spelling: --sweep-start-size.
+    #[arg(long, alias = "sweep-start-size", default_value_t = 8, help_heading = "Sweep")]
+    pub sweep_start: u64,
+    /// Last message size of --all, bytes. Python spelling: --sweep-max-size.
+    #[arg(long, alias = "sweep-max-size", default_value_t = 1 << 20, help_heading = "Sweep")]
+    pub sweep_max: u64,
+    /// 0 = geometric ×2; > 0 = linear step, bytes.
+    #[arg(long, default_value_t = 0, help_heading = "Sweep")]
+    pub sweep_step: u64,
+
+    // ---- memory
+    /// Memory of the buffers.
+    #[arg(long, value_enum, default_value_t = MemArg::Cpu, help_heading = "Memory")]
+    pub mem_type: MemArg,
+    /// Initiator GPU (GPU memory only). Python spelling: --src-gpu.
+    #[arg(long, alias = "src-gpu", help_heading = "Memory")]
+    pub gpu: Option<u32>,
+    /// Target GPU = --gpu + offset (GPU memory only).
+    #[arg(long, help_heading = "Memory")]
+    pub target_dev_offset: Option<i64>,
+    /// Python's target GPU; sets --target-dev-offset to N - gpu (a conflicting pair is refused).
+    #[arg(long, help_heading = "Memory")]
+    pub dst_gpu: Option<u32>,
+    /// Initiator devices (one process per GPU pair; GPU memory only).
+    #[arg(long, default_value_t = 1, help_heading = "Memory")]
+    pub num_initiator_dev: u32,
+    /// Target devices; must equal --num-initiator-dev.
+    #[arg(long, default_value_t = 1, help_heading = "Memory")]
+    pub num_target_dev: u32,
+
+    // ---- backend tuning
+    /// Connections (tcp) / queue pairs (rdma) per transfer.
+    #[arg(long, default_value_t = 4, help_heading = "Backend tuning")]
+    pub num_qp_per_transfer: usize,
+    /// Worker threads (rdma; no effect on tcp, which runs one thread per connection).
+    #[arg(long, default_value_t = 1, help_heading = "Backend tuning")]
+    pub num_worker_threads: usize,
+    /// Completion: polling = spin (the timing rule), event = blocking wait.
+    #[arg(long = "poll_cq_mode", alias = "poll-cq-mode", value_enum, default_value_t = PollArg::Polling, help_heading = "Backend tuning")]
+    pub poll_cq_mode: PollArg,
+    /// Disable single-transfer chunking (rdma; no effect on tcp).
+    #[arg(long, help_heading = "Backend tuning")]
+    pub disable_chunking: bool,
+    /// Chunk size when chunking is on, bytes (rdma).
+    #[arg(long, default_value_t = 65536, help_heading = "Backend tuning")]
+    pub chunk_bytes: u64,
+    /// Most chunks per transfer (rdma).
+    #[arg(long, default_value_t = 64, help_heading = "Backend tuning")]
+    pub max_chunks: u64,
+    /// Send-queue depth (rdma).
+    #[arg(long, help_heading = "Backend tuning")]
+    pub max_send_wr: Option<u32>,
+    /// SGEs per WR (rdma).
+    #[arg(long, help_heading = "Backend tuning")]
+    pub max_msg_sge: Option<u32>,
+    /// Stream pool size (xgmi/fabric).
+    #[arg(long, default_value_t = 64, help_heading = "Backend tuning")]
+    pub num_streams: u32,
+    /// Event pool size (xgmi/fabric).
+    #[arg(long, default_value_t = 64, help_heading = "Backend tuning")]
+    pub num_events: u32,
+    /// One process owning both GPUs (xgmi).
+    #[arg(long, help_heading = "Backend tuning")]
+    pub xgmi_single_process: bool,
+    /// Accepted to document intent; the two-rank path already is multiprocess.
+    #[arg(long, help_heading = "Backend tuning")]
+    pub xgmi_multiprocess: bool,
+
+    // ---- output
+    /// Skip validation on this rank (the run then reports `validation: skipped`).
+    #[arg(long, help_heading = "Output")]
+    pub skip_validate: bool,
+    /// Log level: trace, debug, info, warning, error, critical.
+    #[arg(long, default_value = "info", help_heading = "Output")]
+    pub log_level: String,
+    /// Write every row (and the configuration) as JSON to this file (rank 0).
+    #[arg(long, help_heading = "Output")]
+    pub json: Option<std::path::PathBuf>,
+    /// Draw bandwidth and latency against message size (or batch) into this PNG (rank 0).
+    #[arg(long, help_heading = "Output")]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+impl Args {
+    /// Batch-transfer mode after `--enable-batch-transfer`/`--disable-batch-transfer`.
+    pub fn batch_transfer(&self) -> bool {
+        !self.disable_batch_transfer
+    }
+
+    /// The flags both ranks must agree on, as (flag, value) pairs in a fixed order.
+    pub fn workload(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("--op", format!("{:?}", self.op).to_lowercase()),
+            ("--backend", format!("{:?}", self.backend).to_lowercase()),
+            ("--mem-type", format!("{:?}", self.mem_type).to_lowercase()),
+            ("--buffer-size", self.buffer_size.to_string()),
+            ("--transfer-batch-size", self.transfer_batch_size.to_string()),
+            ("--enable-batch-transfer", self.batch_transfer().to_string()),
+            ("--enable-sess", self.enable_sess.to_string()),
+            ("--batch-contiguous", self.batch_contiguous.to_string()),
+            ("--iters", self.iters.to_string()),
+            ("--warmup-iters", self.warmup_iters.to_string()),
+            ("--all", self.all.to_string()),
+            ("--all-batch", self.all_batch.to_string()),
+            ("--sweep-start", self.sweep_start.to_string()),
+            ("--sweep-max", self.sweep_max.to_string()),
+            ("--sweep-step", self.sweep_step.to_string()),
+            ("--num-qp-per-transfer", self.num_qp_per_transfer.to_string()),
+            ("--num-initiator-dev", self.num_initiator_dev.to_string()),
+            ("--num-target-dev", self.num_target_dev.to_string()),
+        ]
+    }
+
+    /// Checks what can be checked before any rendezvous. Errors name the flag and the limit.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.rank > 1 {
+            return Err(format!("--rank {} : bench_engine has two ranks, 0 (initiator) and 1 (target)", self.rank));
+        }
+        if let Some(ip) = &self.self_ip {
+            if ip == "0.0.0.0" || ip == "::" {
+                return Err(format!(
+                    "--self-ip {ip}: it becomes the EngineDesc host the peer dials for the handshake and remote-memory lookup; \
+                     with a wildcard the peer dials its own loopback and fails with 'connect(...): Connection refused'. \
+                     Give an address the peer can reach"
+                ));
+            }
+        }
+        match self.backend {
+            BackendArg::Tcp => {}
+            b => {
+                return Err(format!(
+                    "--backend {}: not part of this build of mori-rs yet (only tcp is); run with --backend tcp",
+                    format!("{b:?}").to_lowercase()
+                ))
+            }
+        }
+        if self.mem_type == MemArg::Gpu {
+            return Err("--mem-type gpu: GPU memory needs the GPU runtime, which this build does not include yet; use --mem-type cpu".into());
+        }
+        if self.gpu.is_some() || self.dst_gpu.is_some() || self.target_dev_offset.is_some() || self.xgmi_single_process {
+            if let (Some(g), Some(d), Some(o)) = (self.gpu, self.dst_gpu, self.target_dev_offset) {
+                if d as i64 - g as i64 != o {
+                    return Err(format!("--dst-gpu {d} conflicts with --target-dev-offset {o} (with --gpu {g} it means offset {})", d as i64 - g as i64));
+                }
+            }
+            return Err("--gpu/--src-gpu/--dst-gpu/--target-dev-offset/--xgmi-single-process need GPU memory, which this build does not support yet".into());
+        }
+        if self.num_initiator_dev != self.num_target_dev {
+            return Err(format!(
+                "--num-initiator-dev {} and --num-target-dev {} must be equal",
+                self.num_initiator_dev, self.num_target_dev
+            ));
+        }
+        if self.num_initiator_dev != 1 {
+            return Err(format!("--num-initiator-dev {}: several device pairs need GPU memory, which this build does not support yet", self.num_initiator_dev));
+        }
+        if self.buffer_size == 0 {
+            return Err("--buffer-size 0: message size must be at least 1 byte".into());
+        }
+        if self.all && (self.sweep_start == 0 || self.sweep_max == 0) {
+            return Err(format!("--sweep-start {} / --sweep-max {}: message size must be at least 1 byte", self.sweep_start, self.sweep_max));
+        }
+        if self.all && self.sweep_start > self.sweep_max {
+            return Err(format!("--sweep-start {} is above --sweep-max {}", self.sweep_start, self.sweep_max));
+        }
+        if self.transfer_batch_size == 0 || self.transfer_batch_size > 1 << 20 {
+            return Err(format!("--transfer-batch-size {}: allowed 1..=1048576", self.transfer_batch_size));
+        }
+        if self.iters == 0 {
+            return Err("--iters 0: at least one timed iteration is needed".into());
+        }
+        if !(1..=64).contains(&self.num_qp_per_transfer) {
+            return Err(format!("--num-qp-per-transfer {}: allowed 1..=64", self.num_qp_per_transfer));
+        }
+        Ok(())
+    }
+
+    /// Flags given that the chosen backend does not use (printed as a note, not an error).
+    pub fn ignored_by_backend(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.num_worker_threads != 1 {
+            v.push("--num-worker-threads");
+        }
+        if self.disable_chunking {
+            v.push("--disable-chunking");
+        }
+        if self.chunk_bytes != 65536 {
+            v.push("--chunk-bytes");
+        }
+        if self.max_chunks != 64 {
+            v.push("--max-chunks");
+        }
+        if self.max_send_wr.is_some() {
+            v.push("--max-send-wr");
+        }
+        if self.max_msg_sge.is_some() {
+            v.push("--max-msg-sge");
+        }
+        if self.num_streams != 64 || self.num_events != 64 {
+            v.push("--num-streams/--num-events");
+        }
+        v
+    }
+}
+
+/// Names of the workload flags whose values differ, with both values, for the mismatch error.
+pub fn workload_diff(a: &[(String, String)], b: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (x, y) in a.iter().zip(b) {
+        if x != y {
+            out.push(format!("{}: rank 0 = {}, rank 1 = {}", x.0, x.1, y.1));
+        }
+    }
+    if a.len() != b.len() {
+        out.push(format!("flag lists differ in length ({} vs {}): different bench_engine versions?", a.len(), b.len()));
+    }
+    out
+}

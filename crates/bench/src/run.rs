@@ -1,0 +1,286 @@
+//! One rank of bench_engine: rendezvous, engine, sweep, validation.
+
+use crate::args::{workload_diff, Args, OpArg, PollArg};
+use crate::report::Row;
+use crate::sweep::{buffer_bytes, offsets, points, Point};
+use crate::validate::{checksums, fill, first_mismatch};
+use mori_bootstrap::{Bootstrap, SocketBootstrap, SocketBootstrapConfig};
+use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, IoError, MemLoc, MemoryDesc, Session, TcpConfig, TransferStatus};
+use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// What a rank ends with.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Rank 0's rows (empty on rank 1).
+    pub rows: Vec<Row>,
+    /// `OK`, `skipped`, or `FAILED: ...`.
+    pub validation: String,
+}
+
+/// A failure of the run: the message, and whether it is a usage error (exit 2) or a run
+/// error (exit 1).
+#[derive(Debug)]
+pub struct Failure {
+    /// What went wrong, naming the flag, rank, point or peer.
+    pub msg: String,
+    /// Exit code to use.
+    pub code: i32,
+}
+
+fn usage(msg: impl Into<String>) -> Failure {
+    Failure { msg: msg.into(), code: 2 }
+}
+fn fail(msg: impl Into<String>) -> Failure {
+    Failure { msg: msg.into(), code: 1 }
+}
+
+/// Address this rank advertises: `--self-ip`, else 127.0.0.1 for a loopback master, else the
+/// local address the kernel would route to the master from (no packet is sent).
+pub fn self_ip(args: &Args, master: SocketAddr) -> Result<String, Failure> {
+    if let Some(ip) = &args.self_ip {
+        return Ok(ip.clone());
+    }
+    if master.ip().is_loopback() {
+        return Ok("127.0.0.1".into());
+    }
+    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| usage(format!("cannot find a local address: {e}; pass --self-ip")))?;
+    s.connect(master).map_err(|e| usage(format!("no route to --master-ip {master}: {e}; pass --self-ip")))?;
+    Ok(s.local_addr().map_err(|e| usage(format!("local address: {e}; pass --self-ip")))?.ip().to_string())
+}
+
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
+const MAGIC_OK: u8 = 0;
+const MAGIC_SKIP: u8 = 1;
+const MAGIC_ABORT: u8 = 2;
+
+/// Runs this rank. `port` is the bootstrap port (engines use port+1+rank); `ranks_here` is how
+/// many ranks share this machine's memory (2 with --local) for the memory check.
+pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> {
+    let rank = args.rank;
+    let master = (args.master_ip.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| usage(format!("--master-ip {}: {e}", args.master_ip)))?
+        .next()
+        .ok_or_else(|| usage(format!("--master-ip {} resolves to nothing", args.master_ip)))?;
+    let self_ip = self_ip(args, master)?;
+
+    // Memory first: refuse before anything else if the buffers cannot fit.
+    let pts = points(args);
+    let bytes = buffer_bytes(&pts, args.batch_contiguous);
+    if let Some(avail) = mem_available() {
+        if bytes.saturating_mul(ranks_here) > avail / 10 * 8 {
+            return Err(usage(format!(
+                "the sweep needs a {bytes}-byte buffer per rank ({} rank(s) here) but MemAvailable is {avail} bytes; lower --sweep-max/--buffer-size or --transfer-batch-size",
+                ranks_here
+            )));
+        }
+    }
+
+    let cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
+    let boot = SocketBootstrap::new(cfg).map_err(|e| fail(format!("bootstrap (rank {rank}, master {master}): {e}")))?;
+
+    // Both ranks must run the same workload.
+    let mine: Vec<(String, String)> = args.workload().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let all = boot
+        .allgather(&postcard::to_allocvec(&mine).map_err(|e| fail(e.to_string()))?)
+        .map_err(|e| fail(format!("exchanging workload flags: {e}")))?;
+    let decode = |b: &[u8]| postcard::from_bytes::<Vec<(String, String)>>(b).map_err(|e| fail(format!("peer's workload flags: {e}")));
+    let (w0, w1) = (decode(&all[0])?, decode(&all[1])?);
+    let diff = workload_diff(&w0, &w1);
+    if !diff.is_empty() {
+        return Err(usage(format!("workload flags differ between the ranks (both stop):\n  {}", diff.join("\n  "))));
+    }
+
+    // Engine, backend, memory.
+    let eport = port.checked_add(1 + rank as u16).ok_or_else(|| usage(format!("--port {port}: port+1+rank exceeds 65535")))?;
+    let ecfg = EngineConfig::new(self_ip.clone(), eport).map_err(|e| usage(e.to_string()))?;
+    let mut buf = vec![0u8; bytes as usize];
+    let eng = IoEngine::new(&format!("bench-rank{rank}-{}", std::process::id()), ecfg)
+        .map_err(|e| fail(format!("engine on --self-ip {self_ip} port {eport}: {e}")))?;
+    let tcp = TcpConfig { lanes: args.num_qp_per_transfer, ..TcpConfig::from_env().map_err(|e| usage(e.to_string()))? };
+    let deadline = tcp.data_timeout * 2 + Duration::from_secs(1);
+    eng.create_backend(BackendConfig::Tcp(tcp)).map_err(|e| usage(e.to_string()))?;
+    // SAFETY: `buf` is declared before `eng`, so it outlives the engine; it is not resized
+    // while registered, and the final barrier ensures no transfer is in flight at the end.
+    let mem = unsafe { eng.register_memory(buf.as_mut_ptr(), buf.len(), MemLoc::Host { numa: None }) }
+        .map_err(|e| fail(e.to_string()))?;
+    let descs = boot
+        .allgather(&postcard::to_allocvec(&(eng.desc().pack(), mem.pack())).map_err(|e| fail(e.to_string()))?)
+        .map_err(|e| fail(format!("exchanging engine descriptors: {e}")))?;
+    let (pe, pm): (Vec<u8>, Vec<u8>) =
+        postcard::from_bytes(&descs[1 - rank]).map_err(|e| fail(format!("peer descriptors: {e}")))?;
+    let peer = EngineDesc::unpack(&pe).map_err(|e| fail(e.to_string()))?;
+    let remote = MemoryDesc::unpack(&pm).map_err(|e| fail(e.to_string()))?;
+    eng.register_remote_engine(peer).map_err(|e| fail(e.to_string()))?;
+
+    let sess = if rank == 0 && args.enable_sess {
+        Some(eng.create_session(&mem, &remote).map_err(|e| fail(format!("create_session: {e}")))?)
+    } else {
+        None
+    };
+    if rank == 0 {
+        let b = eng.backend_for(&mem, &remote).map_err(|e| fail(e.to_string()))?;
+        eprintln!(
+            "bench_engine: op {}, backend {b} ({} connection(s)), {} point(s), iters {} + warmup {}, batch mode {}, session {}, contiguous {}",
+            format!("{:?}", args.op).to_lowercase(), args.num_qp_per_transfer, pts.len(), args.iters, args.warmup_iters,
+            if args.batch_transfer() { "on" } else { "off" }, args.enable_sess, args.batch_contiguous
+        );
+        let ignored = args.ignored_by_backend();
+        if !ignored.is_empty() {
+            eprintln!("note: {} have no effect on the tcp backend", ignored.join(", "));
+        }
+    }
+
+    let bar = progress(rank, pts.len());
+    let mut rows = Vec::new();
+    let mut validation: Option<String> = None;
+    let mut skipped = false;
+    for (pi, &p) in pts.iter().enumerate() {
+        let offs = offsets(p, args.batch_contiguous);
+        let src_rank = if args.op == OpArg::Write { 0 } else { 1 };
+        if rank == src_rank {
+            fill(&mut buf, &offs, p.msg, src_rank as u64, pi as u64);
+        }
+        boot.barrier().map_err(|e| fail(format!("barrier before point {pi}: {e}")))?;
+        let result = if rank == 0 {
+            bar.as_ref().map(|b| b.set_message(format!("msg {} B, batch {}", p.msg, p.batch)));
+            Some(measure(args, &eng, sess.as_ref(), &mem, &remote, p, &offs, deadline))
+        } else {
+            None
+        };
+        // First exchange: a status byte (rank 0 finished or aborted; either rank skips).
+        let status = match &result {
+            Some(Err(_)) => MAGIC_ABORT,
+            _ if args.skip_validate => MAGIC_SKIP,
+            _ => MAGIC_OK,
+        };
+        let got = boot.allgather(&[status]);
+        if let Some(Err(e)) = result {
+            return Err(fail(format!("transfer failed at message size {} B, batch {}: {e}", p.msg, p.batch)));
+        }
+        let got = got.map_err(|e| fail(format!("exchange after point {pi}: {e}")))?;
+        if got[0].first() == Some(&MAGIC_ABORT) {
+            return Err(fail("the initiator (rank 0) aborted; see its output"));
+        }
+        if got.iter().any(|g| g.first() == Some(&MAGIC_SKIP)) {
+            skipped = true;
+        }
+        // Second exchange (now that the data moved): rank 1's checksum of every slot.
+        if !skipped {
+            let mut sums = Vec::new();
+            if rank == 1 {
+                corrupt_for_test(args, &mut buf, &offs);
+                for c in checksums(&buf, &offs, p.msg) {
+                    sums.extend_from_slice(&c.to_le_bytes());
+                }
+            }
+            let got = boot.allgather(&sums).map_err(|e| fail(format!("checksum exchange after point {pi}: {e}")))?;
+            if rank == 0 && validation.is_none() {
+                let theirs: Vec<u64> =
+                    got[1].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+                let ours = checksums(&buf, &offs, p.msg);
+                if let Some(i) = first_mismatch(&ours, &theirs) {
+                    validation = Some(format!(
+                        "FAILED: first mismatching slot {i} (offset {} B) at message size {} B, batch {}",
+                        offs.get(i).copied().unwrap_or(0),
+                        p.msg,
+                        p.batch
+                    ));
+                }
+            }
+        }
+        if rank == 0 {
+            if let Some(Ok(row)) = result {
+                rows.push(row);
+            }
+            bar.as_ref().map(|b| b.inc(1));
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    boot.barrier().map_err(|e| fail(format!("final barrier: {e}")))?;
+    drop(sess);
+    drop(eng);
+    drop(buf);
+    let validation = if skipped { "skipped".to_string() } else { validation.unwrap_or_else(|| "OK".into()) };
+    Ok(Outcome { rows, validation })
+}
+
+/// Test-only fault injection: with `MORI_BENCH_CORRUPT_SLOT=N` (write op), rank 1 flips one
+/// byte of slot N after the transfer, so the end-to-end mismatch report can be tested.
+fn corrupt_for_test(args: &Args, buf: &mut [u8], offs: &[u64]) {
+    if args.op != OpArg::Write {
+        return;
+    }
+    if let Some(i) = std::env::var("MORI_BENCH_CORRUPT_SLOT").ok().and_then(|v| v.parse::<usize>().ok()) {
+        if let Some(&o) = offs.get(i) {
+            buf[o as usize] ^= 0xff;
+        }
+    }
+}
+
+fn progress(rank: usize, n: usize) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if rank != 0 || n < 2 || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let b = indicatif::ProgressBar::new(n as u64);
+    if let Ok(s) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} points  {msg}") {
+        b.set_style(s);
+    }
+    Some(b)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    args: &Args,
+    eng: &IoEngine,
+    sess: Option<&Session>,
+    mem: &MemoryDesc,
+    remote: &MemoryDesc,
+    p: Point,
+    offs: &[u64],
+    deadline: Duration,
+) -> Result<Row, IoError> {
+    let sizes = vec![p.msg; offs.len()];
+    let write = args.op == OpArg::Write;
+    let wait = |st: TransferStatus| match args.poll_cq_mode {
+        PollArg::Polling => st.spin_for(deadline),
+        PollArg::Event => st.wait_for(deadline),
+    };
+    let batch = |id| match (sess, write) {
+        (Some(s), true) => s.batch_write(offs, offs, &sizes, id),
+        (Some(s), false) => s.batch_read(offs, offs, &sizes, id),
+        (None, true) => eng.batch_write(mem, offs, remote, offs, &sizes, id),
+        (None, false) => eng.batch_read(mem, offs, remote, offs, &sizes, id),
+    };
+    let single = |o: u64, id| match (sess, write) {
+        (Some(s), true) => s.write(o, o, p.msg, id),
+        (Some(s), false) => s.read(o, o, p.msg, id),
+        (None, true) => eng.write(mem, o, remote, o, p.msg, id),
+        (None, false) => eng.read(mem, o, remote, o, p.msg, id),
+    };
+    let iter = || -> Result<(), IoError> {
+        if args.batch_transfer() {
+            wait(batch(eng.allocate_transfer_uid()))
+        } else {
+            let sts: Vec<TransferStatus> = offs.iter().map(|&o| single(o, eng.allocate_transfer_uid())).collect();
+            sts.into_iter().try_for_each(wait)
+        }
+    };
+    for _ in 0..args.warmup_iters {
+        iter()?;
+    }
+    let t0 = Instant::now();
+    for _ in 0..args.iters {
+        iter()?;
+    }
+    Ok(Row::new(p.msg, p.batch, args.iters, t0.elapsed()))
+}
