@@ -130,7 +130,7 @@ mod tests {
         for h in HEADER {
             assert!(first.contains(h), "{first}");
         }
-        assert!(t.contains("1048576") && t.contains("33.554") && t.contains("312.50"), "{t}");
+        assert!(t.contains("1048576") && t.contains("3.355") && t.contains("312.50"), "{t}");
     }
 
     #[test]
