@@ -15,6 +15,7 @@ pub mod plan;
 pub mod registry;
 pub mod status;
 pub mod wire;
+pub mod wr_plan;
 
 pub use backend::{Backend, BackendContext, BackendKind, Op, Refusal, TransferRequest};
 pub use desc::{BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, DESC_VERSION};
