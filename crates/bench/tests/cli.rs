@@ -1,0 +1,542 @@
+//! End-to-end tests of the `bench_engine` binary on loopback: the `--local` sweeps (table,
+//! JSON, plot), two ranks started by hand (flag mismatch, `--skip-validate` on one rank, the
+//! test-only corruption hook, the target killed mid-sweep) and the usage errors.
+//!
+//! Every child runs under a [`Proc`] guard: it has a deadline, and the guard kills and reaps it
+//! on drop, so a failing assertion never leaves a rank behind.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_bench_engine");
+const HEADER: [&str; 6] = ["MsgSize(B)", "Batch", "Iters", "AvgBW(GB/s)", "AvgLat(us)", "TotalDur(us)"];
+/// Small and quick, for every run that measures.
+const QUICK: [&str; 4] = ["--iters", "5", "--warmup-iters", "1"];
+
+// ------------------------------------------------------------------------------------------
+// Child processes with a deadline.
+
+/// A running child whose stdout and stderr are collected in the background. Dropping it kills
+/// and reaps the child.
+struct Proc {
+    name: String,
+    child: Option<Child>,
+    out: Arc<Mutex<Vec<u8>>>,
+    err: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+    deadline: Instant,
+}
+
+/// A finished child.
+#[derive(Debug)]
+struct Done {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// When the exit was observed (polling every 10 ms).
+    at: Instant,
+}
+
+fn collect(mut r: impl Read + Send + 'static, buf: Arc<Mutex<Vec<u8>>>) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            buf.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    })
+}
+
+/// Removes ANSI colour sequences (the log formatter may colour its output).
+fn strip_ansi(s: &[u8]) -> String {
+    let s = String::from_utf8_lossy(s);
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars().peekable();
+    while let Some(c) = it.next() {
+        if c == '\u{1b}' && it.peek() == Some(&'[') {
+            it.next();
+            for d in it.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `bench_engine` with a clean, bounded environment.
+fn bench(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args);
+    for k in [
+        "MORI_LOG",
+        "MORI_BENCH_CORRUPT_SLOT",
+        "MORI_BENCH_LOCAL_CHILD_PORT",
+        "MORI_IO_TCP_TIMEOUT_MS",
+        "MORI_BOOTSTRAP_OP_TIMEOUT",
+        "MORI_SOCKET_IFNAME",
+    ] {
+        c.env_remove(k);
+    }
+    c.env("MORI_BOOTSTRAP_TIMEOUT", "30").env("NO_COLOR", "1");
+    c
+}
+
+impl Proc {
+    fn spawn(name: &str, mut cmd: Command, limit: Duration) -> Proc {
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{name}: spawn {cmd:?}: {e}"));
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let err = Arc::new(Mutex::new(Vec::new()));
+        let readers = vec![
+            collect(child.stdout.take().unwrap(), out.clone()),
+            collect(child.stderr.take().unwrap(), err.clone()),
+        ];
+        Proc { name: name.into(), child: Some(child), out, err, readers, deadline: Instant::now() + limit }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// SIGKILL now (the exit is reaped by `wait` or on drop).
+    fn sigkill(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+        }
+    }
+
+    fn snapshot(&self) -> (String, String) {
+        (strip_ansi(&self.out.lock().unwrap()), strip_ansi(&self.err.lock().unwrap()))
+    }
+
+    /// Waits for the exit; past the deadline the child is killed and the test fails with its
+    /// output.
+    fn wait(mut self) -> Done {
+        let mut child = self.child.take().unwrap();
+        let code = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st.code(),
+                Ok(None) if Instant::now() < self.deadline => std::thread::sleep(Duration::from_millis(10)),
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    let (o, e) = self.snapshot();
+                    panic!("{}: still running at its deadline, killed\n--- stdout\n{o}\n--- stderr\n{e}", self.name);
+                }
+                Err(e) => panic!("{}: wait: {e}", self.name),
+            }
+        };
+        let at = Instant::now();
+        // A grandchild (the --local target) may hold the pipes a little longer.
+        let until = Instant::now() + Duration::from_secs(5);
+        for r in std::mem::take(&mut self.readers) {
+            while !r.is_finished() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if r.is_finished() {
+                let _ = r.join();
+            }
+        }
+        let (stdout, stderr) = self.snapshot();
+        Done { code, stdout, stderr, at }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Done {
+    fn dump(&self) -> String {
+        format!("exit {:?}\n--- stdout\n{}\n--- stderr\n{}", self.code, self.stdout, self.stderr)
+    }
+    fn expect_code(&self, code: i32, what: &str) {
+        assert_eq!(self.code, Some(code), "{what}: {}", self.dump());
+    }
+}
+
+fn run(name: &str, args: &[&str], limit: Duration) -> Done {
+    Proc::spawn(name, bench(args), limit).wait()
+}
+
+// ------------------------------------------------------------------------------------------
+// Ports and scratch files.
+
+/// A base port with base, base+1 and base+2 free on loopback (bootstrap, engine 0, engine 1).
+/// Chosen below the kernel's ephemeral range, so outgoing connections of concurrent tests do
+/// not take it between the check and the use.
+fn free_base() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..500 {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let base = 20_000 + (seed.wrapping_add(k.wrapping_mul(7)) % 12_000) as u16;
+        if (0..3).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+    panic!("no three consecutive free ports found in 20000..32000");
+}
+
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "mori-bench-cli-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, f: &str) -> String {
+        self.0.join(f).to_str().unwrap().to_string()
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Parsing the table and the JSON.
+
+#[derive(Debug, Clone, Copy)]
+struct TableRow {
+    msg: u64,
+    batch: u64,
+    iters: u64,
+    bw: f64,
+    lat: f64,
+    total: f64,
+}
+
+/// Parses rank 0's stdout: header, rows, then `validation: ...`. Checks the header words and
+/// that every row is consistent with the seed's formulas (within the printed rounding).
+fn parse_table(stdout: &str) -> (Vec<TableRow>, String) {
+    let mut lines = stdout.lines().filter(|l| !l.trim().is_empty());
+    let head: Vec<&str> = lines.next().expect("no header line").split_whitespace().collect();
+    assert_eq!(head, HEADER, "header line: {stdout}");
+    let mut rows = Vec::new();
+    let mut validation = None;
+    for l in lines {
+        if let Some(v) = l.strip_prefix("validation: ") {
+            validation = Some(v.to_string());
+            break;
+        }
+        let f: Vec<&str> = l.split_whitespace().collect();
+        assert_eq!(f.len(), 6, "row {l:?} in\n{stdout}");
+        let r = TableRow {
+            msg: f[0].parse().unwrap(),
+            batch: f[1].parse().unwrap(),
+            iters: f[2].parse().unwrap(),
+            bw: f[3].parse().unwrap(),
+            lat: f[4].parse().unwrap(),
+            total: f[5].parse().unwrap(),
+        };
+        assert!(r.total > 0.0 && r.lat > 0.0 && r.bw >= 0.0, "row {l:?}");
+        // latency = total / (iters * batch); bandwidth = bytes / 1e9 / seconds = bytes / (us * 1e3).
+        let lat = r.total / (r.iters * r.batch) as f64;
+        assert!((lat - r.lat).abs() <= 0.006 + lat * 1e-3, "latency {} vs total/(iters*batch) {lat}: {l:?}", r.lat);
+        let bw = (r.msg * r.batch * r.iters) as f64 / (r.total * 1e3);
+        assert!((bw - r.bw).abs() <= 0.0006 + bw * 1e-3, "bandwidth {} vs formula {bw}: {l:?}", r.bw);
+        rows.push(r);
+    }
+    (rows, validation.unwrap_or_else(|| panic!("no validation line in\n{stdout}")))
+}
+
+fn read_json(path: &str) -> serde_json::Value {
+    let s = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("--json {path}: {e}"));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("--json {path} is not JSON: {e}\n{s}"))
+}
+
+/// Checks the JSON rows against the table rows and that every bandwidth is positive.
+fn check_json(doc: &serde_json::Value, table: &[TableRow]) {
+    assert_eq!(doc["validation"], "OK", "{doc}");
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), table.len());
+    for (j, t) in rows.iter().zip(table) {
+        for k in ["msg_size", "batch", "iters", "avg_bw_gbps", "avg_lat_us", "total_us"] {
+            assert!(j.get(k).is_some_and(|v| v.is_number()), "row lacks {k}: {j}");
+        }
+        assert_eq!(j["msg_size"].as_u64(), Some(t.msg));
+        assert_eq!(j["batch"].as_u64(), Some(t.batch));
+        assert_eq!(j["iters"].as_u64(), Some(t.iters));
+        let bw = j["avg_bw_gbps"].as_f64().unwrap();
+        assert!(bw > 0.0 && bw.is_finite(), "bandwidth must be positive: {j}");
+        assert!((bw - t.bw).abs() <= 0.0006, "json {bw} vs table {}", t.bw);
+        assert!((j["total_us"].as_f64().unwrap() - t.total).abs() <= 0.051, "{j}");
+        assert!((j["avg_lat_us"].as_f64().unwrap() - t.lat).abs() <= 0.0051, "{j}");
+    }
+}
+
+/// Runs `--local` with `extra` (plus `--json`), checks the table (sizes or batches as expected,
+/// 5 iterations each), the JSON, and `validation: OK`.
+fn local_sweep(extra: &[&str], msgs: &[u64], batches: &[u64]) -> Vec<TableRow> {
+    let dir = TempDir::new("sweep");
+    let json = dir.path("rows.json");
+    let mut args = vec!["--local"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&QUICK);
+    args.extend_from_slice(&["--json", &json]);
+    let d = run(&format!("--local {}", extra.join(" ")), &args, Duration::from_secs(40));
+    d.expect_code(0, "local sweep");
+    let (rows, validation) = parse_table(&d.stdout);
+    assert_eq!(validation, "OK", "{}", d.dump());
+    assert_eq!(rows.iter().map(|r| r.msg).collect::<Vec<_>>(), msgs, "{}", d.stdout);
+    assert_eq!(rows.iter().map(|r| r.batch).collect::<Vec<_>>(), batches, "{}", d.stdout);
+    assert!(rows.iter().all(|r| r.iters == 5));
+    check_json(&read_json(&json), &rows);
+    rows
+}
+
+fn sizes_8_to_64k() -> Vec<u64> {
+    (3..=16).map(|k| 1u64 << k).collect()
+}
+
+const SWEEP_64K: [&str; 7] = ["--all", "--sweep-start", "8", "--sweep-max", "65536", "--transfer-batch-size", "4"];
+
+// ------------------------------------------------------------------------------------------
+// --local sweeps.
+
+#[test]
+fn local_write_sweep_batch_mode() {
+    let mut a = vec!["--op", "write"];
+    a.extend_from_slice(&SWEEP_64K);
+    let rows = local_sweep(&a, &sizes_8_to_64k(), &[4; 14]);
+    assert_eq!(rows.len(), 14);
+}
+
+#[test]
+fn local_read_sweep_single_transfers() {
+    let mut a = vec!["--op", "read", "--disable-batch-transfer"];
+    a.extend_from_slice(&SWEEP_64K);
+    local_sweep(&a, &sizes_8_to_64k(), &[4; 14]);
+}
+
+#[test]
+fn local_read_sweep_contiguous_session() {
+    let mut a = vec!["--op", "read", "--batch-contiguous", "--enable-sess"];
+    a.extend_from_slice(&SWEEP_64K);
+    local_sweep(&a, &sizes_8_to_64k(), &[4; 14]);
+}
+
+#[test]
+fn local_write_batch_sweep() {
+    let batches: Vec<u64> = (0..16).map(|k| 1u64 << k).collect();
+    let rows = local_sweep(&["--op", "write", "--all-batch", "--buffer-size", "64", "--enable-sess"], &[64; 16], &batches);
+    assert_eq!(rows.last().unwrap().batch, 32768);
+}
+
+#[test]
+fn json_and_plot() {
+    let dir = TempDir::new("plot");
+    let (json, png) = (dir.path("out.json"), dir.path("p.png"));
+    let mut args = vec!["--local", "--op", "write"];
+    args.extend_from_slice(&SWEEP_64K);
+    args.extend_from_slice(&QUICK);
+    args.extend_from_slice(&["--json", &json, "--plot", &png]);
+    let d = run("json+plot", &args, Duration::from_secs(40));
+    d.expect_code(0, "--json --plot");
+    let (rows, validation) = parse_table(&d.stdout);
+    assert_eq!(validation, "OK");
+    let doc = read_json(&json);
+    check_json(&doc, &rows);
+    assert_eq!(doc["rows"].as_array().unwrap().len(), 14);
+    // The configuration is recorded as the workload flags.
+    let cfg = doc["config"].to_string();
+    assert!(cfg.contains("--op") && cfg.contains("write") && cfg.contains("--iters"), "config: {cfg}");
+    let b = std::fs::read(&png).unwrap();
+    assert_eq!(&b[..8], b"\x89PNG\r\n\x1a\n", "PNG signature");
+    assert!(b.len() > 5000, "plot is only {} bytes", b.len());
+}
+
+#[test]
+fn python_spellings_are_accepted() {
+    let d = run(
+        "python spellings",
+        &[
+            "--local", "--op-type", "write", "--host", "127.0.0.1", "--all", "--sweep-start-size", "8",
+            "--sweep-max-size", "64", "--transfer-batch-size", "2", "--iters", "5", "--warmup-iters", "1",
+        ],
+        Duration::from_secs(30),
+    );
+    d.expect_code(0, "python spellings");
+    let (rows, validation) = parse_table(&d.stdout);
+    assert_eq!(validation, "OK");
+    assert_eq!(rows.iter().map(|r| r.msg).collect::<Vec<_>>(), [8, 16, 32, 64]);
+    assert!(d.stderr.contains("op write"), "--op-type write took effect: {}", d.stderr);
+}
+
+#[test]
+fn help_lists_primary_names() {
+    let d = run("--help", &["--help"], Duration::from_secs(10));
+    d.expect_code(0, "--help");
+    for f in ["--op ", "--master-ip", "--sweep-start", "--sweep-max", "--self-ip", "--port", "--local", "--all-batch", "--skip-validate"] {
+        assert!(d.stdout.contains(f), "--help lacks {f}:\n{}", d.stdout);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Usage errors (exit 2, before any rendezvous).
+
+#[test]
+fn usage_errors_name_the_flag() {
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["--self-ip", "0.0.0.0"], &["--self-ip", "0.0.0.0", "loopback"]),
+        (&["--buffer-size", "0"], &["--buffer-size"]),
+        (&["--backend", "rdma"], &["rdma", "not part of this build"]),
+        (&["--mem-type", "gpu"], &["--mem-type gpu", "this build"]),
+        (&["--rank", "2"], &["--rank 2"]),
+    ];
+    for (args, words) in cases {
+        let t = Instant::now();
+        let d = run(&args.join(" "), args, Duration::from_secs(10));
+        d.expect_code(2, &args.join(" "));
+        for w in words {
+            assert!(d.stderr.contains(w), "{args:?}: stderr lacks {w:?}: {}", d.stderr);
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{args:?} took {:?}: refused before rendezvous?", t.elapsed());
+    }
+}
+
+#[test]
+fn port_in_use_is_named() {
+    let base = free_base();
+    let _hold = TcpListener::bind(("127.0.0.1", base)).unwrap();
+    let p = base.to_string();
+    let mut a = vec!["--rank", "0", "--port", &p, "--op", "write"];
+    a.extend_from_slice(&QUICK);
+    let d = run("rank 0 on a busy port", &a, Duration::from_secs(20));
+    assert!(matches!(d.code, Some(c) if c != 0), "{}", d.dump());
+    assert!(d.stderr.contains(&p) && d.stderr.contains("in use"), "stderr names the port {p}: {}", d.stderr);
+}
+
+// ------------------------------------------------------------------------------------------
+// Two ranks started by hand.
+
+fn pair_args(port: &str, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["--master-ip", "127.0.0.1", "--port", port].iter().map(|s| s.to_string()).collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+/// Starts rank 1 then rank 0 with their own extra flags (and extra env for rank 1).
+fn start_pair(r0: &[&str], r1: &[&str], r1_env: &[(&str, &str)], limit: Duration) -> (Proc, Proc) {
+    let port = free_base().to_string();
+    let mut c1 = bench(&["--rank", "1"]);
+    c1.args(pair_args(&port, r1));
+    for (k, v) in r1_env {
+        c1.env(k, v);
+    }
+    let t = Proc::spawn("rank 1", c1, limit);
+    let mut c0 = bench(&["--rank", "0"]);
+    c0.args(pair_args(&port, r0));
+    let i = Proc::spawn("rank 0", c0, limit);
+    (i, t)
+}
+
+#[test]
+fn mismatched_flags_stop_both_ranks() {
+    let (i, t) = start_pair(
+        &["--op", "write", "--iters", "5", "--warmup-iters", "1"],
+        &["--op", "read", "--iters", "7", "--warmup-iters", "1"],
+        &[],
+        Duration::from_secs(30),
+    );
+    let (d0, d1) = (i.wait(), t.wait());
+    for (d, who) in [(&d0, "rank 0"), (&d1, "rank 1")] {
+        d.expect_code(2, who);
+        for w in ["--iters: rank 0 = 5, rank 1 = 7", "--op: rank 0 = write, rank 1 = read"] {
+            assert!(d.stderr.contains(w), "{who} stderr lacks {w:?}: {}", d.stderr);
+        }
+        assert!(!d.stderr.contains("--buffer-size:"), "only differing flags are listed: {}", d.stderr);
+    }
+    assert!(d0.stdout.is_empty(), "no table on a mismatch: {}", d0.stdout);
+}
+
+#[test]
+fn skip_validate_on_one_rank() {
+    let mut a = vec!["--op", "write", "--all", "--sweep-start", "8", "--sweep-max", "1024", "--transfer-batch-size", "4"];
+    a.extend_from_slice(&QUICK);
+    let mut a1 = a.clone();
+    a1.push("--skip-validate");
+    let (i, t) = start_pair(&a, &a1, &[], Duration::from_secs(30));
+    let (d0, d1) = (i.wait(), t.wait());
+    d0.expect_code(0, "rank 0");
+    d1.expect_code(0, "rank 1");
+    let (rows, validation) = parse_table(&d0.stdout);
+    assert_eq!(validation, "skipped");
+    assert_eq!(rows.len(), 8);
+}
+
+#[test]
+fn corrupted_slot_is_reported() {
+    let mut a = vec!["--op", "write", "--all", "--sweep-start", "8", "--sweep-max", "256", "--transfer-batch-size", "4"];
+    a.extend_from_slice(&QUICK);
+    let (i, t) = start_pair(&a, &a, &[("MORI_BENCH_CORRUPT_SLOT", "2")], Duration::from_secs(30));
+    let (d0, d1) = (i.wait(), t.wait());
+    d0.expect_code(1, "rank 0 with a corrupted slot on rank 1");
+    d1.expect_code(0, "rank 1");
+    let (rows, validation) = parse_table(&d0.stdout);
+    assert_eq!(rows.len(), 6, "the table is still printed");
+    // Slot 2 of the first point (8 B messages, stride 128 B) starts at byte 256.
+    assert!(
+        validation.starts_with("FAILED: first mismatching slot 2 (offset 256 B) at message size 8 B, batch 4"),
+        "{validation}"
+    );
+}
+
+#[test]
+fn target_killed_mid_sweep() {
+    let mut a = vec!["--op", "write", "--all", "--sweep-start", "65536", "--sweep-max", "262144"];
+    a.extend_from_slice(&["--transfer-batch-size", "16", "--iters", "1000000", "--warmup-iters", "1"]);
+    let port = free_base().to_string();
+    let spawn = |rank: &str| {
+        let mut c = bench(&["--rank", rank]);
+        c.args(pair_args(&port, &a)).env("MORI_IO_TCP_TIMEOUT_MS", "3000");
+        Proc::spawn(&format!("rank {rank}"), c, Duration::from_secs(30))
+    };
+    let mut t = spawn("1");
+    let i = spawn("0");
+    // Wait until rank 0 is measuring (it prints its configuration line), then one more second.
+    let t0 = Instant::now();
+    while !i.snapshot().1.contains("bench_engine: op write") {
+        assert!(t0.elapsed() < Duration::from_secs(20), "rank 0 never started measuring: {:?}", i.snapshot());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = t.pid();
+    t.sigkill();
+    let killed = Instant::now();
+    let d = i.wait();
+    let took = d.at - killed;
+    eprintln!("rank 0 exited {took:?} after SIGKILL of rank 1 (pid {pid})");
+    d.expect_code(1, "rank 0 after its target was killed");
+    assert!(took < Duration::from_secs(10), "rank 0 took {took:?}");
+    assert!(
+        d.stderr.contains("transfer failed at message size") && d.stderr.contains("RemoteDisconnect"),
+        "stderr names the failed transfer and RemoteDisconnect: {}",
+        d.stderr
+    );
+    assert!(d.stdout.is_empty(), "no table after a failed run: {}", d.stdout);
+}
