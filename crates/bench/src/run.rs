@@ -55,6 +55,9 @@ fn mem_available() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
+/// Default per-collective deadline of bench_engine when MORI_BOOTSTRAP_OP_TIMEOUT is unset.
+pub const POINT_WAIT: Duration = Duration::from_secs(3600);
+
 const MAGIC_OK: u8 = 0;
 const MAGIC_SKIP: u8 = 1;
 const MAGIC_ABORT: u8 = 2;
@@ -82,7 +85,13 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         }
     }
 
-    let cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
+    let mut cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
+    // The target waits inside one collective for each point's whole timed loop: unless
+    // MORI_BOOTSTRAP_OP_TIMEOUT says otherwise, allow an hour per point (a dead peer is still
+    // noticed at once: its sockets close).
+    if std::env::var_os("MORI_BOOTSTRAP_OP_TIMEOUT").is_none() {
+        cfg.op_timeout = cfg.op_timeout.max(POINT_WAIT);
+    }
     let boot = SocketBootstrap::new(cfg).map_err(|e| fail(format!("bootstrap (rank {rank}, master {master}): {e}")))?;
 
     // Both ranks must run the same workload.
@@ -164,7 +173,7 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         if let Some(Err(e)) = result {
             return Err(fail(format!("transfer failed at message size {} B, batch {}: {e}", p.msg, p.batch)));
         }
-        let got = got.map_err(|e| fail(format!("exchange after point {pi}: {e}")))?;
+        let got = got.map_err(|e| fail(format!("exchange after point {pi} (is the peer still reachable?): {e}")))?;
         if got[0].first() == Some(&MAGIC_ABORT) {
             return Err(fail("the initiator (rank 0) aborted; see its output"));
         }

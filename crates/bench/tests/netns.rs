@@ -308,7 +308,7 @@ fn link_down_mid_transfer() {
         "--iters", "1000000", "--warmup-iters", "1",
     ];
     let env = |mut c: Command| {
-        c.env("MORI_IO_TCP_TIMEOUT_MS", "2000").env("MORI_BOOTSTRAP_TIMEOUT", "15");
+        c.env("MORI_IO_TCP_TIMEOUT_MS", "2000").env("MORI_BOOTSTRAP_TIMEOUT", "15").env("MORI_BOOTSTRAP_OP_TIMEOUT", "15");
         c
     };
     let mut a1 = strings(&["--rank", "1", "--self-ip", IP_B]);
