@@ -85,9 +85,19 @@ pub struct TransferRequest {
     pub segs: Vec<Seg>,
 }
 
+/// Sends a backend's control request to a peer engine's same backend over the engine's
+/// control plane and returns the reply (with the engine's control deadline).
+pub trait ControlClient: Send + Sync {
+    /// Request/reply with `peer`'s backend `backend`. Errors: `NotSupported` when the peer has
+    /// no such backend, the peer backend's own error, or `Timeout`/`RemoteDisconnect`.
+    fn request(&self, peer: &EngineDesc, backend: BackendKind, payload: Vec<u8>) -> IoResult<Vec<u8>>;
+}
+
 /// What a backend shares with its engine.
 #[derive(Clone)]
 pub struct BackendContext {
+    /// The engine's control plane, for backend handshakes.
+    pub ctrl: Arc<dyn ControlClient>,
     /// This engine's descriptor.
     pub local: Arc<EngineDesc>,
     /// This engine's registrations (the bounds check for inbound requests).
@@ -128,4 +138,13 @@ pub trait Backend: Send + Sync {
 
     /// Forgets connections to a peer (the engine deregistered it).
     fn disconnect(&self, _peer_key: &str) {}
+
+    /// Answers a control request sent by engine `from`'s backend of the same kind.
+    fn control(&self, from: &EngineDesc, _payload: &[u8]) -> IoResult<Vec<u8>> {
+        Err(crate::IoError::not_supported(format!(
+            "the {} backend takes no control requests (from engine {:?})",
+            self.kind(),
+            from.key
+        )))
+    }
 }

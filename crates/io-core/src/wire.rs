@@ -56,6 +56,14 @@ pub enum CtrlRequest {
     LookupMemory(MemId),
     /// Liveness check.
     Ping,
+    /// A backend's own request (e.g. the RDMA queue-pair handshake), answered by that
+    /// backend's [`crate::Backend::control`].
+    Backend {
+        /// Which backend it is for.
+        backend: BackendKind,
+        /// The backend's serialized request.
+        payload: Vec<u8>,
+    },
 }
 
 /// Replies on a control connection.
@@ -65,6 +73,8 @@ pub enum CtrlReply {
     Memory(MemoryDesc),
     /// Answer to `Ping`.
     Pong,
+    /// A backend's reply to `CtrlRequest::Backend`.
+    Backend(Vec<u8>),
     /// The request failed (`NotFound` for an unknown region id).
     Error(IoError),
 }

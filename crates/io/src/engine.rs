@@ -1,16 +1,17 @@
 //! [`IoEngine`]: registrations, remote engines, backend choice and one-shot transfers.
 
+use crate::control::CtrlPool;
 use crate::session::Session;
 use mori_io_core::plan::check_batch;
-use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, PROTOCOL_VERSION};
+use mori_io_core::wire::{CtrlReply, CtrlRequest};
 use mori_io_core::{
-    Backend, BackendContext, BackendKind, EngineDesc, ErrorCode, InboundTable, IoError, IoResult, MemId, MemLoc,
+    Backend, BackendContext, BackendKind, EngineDesc, InboundTable, IoError, IoResult, MemId, MemLoc,
     MemRegistry, MemoryDesc, Op, Refusal, Region, TransferId, TransferRequest, TransferStatus,
 };
 use mori_io_tcp::{TcpBackend, TcpConfig};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,7 +82,7 @@ pub(crate) struct EngineInner {
     backends: RwLock<Vec<Arc<dyn Backend>>>,
     remotes: RwLock<HashMap<String, Arc<EngineDesc>>>,
     choice: Mutex<HashMap<(String, MemId, MemId), Arc<dyn Backend>>>,
-    ctrl: Mutex<HashMap<String, Arc<Mutex<TcpStream>>>>,
+    ctrl: Arc<CtrlPool>,
     next_mem: AtomicU64,
     next_transfer: AtomicU64,
 }
@@ -148,6 +149,7 @@ impl IoEngine {
             port,
             pid: std::process::id(),
         });
+        let ctrl = Arc::new(CtrlPool::new(desc.clone(), cfg.control_timeout, cfg.max_frame));
         let inner = Arc::new(EngineInner {
             desc,
             cfg,
@@ -158,7 +160,7 @@ impl IoEngine {
             backends: RwLock::new(Vec::new()),
             remotes: RwLock::new(HashMap::new()),
             choice: Mutex::new(HashMap::new()),
-            ctrl: Mutex::new(HashMap::new()),
+            ctrl,
             next_mem: AtomicU64::new(1),
             next_transfer: AtomicU64::new(1),
         });
@@ -180,6 +182,7 @@ impl IoEngine {
     /// `NotSupported` for `rdma`, `xgmi` and `fabric`, which this build does not have yet.
     pub fn create_backend(&self, cfg: BackendConfig) -> IoResult<()> {
         let ctx = BackendContext {
+            ctrl: self.inner.ctrl.clone(),
             local: self.inner.desc.clone(),
             registry: self.inner.registry.clone(),
             inbound: self.inner.inbound.clone(),
@@ -267,7 +270,7 @@ impl IoEngine {
     /// Forgets a remote engine and its connections.
     pub fn deregister_remote_engine(&self, key: &str) {
         self.inner.remotes.write().remove(key);
-        self.inner.ctrl.lock().remove(key);
+        self.inner.ctrl.forget(key);
         self.inner.choice.lock().retain(|k, _| k.0 != key);
         for b in self.inner.backends.read().iter() {
             b.disconnect(key);
@@ -430,61 +433,11 @@ impl EngineInner {
         )))
     }
 
-    fn ctrl_conn(&self, key: &str) -> IoResult<Arc<Mutex<TcpStream>>> {
-        if let Some(c) = self.ctrl.lock().get(key) {
-            return Ok(c.clone());
-        }
-        let peer = self.remote(key)?;
-        let target = format!("{}:{}", peer.host, peer.port);
-        let addr = target
-            .to_socket_addrs()
-            .map_err(|e| IoError::invalid(format!("engine {key:?} address {target}: {e}")))?
-            .next()
-            .ok_or_else(|| IoError::invalid(format!("engine {key:?} address {target} resolves to nothing")))?;
-        let mut s = TcpStream::connect_timeout(&addr, self.cfg.control_timeout)
-            .map_err(|e| IoError::from_io(&format!("control connect to engine {key:?} at {addr}"), &e))?;
-        s.set_nodelay(true).ok();
-        s.set_read_timeout(Some(self.cfg.control_timeout)).ok();
-        s.set_write_timeout(Some(self.cfg.control_timeout)).ok();
-        write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: (*self.desc).clone(), role: Role::Control })?;
-        match read_frame::<HelloReply, _>(&mut s, self.cfg.max_frame)? {
-            HelloReply::Ok(d) if d.key == key => {}
-            HelloReply::Ok(d) => {
-                return Err(IoError::bad_state(format!("dialed engine {key:?} at {addr} but {:?} answered", d.key)))
-            }
-            HelloReply::Refused(e) => return Err(e),
-        }
-        let c = Arc::new(Mutex::new(s));
-        self.ctrl.lock().insert(key.to_string(), c.clone());
-        Ok(c)
-    }
-
     fn lookup(&self, key: &str, id: MemId) -> IoResult<MemoryDesc> {
-        // A cached control connection may be stale (peer restarted): one retry on a fresh one.
-        let mut attempt = 0;
-        loop {
-            let fresh = !self.ctrl.lock().contains_key(key);
-            let r = self.ctrl_conn(key).and_then(|c| {
-                let mut s = c.lock();
-                write_frame(&mut *s, &CtrlRequest::LookupMemory(id))?;
-                read_frame::<CtrlReply, _>(&mut *s, self.cfg.max_frame)
-            });
-            match r {
-                Ok(CtrlReply::Memory(d)) => return Ok(d),
-                Ok(CtrlReply::Error(e)) => return Err(e),
-                Ok(other) => return Err(IoError::transport(format!("engine {key:?} sent an unexpected control reply {other:?}"))),
-                Err(e) => {
-                    let broken = matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Timeout | ErrorCode::Transport);
-                    if broken {
-                        self.ctrl.lock().remove(key);
-                    }
-                    if broken && !fresh && attempt == 0 && e.code != ErrorCode::Timeout {
-                        attempt += 1;
-                        continue;
-                    }
-                    return Err(IoError::new(e.code, format!("looking up memory {id} at engine {key:?}: {}", e.msg)));
-                }
-            }
+        let peer = self.remote(key)?;
+        match self.ctrl.call(&peer, &CtrlRequest::LookupMemory(id), &format!("looking up memory {id}"))? {
+            CtrlReply::Memory(d) => Ok(d),
+            other => Err(IoError::transport(format!("engine {key:?} sent an unexpected control reply {other:?}"))),
         }
     }
 }

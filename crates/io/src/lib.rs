@@ -14,6 +14,7 @@
 //! (tracing, target `mori_io`) which backend serves each (local, remote) pair and why the
 //! others refused. This build has the tcp backend; the others report `NotSupported`.
 
+mod control;
 mod engine;
 mod listener;
 mod session;

@@ -71,7 +71,7 @@ fn handle(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
     match hello.role {
         Role::Control => {
             write_frame(&mut s, &HelloReply::Ok((*eng.desc).clone()))?;
-            serve_control(s, eng)
+            serve_control(s, eng, hello.from)
         }
         Role::Data { backend, lane } => match eng.backend(backend) {
             Some(b) => {
@@ -90,7 +90,7 @@ fn handle(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
     }
 }
 
-fn serve_control(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
+fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::EngineDesc) -> Result<(), IoError> {
     loop {
         // Idle wait without a deadline, but wake up to notice shutdown.
         loop {
@@ -106,6 +106,16 @@ fn serve_control(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
         let req: CtrlRequest = read_frame(&mut s, eng.cfg.max_frame)?;
         let reply = match req {
             CtrlRequest::Ping => CtrlReply::Pong,
+            CtrlRequest::Backend { backend, payload } => match eng.backend(backend) {
+                Some(b) => match b.control(&from, &payload) {
+                    Ok(r) => CtrlReply::Backend(r),
+                    Err(e) => CtrlReply::Error(e),
+                },
+                None => CtrlReply::Error(IoError::not_supported(format!(
+                    "engine {:?} has no {backend} backend (create_backend was not called for it)",
+                    eng.desc.key
+                ))),
+            },
             CtrlRequest::LookupMemory(id) => match eng.local_memory(id) {
                 Some(d) => CtrlReply::Memory(d),
                 None => CtrlReply::Error(IoError::not_found(format!(
