@@ -1,0 +1,202 @@
+//! Typed errors of MORI-EP. Every variant names the input (and rank) at fault and the
+//! limit it broke, so a caller can fix its inputs without reading this crate's source.
+
+/// Result alias used throughout `mori-ep`.
+pub type EpResult<T> = Result<T, EpError>;
+
+/// Everything that can go wrong in configuration, layout, dispatch, combine and accounting.
+///
+/// No function of this crate panics on input; each rejects it with one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EpError {
+    /// A configuration field has a value outside its documented domain.
+    #[error("config: {field} = {value} is invalid: {reason}")]
+    InvalidConfig {
+        /// Field name as in [`crate::EpConfig`].
+        field: &'static str,
+        /// The offending value, printed.
+        value: String,
+        /// What the domain is.
+        reason: String,
+    },
+    /// `top_k` (experts per token) is above [`crate::MAX_TOP_K`].
+    #[error("config: top_k = {top_k} exceeds the limit {limit} (one token's slots must fit one 32-lane warp)")]
+    TopKTooLarge {
+        /// Requested top-k.
+        top_k: usize,
+        /// The limit, [`crate::MAX_TOP_K`].
+        limit: usize,
+    },
+    /// A token row's byte size is not a multiple of 16 (the kernels move 16-byte vectors).
+    #[error("{what}: hidden = {hidden} elements x {elem_size} B = {bytes} B is not a multiple of 16 B")]
+    HiddenBytesNotAligned {
+        /// Which size was checked (`"config max_token_type_size"` or the input tensor).
+        what: &'static str,
+        /// Hidden size in elements.
+        hidden: usize,
+        /// Element size in bytes.
+        elem_size: usize,
+        /// hidden x elem_size.
+        bytes: usize,
+    },
+    /// The total expert count does not split evenly over the ranks.
+    #[error("num_experts = {num_experts} is not divisible by world_size = {world}")]
+    ExpertsNotDivisible {
+        /// Total experts E.
+        num_experts: usize,
+        /// World size.
+        world: usize,
+    },
+    /// `max_recv_tokens` cannot hold what a rank may receive in the worst case.
+    #[error("config: max_recv_tokens = {max_recv_tokens} is smaller than world_size x max_tokens_per_rank = {required}; a rank could receive more tokens than its buffer holds")]
+    RecvBufferTooSmall {
+        /// Configured receive capacity in tokens.
+        max_recv_tokens: usize,
+        /// world_size x max_tokens_per_rank.
+        required: usize,
+    },
+    /// A derived size (buffer bytes, flat source index) does not fit its integer type.
+    #[error("{what} overflows {limit}")]
+    SizeOverflow {
+        /// The size being computed.
+        what: &'static str,
+        /// The type or bound it exceeds.
+        limit: &'static str,
+    },
+    /// A tensor's data length disagrees with its declared shape.
+    #[error("tensor data has {len} elements, shape [{rows}, {cols}] needs {}", rows.saturating_mul(*cols))]
+    TensorData {
+        /// Declared rows.
+        rows: usize,
+        /// Declared columns.
+        cols: usize,
+        /// Actual element count.
+        len: usize,
+    },
+    /// An input tensor of one rank has the wrong shape.
+    #[error("{input} on rank {rank}: expected shape [{exp_rows}, {exp_cols}], got [{rows}, {cols}]")]
+    Shape {
+        /// Input name (`"x"`, `"weights"`, `"scales"`, `"indices"`, `"combine x"`, ...).
+        input: &'static str,
+        /// Rank whose input it is.
+        rank: usize,
+        /// Expected rows.
+        exp_rows: usize,
+        /// Expected columns.
+        exp_cols: usize,
+        /// Actual rows.
+        rows: usize,
+        /// Actual columns.
+        cols: usize,
+    },
+    /// A per-rank input list has the wrong number of ranks.
+    #[error("{input}: expected one entry per rank ({expected}), got {got}")]
+    RankCount {
+        /// Input name.
+        input: &'static str,
+        /// world_size.
+        expected: usize,
+        /// Entries given.
+        got: usize,
+    },
+    /// Scales were given without `scale_dim > 0`, or are missing although `scale_dim > 0`.
+    #[error("scales on rank {rank}: config scale_dim = {scale_dim} but scales were {}", if *given { "given" } else { "not given" })]
+    ScalesPresence {
+        /// Rank.
+        rank: usize,
+        /// Configured scale_dim.
+        scale_dim: usize,
+        /// Whether the rank passed scales.
+        given: bool,
+    },
+    /// An element type's size disagrees with the configuration.
+    #[error("{input}: element size {got} B {relation} {limit} B from config {field}")]
+    ElementSize {
+        /// Input name.
+        input: &'static str,
+        /// Size of the element type passed.
+        got: usize,
+        /// `"exceeds"` or `"differs from"`.
+        relation: &'static str,
+        /// The configured size.
+        limit: usize,
+        /// Config field name.
+        field: &'static str,
+    },
+    /// A rank holds more tokens than the configured maximum.
+    #[error("rank {rank} holds {tokens} tokens, more than max_tokens_per_rank = {limit}")]
+    TooManyTokens {
+        /// Rank.
+        rank: usize,
+        /// Tokens given.
+        tokens: usize,
+        /// max_tokens_per_rank.
+        limit: usize,
+    },
+    /// An expert id is neither -1 nor in `[0, num_experts)`.
+    #[error("indices on rank {rank}, token {token}, slot {slot}: expert id {expert} is out of range [0, {num_experts}) (-1 means none; OutOfRange::Drop skips such ids)")]
+    ExpertOutOfRange {
+        /// Source rank.
+        rank: usize,
+        /// Token row.
+        token: usize,
+        /// Top-k slot.
+        slot: usize,
+        /// The id.
+        expert: i64,
+        /// Total experts E.
+        num_experts: usize,
+    },
+    /// A rank would receive more tokens than its receive buffer holds.
+    #[error("rank {rank} would receive {received} tokens, more than max_recv_tokens = {limit}")]
+    RecvOverflow {
+        /// Receiving rank.
+        rank: usize,
+        /// Tokens it would receive.
+        received: usize,
+        /// max_recv_tokens.
+        limit: usize,
+    },
+    /// Combine was given indices shaped like dispatch's output instead of the original routing.
+    #[error("combine indices on rank {rank} have {rows} rows = the {rows} tokens it received, not its {tokens} original tokens: pass the original (pre-dispatch) top-k indices, not dispatch's output indices")]
+    IndicesLookLikeDispatchOutput {
+        /// Rank.
+        rank: usize,
+        /// Rows of the indices passed.
+        rows: usize,
+        /// The rank's original token count.
+        tokens: usize,
+    },
+    /// Combine's indices route a token to other ranks than dispatch delivered it to.
+    #[error("combine indices on rank {rank}, token {token}: route it to ranks {routed:?} but dispatch delivered it to ranks {delivered:?}: pass the same original top-k indices that were dispatched")]
+    RoutingMismatch {
+        /// Source rank.
+        rank: usize,
+        /// Token row.
+        token: usize,
+        /// Ranks the given indices name (deduplicated, ascending).
+        routed: Vec<usize>,
+        /// Ranks that received it in dispatch (ascending).
+        delivered: Vec<usize>,
+    },
+    /// Weighted combine was requested without weights.
+    #[error("combine: weighting {weighting} needs per-rank weights, none were given")]
+    WeightsRequired {
+        /// The weighting mode requested.
+        weighting: &'static str,
+    },
+    /// A received-token list names the same source twice, or a source that does not exist.
+    #[error("received tokens on rank {rank}, row {row}: source (rank {src_rank}, token {src_token}) {problem}")]
+    BadSource {
+        /// Receiving rank.
+        rank: usize,
+        /// Row in its received list.
+        row: usize,
+        /// Source rank.
+        src_rank: usize,
+        /// Source token.
+        src_token: usize,
+        /// `"appears twice"` or `"does not exist"`.
+        problem: &'static str,
+    },
+}
