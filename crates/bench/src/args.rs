@@ -18,7 +18,7 @@ pub enum OpArg {
 pub enum BackendArg {
     /// TCP streams (this build's backend).
     Tcp,
-    /// RDMA over ibverbs (not in this build yet).
+    /// RDMA RC queue pairs over ibverbs.
     Rdma,
     /// Same-node GPU P2P (not in this build yet).
     Xgmi,
@@ -74,7 +74,7 @@ pub struct Args {
     /// Operation. Python spelling: --op-type.
     #[arg(long, alias = "op-type", value_enum, default_value_t = OpArg::Read, help_heading = "Workload")]
     pub op: OpArg,
-    /// Transport.
+    /// Transport: tcp (any host) or rdma (needs an active RDMA port, e.g. SoftRoCE).
     #[arg(long, value_enum, default_value_t = BackendArg::Tcp, help_heading = "Workload")]
     pub backend: BackendArg,
     /// Message size per transfer, bytes (single point and --all-batch).
@@ -238,10 +238,10 @@ impl Args {
             }
         }
         match self.backend {
-            BackendArg::Tcp => {}
+            BackendArg::Tcp | BackendArg::Rdma => {}
             b => {
                 return Err(format!(
-                    "--backend {}: not part of this build of mori-rs yet (only tcp is); run with --backend tcp",
+                    "--backend {}: not part of this build of mori-rs yet (tcp and rdma are); run with --backend tcp or rdma",
                     format!("{b:?}").to_lowercase()
                 ))
             }
@@ -290,6 +290,12 @@ impl Args {
     /// Flags given that the chosen backend does not use (printed as a note, not an error).
     pub fn ignored_by_backend(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
+        if self.backend == BackendArg::Rdma {
+            if self.num_streams != 64 || self.num_events != 64 {
+                v.push("--num-streams/--num-events");
+            }
+            return v;
+        }
         if self.num_worker_threads != 1 {
             v.push("--num-worker-threads");
         }

@@ -1,11 +1,11 @@
 //! One rank of bench_engine: rendezvous, engine, sweep, validation.
 
-use crate::args::{workload_diff, Args, OpArg, PollArg};
+use crate::args::{workload_diff, Args, BackendArg, OpArg, PollArg};
 use crate::report::Row;
 use crate::sweep::{buffer_bytes, offsets, points, Point};
 use crate::validate::{checksums, fill, first_mismatch};
 use mori_bootstrap::{Bootstrap, SocketBootstrap, SocketBootstrapConfig};
-use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, IoError, MemLoc, MemoryDesc, Session, TcpConfig, TransferStatus};
+use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, IoError, MemLoc, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig, TransferStatus};
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -85,6 +85,23 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         }
     }
 
+    // Engine, backend, memory first: a rank that cannot serve the backend stops at once.
+    let eport = port.checked_add(1 + rank as u16).ok_or_else(|| usage(format!("--port {port}: port+1+rank exceeds 65535")))?;
+    let ecfg = EngineConfig::new(self_ip.clone(), eport).map_err(|e| usage(e.to_string()))?;
+    let mut buf = vec![0u8; bytes as usize];
+    let eng = IoEngine::new(&format!("bench-rank{rank}-{}", std::process::id()), ecfg)
+        .map_err(|e| fail(format!("engine on --self-ip {self_ip} port {eport}: {e}")))?;
+    let tcp = TcpConfig { lanes: args.num_qp_per_transfer, ..TcpConfig::from_env().map_err(|e| usage(e.to_string()))? };
+    let deadline = tcp.data_timeout * 2 + Duration::from_secs(1);
+    let bcfg = match args.backend {
+        BackendArg::Rdma => BackendConfig::Rdma(rdma_config(args).map_err(|e| usage(e.to_string()))?),
+        _ => BackendConfig::Tcp(tcp),
+    };
+    eng.create_backend(bcfg).map_err(|e| usage(format!("--backend {}: {e}", format!("{:?}", args.backend).to_lowercase())))?;
+    // SAFETY: `buf` is declared before `eng`, so it outlives the engine; it is not resized
+    // while registered, and the final barrier ensures no transfer is in flight at the end.
+    let mem = unsafe { eng.register_memory(buf.as_mut_ptr(), buf.len(), MemLoc::Host { numa: None }) }
+        .map_err(|e| fail(e.to_string()))?;
     let mut cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
     // The target waits inside one collective for each point's whole timed loop: unless
     // MORI_BOOTSTRAP_OP_TIMEOUT says otherwise, allow an hour per point (a dead peer is still
@@ -106,19 +123,6 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         return Err(usage(format!("workload flags differ between the ranks (both stop):\n  {}", diff.join("\n  "))));
     }
 
-    // Engine, backend, memory.
-    let eport = port.checked_add(1 + rank as u16).ok_or_else(|| usage(format!("--port {port}: port+1+rank exceeds 65535")))?;
-    let ecfg = EngineConfig::new(self_ip.clone(), eport).map_err(|e| usage(e.to_string()))?;
-    let mut buf = vec![0u8; bytes as usize];
-    let eng = IoEngine::new(&format!("bench-rank{rank}-{}", std::process::id()), ecfg)
-        .map_err(|e| fail(format!("engine on --self-ip {self_ip} port {eport}: {e}")))?;
-    let tcp = TcpConfig { lanes: args.num_qp_per_transfer, ..TcpConfig::from_env().map_err(|e| usage(e.to_string()))? };
-    let deadline = tcp.data_timeout * 2 + Duration::from_secs(1);
-    eng.create_backend(BackendConfig::Tcp(tcp)).map_err(|e| usage(e.to_string()))?;
-    // SAFETY: `buf` is declared before `eng`, so it outlives the engine; it is not resized
-    // while registered, and the final barrier ensures no transfer is in flight at the end.
-    let mem = unsafe { eng.register_memory(buf.as_mut_ptr(), buf.len(), MemLoc::Host { numa: None }) }
-        .map_err(|e| fail(e.to_string()))?;
     let descs = boot
         .allgather(&postcard::to_allocvec(&(eng.desc().pack(), mem.pack())).map_err(|e| fail(e.to_string()))?)
         .map_err(|e| fail(format!("exchanging engine descriptors: {e}")))?;
@@ -136,13 +140,13 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
     if rank == 0 {
         let b = eng.backend_for(&mem, &remote).map_err(|e| fail(e.to_string()))?;
         eprintln!(
-            "bench_engine: op {}, backend {b} ({} connection(s)), {} point(s), iters {} + warmup {}, batch mode {}, session {}, contiguous {}",
+            "bench_engine: op {}, backend {b} ({} connection(s) or QPs), {} point(s), iters {} + warmup {}, batch mode {}, session {}, contiguous {}",
             format!("{:?}", args.op).to_lowercase(), args.num_qp_per_transfer, pts.len(), args.iters, args.warmup_iters,
             if args.batch_transfer() { "on" } else { "off" }, args.enable_sess, args.batch_contiguous
         );
         let ignored = args.ignored_by_backend();
         if !ignored.is_empty() {
-            eprintln!("note: {} have no effect on the tcp backend", ignored.join(", "));
+            eprintln!("note: {} have no effect on the {b} backend", ignored.join(", "));
         }
     }
 
@@ -220,6 +224,24 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
     drop(buf);
     let validation = if skipped { "skipped".to_string() } else { validation.unwrap_or_else(|| "OK".into()) };
     Ok(Outcome { rows, validation })
+}
+
+/// The rdma backend's settings from the environment and the seed's tuning flags.
+pub fn rdma_config(args: &Args) -> Result<RdmaConfig, IoError> {
+    let mut c = RdmaConfig::from_env()?;
+    c.qps_per_transfer = args.num_qp_per_transfer;
+    c.workers = args.num_worker_threads;
+    c.chunking = !args.disable_chunking;
+    c.chunk_bytes = args.chunk_bytes;
+    c.max_chunks = args.max_chunks as usize;
+    if let Some(v) = args.max_send_wr {
+        c.max_send_wr = v;
+    }
+    if let Some(v) = args.max_msg_sge {
+        c.max_msg_sge = v;
+    }
+    c.poll_mode = if args.poll_cq_mode == PollArg::Event { PollMode::Event } else { PollMode::Polling };
+    Ok(c)
 }
 
 /// Test-only fault injection: with `MORI_BENCH_CORRUPT_SLOT=N` (write op), rank 1 flips one

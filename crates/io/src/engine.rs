@@ -8,6 +8,7 @@ use mori_io_core::{
     Backend, BackendContext, BackendKind, EngineDesc, InboundTable, IoError, IoResult, MemId, MemLoc,
     MemRegistry, MemoryDesc, Op, Refusal, Region, TransferId, TransferRequest, TransferStatus,
 };
+use mori_io_rdma::{RdmaBackend, RdmaConfig};
 use mori_io_tcp::{TcpBackend, TcpConfig};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -64,8 +65,8 @@ impl EngineConfig {
 pub enum BackendConfig {
     /// TCP streams (any host, host memory).
     Tcp(TcpConfig),
-    /// RDMA over ibverbs: not in this build yet.
-    Rdma,
+    /// RDMA RC queue pairs over ibverbs (needs libibverbs and an active RDMA port).
+    Rdma(RdmaConfig),
     /// Same-node GPU P2P over IPC: not in this build yet.
     Xgmi,
     /// VMM fabric handles: not in this build yet.
@@ -179,7 +180,8 @@ impl IoEngine {
     }
 
     /// Creates a backend. Errors: `InvalidArgs` for a backend already created or bad settings;
-    /// `NotSupported` for `rdma`, `xgmi` and `fabric`, which this build does not have yet.
+    /// `NotSupported` for `xgmi` and `fabric` (not in this build yet) and for `rdma` on a host
+    /// without libibverbs or an active RDMA port (the message says which).
     pub fn create_backend(&self, cfg: BackendConfig) -> IoResult<()> {
         let ctx = BackendContext {
             ctrl: self.inner.ctrl.clone(),
@@ -189,7 +191,7 @@ impl IoEngine {
         };
         let b: Arc<dyn Backend> = match cfg {
             BackendConfig::Tcp(c) => Arc::new(TcpBackend::new(ctx, c)?),
-            BackendConfig::Rdma => return Err(not_built(BackendKind::Rdma)),
+            BackendConfig::Rdma(c) => Arc::new(RdmaBackend::new(ctx, c)?),
             BackendConfig::Xgmi => return Err(not_built(BackendKind::Xgmi)),
             BackendConfig::Fabric => return Err(not_built(BackendKind::Fabric)),
         };

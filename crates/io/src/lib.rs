@@ -12,7 +12,8 @@
 //!
 //! Backends are asked in the fixed preference order xgmi, fabric, rdma, tcp; the engine logs
 //! (tracing, target `mori_io`) which backend serves each (local, remote) pair and why the
-//! others refused. This build has the tcp backend; the others report `NotSupported`.
+//! others refused. This build has the tcp and rdma backends; xgmi and fabric report
+//! `NotSupported`.
 
 mod control;
 mod engine;
@@ -23,5 +24,6 @@ pub use engine::{BackendConfig, EngineConfig, IoEngine};
 pub use mori_io_core::{
     BackendKind, EngineDesc, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, TransferId, TransferStatus,
 };
+pub use mori_io_rdma::{PollMode, RdmaConfig};
 pub use mori_io_tcp::TcpConfig;
 pub use session::Session;

@@ -131,9 +131,16 @@ fn read_of_deregistered_memory_fails_cleanly_and_double_deregister_errors() {
 #[test]
 fn unavailable_paths_say_so() {
     let eng = IoEngine::new("solo", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
-    let e = eng.create_backend(BackendConfig::Rdma).unwrap_err();
+    let e = eng.create_backend(BackendConfig::Xgmi).unwrap_err();
     assert_eq!(e.code, ErrorCode::NotSupported);
-    assert!(e.msg.contains("rdma backend is not part of this build"), "{e}");
+    assert!(e.msg.contains("xgmi backend is not part of this build"), "{e}");
+    // This host (and CI) has no RDMA device: the rdma backend says so instead of failing later.
+    let no_rdma = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() == 0).unwrap_or(true);
+    if no_rdma {
+        let e = eng.create_backend(BackendConfig::Rdma(mori_io::RdmaConfig::default())).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotSupported, "{e}");
+        assert!(e.msg.contains("no RDMA") || e.msg.contains("no active RDMA port"), "{e}");
+    }
     let mut x = [0u8; 8];
     let e = unsafe { eng.register_memory(x.as_mut_ptr(), 8, MemLoc::Gpu { device: 0 }) }.unwrap_err();
     assert_eq!(e.code, ErrorCode::NotSupported);

@@ -1,0 +1,149 @@
+//! Settings of the RDMA backend and the upstream environment variables that set them.
+
+use mori_io_core::{IoError, IoResult};
+use std::time::Duration;
+
+/// How completions are reaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// The completion thread spins (with short sleeps once idle).
+    Polling,
+    /// The completion thread sleeps longer between empty polls (less CPU, more latency).
+    Event,
+}
+
+/// Settings of the RDMA backend.
+///
+/// | field | default | environment |
+/// |---|---|---|
+/// | `qps_per_transfer` | 4 | (bench `--num-qp-per-transfer`) |
+/// | `max_send_wr` | 1024 (capped by the device) | `MORI_IO_QP_MAX_SEND_WR` |
+/// | `max_cqe` | 65536 (capped by the device) | `MORI_IO_QP_MAX_CQE` |
+/// | `max_msg_sge` | 8 (capped by the device) | `MORI_IO_QP_MAX_MSG_SGE` |
+/// | `traffic_class` | 0 | `MORI_IO_TC` |
+/// | `service_level` | 0 | `MORI_IO_SL` |
+/// | `nics_per_transfer` | 1 | `MORI_IO_NUM_NICS_PER_TRANSFER` (only 1 in this build) |
+/// | `gid_index` | auto: RoCEv2 IPv4-mapped first | `MORI_IB_GID_INDEX` |
+/// | device | first with an active port | `MORI_RDMA_DEVICES` (`a,b` or `^a,b`) |
+/// | `sq_timeout` | 10 s | `MORI_IO_SQ_BACKOFF_TIMEOUT_US` |
+/// | chunking | on, 64 KiB, 64 chunks | (bench `--disable-chunking`, `--chunk-bytes`, `--max-chunks`) |
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// RC queue pairs per peer that a transfer is spread over (1..=64).
+    pub qps_per_transfer: usize,
+    /// Send-queue depth per QP.
+    pub max_send_wr: u32,
+    /// Completion-queue entries.
+    pub max_cqe: u32,
+    /// Scatter-gather entries per work request.
+    pub max_msg_sge: u32,
+    /// GRH traffic class (leave 0 unless PFC is configured end to end).
+    pub traffic_class: u8,
+    /// Service level.
+    pub service_level: u8,
+    /// NICs a transfer is striped over.
+    pub nics_per_transfer: usize,
+    /// GID index override.
+    pub gid_index: Option<u32>,
+    /// How long a post waits for send-queue room before failing with `Timeout`.
+    pub sq_timeout: Duration,
+    /// Split single transfers into chunks.
+    pub chunking: bool,
+    /// Chunk size, bytes.
+    pub chunk_bytes: u64,
+    /// Most chunks per transfer.
+    pub max_chunks: usize,
+    /// Completion reaping mode.
+    pub poll_mode: PollMode,
+    /// Posting workers the planner splits a batch over when chunking is off (the seed's
+    /// `--num-worker-threads`: keeps merged WRs under max_msg_sz). 1..=64.
+    pub workers: usize,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            qps_per_transfer: 4,
+            max_send_wr: 1024,
+            max_cqe: 65536,
+            max_msg_sge: 8,
+            traffic_class: 0,
+            service_level: 0,
+            nics_per_transfer: 1,
+            gid_index: None,
+            sq_timeout: Duration::from_secs(10),
+            chunking: true,
+            chunk_bytes: 65536,
+            max_chunks: 64,
+            poll_mode: PollMode::Polling,
+            workers: 1,
+        }
+    }
+}
+
+fn env_num<T: std::str::FromStr>(var: &str) -> IoResult<Option<T>> {
+    match std::env::var(var) {
+        Ok(v) => v.trim().parse::<T>().map(Some).map_err(|_| IoError::invalid(format!("{var}={v:?} is not a valid number"))),
+        Err(_) => Ok(None),
+    }
+}
+
+impl RdmaConfig {
+    /// Defaults overridden by the upstream environment variables (table above).
+    /// Errors: `InvalidArgs` naming a variable that does not parse.
+    pub fn from_env() -> IoResult<Self> {
+        let mut c = RdmaConfig::default();
+        if let Some(v) = env_num("MORI_IO_QP_MAX_SEND_WR")? {
+            c.max_send_wr = v;
+        }
+        if let Some(v) = env_num("MORI_IO_QP_MAX_CQE")? {
+            c.max_cqe = v;
+        }
+        if let Some(v) = env_num("MORI_IO_QP_MAX_MSG_SGE")? {
+            c.max_msg_sge = v;
+        }
+        if let Some(v) = env_num("MORI_IO_TC")? {
+            c.traffic_class = v;
+        }
+        if let Some(v) = env_num("MORI_IO_SL")? {
+            c.service_level = v;
+        }
+        if let Some(v) = env_num("MORI_IO_NUM_NICS_PER_TRANSFER")? {
+            c.nics_per_transfer = v;
+        }
+        if let Some(v) = env_num("MORI_IB_GID_INDEX")? {
+            c.gid_index = Some(v);
+        }
+        if let Some(v) = env_num::<u64>("MORI_IO_SQ_BACKOFF_TIMEOUT_US")? {
+            c.sq_timeout = Duration::from_micros(v);
+        }
+        Ok(c)
+    }
+
+    /// Checks the ranges. Errors: `InvalidArgs` naming the field and its limit; `NotSupported`
+    /// for several NICs per transfer (not in this build).
+    pub fn validate(&self) -> IoResult<()> {
+        if !(1..=64).contains(&self.qps_per_transfer) {
+            return Err(IoError::invalid(format!("rdma qps_per_transfer = {}, allowed 1..=64", self.qps_per_transfer)));
+        }
+        if !(1..=64).contains(&self.workers) {
+            return Err(IoError::invalid(format!("rdma workers (num-worker-threads) = {}, allowed 1..=64", self.workers)));
+        }
+        if self.max_send_wr < 2 || self.max_cqe < 16 || self.max_msg_sge == 0 {
+            return Err(IoError::invalid(format!(
+                "rdma max_send_wr {} (>= 2), max_cqe {} (>= 16), max_msg_sge {} (>= 1)",
+                self.max_send_wr, self.max_cqe, self.max_msg_sge
+            )));
+        }
+        if self.nics_per_transfer != 1 {
+            return Err(IoError::not_supported(format!(
+                "MORI_IO_NUM_NICS_PER_TRANSFER={}: striping over several NICs is not in this build (use 1)",
+                self.nics_per_transfer
+            )));
+        }
+        if self.chunking && (self.chunk_bytes == 0 || self.max_chunks == 0) {
+            return Err(IoError::invalid("rdma chunking needs chunk_bytes > 0 and max_chunks > 0"));
+        }
+        Ok(())
+    }
+}

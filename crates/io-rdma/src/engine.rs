@@ -1,0 +1,511 @@
+//! The backend proper: registrations, connections, posting, completion reaping.
+
+use crate::config::{PollMode, RdmaConfig};
+use crate::conn::{connect_qps, create_qps, endpoint, psn, Conn, QpParams, RdmaCtrl};
+use crate::device::{open, Device};
+use crate::RdmaMemHandle;
+use mori_io_core::wr_plan::{plan_wrs, EndpointLimits, WrPlanConfig};
+use mori_io_core::{
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc, Op, Refusal,
+    Region, TransferRequest, TransferStatus,
+};
+use parking_lot::Mutex;
+use rdma_mummy_sys::ibv_sge;
+use sideway::ibverbs::completion::BasicCompletionQueue;
+use sideway::ibverbs::memory_region::MemoryRegion;
+use sideway::ibverbs::queue_pair::{PostSendGuard, QueuePair, SetInlineData, SetScatterGatherEntry, WorkRequestFlags};
+use sideway::ibverbs::AccessFlags;
+use std::collections::{HashMap, VecDeque};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Receive buffers posted per target-side QP (for completion notifications).
+const RECV_DEPTH: usize = 64;
+/// Size of one notification message and receive buffer, bytes.
+const NOTE: usize = 16;
+const KIND_RECV: u64 = 1 << 62;
+
+struct Xfer {
+    status: TransferStatus,
+    remaining: AtomicUsize,
+    id: u64,
+    conn: Arc<Conn>,
+    _region: Arc<Region>,
+}
+
+struct Piece {
+    xfer: Option<Arc<Xfer>>,
+    conn: Arc<Conn>,
+    qp: usize,
+    covered: usize,
+}
+
+struct InboundConn {
+    from: String,
+    conn: Conn,
+    bufs: Box<[u8]>,
+    mr: Arc<MemoryRegion>,
+}
+
+struct Inner {
+    ctx: BackendContext,
+    cfg: RdmaConfig,
+    params: QpParams,
+    dev: Device,
+    cq: Arc<BasicCompletionQueue>,
+    mrs: Mutex<HashMap<MemId, Arc<MemoryRegion>>>,
+    out: Mutex<HashMap<String, Arc<Conn>>>,
+    inbound: Mutex<HashMap<u32, Arc<InboundConn>>>,
+    inbound_by_peer: Mutex<HashMap<String, u32>>,
+    pieces: Mutex<HashMap<u64, Piece>>,
+    notes: Mutex<VecDeque<(Arc<Conn>, [u8; NOTE])>>,
+    next_piece: AtomicU64,
+    next_token: AtomicU32,
+    next_conn: AtomicU64,
+    shutdown: AtomicBool,
+}
+
+/// The RDMA transport (see the crate docs).
+pub struct RdmaBackend {
+    inner: Arc<Inner>,
+    poller: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl RdmaBackend {
+    /// Opens the device and starts the completion thread.
+    /// Errors: `InvalidArgs`/`NotSupported` from the config; `NotSupported` naming why no
+    /// device or active port is usable; `Transport` for a failing verbs call.
+    pub fn new(ctx: BackendContext, cfg: RdmaConfig) -> IoResult<Self> {
+        cfg.validate()?;
+        let dev = open(&cfg)?;
+        let params = QpParams {
+            traffic_class: cfg.traffic_class,
+            service_level: cfg.service_level,
+            max_send_wr: cfg.max_send_wr.min(dev.max_qp_wr),
+            max_recv_wr: RECV_DEPTH as u32,
+            max_sge: cfg.max_msg_sge.min(dev.max_sge),
+        };
+        let cqe = cfg.max_cqe.min(dev.max_cqe);
+        let cq = dev.ctx.create_cq_builder().setup_cqe(cqe).build().map_err(|e| IoError::transport(format!("{}: create CQ of {cqe}: {e}", dev.name)))?;
+        let inner = Arc::new(Inner {
+            ctx,
+            cfg,
+            params,
+            dev,
+            cq,
+            mrs: Mutex::new(HashMap::new()),
+            out: Mutex::new(HashMap::new()),
+            inbound: Mutex::new(HashMap::new()),
+            inbound_by_peer: Mutex::new(HashMap::new()),
+            pieces: Mutex::new(HashMap::new()),
+            notes: Mutex::new(VecDeque::new()),
+            next_piece: AtomicU64::new(1),
+            next_token: AtomicU32::new(1),
+            next_conn: AtomicU64::new(1),
+            shutdown: AtomicBool::new(false),
+        });
+        let i2 = inner.clone();
+        let h = std::thread::Builder::new()
+            .name("mori-rdma-cq".into())
+            .spawn(move || i2.reap_loop())
+            .map_err(|e| IoError::transport(format!("spawn rdma completion thread: {e}")))?;
+        Ok(RdmaBackend { inner, poller: Mutex::new(Some(h)) })
+    }
+
+    /// Name of the device in use.
+    pub fn device_name(&self) -> &str {
+        &self.inner.dev.name
+    }
+}
+
+impl Drop for RdmaBackend {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        if let Some(h) = self.poller.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// The hint attached to an error completion (`ibv_wc_status` value).
+pub fn wc_hint(status: u32) -> (mori_io_core::ErrorCode, String) {
+    use mori_io_core::ErrorCode::*;
+    match status {
+        5 => (Transport, "work request flushed (the QP failed on an earlier error)".into()),
+        10 => (InvalidArgs, "remote access error: the remote range is out of bounds or not registered (rkey)".into()),
+        12 => (RemoteDisconnect, "transport retry counter exceeded: the peer is unreachable or gone; check the GID index (MORI_IB_GID_INDEX), traffic class and service level (MORI_IO_TC/MORI_IO_SL)".into()),
+        13 => (Transport, "receiver not ready (RNR) retries exceeded: the peer's receive queue is empty (receive depth)".into()),
+        4 | 8 => (InvalidArgs, "local protection/access error: the local range is not inside a registration".into()),
+        1 => (InvalidArgs, "local length error".into()),
+        s => (Transport, format!("work completion status {s}")),
+    }
+}
+
+impl Inner {
+    fn conn_for(&self, peer: &EngineDesc) -> IoResult<Arc<Conn>> {
+        if let Some(c) = self.out.lock().get(&peer.key) {
+            if !c.broken.load(Ordering::Acquire) {
+                return Ok(c.clone());
+            }
+        }
+        let n = self.cfg.qps_per_transfer;
+        let mut qps = create_qps(&self.dev, &self.cq, n, &self.params)?;
+        let psns: Vec<u32> = (0..n).map(psn).collect();
+        let ep = endpoint(&self.dev, &qps, &psns);
+        let conn_id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let req = postcard::to_allocvec(&RdmaCtrl::Connect { conn_id, ep }).map_err(|e| IoError::invalid(e.to_string()))?;
+        let rep = self.ctx.ctrl.request(peer, BackendKind::Rdma, req)?;
+        let remote = match postcard::from_bytes::<RdmaCtrl>(&rep) {
+            Ok(RdmaCtrl::Accepted(ep)) => ep,
+            other => return Err(IoError::transport(format!("engine {:?} answered the rdma connect with {other:?}", peer.key))),
+        };
+        connect_qps(&self.dev, &mut qps, &psns, &remote, &self.params)?;
+        let c = Arc::new(Conn {
+            peer: peer.key.clone(),
+            outstanding: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            qps: qps.into_iter().map(Mutex::new).collect(),
+            broken: AtomicBool::new(false),
+            max_msg_sz: self.dev.max_msg_sz.min(remote.max_msg_sz).max(1),
+        });
+        tracing::info!(peer = %peer.key, qps = n, device = %self.dev.name, "rdma connection established");
+        self.out.lock().insert(peer.key.clone(), c.clone());
+        Ok(c)
+    }
+
+    fn accept(&self, from: &EngineDesc, conn_id: u64, ep: crate::conn::Endpoint) -> IoResult<Vec<u8>> {
+        let n = ep.qps.len();
+        if n == 0 || n > 64 {
+            return Err(IoError::invalid(format!("engine {:?} asks for {n} QPs (1..=64)", from.key)));
+        }
+        let mut qps = create_qps(&self.dev, &self.cq, n, &self.params)?;
+        let psns: Vec<u32> = (0..n).map(|i| psn(i + 7)).collect();
+        let mine = endpoint(&self.dev, &qps, &psns);
+        let mut bufs = vec![0u8; n * RECV_DEPTH * NOTE].into_boxed_slice();
+        // SAFETY: `bufs` is owned by the InboundConn together with its MR; the MR is dropped
+        // (deregistered) before or with the buffer, and the QPs using it are dropped with it.
+        let mr = unsafe { self.dev.pd.reg_mr(bufs.as_mut_ptr() as usize, bufs.len(), AccessFlags::LocalWrite) }
+            .map_err(|e| IoError::transport(format!("register receive buffers: {e}")))?;
+        connect_qps(&self.dev, &mut qps, &psns, &ep, &self.params)?;
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed) & 0x3fff_ffff;
+        let ic = Arc::new(InboundConn {
+            from: from.key.clone(),
+            conn: Conn {
+                peer: from.key.clone(),
+                outstanding: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+                qps: qps.into_iter().map(Mutex::new).collect(),
+                broken: AtomicBool::new(false),
+                max_msg_sz: self.dev.max_msg_sz.min(ep.max_msg_sz),
+            },
+            bufs,
+            mr,
+        });
+        for q in 0..n {
+            for b in 0..RECV_DEPTH {
+                post_recv(&ic, token, q, b)?;
+            }
+        }
+        self.inbound.lock().insert(token, ic);
+        // A reconnecting initiator replaces its previous connection.
+        if let Some(old) = self.inbound_by_peer.lock().insert(from.key.clone(), token) {
+            self.inbound.lock().remove(&old);
+        }
+        tracing::info!(peer = %from.key, conn_id, qps = n, "rdma connection accepted");
+        postcard::to_allocvec(&RdmaCtrl::Accepted(mine)).map_err(|e| IoError::invalid(e.to_string()))
+    }
+
+    fn post(&self, req: TransferRequest, status: &TransferStatus) -> IoResult<()> {
+        let region = self.ctx.registry.get(req.local.id)?;
+        let lkey = self
+            .mrs
+            .lock()
+            .get(&req.local.id)
+            .map(|m| m.lkey())
+            .ok_or_else(|| IoError::not_found(format!("local memory {} has no rdma registration", req.local.id)))?;
+        let rh = remote_handle(&req.remote)?;
+        let conn = self.conn_for(&req.peer)?;
+        let limits = EndpointLimits {
+            max_msg_sz: conn.max_msg_sz,
+            max_sge: self.params.max_sge as usize,
+            max_send_wr: self.params.max_send_wr as usize,
+        };
+        let pc = WrPlanConfig {
+            chunking: self.cfg.chunking,
+            chunk_bytes: self.cfg.chunk_bytes,
+            max_chunks: self.cfg.max_chunks,
+            num_qps: conn.qps.len(),
+            num_nics: 1,
+            workers: self.cfg.workers,
+        };
+        let plan = plan_wrs(&req.segs, &limits, &pc, req.id)?;
+        if plan.signaled == 0 {
+            status.complete_piece(Ok(()));
+            return Ok(());
+        }
+        let xfer = Arc::new(Xfer {
+            status: status.clone(),
+            remaining: AtomicUsize::new(plan.signaled),
+            id: req.id,
+            conn: conn.clone(),
+            _region: region.clone(),
+        });
+        for q in &plan.queues {
+            let mut start = 0;
+            for (i, wr) in q.wrs.iter().enumerate() {
+                if wr.signaled || i + 1 == q.wrs.len() {
+                    self.post_chunk(&conn, q.qp, &q.wrs[start..=i], &xfer, req.op, lkey, region.addr as u64, rh)?;
+                    start = i + 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_chunk(
+        &self,
+        conn: &Arc<Conn>,
+        qp: usize,
+        wrs: &[mori_io_core::wr_plan::Wr],
+        xfer: &Arc<Xfer>,
+        op: Op,
+        lkey: u32,
+        laddr: u64,
+        rh: RdmaMemHandle,
+    ) -> IoResult<()> {
+        let cap = self.params.max_send_wr as usize;
+        let deadline = Instant::now() + self.cfg.sq_timeout;
+        let mut spins = 0u32;
+        while conn.outstanding[qp].load(Ordering::Acquire) + wrs.len() > cap {
+            if conn.broken.load(Ordering::Acquire) {
+                return Err(IoError::transport(format!("rdma connection to engine {:?} failed earlier", conn.peer)));
+            }
+            if Instant::now() >= deadline {
+                return Err(IoError::timeout(format!(
+                    "send queue of QP {qp} to engine {:?} stayed full ({} of {cap} WRs outstanding) for {:?} (MORI_IO_SQ_BACKOFF_TIMEOUT_US)",
+                    conn.peer,
+                    conn.outstanding[qp].load(Ordering::Acquire),
+                    self.cfg.sq_timeout
+                )));
+            }
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            }
+        }
+        let key = self.next_piece.fetch_add(1, Ordering::Relaxed) & (KIND_RECV - 1);
+        self.pieces.lock().insert(key, Piece { xfer: Some(xfer.clone()), conn: conn.clone(), qp, covered: wrs.len() });
+        conn.outstanding[qp].fetch_add(wrs.len(), Ordering::AcqRel);
+        let r = {
+            let mut q = conn.qps[qp].lock();
+            let mut g = q.start_post_send();
+            for wr in wrs {
+                let flags = if wr.signaled || std::ptr::eq(wr, &wrs[wrs.len() - 1]) { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
+                let h = g.construct_wr(key, flags);
+                let h = match op {
+                    Op::Write => h.setup_write(rh.rkey, rh.addr + wr.remote_off),
+                    Op::Read => h.setup_read(rh.rkey, rh.addr + wr.remote_off),
+                };
+                let sges: Vec<ibv_sge> = wr.sges.iter().map(|s| ibv_sge { addr: laddr + s.local_off, length: s.len as u32, lkey }).collect();
+                // SAFETY: every SGE lies inside the local registration (the engine checked the
+                // batch against the region; `xfer` holds the region until completion).
+                unsafe { h.setup_sge_list(&sges) };
+            }
+            g.post()
+        };
+        if let Err(e) = r {
+            self.pieces.lock().remove(&key);
+            conn.outstanding[qp].fetch_sub(wrs.len(), Ordering::AcqRel);
+            return Err(IoError::transport(format!("ibv_post_send on QP {qp} to engine {:?}: {e}", conn.peer)));
+        }
+        Ok(())
+    }
+
+    fn reap_loop(&self) {
+        let mut idle = 0u32;
+        while !self.shutdown.load(Ordering::Acquire) {
+            let mut n = 0;
+            if let Ok(p) = self.cq.start_poll() {
+                for wc in p {
+                    n += 1;
+                    self.on_completion(wc.wr_id(), wc.status());
+                }
+            }
+            self.flush_notes();
+            if n > 0 {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else if idle < 2000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(match self.cfg.poll_mode {
+                    PollMode::Polling => Duration::from_micros(20),
+                    PollMode::Event => Duration::from_micros(200),
+                });
+            }
+        }
+    }
+
+    fn on_completion(&self, wr_id: u64, status: u32) {
+        if wr_id & KIND_RECV != 0 {
+            let token = ((wr_id >> 32) & 0x3fff_ffff) as u32;
+            let (qp, buf) = (((wr_id >> 16) & 0xffff) as usize, (wr_id & 0xffff) as usize);
+            let Some(ic) = self.inbound.lock().get(&token).cloned() else { return };
+            if status != 0 {
+                return; // flushed at teardown
+            }
+            let off = (qp * RECV_DEPTH + buf) * NOTE;
+            let mut id = [0u8; 8];
+            id.copy_from_slice(&ic.bufs[off..off + 8]);
+            self.ctx.inbound.piece_done(&ic.from, u64::from_le_bytes(id), 1, Ok(()));
+            if let Err(e) = post_recv(&ic, token, qp, buf) {
+                tracing::warn!(peer = %ic.from, error = %e, "cannot repost an rdma receive buffer");
+            }
+            return;
+        }
+        let Some(p) = self.pieces.lock().remove(&wr_id) else { return };
+        let _ = p.conn.outstanding[p.qp].fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| Some(o.saturating_sub(p.covered)));
+        if status != 0 {
+            p.conn.broken.store(true, Ordering::Release);
+            let (code, hint) = wc_hint(status);
+            let err = IoError::new(code, format!("rdma work request to engine {:?} failed on QP {}: {hint}", p.conn.peer, p.qp));
+            match p.xfer {
+                Some(x) => x.status.complete_piece(Err(err)),
+                None => tracing::warn!(error = %err, "rdma notification failed"),
+            }
+            return;
+        }
+        if let Some(x) = p.xfer {
+            if x.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                let mut note = [0u8; NOTE];
+                note[..8].copy_from_slice(&x.id.to_le_bytes());
+                self.notes.lock().push_back((x.conn.clone(), note));
+                self.flush_notes();
+                x.status.complete_piece(Ok(()));
+            }
+        }
+    }
+
+    /// Posts pending notifications where QP 0 of their connection has room.
+    fn flush_notes(&self) {
+        let mut q = self.notes.lock();
+        let cap = self.params.max_send_wr as usize;
+        let mut keep = VecDeque::new();
+        while let Some((conn, note)) = q.pop_front() {
+            if conn.broken.load(Ordering::Acquire) {
+                continue;
+            }
+            if conn.outstanding[0].load(Ordering::Acquire) + 1 > cap {
+                keep.push_back((conn, note));
+                continue;
+            }
+            let key = self.next_piece.fetch_add(1, Ordering::Relaxed) & (KIND_RECV - 1);
+            self.pieces.lock().insert(key, Piece { xfer: None, conn: conn.clone(), qp: 0, covered: 1 });
+            conn.outstanding[0].fetch_add(1, Ordering::AcqRel);
+            let r = {
+                let mut qp = conn.qps[0].lock();
+                let mut g = qp.start_post_send();
+                g.construct_wr(key, WorkRequestFlags::Signaled).setup_send().setup_inline_data(&note);
+                g.post()
+            };
+            if let Err(e) = r {
+                self.pieces.lock().remove(&key);
+                conn.outstanding[0].fetch_sub(1, Ordering::AcqRel);
+                tracing::warn!(peer = %conn.peer, error = %e, "cannot post an rdma notification");
+            }
+        }
+        *q = keep;
+    }
+}
+
+fn post_recv(ic: &InboundConn, token: u32, qp: usize, buf: usize) -> IoResult<()> {
+    let wr_id = KIND_RECV | (u64::from(token) << 32) | ((qp as u64) << 16) | buf as u64;
+    let addr = ic.bufs.as_ptr() as u64 + ((qp * RECV_DEPTH + buf) * NOTE) as u64;
+    let mut q = ic.conn.qps[qp].lock();
+    let mut g = q.start_post_recv();
+    // SAFETY: the buffer slot lies inside `ic.bufs`, registered as `ic.mr`, both owned by `ic`.
+    unsafe { g.construct_wr(wr_id).setup_sge(ic.mr.lkey(), addr, NOTE as u32) };
+    g.post().map_err(|e| IoError::transport(format!("ibv_post_recv: {e}")))
+}
+
+fn remote_handle(remote: &MemoryDesc) -> IoResult<RdmaMemHandle> {
+    let b = remote.handle(BackendKind::Rdma).ok_or_else(|| {
+        IoError::invalid(format!("remote memory {} of engine {:?} carries no rdma key", remote.id, remote.engine_key))
+    })?;
+    postcard::from_bytes(b).map_err(|e| IoError::invalid(format!("remote memory {}: bad rdma handle: {e}", remote.id)))
+}
+
+impl Backend for RdmaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Rdma
+    }
+
+    fn on_register(&self, desc: &mut MemoryDesc) -> IoResult<()> {
+        if !desc.loc.is_host() {
+            return Err(IoError::not_supported("rdma registration of GPU memory (dmabuf) needs the GPU runtime, not in this build"));
+        }
+        let flags = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
+        // SAFETY: the engine's caller promised (register_memory's contract) that the range is
+        // valid until deregistration, which drops this MR first.
+        let mr = unsafe { self.inner.dev.pd.reg_mr(desc.addr as usize, desc.len as usize, flags) }
+            .map_err(|e| IoError::transport(format!("ibv_reg_mr of {} bytes at {:#x}: {e}", desc.len, desc.addr)))?;
+        let h = RdmaMemHandle { rkey: mr.rkey(), addr: desc.addr };
+        desc.handles.retain(|x| x.backend != BackendKind::Rdma);
+        desc.handles.push(BackendHandle { backend: BackendKind::Rdma, bytes: postcard::to_allocvec(&h).map_err(|e| IoError::invalid(e.to_string()))? });
+        self.inner.mrs.lock().insert(desc.id, mr);
+        Ok(())
+    }
+
+    fn on_deregister(&self, desc: &MemoryDesc) -> IoResult<()> {
+        self.inner.mrs.lock().remove(&desc.id);
+        Ok(())
+    }
+
+    fn can_serve(&self, local: &MemoryDesc, remote: &MemoryDesc, _peer: &EngineDesc) -> Result<(), Refusal> {
+        let refuse = |reason: String| Err(Refusal { backend: BackendKind::Rdma, reason });
+        if !local.loc.is_host() || !remote.loc.is_host() {
+            return refuse("GPU memory over rdma needs dmabuf registration (GPU runtime), not in this build".into());
+        }
+        if remote.handle(BackendKind::Rdma).is_none() {
+            return refuse(format!(
+                "remote memory {} of engine {:?} carries no rdma key (its engine has no rdma backend, or registered it first)",
+                remote.id, remote.engine_key
+            ));
+        }
+        if !self.inner.mrs.lock().contains_key(&local.id) {
+            return refuse(format!("local memory {} was registered before the rdma backend existed", local.id));
+        }
+        Ok(())
+    }
+
+    fn connect(&self, peer: &EngineDesc) -> IoResult<()> {
+        self.inner.conn_for(peer).map(|_| ())
+    }
+
+    fn post(&self, req: TransferRequest, status: TransferStatus) {
+        if let Err(e) = self.inner.post(req, &status) {
+            status.complete_piece(Err(e));
+        }
+    }
+
+    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
+        Err(IoError::not_supported(format!("the rdma backend takes no data connections (from engine {:?})", from.key)))
+    }
+
+    fn disconnect(&self, peer_key: &str) {
+        self.inner.out.lock().remove(peer_key);
+    }
+
+    fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {
+        match postcard::from_bytes::<RdmaCtrl>(payload) {
+            Ok(RdmaCtrl::Connect { conn_id, ep }) => self.inner.accept(from, conn_id, ep),
+            Ok(other) => Err(IoError::invalid(format!("unexpected rdma control message {other:?}"))),
+            Err(e) => Err(IoError::invalid(format!("malformed rdma control message from {:?}: {e}", from.key))),
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! MORI-IO RDMA backend: RC queue pairs over ibverbs through `sideway` (libibverbs is loaded
+//! at run time: a host without it builds and starts, and `create_backend` says what is
+//! missing).
+//!
+//! - Memory: `ibv_reg_mr` at registration (local write, remote read/write); the rkey travels
+//!   in the `MemoryDesc` handle. GPU memory (dmabuf) is not in this build.
+//! - Connections: `qps_per_transfer` RC QPs per peer, set up through the engine's control
+//!   plane (QPN, PSN, GID, LID, MTU exchange; GID chosen RoCEv2 IPv4-mapped first,
+//!   `MORI_IB_GID_INDEX` overriding).
+//! - Transfers: planned by `mori_io_core::wr_plan` (sort by remote offset, merge, chunking,
+//!   QP round-robin from `transfer_id % qps`, minimal signaling); send-queue admission waits
+//!   for room up to `sq_timeout`, then fails with `Timeout`.
+//! - Completion: one thread reaps the CQ; error completions reach the transfer's status with
+//!   a hint (retry exceeded: GID/TC/SL; remote access: bounds/registration; RNR: receive depth).
+//! - Notification: once every WR of a transfer completed, a 16-byte SEND tells the target,
+//!   which records it for `pop_inbound_status` (so the target learns only after all data
+//!   landed); receive buffers are reposted (nothing leaks).
+
+mod config;
+mod conn;
+mod device;
+mod engine;
+
+pub use config::{PollMode, RdmaConfig};
+pub use engine::RdmaBackend;
+
+/// The rkey and address a peer needs to address a registered region (the `MemoryDesc`
+/// handle of the rdma backend, postcard-encoded).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct RdmaMemHandle {
+    /// Remote key.
+    pub rkey: u32,
+    /// Virtual address of the region's first byte in the owner's address space.
+    pub addr: u64,
+}
