@@ -4,8 +4,10 @@
 //!   then the root-only network-namespace tests.
 //! - `compare-tcp`: bench_engine against iperf3 and ucx_perftest on loopback, in one run,
 //!   printing the ratios recorded in docs/PERFORMANCE.md.
+//! - `softroce [--] CMD [ARGS...]`: runs CMD in a QEMU guest with SoftRoCE (rxe0); see softroce.rs.
 
 mod compare;
+mod softroce;
 mod util;
 
 use std::process::ExitCode;
@@ -15,8 +17,9 @@ fn main() -> ExitCode {
     let r = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
         Some("compare-tcp") => compare::run(&args[1..]),
+        Some("softroce") => return softroce::main(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <test | compare-tcp [--secs N]>");
+            eprintln!("usage: cargo xtask <test | compare-tcp [--secs N] | softroce [--] CMD [ARGS...]>");
             return ExitCode::from(2);
         }
     };
