@@ -1,7 +1,11 @@
 //! Project tasks, run as `cargo xtask <task>`.
 //!
+//! - `bench [ARGS]`: installs the build dependencies (cmake, libclang, as root), then runs
+//!   `bench_engine ARGS` built in release.
 //! - `test`: installs what the tests need (as root, with apt), runs every workspace test,
-//!   then the root-only network-namespace tests.
+//!   then the root-only tests: network namespaces, and the RDMA suite plus a short
+//!   `bench_engine --backend rdma` read and write sweep inside one SoftRoCE guest
+//!   (`MORI_SKIP_SOFTROCE=1` skips the guest, saying so).
 //! - `compare-tcp`: bench_engine against iperf3 and ucx_perftest on loopback, in one run,
 //!   printing the ratios recorded in docs/PERFORMANCE.md.
 //! - `softroce [--] CMD [ARGS...]`: runs CMD in a QEMU guest with SoftRoCE (rxe0); see softroce.rs.
@@ -16,10 +20,11 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let r = match args.first().map(String::as_str) {
         Some("test") => test(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         Some("compare-tcp") => compare::run(&args[1..]),
         Some("softroce") => return softroce::main(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <test | compare-tcp [--secs N] | softroce [--] CMD [ARGS...]>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | softroce [--] CMD [ARGS...]>");
             return ExitCode::from(2);
         }
     };
@@ -32,19 +37,63 @@ fn main() -> ExitCode {
     }
 }
 
-/// Every test of the workspace, then the network-namespace tests (they need root and `ip`).
+/// bench_engine in release, after making sure it can be built.
+fn bench(args: &[String]) -> Result<(), String> {
+    let args = match args.first().map(String::as_str) {
+        Some("--") => &args[1..],
+        _ => args,
+    };
+    util::ensure_build_deps()?;
+    let mut a = vec!["run", "--release", "--quiet", "-p", "mori-bench", "--bin", "bench_engine", "--"];
+    a.extend(args.iter().map(String::as_str));
+    util::cargo(&a)
+}
+
+/// Every test of the workspace, then the root-only ones (network namespaces, SoftRoCE guest).
 fn test(extra: &[String]) -> Result<(), String> {
     let root = util::is_root();
+    util::ensure_build_deps()?;
     if root {
         util::ensure_tools(&[("ip", "iproute2")])?;
     }
     let mut a = vec!["test", "--workspace"];
     a.extend(extra.iter().map(String::as_str));
     util::cargo(&a)?;
-    if root {
-        util::cargo(&["test", "-p", "mori-bench", "--test", "netns", "--", "--ignored", "--test-threads=1"])?;
-    } else {
-        println!("xtask: the network-namespace tests (crates/bench/tests/netns.rs) need root: NOT run");
+    if !root {
+        println!("xtask: NOT run (need root): the network-namespace tests (crates/bench/tests/netns.rs) and the RDMA suite in the SoftRoCE guest");
+        return Ok(());
     }
-    Ok(())
+    util::cargo(&["test", "-p", "mori-bench", "--test", "netns", "--", "--ignored", "--test-threads=1"])?;
+    if std::env::var_os("MORI_SKIP_SOFTROCE").is_some() {
+        println!("xtask: MORI_SKIP_SOFTROCE is set: the RDMA suite in the SoftRoCE guest was NOT run");
+        return Ok(());
+    }
+    softroce_suite()
+}
+
+/// Builds the RDMA test binary and bench_engine on the host, then runs both in one guest.
+fn softroce_suite() -> Result<(), String> {
+    let json = util::cargo_stdout(&["test", "-p", "mori-io", "--test", "rdma_softroce", "--no-run", "--message-format=json"])?;
+    let bin = json
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "rdma_softroce")
+        .find_map(|v| v["executable"].as_str().map(str::to_string))
+        .ok_or("cargo did not report the rdma_softroce test executable")?;
+    util::cargo(&["build", "-p", "mori-bench", "--bin", "bench_engine"])?;
+    let bench = util::workspace_root().join("target/debug/bench_engine");
+    let sweep = "--local --backend rdma --all --sweep-start 64 --sweep-max 262144 --transfer-batch-size 8 --iters 10 --warmup-iters 2 --log-level warning";
+    let script = format!(
+        "set -e; '{bin}' --ignored --test-threads=1; \
+         echo 'bench_engine --backend rdma --op write'; '{b}' --op write {sweep}; \
+         echo 'bench_engine --backend rdma --op read'; '{b}' --op read --enable-sess {sweep}",
+        b = bench.display()
+    );
+    println!("xtask: RDMA suite and bench_engine --backend rdma sweeps in the SoftRoCE guest");
+    let rc = softroce::run(&["bash".to_string(), "-c".to_string(), script])?;
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("the SoftRoCE guest run failed (exit status {rc})"))
+    }
 }

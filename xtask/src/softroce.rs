@@ -286,7 +286,7 @@ fn kvm_usable() -> bool {
     dev && cpu
 }
 
-fn run(cmd: &[String]) -> Result<u8, String> {
+pub(crate) fn run(cmd: &[String]) -> Result<u8, String> {
     let t0 = Instant::now();
     let cfg = Config::from_env()?;
     ensure_packages()?;

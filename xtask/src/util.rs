@@ -57,3 +57,69 @@ pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
         Err(format!("apt-get install {} failed", missing.join(" ")))
     }
 }
+
+/// True when a libclang shared library is installed (bindgen needs it to build the ibverbs
+/// bindings of `sideway`).
+fn have_libclang() -> bool {
+    let dirs = ["/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
+    let direct = dirs.iter().any(|d| {
+        std::fs::read_dir(d)
+            .map(|it| it.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libclang")))
+            .unwrap_or(false)
+    });
+    direct
+        || std::fs::read_dir("/usr/lib")
+            .map(|it| {
+                it.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("llvm-")).any(|e| {
+                    std::fs::read_dir(e.path().join("lib"))
+                        .map(|l| l.flatten().any(|f| f.file_name().to_string_lossy().starts_with("libclang")))
+                        .unwrap_or(false)
+                })
+            })
+            .unwrap_or(false)
+}
+
+/// What building the workspace needs beyond Rust: cmake and libclang for the ibverbs bindings
+/// (`sideway`/`rdma-mummy-sys`; the binaries load libibverbs at run time, it is not needed to
+/// build). Installs them with apt as root; otherwise says what to install.
+pub fn ensure_build_deps() -> Result<(), String> {
+    ensure_tools(&[("cmake", "cmake")])?;
+    if !have_libclang() {
+        if !is_root() {
+            return Err("libclang is missing (needed to build the ibverbs bindings); install it: apt-get install libclang-dev".into());
+        }
+        println!("xtask: apt-get install libclang-dev");
+        let st = Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends", "libclang-dev"])
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .map_err(|e| format!("apt-get: {e}"))?;
+        if !st.success() {
+            let _ = Command::new("apt-get").args(["update", "-qq"]).status();
+            let st = Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-install-recommends", "libclang-dev"])
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .status()
+                .map_err(|e| format!("apt-get: {e}"))?;
+            if !st.success() {
+                return Err("apt-get install libclang-dev failed".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `cargo` with `args` and returns its stdout (stderr passes through).
+pub fn cargo_stdout(args: &[&str]) -> Result<String, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let o = Command::new(cargo)
+        .args(args)
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !o.status.success() {
+        return Err(format!("cargo {} failed ({})", args.join(" "), o.status));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}

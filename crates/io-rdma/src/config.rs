@@ -26,6 +26,7 @@ pub enum PollMode {
 /// | `gid_index` | auto: RoCEv2 IPv4-mapped first | `MORI_IB_GID_INDEX` |
 /// | device | first with an active port | `MORI_RDMA_DEVICES` (`a,b` or `^a,b`) |
 /// | `sq_timeout` | 10 s | `MORI_IO_SQ_BACKOFF_TIMEOUT_US` |
+/// | `mr_budget` | 1 TiB | `MORI_IO_MR_BUDGET_BYTES` |
 /// | chunking | on, 64 KiB, 64 chunks | (bench `--disable-chunking`, `--chunk-bytes`, `--max-chunks`) |
 #[derive(Debug, Clone)]
 pub struct RdmaConfig {
@@ -55,6 +56,9 @@ pub struct RdmaConfig {
     pub max_chunks: usize,
     /// Completion reaping mode.
     pub poll_mode: PollMode,
+    /// Budget of the registration cache, bytes (`MORI_IO_MR_BUDGET_BYTES`; default 1 TiB):
+    /// registrations beyond it fail with a message naming the budget.
+    pub mr_budget: u64,
     /// Posting workers the planner splits a batch over when chunking is off (the seed's
     /// `--num-worker-threads`: keeps merged WRs under max_msg_sz). 1..=64.
     pub workers: usize,
@@ -77,6 +81,7 @@ impl Default for RdmaConfig {
             max_chunks: 64,
             poll_mode: PollMode::Polling,
             workers: 1,
+            mr_budget: 1 << 40,
         }
     }
 }
@@ -113,6 +118,9 @@ impl RdmaConfig {
         }
         if let Some(v) = env_num("MORI_IB_GID_INDEX")? {
             c.gid_index = Some(v);
+        }
+        if let Some(v) = env_num("MORI_IO_MR_BUDGET_BYTES")? {
+            c.mr_budget = v;
         }
         if let Some(v) = env_num::<u64>("MORI_IO_SQ_BACKOFF_TIMEOUT_US")? {
             c.sq_timeout = Duration::from_micros(v);

@@ -5,6 +5,7 @@ use crate::conn::{connect_qps, create_qps, endpoint, psn, Conn, QpParams, RdmaCt
 use crate::device::{open, Device};
 use crate::RdmaMemHandle;
 use mori_io_core::wr_plan::{plan_wrs, EndpointLimits, WrPlanConfig};
+use mori_mr::{MrCache, RegId, Registrar};
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc, Op, Refusal,
     Region, TransferRequest, TransferStatus,
@@ -55,7 +56,9 @@ struct Inner {
     params: QpParams,
     dev: Device,
     cq: Arc<BasicCompletionQueue>,
-    mrs: Mutex<HashMap<MemId, Arc<MemoryRegion>>>,
+    /// Engine region id -> (cache registration, lkey).
+    mrs: Mutex<HashMap<MemId, (RegId, u32)>>,
+    mr_cache: Mutex<MrCache<VerbsRegistrar>>,
     out: Mutex<HashMap<String, Arc<Conn>>>,
     inbound: Mutex<HashMap<u32, Arc<InboundConn>>>,
     inbound_by_peer: Mutex<HashMap<String, u32>>,
@@ -88,6 +91,8 @@ impl RdmaBackend {
             max_sge: cfg.max_msg_sge.min(dev.max_sge),
         };
         let cqe = cfg.max_cqe.min(dev.max_cqe);
+        let mr_budget = cfg.mr_budget;
+        let pd = dev.pd.clone();
         let cq = dev.ctx.create_cq_builder().setup_cqe(cqe).build().map_err(|e| IoError::transport(format!("{}: create CQ of {cqe}: {e}", dev.name)))?;
         let inner = Arc::new(Inner {
             ctx,
@@ -96,6 +101,7 @@ impl RdmaBackend {
             dev,
             cq,
             mrs: Mutex::new(HashMap::new()),
+            mr_cache: Mutex::new(MrCache::new(VerbsRegistrar { pd: pd.clone() }, mr_budget)),
             out: Mutex::new(HashMap::new()),
             inbound: Mutex::new(HashMap::new()),
             inbound_by_peer: Mutex::new(HashMap::new()),
@@ -126,6 +132,26 @@ impl Drop for RdmaBackend {
         if let Some(h) = self.poller.lock().take() {
             let _ = h.join();
         }
+    }
+}
+
+/// `ibv_reg_mr` / `ibv_dereg_mr` for the registration cache.
+struct VerbsRegistrar {
+    pd: Arc<sideway::ibverbs::protection_domain::ProtectionDomain>,
+}
+
+impl Registrar for VerbsRegistrar {
+    type Handle = Arc<MemoryRegion>;
+    type Error = IoError;
+    fn register(&mut self, addr: u64, len: u64) -> Result<Arc<MemoryRegion>, IoError> {
+        let flags = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
+        // SAFETY: ranges come from engine registrations, whose caller promised validity until
+        // deregistration; on_deregister releases and invalidates the cache entry then.
+        unsafe { self.pd.reg_mr(addr as usize, len as usize, flags) }
+            .map_err(|e| IoError::transport(format!("ibv_reg_mr of {len} bytes at {addr:#x}: {e}")))
+    }
+    fn deregister(&mut self, handle: Arc<MemoryRegion>) {
+        drop(handle); // ibv_dereg_mr when the last reference goes
     }
 }
 
@@ -221,7 +247,7 @@ impl Inner {
             .mrs
             .lock()
             .get(&req.local.id)
-            .map(|m| m.lkey())
+            .map(|m| m.1)
             .ok_or_else(|| IoError::not_found(format!("local memory {} has no rdma registration", req.local.id)))?;
         let rh = remote_handle(&req.remote)?;
         let conn = self.conn_for(&req.peer)?;
@@ -449,20 +475,27 @@ impl Backend for RdmaBackend {
         if !desc.loc.is_host() {
             return Err(IoError::not_supported("rdma registration of GPU memory (dmabuf) needs the GPU runtime, not in this build"));
         }
-        let flags = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
-        // SAFETY: the engine's caller promised (register_memory's contract) that the range is
-        // valid until deregistration, which drops this MR first.
-        let mr = unsafe { self.inner.dev.pd.reg_mr(desc.addr as usize, desc.len as usize, flags) }
-            .map_err(|e| IoError::transport(format!("ibv_reg_mr of {} bytes at {:#x}: {e}", desc.len, desc.addr)))?;
-        let h = RdmaMemHandle { rkey: mr.rkey(), addr: desc.addr };
+        // A range already registered (e.g. the same buffer registered twice) reuses its MR.
+        let mut cache = self.inner.mr_cache.lock();
+        let id = cache.acquire(desc.addr, desc.len).map_err(|e| IoError::transport(format!("rdma registration: {e}")))?;
+        let Some(mr) = cache.handle(id) else {
+            return Err(IoError::bad_state(format!("MR cache lost registration {id}")));
+        };
+        let (lkey, rkey) = (mr.lkey(), mr.rkey());
+        drop(cache);
+        let h = RdmaMemHandle { rkey, addr: desc.addr };
         desc.handles.retain(|x| x.backend != BackendKind::Rdma);
         desc.handles.push(BackendHandle { backend: BackendKind::Rdma, bytes: postcard::to_allocvec(&h).map_err(|e| IoError::invalid(e.to_string()))? });
-        self.inner.mrs.lock().insert(desc.id, mr);
+        self.inner.mrs.lock().insert(desc.id, (id, lkey));
         Ok(())
     }
 
     fn on_deregister(&self, desc: &MemoryDesc) -> IoResult<()> {
-        self.inner.mrs.lock().remove(&desc.id);
+        let Some((id, _)) = self.inner.mrs.lock().remove(&desc.id) else { return Ok(()) };
+        let mut cache = self.inner.mr_cache.lock();
+        cache.release(id).map_err(|e| IoError::bad_state(format!("rdma deregistration: {e}")))?;
+        // The memory may be freed and its addresses reused: never keep an MR of it cached.
+        cache.invalidate(desc.addr, desc.len);
         Ok(())
     }
 

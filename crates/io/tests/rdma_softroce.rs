@@ -46,3 +46,20 @@ fn tiny_send_queue_waits_for_room_and_succeeds() {
     };
     many_small_descriptors(&cfg, 2000);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn duplicate_registration_shares_one_mr_and_survives_one_deregistration() {
+    let (a, b) = pair(1 << 16, &rdma(1));
+    // Register the target buffer a second time: the registration cache reuses the MR.
+    let again = unsafe { b.eng.register_memory(b.buf.as_ptr() as *mut u8, b.buf.len(), mori_io::MemLoc::Host { numa: None }) }.unwrap();
+    let key = |m: &mori_io::MemoryDesc| m.handles.iter().find(|h| h.backend == BackendKind::Rdma).map(|h| h.bytes.clone());
+    assert!(key(&again).is_some());
+    assert_eq!(key(&again), key(&b.mem), "same range, same rkey");
+    // Dropping the first registration leaves the second usable.
+    b.eng.deregister_memory(&b.mem).unwrap();
+    a.eng.write(&a.mem, 0, &again, 100, 4096, a.eng.allocate_transfer_uid()).wait_for(T).unwrap();
+    assert_eq!(&b.buf[100..4196], &a.buf[..4096]);
+    b.eng.deregister_memory(&again).unwrap();
+    assert_eq!(b.eng.deregister_memory(&again).unwrap_err().code, ErrorCode::NotFound, "double deregistration is an error");
+}
