@@ -54,7 +54,7 @@ fn frames(c: &mut Criterion) {
         let mut d = FrameDecoder::new(DEFAULT_MAX_FRAME);
         b.iter(|| {
             d.push(&encode_frame(black_box(&req)).unwrap());
-            d.next::<CtrlRequest>().unwrap().unwrap()
+            d.next_message::<CtrlRequest>().unwrap().unwrap()
         })
     });
     g.bench_function("CtrlReply::Memory encode", |b| b.iter(|| encode_frame(black_box(&reply)).unwrap()));
@@ -62,7 +62,7 @@ fn frames(c: &mut Criterion) {
         let mut d = FrameDecoder::new(DEFAULT_MAX_FRAME);
         b.iter(|| {
             d.push(&encode_frame(black_box(&reply)).unwrap());
-            d.next::<CtrlReply>().unwrap().unwrap()
+            d.next_message::<CtrlReply>().unwrap().unwrap()
         })
     });
     // A reply arriving in 16-byte pieces, as a slow socket would deliver it.
@@ -73,7 +73,7 @@ fn frames(c: &mut Criterion) {
             let mut out = None;
             for piece in black_box(&bytes).chunks(16) {
                 d.push(piece);
-                if let Some(r) = d.next::<CtrlReply>().unwrap() {
+                if let Some(r) = d.next_message::<CtrlReply>().unwrap() {
                     out = Some(r);
                 }
             }

@@ -90,7 +90,8 @@ pub fn plot(path: &Path, rows: &[Row], x_is_batch: bool, title: &str) -> Result<
     let xs: Vec<f64> = rows.iter().map(|r| if x_is_batch { r.batch } else { r.msg_size } as f64).collect();
     let (xmin, xmax) = (xs.iter().cloned().fold(f64::MAX, f64::min), xs.iter().cloned().fold(0.0, f64::max));
     let xlabel = if x_is_batch { "batch (transfers per iteration)" } else { "message size (bytes)" };
-    let series: [(&str, Vec<f64>, &DrawingArea<BitMapBackend, plotters::coord::Shift>, RGBColor); 2] = [
+    type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+    let series: [(&str, Vec<f64>, &Area, RGBColor); 2] = [
         ("bandwidth (GB/s)", rows.iter().map(|r| r.avg_bw_gbps).collect(), &l, BLUE),
         ("latency per transfer (us)", rows.iter().map(|r| r.avg_lat_us).collect(), &r, RED),
     ];

@@ -162,7 +162,9 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         }
         boot.barrier().map_err(|e| fail(format!("barrier before point {pi}: {e}")))?;
         let result = if rank == 0 {
-            bar.as_ref().map(|b| b.set_message(format!("msg {} B, batch {}", p.msg, p.batch)));
+            if let Some(b) = &bar {
+                b.set_message(format!("msg {} B, batch {}", p.msg, p.batch));
+            }
             Some(measure(args, &eng, sess.as_ref(), &mem, &remote, p, &offs, deadline))
         } else {
             None
@@ -212,7 +214,9 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
             if let Some(Ok(row)) = result {
                 rows.push(row);
             }
-            bar.as_ref().map(|b| b.inc(1));
+            if let Some(b) = &bar {
+                b.inc(1);
+            }
         }
     }
     if let Some(b) = bar {

@@ -43,7 +43,7 @@ impl std::fmt::Debug for TransferStatus {
 impl TransferStatus {
     /// A status waiting for `pieces` completions. `pieces == 0` is already `Success`.
     pub fn new(pieces: u32) -> Self {
-        let s = TransferStatus {
+        TransferStatus {
             inner: Arc::new(Inner {
                 state: AtomicU8::new(if pieces == 0 { SUCCESS } else { IN_PROGRESS }),
                 pending: AtomicU32::new(pieces),
@@ -52,8 +52,7 @@ impl TransferStatus {
                 lock: Mutex::new(()),
                 cv: Condvar::new(),
             }),
-        };
-        s
+        }
     }
 
     /// A status that already failed with `err`.
@@ -150,7 +149,7 @@ impl TransferStatus {
                 return r;
             }
             n = n.wrapping_add(1);
-            if n % 64 == 0 {
+            if n.is_multiple_of(64) {
                 if Instant::now() >= deadline {
                     return Err(self.timeout_error(timeout));
                 }

@@ -110,7 +110,7 @@ impl FrameDecoder {
     /// Takes the next complete message. `Ok(None)`: more bytes needed. Errors: `InvalidArgs`
     /// when the declared length exceeds the maximum (naming both) or the body does not decode
     /// as `T` exactly.
-    pub fn next<T: for<'de> Deserialize<'de>>(&mut self) -> IoResult<Option<T>> {
+    pub fn next_message<T: for<'de> Deserialize<'de>>(&mut self) -> IoResult<Option<T>> {
         if self.buf.len() < 4 {
             return Ok(None);
         }
@@ -132,7 +132,7 @@ impl FrameDecoder {
 
 fn decode_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> IoResult<T> {
     match postcard::take_from_bytes::<T>(body) {
-        Ok((v, rest)) if rest.is_empty() => Ok(v),
+        Ok((v, [])) => Ok(v),
         Ok((_, rest)) => Err(IoError::invalid(format!("control frame has {} trailing bytes", rest.len()))),
         Err(e) => Err(IoError::invalid(format!("control frame does not decode: {e}"))),
     }
@@ -145,7 +145,7 @@ pub fn write_frame<T: Serialize, W: Write>(w: &mut W, msg: &T) -> IoResult<()> {
 }
 
 /// Reads one frame (blocking, honouring the stream's read timeout). Errors as
-/// [`FrameDecoder::next`], plus `RemoteDisconnect`/`Timeout`/`Transport` from the socket.
+/// [`FrameDecoder::next_message`], plus `RemoteDisconnect`/`Timeout`/`Transport` from the socket.
 pub fn read_frame<T: for<'de> Deserialize<'de>, R: Read>(r: &mut R, max: usize) -> IoResult<T> {
     let mut len = [0u8; 4];
     r.read_exact(&mut len).map_err(|e| IoError::from_io("control read", &e))?;
@@ -169,7 +169,7 @@ mod tests {
     fn oversized_frame_is_refused_by_name() {
         let mut d = FrameDecoder::new(8);
         d.push(&100u32.to_le_bytes());
-        let e = d.next::<CtrlRequest>().unwrap_err();
+        let e = d.next_message::<CtrlRequest>().unwrap_err();
         assert!(e.msg.contains("declares 100 bytes, above the maximum of 8 bytes"), "{e}");
         let mut r: &[u8] = &[200, 0, 0, 0];
         assert!(read_frame::<CtrlRequest, _>(&mut r, 8).is_err());
@@ -192,7 +192,7 @@ mod tests {
             let mut got = Vec::new();
             for chunk in stream.chunks(cut) {
                 d.push(chunk);
-                while let Some(m) = d.next::<CtrlRequest>().unwrap() { got.push(m); }
+                while let Some(m) = d.next_message::<CtrlRequest>().unwrap() { got.push(m); }
             }
             prop_assert_eq!(got, msgs);
         }
@@ -201,7 +201,7 @@ mod tests {
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let mut d = FrameDecoder::new(64);
             d.push(&bytes);
-            for _ in 0..8 { if !matches!(d.next::<CtrlReply>(), Ok(Some(_))) { break; } }
+            for _ in 0..8 { if !matches!(d.next_message::<CtrlReply>(), Ok(Some(_))) { break; } }
         }
     }
 }

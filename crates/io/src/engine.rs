@@ -73,6 +73,9 @@ pub enum BackendConfig {
     Fabric,
 }
 
+/// (peer engine key, local region, remote region): the unit a backend choice is cached for.
+type ChoiceKey = (String, MemId, MemId);
+
 pub(crate) struct EngineInner {
     pub(crate) desc: Arc<EngineDesc>,
     pub(crate) cfg: EngineConfig,
@@ -82,7 +85,7 @@ pub(crate) struct EngineInner {
     local_descs: RwLock<HashMap<MemId, MemoryDesc>>,
     backends: RwLock<Vec<Arc<dyn Backend>>>,
     remotes: RwLock<HashMap<String, Arc<EngineDesc>>>,
-    choice: Mutex<HashMap<(String, MemId, MemId), Arc<dyn Backend>>>,
+    choice: Mutex<HashMap<ChoiceKey, Arc<dyn Backend>>>,
     ctrl: Arc<CtrlPool>,
     next_mem: AtomicU64,
     next_transfer: AtomicU64,
