@@ -53,7 +53,20 @@ pub fn mtu_of(v: u32) -> Mtu {
     }
 }
 
-/// Opens the first device (after `MORI_RDMA_DEVICES`) whose port 1 is active.
+/// Device names in the order host memory prefers them (mori-topo: NUMA-local to the calling
+/// CPU first, faster first), from sysfs under `root`; empty when sysfs says nothing.
+pub fn preferred_order(root: &std::path::Path, filter: Option<&mori_topo::DeviceFilter>) -> (Vec<String>, Option<u32>) {
+    let Ok(topo) = mori_topo::scan(root) else { return (Vec::new(), None) };
+    // SAFETY: sched_getcpu has no arguments and only returns a number (or -1).
+    let cpu = unsafe { libc::sched_getcpu() };
+    let numa = (cpu >= 0).then(|| topo.numa_nodes.iter().find(|n| n.cpus.contains(&(cpu as u32))).map(|n| n.id)).flatten();
+    let Ok(allowed) = mori_topo::allowed_nics(&topo, filter) else { return (Vec::new(), numa) };
+    let h = mori_topo::host_nics(&topo, numa, &allowed);
+    (h.nics.iter().map(|&i| topo.nics[i].name.clone()).collect(), numa)
+}
+
+/// Opens the first usable device: the NUMA-local, fastest ones first ([`preferred_order`]),
+/// then any other device `MORI_RDMA_DEVICES` allows, taking the first whose port 1 is active.
 /// Errors: `NotSupported` naming why: no libibverbs / no kernel RDMA, no device, no active port
 /// (listing each device's port state), a bad filter, or an unusable GID index.
 pub fn open(cfg: &RdmaConfig) -> IoResult<Device> {
@@ -61,8 +74,11 @@ pub fn open(cfg: &RdmaConfig) -> IoResult<Device> {
     let list = DeviceList::new().map_err(|e| {
         IoError::not_supported(format!("no RDMA: libibverbs could not list devices ({e}); is libibverbs installed and an RDMA driver loaded?"))
     })?;
+    let (order, numa) = preferred_order(std::path::Path::new("/"), filter.as_ref());
+    let mut devs: Vec<_> = list.iter().collect();
+    devs.sort_by_key(|d| order.iter().position(|n| *n == d.name()).unwrap_or(usize::MAX));
     let mut seen = Vec::new();
-    for d in list.iter() {
+    for d in devs {
         let name = d.name();
         let allowed = match &filter {
             None => true,
@@ -94,7 +110,11 @@ pub fn open(cfg: &RdmaConfig) -> IoResult<Device> {
         let dev = ctx.query_device().map_err(|e| IoError::transport(format!("{name}: query_device: {e}")))?;
         let (gid_index, gid) = choose_gid(&ctx, cfg.gid_index, port.attr.gid_tbl_len.max(0) as u32, &name)?;
         let pd = ctx.alloc_pd().map_err(|e| IoError::transport(format!("{name}: alloc_pd: {e}")))?;
-        tracing::info!(device = %name, gid_index, gid = %gid, mtu = port.attr.active_mtu, "rdma device opened");
+        let local = order.first() == Some(&name) && numa.is_some();
+        tracing::info!(
+            device = %name, gid_index, gid = %gid, mtu = port.attr.active_mtu, numa = ?numa, numa_local = local,
+            "rdma device opened"
+        );
         return Ok(Device {
             name,
             pd,

@@ -212,6 +212,21 @@ impl IoEngine {
         Ok(())
     }
 
+    /// Creates the rdma backend when this host has an active RDMA port, and the tcp backend in
+    /// any case; the engine then prefers rdma for every pair it can serve. When rdma is not
+    /// available an INFO line names why. Returns the backends created, in preference order.
+    /// Errors: those of creating the tcp backend.
+    pub fn create_backends_auto(&self, tcp: TcpConfig, rdma: RdmaConfig) -> IoResult<Vec<BackendKind>> {
+        let mut made = Vec::new();
+        match self.create_backend(BackendConfig::Rdma(rdma)) {
+            Ok(()) => made.push(BackendKind::Rdma),
+            Err(e) => tracing::info!(engine = %self.inner.desc.key, reason = %e, "rdma backend not available; transfers will use tcp"),
+        }
+        self.create_backend(BackendConfig::Tcp(tcp))?;
+        made.push(BackendKind::Tcp);
+        Ok(made)
+    }
+
     /// Registers `len` bytes at `ptr` and returns the descriptor peers use to address them.
     ///
     /// # Safety

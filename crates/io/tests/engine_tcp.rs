@@ -60,3 +60,15 @@ fn unavailable_paths_say_so() {
     assert_eq!(e.code, ErrorCode::NotSupported);
     assert!(e.msg.contains("tcp: remote memory 1 of engine \"other\" is GPU memory"), "{e}");
 }
+
+#[test]
+fn auto_backends_fall_back_to_tcp_without_rdma() {
+    let no_rdma = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() == 0).unwrap_or(true);
+    let eng = IoEngine::new("auto", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+    let made = eng.create_backends_auto(TcpConfig::default(), mori_io::RdmaConfig::default()).unwrap();
+    if no_rdma {
+        assert_eq!(made, vec![BackendKind::Tcp]);
+    } else {
+        assert_eq!(made.last(), Some(&BackendKind::Tcp));
+    }
+}

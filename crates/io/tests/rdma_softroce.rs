@@ -63,3 +63,23 @@ fn duplicate_registration_shares_one_mr_and_survives_one_deregistration() {
     b.eng.deregister_memory(&again).unwrap();
     assert_eq!(b.eng.deregister_memory(&again).unwrap_err().code, ErrorCode::NotFound, "double deregistration is an error");
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn auto_backends_prefer_rdma_when_a_port_is_active() {
+    use mori_io::{EngineConfig, IoEngine, MemLoc, TcpConfig};
+    let mk = |key: &str| {
+        let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+        assert_eq!(e.create_backends_auto(TcpConfig::default(), RdmaConfig::from_env().unwrap()).unwrap(), vec![BackendKind::Rdma, BackendKind::Tcp]);
+        e
+    };
+    let (a, b) = (mk("auto-a"), mk("auto-b"));
+    let (mut x, mut y) = (vec![1u8; 4096], vec![0u8; 4096]);
+    let mx = unsafe { a.register_memory(x.as_mut_ptr(), x.len(), MemLoc::Host { numa: None }) }.unwrap();
+    let my = unsafe { b.register_memory(y.as_mut_ptr(), y.len(), MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    let sess = a.create_session(&mx, &my).unwrap();
+    assert_eq!(sess.backend(), BackendKind::Rdma, "rdma is preferred over tcp");
+    sess.write(0, 0, 4096, 1).wait_for(T).unwrap();
+    assert!(y.iter().all(|&v| v == 1));
+}
