@@ -6,9 +6,10 @@ use std::time::Duration;
 /// How completions are reaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PollMode {
-    /// The completion thread spins (with short sleeps once idle).
+    /// The completion thread spins on the CQ (with short sleeps once idle for a while).
     Polling,
-    /// The completion thread sleeps longer between empty polls (less CPU, more latency).
+    /// The completion thread arms the CQ and sleeps on its completion channel
+    /// (`ibv_req_notify_cq` / `ibv_get_cq_event`): no CPU while idle, a wake-up per event.
     Event,
 }
 

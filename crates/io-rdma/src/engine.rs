@@ -12,7 +12,8 @@ use mori_io_core::{
 };
 use parking_lot::Mutex;
 use rdma_mummy_sys::ibv_sge;
-use sideway::ibverbs::completion::BasicCompletionQueue;
+use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
+use std::os::fd::AsRawFd;
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::queue_pair::{PostSendGuard, QueuePair, SetInlineData, SetScatterGatherEntry, WorkRequestFlags};
 use sideway::ibverbs::AccessFlags;
@@ -56,6 +57,8 @@ struct Inner {
     params: QpParams,
     dev: Device,
     cq: Arc<BasicCompletionQueue>,
+    /// Completion channel (event mode only): the reaper sleeps on it when the CQ is empty.
+    channel: Option<Arc<CompletionChannel>>,
     /// Engine region id -> (cache registration, lkey).
     mrs: Mutex<HashMap<MemId, (RegId, u32)>>,
     mr_cache: Mutex<MrCache<VerbsRegistrar>>,
@@ -93,13 +96,27 @@ impl RdmaBackend {
         let cqe = cfg.max_cqe.min(dev.max_cqe);
         let mr_budget = cfg.mr_budget;
         let pd = dev.pd.clone();
-        let cq = dev.ctx.create_cq_builder().setup_cqe(cqe).build().map_err(|e| IoError::transport(format!("{}: create CQ of {cqe}: {e}", dev.name)))?;
+        let channel = match cfg.poll_mode {
+            PollMode::Event => {
+                let ch = CompletionChannel::new(&dev.ctx).map_err(|e| IoError::transport(format!("{}: completion channel: {e}", dev.name)))?;
+                ch.set_nonblocking(true).map_err(|e| IoError::transport(format!("completion channel: {e}")))?;
+                Some(ch)
+            }
+            PollMode::Polling => None,
+        };
+        let mut cqb = dev.ctx.create_cq_builder();
+        cqb.setup_cqe(cqe);
+        if let Some(ch) = &channel {
+            cqb.setup_comp_channel(ch, 0);
+        }
+        let cq = cqb.build().map_err(|e| IoError::transport(format!("{}: create CQ of {cqe}: {e}", dev.name)))?;
         let inner = Arc::new(Inner {
             ctx,
             cfg,
             params,
             dev,
             cq,
+            channel,
             mrs: Mutex::new(HashMap::new()),
             mr_cache: Mutex::new(MrCache::new(VerbsRegistrar { pd: pd.clone() }, mr_budget)),
             out: Mutex::new(HashMap::new()),
@@ -351,28 +368,57 @@ impl Inner {
     fn reap_loop(&self) {
         let mut idle = 0u32;
         while !self.shutdown.load(Ordering::Acquire) {
-            let mut n = 0;
-            if let Ok(p) = self.cq.start_poll() {
-                for wc in p {
-                    n += 1;
-                    self.on_completion(wc.wr_id(), wc.status());
-                }
-            }
+            let n = self.poll_once();
             self.flush_notes();
             if n > 0 {
                 idle = 0;
                 continue;
             }
             idle = idle.saturating_add(1);
-            if idle < 64 {
+            if let Some(ch) = &self.channel {
+                self.wait_event(ch);
+            } else if idle < 64 {
                 std::hint::spin_loop();
             } else if idle < 2000 {
                 std::thread::yield_now();
             } else {
-                std::thread::sleep(match self.cfg.poll_mode {
-                    PollMode::Polling => Duration::from_micros(20),
-                    PollMode::Event => Duration::from_micros(200),
-                });
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    fn poll_once(&self) -> usize {
+        let mut n = 0;
+        if let Ok(p) = self.cq.start_poll() {
+            for wc in p {
+                n += 1;
+                self.on_completion(wc.wr_id(), wc.status());
+            }
+        }
+        n
+    }
+
+    /// Event mode: arm the CQ, re-poll (a completion may have raced the arming), then sleep on
+    /// the completion channel's fd for up to 100 ms (to notice shutdown) and consume the event.
+    fn wait_event(&self, ch: &CompletionChannel) {
+        // SAFETY: the CQ and channel outlive this call (owned by `self`); the calls take their
+        // raw handles and out-pointers to locals.
+        unsafe {
+            let cq = self.cq.cq().as_ptr();
+            if rdma_mummy_sys::ibv_req_notify_cq(cq, 0) != 0 {
+                std::thread::sleep(Duration::from_micros(200));
+                return;
+            }
+            if self.poll_once() > 0 {
+                return;
+            }
+            let mut p = libc::pollfd { fd: ch.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            if libc::poll(&mut p, 1, 100) > 0 {
+                let mut ev_cq: *mut rdma_mummy_sys::ibv_cq = std::ptr::null_mut();
+                let mut ctx: *mut libc::c_void = std::ptr::null_mut();
+                if rdma_mummy_sys::ibv_get_cq_event(ch.comp_channel().as_ptr(), &mut ev_cq, &mut ctx) == 0 {
+                    rdma_mummy_sys::ibv_ack_cq_events(ev_cq, 1);
+                }
             }
         }
     }

@@ -83,3 +83,13 @@ fn auto_backends_prefer_rdma_when_a_port_is_active() {
     sess.write(0, 0, 4096, 1).wait_for(T).unwrap();
     assert!(y.iter().all(|&v| v == 1));
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn event_completion_mode_moves_the_same_bytes() {
+    let cfg = || {
+        BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 2, poll_mode: mori_io::PollMode::Event, ..RdmaConfig::from_env().unwrap() })
+    };
+    batch_write_then_read(&cfg, BackendKind::Rdma);
+    many_small_descriptors(&cfg, 5000);
+}
