@@ -29,6 +29,8 @@ const RECV_DEPTH: usize = 64;
 const NOTE: usize = 16;
 const KIND_RECV: u64 = 1 << 62;
 
+type PostJob = Box<dyn FnOnce() + Send>;
+
 struct Xfer {
     status: TransferStatus,
     remaining: AtomicUsize,
@@ -67,6 +69,8 @@ struct Inner {
     inbound_by_peer: Mutex<HashMap<String, u32>>,
     pieces: Mutex<HashMap<u64, Piece>>,
     notes: Mutex<VecDeque<(Arc<Conn>, [u8; NOTE])>>,
+    /// Posting threads 1..workers (worker 0 posts on the caller's thread).
+    posters: Vec<Mutex<std::sync::mpsc::Sender<PostJob>>>,
     next_piece: AtomicU64,
     next_token: AtomicU32,
     next_conn: AtomicU64,
@@ -110,7 +114,21 @@ impl RdmaBackend {
             cqb.setup_comp_channel(ch, 0);
         }
         let cq = cqb.build().map_err(|e| IoError::transport(format!("{}: create CQ of {cqe}: {e}", dev.name)))?;
+        let mut posters = Vec::new();
+        for w in 1..cfg.workers {
+            let (tx, rx) = std::sync::mpsc::channel::<PostJob>();
+            std::thread::Builder::new()
+                .name(format!("mori-rdma-post{w}"))
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job();
+                    }
+                })
+                .map_err(|e| IoError::transport(format!("spawn rdma posting thread: {e}")))?;
+            posters.push(Mutex::new(tx));
+        }
         let inner = Arc::new(Inner {
+            posters,
             ctx,
             cfg,
             params,
@@ -258,7 +276,7 @@ impl Inner {
         postcard::to_allocvec(&RdmaCtrl::Accepted(mine)).map_err(|e| IoError::invalid(e.to_string()))
     }
 
-    fn post(&self, req: TransferRequest, status: &TransferStatus) -> IoResult<()> {
+    fn post(self: &Arc<Self>, req: TransferRequest, status: &TransferStatus) -> IoResult<()> {
         let region = self.ctx.registry.get(req.local.id)?;
         let lkey = self
             .mrs
@@ -293,11 +311,50 @@ impl Inner {
             conn: conn.clone(),
             _region: region.clone(),
         });
-        for q in &plan.queues {
+        // Worker 0's queues are posted here; the others' on the posting threads (the seed's
+        // --num-worker-threads), in parallel.
+        let laddr = region.addr as u64;
+        let mut mine = Vec::new();
+        let mut others: HashMap<usize, Vec<mori_io_core::wr_plan::QpWrs>> = HashMap::new();
+        for q in plan.queues {
+            if q.worker == 0 || self.posters.is_empty() {
+                mine.push(q);
+            } else {
+                others.entry(q.worker).or_default().push(q);
+            }
+        }
+        for (w, queues) in others {
+            let (me, conn, xfer) = (self.clone(), conn.clone(), xfer.clone());
+            let op = req.op;
+            let job: PostJob = Box::new(move || {
+                if let Err(e) = me.post_queues(&conn, &queues, &xfer, op, lkey, laddr, rh) {
+                    xfer.status.complete_piece(Err(e));
+                }
+            });
+            let tx = &self.posters[(w - 1) % self.posters.len()];
+            if let Err(e) = tx.lock().send(job) {
+                (e.0)();
+            }
+        }
+        self.post_queues(&conn, &mine, &xfer, req.op, lkey, laddr, rh)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn post_queues(
+        &self,
+        conn: &Arc<Conn>,
+        queues: &[mori_io_core::wr_plan::QpWrs],
+        xfer: &Arc<Xfer>,
+        op: Op,
+        lkey: u32,
+        laddr: u64,
+        rh: RdmaMemHandle,
+    ) -> IoResult<()> {
+        for q in queues {
             let mut start = 0;
             for (i, wr) in q.wrs.iter().enumerate() {
                 if wr.signaled || i + 1 == q.wrs.len() {
-                    self.post_chunk(&conn, q.qp, &q.wrs[start..=i], &xfer, req.op, lkey, region.addr as u64, rh)?;
+                    self.post_chunk(conn, q.qp, &q.wrs[start..=i], xfer, op, lkey, laddr, rh)?;
                     start = i + 1;
                 }
             }

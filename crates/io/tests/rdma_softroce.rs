@@ -93,3 +93,15 @@ fn event_completion_mode_moves_the_same_bytes() {
     batch_write_then_read(&cfg, BackendKind::Rdma);
     many_small_descriptors(&cfg, 5000);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn posting_workers_split_the_batch_and_move_the_same_bytes() {
+    // Chunking off and 4 workers: the planner gives each worker a share of the batch and its
+    // own QPs; workers 1..3 post on their threads.
+    let cfg = || {
+        BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 4, workers: 4, chunking: false, ..RdmaConfig::from_env().unwrap() })
+    };
+    batch_write_then_read(&cfg, BackendKind::Rdma);
+    many_small_descriptors(&cfg, 8000);
+}
