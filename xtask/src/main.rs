@@ -71,25 +71,33 @@ fn test(extra: &[String]) -> Result<(), String> {
     softroce_suite()
 }
 
-/// Builds the RDMA test binary and bench_engine on the host, then runs both in one guest.
+/// Builds the RDMA test binaries and bench_engine on the host, then runs them in one guest:
+/// the conformance suite, the bench_engine sweeps, then the fault tests (peer killed, send
+/// queue full, remote region deregistered), last so that a failure there hides nothing else.
 fn softroce_suite() -> Result<(), String> {
-    let json = util::cargo_stdout(&["test", "-p", "mori-io", "--test", "rdma_softroce", "--no-run", "--message-format=json"])?;
-    let bin = json
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "rdma_softroce")
-        .find_map(|v| v["executable"].as_str().map(str::to_string))
-        .ok_or("cargo did not report the rdma_softroce test executable")?;
+    let json = util::cargo_stdout(&[
+        "test", "-p", "mori-io", "--test", "rdma_softroce", "--test", "rdma_faults", "--no-run", "--message-format=json",
+    ])?;
+    let exe = |name: &str| {
+        json.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == name)
+            .find_map(|v| v["executable"].as_str().map(str::to_string))
+            .ok_or(format!("cargo did not report the {name} test executable"))
+    };
+    let (bin, faults) = (exe("rdma_softroce")?, exe("rdma_faults")?);
     util::cargo(&["build", "-p", "mori-bench", "--bin", "bench_engine"])?;
     let bench = util::workspace_root().join("target/debug/bench_engine");
     let sweep = "--local --backend rdma --all --sweep-start 64 --sweep-max 262144 --transfer-batch-size 8 --iters 10 --warmup-iters 2 --log-level warning";
     let script = format!(
         "set -e; '{bin}' --ignored --test-threads=1; \
          echo 'bench_engine --backend rdma --op write'; '{b}' --op write {sweep}; \
-         echo 'bench_engine --backend rdma --op read'; '{b}' --op read --enable-sess {sweep}",
+         echo 'bench_engine --backend rdma --op read'; '{b}' --op read --enable-sess {sweep}; \
+         echo 'rdma fault tests (child engine killed, send queue full, remote region deregistered)'; \
+         '{faults}' --ignored --test-threads=1",
         b = bench.display()
     );
-    println!("xtask: RDMA suite and bench_engine --backend rdma sweeps in the SoftRoCE guest");
+    println!("xtask: RDMA suite, bench_engine --backend rdma sweeps and RDMA fault tests in the SoftRoCE guest");
     let rc = softroce::run(&["bash".to_string(), "-c".to_string(), script])?;
     if rc == 0 {
         Ok(())
