@@ -9,8 +9,11 @@
 //! - `compare-tcp`: bench_engine against iperf3 and ucx_perftest on loopback, in one run,
 //!   printing the ratios recorded in docs/PERFORMANCE.md.
 //! - `softroce [--] CMD [ARGS...]`: runs CMD in a QEMU guest with SoftRoCE (rxe0); see softroce.rs.
+//! - `kernels [--check]`: builds kernels/*.cu into kernels/prebuilt/ (nvcc sm_90, clang HIP
+//!   gfx942/gfx950), or checks that the committed artifacts are fresh; see kernels.rs.
 
 mod compare;
+mod kernels;
 mod softroce;
 mod util;
 
@@ -23,8 +26,9 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("compare-tcp") => compare::run(&args[1..]),
         Some("softroce") => return softroce::main(&args[1..]),
+        Some("kernels") => kernels::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | softroce [--] CMD [ARGS...]>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check]>");
             return ExitCode::from(2);
         }
     };
@@ -56,6 +60,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     if root {
         util::ensure_tools(&[("ip", "iproute2")])?;
     }
+    kernels::run(&["--check".to_string()])?;
     let mut a = vec!["test", "--workspace"];
     a.extend(extra.iter().map(String::as_str));
     util::cargo(&a)?;
