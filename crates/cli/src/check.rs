@@ -1,0 +1,346 @@
+//! `mori check`: runtimes and devices present, the backend verdicts of the engine, and the
+//! environment in effect.
+
+use crate::probe::{self, BackendVerdict, Library};
+use mori_topo::{PciLink, PortState, Topology};
+use serde::Serialize;
+use std::path::Path;
+
+/// Environment variables the workspace reads, with what reads them.
+pub const KNOWN_ENV: [(&str, &str); 20] = [
+    ("MORI_RDMA_DEVICES", "RDMA devices the rdma backend may use: a,b or ^a,b (mori-topo, mori-io-rdma)"),
+    ("MORI_IB_GID_INDEX", "GID index override (mori-io-rdma)"),
+    ("MORI_IO_NUM_NICS_PER_TRANSFER", "NICs striped per host-memory transfer (mori-io-rdma)"),
+    ("MORI_IO_QP_MAX_SEND_WR", "send-queue depth (mori-io-rdma)"),
+    ("MORI_IO_QP_MAX_CQE", "completion-queue entries (mori-io-rdma)"),
+    ("MORI_IO_QP_MAX_MSG_SGE", "SGEs per work request (mori-io-rdma)"),
+    ("MORI_IO_TC", "traffic class (mori-io-rdma)"),
+    ("MORI_IO_SL", "service level (mori-io-rdma)"),
+    ("MORI_IO_MR_BUDGET_BYTES", "registration-cache budget (mori-io-rdma)"),
+    ("MORI_IO_SQ_BACKOFF_TIMEOUT_US", "send-queue admission deadline (mori-io-rdma)"),
+    ("MORI_IO_CONTROL_TIMEOUT_MS", "control-plane deadline (mori-io, mori-io-tcp)"),
+    ("MORI_IO_TCP_TIMEOUT_MS", "TCP data deadline (mori-io-tcp)"),
+    ("MORI_MASTER_ADDR", "bootstrap rendezvous address (mori-bootstrap)"),
+    ("MORI_MASTER_PORT", "bootstrap rendezvous port (mori-bootstrap)"),
+    ("MORI_RANK", "bootstrap rank (mori-bootstrap)"),
+    ("MORI_WORLD_SIZE", "bootstrap world size (mori-bootstrap)"),
+    ("MORI_SOCKET_IFNAME", "bootstrap interface (mori-bootstrap)"),
+    ("MORI_BOOTSTRAP_TIMEOUT", "bootstrap deadline (mori-bootstrap)"),
+    ("MORI_BOOTSTRAP_OP_TIMEOUT", "bootstrap per-operation deadline (mori-bootstrap)"),
+    ("MORI_LOG", "log filter of bench_engine (mori-bench)"),
+];
+
+/// Extra non-MORI variables shown when set.
+const OTHER_ENV: [(&str, &str); 3] = [
+    ("CUDA_VISIBLE_DEVICES", "GPU visibility for CUDA (read by the CUDA runtime, not in this build)"),
+    ("HIP_VISIBLE_DEVICES", "GPU visibility for HIP (read by the HIP runtime, not in this build)"),
+    ("ROCR_VISIBLE_DEVICES", "GPU visibility for ROCr (not in this build)"),
+];
+
+/// A PCIe link, current against maximum.
+#[derive(Debug, Clone, Serialize)]
+pub struct Link {
+    /// e.g. `Gen5 x16` (current).
+    pub current: String,
+    /// e.g. `Gen5 x16` (maximum).
+    pub max: String,
+    /// What is below maximum, if anything.
+    pub below_max: Option<String>,
+}
+
+fn gen(mts: Option<u32>) -> String {
+    match mts {
+        Some(2500) => "Gen1".into(),
+        Some(5000) => "Gen2".into(),
+        Some(8000) => "Gen3".into(),
+        Some(16000) => "Gen4".into(),
+        Some(32000) => "Gen5".into(),
+        Some(64000) => "Gen6".into(),
+        Some(v) => format!("{:.1} GT/s", f64::from(v) / 1000.0),
+        None => "?".into(),
+    }
+}
+
+/// Current against maximum, with the gap named (a slower speed on an idle GPU is power
+/// saving; a narrower width is not).
+pub fn link(l: &PciLink) -> Link {
+    let w = |x: Option<u32>| x.map_or("x?".to_string(), |w| format!("x{w}"));
+    let mut gaps = Vec::new();
+    if let (Some(c), Some(m)) = (l.width, l.max_width) {
+        if c < m {
+            gaps.push(format!("width x{c} of x{m} (bandwidth lost; check the slot, riser, bifurcation)"));
+        }
+    }
+    if let (Some(c), Some(m)) = (l.speed_mts, l.max_speed_mts) {
+        if c < m {
+            gaps.push(format!(
+                "speed {} of {} (idle GPUs lower their link speed: check under load)",
+                gen(Some(c)),
+                gen(Some(m))
+            ));
+        }
+    }
+    Link {
+        current: format!("{} {}", gen(l.speed_mts), w(l.width)),
+        max: format!("{} {}", gen(l.max_speed_mts), w(l.max_width)),
+        below_max: (!gaps.is_empty()).then(|| gaps.join("; ")),
+    }
+}
+
+/// A GPU seen in sysfs.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuInfo {
+    /// PCI address.
+    pub bdf: String,
+    /// `NVIDIA`, `AMD`, or the vendor id.
+    pub vendor: String,
+    /// NUMA node.
+    pub numa: Option<u32>,
+    /// PCIe link.
+    pub link: Link,
+}
+
+/// An RDMA device seen in sysfs.
+#[derive(Debug, Clone, Serialize)]
+pub struct NicInfo {
+    /// Device name.
+    pub name: String,
+    /// NUMA node.
+    pub numa: Option<u32>,
+    /// Ports as `1: ACTIVE 400 Gb/s Ethernet`.
+    pub ports: Vec<String>,
+    /// Active ports.
+    pub active_ports: usize,
+    /// PCIe link (software devices have none).
+    pub link: Option<Link>,
+}
+
+/// A NUMA node.
+#[derive(Debug, Clone, Serialize)]
+pub struct NumaInfo {
+    /// Node id.
+    pub id: u32,
+    /// CPUs on it.
+    pub cpus: usize,
+}
+
+/// GPU runtimes: what can be said without one.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuRuntime {
+    /// Always false for now: the command uses no GPU runtime crate yet.
+    pub in_build: bool,
+    /// The plain statement.
+    pub note: String,
+    /// libcuda as the loader sees it.
+    pub cuda_driver: Library,
+    /// libamdhip64 as the loader sees it.
+    pub hip_runtime: Library,
+    /// Driver files present under the root (`/proc/driver/nvidia/version`, `/dev/kfd`, ...).
+    pub driver_files: Vec<String>,
+    /// IPC capability: not queried (needs the runtime).
+    pub ipc: String,
+    /// VMM / fabric-handle capability: not queried (needs the runtime).
+    pub vmm_fabric: String,
+}
+
+/// An environment variable in effect.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnvVar {
+    /// Name.
+    pub name: String,
+    /// Value.
+    pub value: String,
+    /// What reads it, or a warning.
+    pub note: String,
+}
+
+/// The requested backend's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Requested {
+    /// Backend name.
+    pub backend: String,
+    /// `host` or `gpu`.
+    pub memory: String,
+    /// Whether it can work.
+    pub ok: bool,
+    /// Why.
+    pub reason: String,
+}
+
+/// Everything `mori check` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    /// libibverbs as the loader sees it.
+    pub libibverbs: Library,
+    /// RDMA devices (sysfs).
+    pub rdma_devices: Vec<NicInfo>,
+    /// Active ports over all devices.
+    pub active_rdma_ports: usize,
+    /// GPU runtimes.
+    pub gpu_runtime: GpuRuntime,
+    /// GPUs (sysfs).
+    pub gpus: Vec<GpuInfo>,
+    /// NUMA nodes.
+    pub numa_nodes: Vec<NumaInfo>,
+    /// Engine verdicts, preference order, host then GPU memory.
+    pub backends: Vec<BackendVerdict>,
+    /// Environment in effect.
+    pub env: Vec<EnvVar>,
+    /// The `--backend` verdict, if one was asked for.
+    pub requested: Option<Requested>,
+    /// Scan notes.
+    pub warnings: Vec<String>,
+}
+
+fn vendor(v: Option<u16>) -> String {
+    match v {
+        Some(0x10de) => "NVIDIA".into(),
+        Some(0x1002) => "AMD".into(),
+        Some(x) => format!("{x:#06x}"),
+        None => "?".into(),
+    }
+}
+
+/// Variables in effect: every `MORI_*` (unknown ones flagged) and the GPU visibility ones.
+pub fn env_in_effect(vars: impl Iterator<Item = (String, String)>) -> Vec<EnvVar> {
+    let mut out: Vec<EnvVar> = Vec::new();
+    for (name, value) in vars {
+        let known = KNOWN_ENV.iter().chain(OTHER_ENV.iter()).find(|(k, _)| *k == name).map(|(_, n)| n.to_string());
+        let note = match known {
+            Some(n) if name == mori_topo::RDMA_DEVICES_ENV => match mori_topo::DeviceFilter::parse(&value) {
+                Ok(_) => n,
+                Err(e) => format!("INVALID: {e}"),
+            },
+            Some(n) => n,
+            None if name.starts_with("MORI_") => "not read by any mori-rs crate (typo?)".into(),
+            None => continue,
+        };
+        out.push(EnvVar { name, value, note });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Builds the report from a sysfs scan (`root` is `/` on a real node) and the live probes.
+pub fn report(topo: &Topology, root: &Path, vars: impl Iterator<Item = (String, String)>) -> CheckReport {
+    let rdma_devices: Vec<NicInfo> = topo
+        .nics
+        .iter()
+        .map(|n| NicInfo {
+            name: n.name.clone(),
+            numa: n.numa,
+            ports: n
+                .ports
+                .iter()
+                .map(|p| {
+                    let st = match &p.state {
+                        PortState::Unknown(s) => s.clone(),
+                        s => format!("{s:?}").to_uppercase(),
+                    };
+                    let rate = p.rate_mbps.map_or("rate ?".into(), |r| format!("{} Gb/s", r / 1000));
+                    format!("{}: {st} {rate} {}", p.num, p.link_layer.as_deref().unwrap_or("?"))
+                })
+                .collect(),
+            active_ports: n.ports.iter().filter(|p| p.state == PortState::Active).count(),
+            link: n.bdf.as_ref().map(|_| link(&n.link)),
+        })
+        .collect();
+    let files = ["proc/driver/nvidia/version", "dev/nvidiactl", "dev/nvidia0", "dev/kfd", "sys/module/amdgpu"];
+    CheckReport {
+        libibverbs: probe::library("libibverbs.so.1"),
+        active_rdma_ports: rdma_devices.iter().map(|n| n.active_ports).sum(),
+        rdma_devices,
+        gpu_runtime: GpuRuntime {
+            in_build: false,
+            note: "no GPU runtime in this build: `mori` uses no CUDA/HIP runtime crate yet, so GPU devices are not enumerated through a runtime, and the engine cannot register GPU memory".into(),
+            cuda_driver: probe::library("libcuda.so.1"),
+            hip_runtime: probe::any_library(&["libamdhip64.so.6", "libamdhip64.so"]),
+            driver_files: files.iter().filter(|f| root.join(f).exists()).map(|f| format!("/{f}")).collect(),
+            ipc: "not queried: needs the GPU runtime".into(),
+            vmm_fabric: "not queried: needs the GPU runtime".into(),
+        },
+        gpus: topo
+            .gpus
+            .iter()
+            .map(|g| GpuInfo { bdf: g.bdf.clone(), vendor: vendor(g.vendor), numa: g.numa, link: link(&g.link) })
+            .collect(),
+        numa_nodes: topo.numa_nodes.iter().map(|n| NumaInfo { id: n.id, cpus: n.cpus.len() }).collect(),
+        backends: probe::backends(),
+        env: env_in_effect(vars),
+        requested: None,
+        warnings: topo.warnings.clone(),
+    }
+}
+
+impl CheckReport {
+    /// Sets [`CheckReport::requested`] from the verdicts.
+    pub fn request(&mut self, backend: &str, memory: &str) {
+        let v = self.backends.iter().find(|v| v.backend == backend && v.memory == memory);
+        self.requested = Some(Requested {
+            backend: backend.into(),
+            memory: memory.into(),
+            ok: v.is_some_and(|v| v.serves),
+            reason: v.map_or_else(|| "no such backend".into(), |v| v.reason.clone()),
+        });
+    }
+
+    /// The text report.
+    pub fn render(&self) -> String {
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        let lib = |l: &Library| match &l.error {
+            None => format!("{}: found", l.name),
+            Some(e) => format!("{}: not found ({e})", l.name),
+        };
+        let mut s = String::from("RDMA\n");
+        s += &format!("  {}\n", lib(&self.libibverbs));
+        if self.rdma_devices.is_empty() {
+            s += "  no RDMA device in sysfs (/sys/class/infiniband)\n";
+        }
+        for n in &self.rdma_devices {
+            let numa = n.numa.map_or("-".into(), |x| x.to_string());
+            let pcie =
+                n.link.as_ref().map_or("software device".into(), |l| format!("PCIe {} (max {})", l.current, l.max));
+            s += &format!("  {} numa {numa} {pcie}; ports: {}\n", n.name, n.ports.join(", "));
+        }
+        s += &format!("  active ports: {}\n", self.active_rdma_ports);
+        let g = &self.gpu_runtime;
+        s += &format!("GPU runtime\n  {}\n  {}\n  {}\n", g.note, lib(&g.cuda_driver), lib(&g.hip_runtime));
+        s += &format!(
+            "  driver files: {}\n",
+            if g.driver_files.is_empty() { "none".into() } else { g.driver_files.join(", ") }
+        );
+        s += &format!("  IPC: {}\n  VMM/fabric: {}\n", g.ipc, g.vmm_fabric);
+        s += &format!("GPUs in sysfs: {}\n", self.gpus.len());
+        for x in &self.gpus {
+            let numa = x.numa.map_or("-".into(), |n| n.to_string());
+            let gap = x.link.below_max.as_ref().map_or(String::new(), |b| format!("  BELOW MAX: {b}"));
+            s += &format!("  {} {} numa {numa} PCIe {} (max {}){gap}\n", x.bdf, x.vendor, x.link.current, x.link.max);
+        }
+        let numa: Vec<String> = self.numa_nodes.iter().map(|n| format!("node{} ({} CPUs)", n.id, n.cpus)).collect();
+        s += &format!("NUMA: {}\n", if numa.is_empty() { "no NUMA information".into() } else { numa.join(", ") });
+        s += "Engine backends (preference order xgmi, fabric, rdma, tcp)\n";
+        for v in &self.backends {
+            s += &format!("  {:<7} {:<5} {:<3} {}\n", v.backend, v.memory, yes(v.serves), v.reason);
+        }
+        s += "Environment\n";
+        if self.env.is_empty() {
+            s += "  no MORI_* variable set\n";
+        }
+        for e in &self.env {
+            s += &format!("  {}={}  ({})\n", e.name, e.value, e.note);
+        }
+        for w in &self.warnings {
+            s += &format!("note: {w}\n");
+        }
+        if let Some(r) = &self.requested {
+            s += &format!(
+                "requested: {} for {} memory: {} ({})\n",
+                r.backend,
+                r.memory,
+                if r.ok { "CAN work" } else { "CANNOT work" },
+                r.reason
+            );
+        }
+        s
+    }
+}

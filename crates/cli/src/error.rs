@@ -1,0 +1,54 @@
+//! The one error type of the `mori` command, and its exit codes.
+
+/// Exit status: the command ran and the answer is "yes" (backend usable, nothing flagged).
+pub const EXIT_OK: i32 = 0;
+/// Exit status: the command ran and the answer is "no" (the requested backend cannot work,
+/// a pair was flagged, a group is worse than allowed), or what was asked for cannot be done
+/// on this build or machine (no GPU runtime).
+pub const EXIT_NO: i32 = 1;
+/// Exit status: bad input (unparseable file, non-positive value, unknown index) or usage.
+pub const EXIT_INPUT: i32 = 2;
+
+/// Why a subcommand stopped. Printed as one line on stderr, never as a panic or a trace.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The input is wrong (file contents, values, indices): exit [`EXIT_INPUT`].
+    #[error("{0}")]
+    Input(String),
+    /// The command cannot do this here (no GPU runtime in this build): exit [`EXIT_NO`].
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl CliError {
+    /// Shorthand for [`CliError::Input`].
+    pub fn input(msg: impl Into<String>) -> Self {
+        CliError::Input(msg.into())
+    }
+
+    /// The process exit status for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Input(_) => EXIT_INPUT,
+            CliError::Unavailable(_) => EXIT_NO,
+        }
+    }
+}
+
+/// Result of the command's modules.
+pub type CliResult<T> = Result<T, CliError>;
+
+/// Reads a whole input file, naming it in the error.
+pub fn read_input(path: &std::path::Path) -> CliResult<String> {
+    let bytes = std::fs::read(path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+    String::from_utf8(bytes).map_err(|_| CliError::input(format!("{}: not UTF-8 text", path.display())))
+}
+
+/// Checks that `v` is a finite number above zero, naming the flag in the error.
+pub fn positive(name: &str, v: f64) -> CliResult<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(CliError::input(format!("{name} must be a positive number, got {v}")))
+    }
+}

@@ -1,0 +1,110 @@
+//! The EP kernels of the MORI-EP profiler traces: names, lanes and phase order (the MORI-EP
+//! guide's lane table and the RDMA-utilization note's execution path).
+
+use serde::Serialize;
+
+/// Where a kernel is drawn and aggregated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lane {
+    /// Full-height, one at a time.
+    Serial,
+    /// RDMA blocks.
+    Internode,
+    /// XGMI/NVLink blocks.
+    Intranode,
+    /// A name outside the seed's lists.
+    Other,
+}
+
+/// The EP kernels of one dispatch+combine iteration, in phase order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kernel {
+    /// `ep_dispatch_copy_to_staging`.
+    CopyToStaging,
+    /// `dispatch_inter_node_send` (`_ll_send`).
+    DispatchSend,
+    /// `dispatch_inter_node_recv` (`_ll_recv`).
+    DispatchRecv,
+    /// `dispatch_intra` (`dispatch_intra_node`, `_ll`).
+    DispatchIntra,
+    /// `dispatch_sync`.
+    DispatchSync,
+    /// `combine_sync`.
+    CombineSync,
+    /// `ep_combine_sync_barrier`.
+    CombineSyncBarrier,
+    /// `combine_inter_node` (`_ll`).
+    CombineInter,
+    /// `combine_intra_node` (`_ll`).
+    CombineIntra,
+    /// `ep_combine_all`.
+    CombineAll,
+}
+
+impl Kernel {
+    /// Recognizes a trace name (case-insensitive; an `ep_` prefix is optional).
+    pub fn of(name: &str) -> Option<Kernel> {
+        let n = name.trim().to_ascii_lowercase();
+        let n = n.strip_prefix("ep_").unwrap_or(&n);
+        Some(match n {
+            "dispatch_copy_to_staging" | "copy_to_staging" => Kernel::CopyToStaging,
+            "dispatch_inter_node_send" | "dispatch_inter_node_ll_send" => Kernel::DispatchSend,
+            "dispatch_inter_node_recv" | "dispatch_inter_node_ll_recv" => Kernel::DispatchRecv,
+            "dispatch_intra" | "dispatch_intra_node" | "dispatch_intra_node_ll" | "dispatch_intra_ll" => {
+                Kernel::DispatchIntra
+            }
+            "dispatch_sync" => Kernel::DispatchSync,
+            "combine_sync" => Kernel::CombineSync,
+            "combine_sync_barrier" => Kernel::CombineSyncBarrier,
+            "combine_inter_node" | "combine_inter_node_ll" => Kernel::CombineInter,
+            "combine_intra_node" | "combine_intra_node_ll" => Kernel::CombineIntra,
+            "combine_all" => Kernel::CombineAll,
+            _ => return None,
+        })
+    }
+
+    /// The lane it belongs to.
+    pub fn lane(self) -> Lane {
+        match self {
+            Kernel::DispatchSend | Kernel::DispatchRecv | Kernel::CombineInter => Lane::Internode,
+            Kernel::DispatchIntra | Kernel::CombineIntra => Lane::Intranode,
+            _ => Lane::Serial,
+        }
+    }
+
+    /// Phase order within an iteration (kernels of one phase run concurrently).
+    pub fn phase(self) -> u8 {
+        match self {
+            Kernel::CopyToStaging => 0,
+            Kernel::DispatchSend | Kernel::DispatchRecv | Kernel::DispatchIntra => 1,
+            Kernel::DispatchSync => 2,
+            Kernel::CombineSync => 3,
+            Kernel::CombineSyncBarrier => 4,
+            Kernel::CombineInter | Kernel::CombineIntra => 5,
+            Kernel::CombineAll => 6,
+        }
+    }
+
+    /// Short bar label (the seed's `disp_send`, `comb_inter`, ...).
+    pub fn label(self) -> &'static str {
+        match self {
+            Kernel::CopyToStaging => "staging",
+            Kernel::DispatchSend => "disp_send",
+            Kernel::DispatchRecv => "disp_recv",
+            Kernel::DispatchIntra => "disp_intra",
+            Kernel::DispatchSync => "disp_sync",
+            Kernel::CombineSync => "comb_sync",
+            Kernel::CombineSyncBarrier => "barrier",
+            Kernel::CombineInter => "comb_inter",
+            Kernel::CombineIntra => "comb_intra",
+            Kernel::CombineAll => "comb_all",
+        }
+    }
+}
+
+/// Lane of any trace name ([`Lane::Other`] when not an EP kernel).
+pub fn lane_of(name: &str) -> Lane {
+    Kernel::of(name).map_or(Lane::Other, Kernel::lane)
+}

@@ -1,0 +1,214 @@
+//! Analytic models (not measurements): the staged-versus-direct copy cost of the interconnect
+//! primer's section 2.3 and the injection ceiling of its section 3.6.
+//!
+//! Staged path (nothing arranged): GPU -> host buffer (PCIe), host -> NIC (PCIe), the wire,
+//! NIC -> host (PCIe), host -> GPU (PCIe): four PCIe crossings, two per side, and 4m bytes
+//! through host memory. Direct path (GPUDirect RDMA / peer DMA): the NIC reads the GPU
+//! (PCIe), the wire, the remote NIC writes the GPU (PCIe). Serial cost is the sum of the
+//! segments; the pipelined bound is the busiest single resource (one side's PCIe carries
+//! 2m when staged, m when direct; the wire carries m).
+
+use crate::error::{positive, CliError, CliResult};
+use serde::Serialize;
+
+/// Banner every model output carries.
+pub const MODEL_BANNER: &str = "MODEL, not a measurement: analytic bounds from the inputs given";
+
+/// Serial and pipelined cost of one path, seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PathCost {
+    /// Sum of the segments, each waiting for the previous one (no pipelining).
+    pub serial_s: f64,
+    /// Perfect pipelining: the busiest single resource.
+    pub pipelined_s: f64,
+    /// That resource: `pcie` or `network`.
+    pub bottleneck: &'static str,
+    /// Bytes through host memory (staged: 4m; direct: 0).
+    pub host_memory_bytes: f64,
+}
+
+/// Staged-versus-direct comparison for one message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Staging {
+    /// Message size, bytes.
+    pub bytes: f64,
+    /// PCIe bandwidth per side, GB/s.
+    pub pcie_gbs: f64,
+    /// Network bandwidth, GB/s.
+    pub net_gbs: f64,
+    /// Staged through host memory.
+    pub staged: PathCost,
+    /// Direct (GPUDirect RDMA / peer DMA).
+    pub direct: PathCost,
+    /// staged / direct, serial.
+    pub serial_ratio: f64,
+    /// staged / direct, pipelined.
+    pub pipelined_ratio: f64,
+    /// PCIe bandwidth (GB/s) below which the staged path is bandwidth-limited (its PCIe side,
+    /// carrying 2m, becomes busier than the wire): 2 x net.
+    pub staged_crossover_pcie_gbs: f64,
+    /// Same for the direct path: 1 x net.
+    pub direct_crossover_pcie_gbs: f64,
+}
+
+/// Staged and direct cost of moving `bytes` with `pcie_gbs` per PCIe side and `net_gbs` on
+/// the wire (GB = 1e9). Errors: a non-positive or non-finite input.
+pub fn staging(bytes: f64, pcie_gbs: f64, net_gbs: f64) -> CliResult<Staging> {
+    let m = positive("--bytes", bytes)?;
+    let pcie = positive("--pcie-gbs", pcie_gbs)? * 1e9;
+    let net = positive("--net-gbs", net_gbs)? * 1e9;
+    let (p, w) = (m / pcie, m / net);
+    let pick = |pcie_busy: f64| if pcie_busy > w { ("pcie", pcie_busy) } else { ("network", w) };
+    let (sb, sp) = pick(2.0 * p);
+    let (db, dp) = pick(p);
+    let staged = PathCost { serial_s: 4.0 * p + w, pipelined_s: sp, bottleneck: sb, host_memory_bytes: 4.0 * m };
+    let direct = PathCost { serial_s: 2.0 * p + w, pipelined_s: dp, bottleneck: db, host_memory_bytes: 0.0 };
+    Ok(Staging {
+        bytes: m,
+        pcie_gbs,
+        net_gbs,
+        serial_ratio: staged.serial_s / direct.serial_s,
+        pipelined_ratio: staged.pipelined_s / direct.pipelined_s,
+        staged,
+        direct,
+        staged_crossover_pcie_gbs: 2.0 * net_gbs,
+        direct_crossover_pcie_gbs: net_gbs,
+    })
+}
+
+/// Injection ceiling of a node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Injection {
+    /// GPUs per node.
+    pub gpus: u32,
+    /// Network adapters per node.
+    pub nics: u32,
+    /// Bandwidth per adapter, GB/s.
+    pub nic_gbs: f64,
+    /// Scale-up bandwidth per GPU, GB/s (the comparison point).
+    pub scaleup_gbs: f64,
+    /// Node injection bandwidth `nics x nic_gbs`, GB/s.
+    pub node_gbs: f64,
+    /// Per-GPU share `nics x nic_gbs / gpus`, GB/s.
+    pub per_gpu_gbs: f64,
+    /// `per_gpu_gbs / scaleup_gbs`.
+    pub ratio_to_scaleup: f64,
+    /// Target ratio asked for, if any.
+    pub target_ratio: Option<f64>,
+    /// Fewest adapters reaching the target ratio, if one was asked for.
+    pub min_nics_for_target: Option<u64>,
+}
+
+/// Per-GPU injection share: `n_nic x nic_gbs / n_gpu`. Errors: zero adapters (no scale-out
+/// path: a defined error, not a zero), zero GPUs, a non-positive rate.
+pub fn per_gpu_injection(n_nic: u32, nic_gbs: f64, n_gpu: u32) -> CliResult<f64> {
+    if n_nic == 0 {
+        return Err(CliError::input("--nics-per-node is 0: a node without adapters has no injection bandwidth"));
+    }
+    if n_gpu == 0 {
+        return Err(CliError::input("--gpus-per-node must be at least 1"));
+    }
+    Ok(f64::from(n_nic) * positive("--nic-gbs", nic_gbs)? / f64::from(n_gpu))
+}
+
+/// Fewest adapters whose per-GPU share reaches `target x scaleup_gbs`:
+/// `ceil(target x scaleup x n_gpu / nic_gbs)` (at least 1). Errors: non-positive inputs.
+pub fn min_nics_for_ratio(target: f64, scaleup_gbs: f64, n_gpu: u32, nic_gbs: f64) -> CliResult<u64> {
+    let need = positive("--target-ratio", target)? * positive("--scaleup-gbs", scaleup_gbs)? * f64::from(n_gpu)
+        / positive("--nic-gbs", nic_gbs)?;
+    // A hair of tolerance so that exact ratios (8 x 25 / 8 / 400 = 0.0625) are not rounded up.
+    let n = (need * (1.0 - 1e-12)).ceil().max(1.0);
+    if n > 1e12 {
+        return Err(CliError::input(format!("--target-ratio {target}: needs more than 1e12 adapters")));
+    }
+    Ok(n as u64)
+}
+
+/// The whole injection report. Errors as [`per_gpu_injection`] and [`min_nics_for_ratio`].
+pub fn injection(gpus: u32, nics: u32, nic_gbs: f64, scaleup_gbs: f64, target: Option<f64>) -> CliResult<Injection> {
+    let per_gpu = per_gpu_injection(nics, nic_gbs, gpus)?;
+    let scaleup = positive("--scaleup-gbs", scaleup_gbs)?;
+    let min = target.map(|t| min_nics_for_ratio(t, scaleup, gpus, nic_gbs)).transpose()?;
+    Ok(Injection {
+        gpus,
+        nics,
+        nic_gbs,
+        scaleup_gbs,
+        node_gbs: f64::from(nics) * nic_gbs,
+        per_gpu_gbs: per_gpu,
+        ratio_to_scaleup: per_gpu / scaleup,
+        target_ratio: target,
+        min_nics_for_target: min,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12 * b.abs().max(1.0)
+    }
+
+    /// Primer section 2.3: m = 1 GB, PCIe 20 GB/s, network 10 GB/s.
+    #[test]
+    fn staging_seed_round_numbers() {
+        let s = staging(1e9, 20.0, 10.0).unwrap();
+        assert!(close(s.staged.serial_s, 0.30), "{}", s.staged.serial_s);
+        assert!(close(s.direct.serial_s, 0.20), "{}", s.direct.serial_s);
+        assert!(close(s.serial_ratio, 1.5));
+        // Pipelined: staged PCIe side carries 2m/20 = 0.1 s, the wire 0.1 s: a tie.
+        assert!(close(s.staged.pipelined_s, 0.10) && close(s.direct.pipelined_s, 0.10));
+        assert!(close(s.pipelined_ratio, 1.0));
+        assert_eq!(s.staged_crossover_pcie_gbs, 20.0);
+        assert_eq!(s.direct_crossover_pcie_gbs, 10.0);
+        assert_eq!(s.staged.host_memory_bytes, 4e9);
+        // Below the crossover the staged path is PCIe-bound; above it, network-bound.
+        let narrow = staging(1e9, 16.0, 10.0).unwrap();
+        assert_eq!((narrow.staged.bottleneck, narrow.direct.bottleneck), ("pcie", "network"));
+        assert!(close(narrow.staged.pipelined_s, 0.125) && close(narrow.direct.pipelined_s, 0.1));
+        let wide = staging(1e9, 64.0, 10.0).unwrap();
+        assert_eq!(wide.staged.bottleneck, "network");
+        assert!(close(wide.pipelined_ratio, 1.0));
+    }
+
+    #[test]
+    fn staging_rejects_non_positive() {
+        for (b, p, n) in [(0.0, 20.0, 10.0), (1e9, -1.0, 10.0), (1e9, 20.0, 0.0), (f64::NAN, 1.0, 1.0)] {
+            assert!(staging(b, p, n).is_err(), "{b} {p} {n}");
+        }
+    }
+
+    /// Primer Lab 4: 8 GPUs, 25 GB/s adapters, 400 GB/s scale-up; 1 adapter then 8.
+    #[test]
+    fn injection_seed_round_numbers() {
+        let one = injection(8, 1, 25.0, 400.0, None).unwrap();
+        assert_eq!((one.node_gbs, one.per_gpu_gbs), (25.0, 3.125));
+        assert_eq!(one.ratio_to_scaleup, 0.0078125); // 1/128: two orders of magnitude down
+        let eight = injection(8, 8, 25.0, 400.0, Some(0.0625)).unwrap();
+        assert_eq!((eight.node_gbs, eight.per_gpu_gbs, eight.ratio_to_scaleup), (200.0, 25.0, 0.0625));
+        assert_eq!(eight.min_nics_for_target, Some(8));
+        assert_eq!(min_nics_for_ratio(0.01, 400.0, 8, 25.0).unwrap(), 2); // 1.28 -> 2
+        assert_eq!(min_nics_for_ratio(0.0078125, 400.0, 8, 25.0).unwrap(), 1);
+    }
+
+    #[test]
+    fn injection_shape() {
+        // Linear in n_nic.
+        let base = per_gpu_injection(1, 25.0, 8).unwrap();
+        for k in 1..=16 {
+            assert!(close(per_gpu_injection(k, 25.0, 8).unwrap(), base * f64::from(k)));
+        }
+        // Doubling GPUs halves the share.
+        assert!(close(per_gpu_injection(2, 25.0, 16).unwrap(), per_gpu_injection(2, 25.0, 8).unwrap() / 2.0));
+        // n_nic = n_gpu: the share is one adapter whatever the GPU count.
+        for g in [1, 2, 4, 8, 72] {
+            assert_eq!(per_gpu_injection(g, 25.0, g).unwrap(), 25.0);
+        }
+        assert!(per_gpu_injection(0, 25.0, 8).is_err());
+        assert!(per_gpu_injection(1, 25.0, 0).is_err());
+        assert!(per_gpu_injection(1, 0.0, 8).is_err());
+        assert!(injection(8, 1, 25.0, -400.0, None).is_err());
+        assert!(min_nics_for_ratio(0.0, 400.0, 8, 25.0).is_err());
+    }
+}

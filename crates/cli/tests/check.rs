@@ -1,0 +1,99 @@
+//! `mori check` on a fake two-socket sysfs tree, with the live engine probes of this machine.
+
+mod common;
+use common::*;
+use serde_json::Value;
+
+fn verdict<'a>(v: &'a Value, backend: &str, memory: &str) -> &'a Value {
+    v["backends"].as_array().unwrap().iter().find(|b| b["backend"] == backend && b["memory"] == memory).unwrap()
+}
+
+#[test]
+fn devices_links_numa_env() {
+    let s = Scratch::new("check");
+    two_socket_sysfs(&s.0);
+    let env = [("MORI_RDMA_DEVICES", "^mlx5_1"), ("MORI_IO_TCP_TIMEOUT_MS", "5000"), ("MORI_RDMA_DEVICE", "mlx5_0")];
+    let r = mori_env(&["check", "--sysfs-root", &s.path(""), "--json"], &env);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = r.json();
+    // RDMA devices from sysfs: one active port out of two devices.
+    assert_eq!(v["rdma_devices"][0]["name"], "mlx5_0");
+    assert_eq!(v["rdma_devices"][0]["ports"][0], "1: ACTIVE 400 Gb/s Ethernet");
+    assert_eq!(v["rdma_devices"][1]["ports"][0], "1: DOWN 400 Gb/s Ethernet");
+    assert_eq!(v["rdma_devices"][1]["numa"], 1);
+    assert_eq!(v["active_rdma_ports"], 1);
+    assert_eq!(v["libibverbs"]["name"], "libibverbs.so.1");
+    // GPUs: PCIe link against maximum; the x8 one is named.
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 3, "the ASPEED console is not a GPU");
+    assert_eq!(gpus[0]["vendor"], "NVIDIA");
+    assert_eq!(gpus[0]["link"]["current"], "Gen5 x16");
+    assert_eq!(gpus[0]["link"]["below_max"], Value::Null);
+    assert_eq!(gpus[2]["numa"], 1);
+    assert_eq!(gpus[2]["link"]["current"], "Gen5 x8");
+    assert_eq!(gpus[2]["link"]["max"], "Gen5 x16");
+    assert!(gpus[2]["link"]["below_max"].as_str().unwrap().starts_with("width x8 of x16"));
+    assert_eq!(v["numa_nodes"], serde_json::json!([{"id": 0, "cpus": 32}, {"id": 1, "cpus": 32}]));
+    // GPU runtime: said plainly, not faked.
+    assert_eq!(v["gpu_runtime"]["in_build"], false);
+    assert!(v["gpu_runtime"]["note"].as_str().unwrap().starts_with("no GPU runtime in this build"));
+    assert_eq!(v["gpu_runtime"]["driver_files"], serde_json::json!(["/proc/driver/nvidia/version", "/dev/nvidiactl"]));
+    assert_eq!(v["gpu_runtime"]["ipc"], "not queried: needs the GPU runtime");
+    // Environment in effect, typo flagged.
+    let env: Vec<(String, String)> = v["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e["note"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(env.len(), 3, "{env:?}");
+    assert_eq!(env[0].0, "MORI_IO_TCP_TIMEOUT_MS");
+    assert_eq!((env[1].0.as_str(), env[1].1.as_str()), ("MORI_RDMA_DEVICE", "not read by any mori-rs crate (typo?)"));
+    assert!(env[2].1.contains("mori-topo"), "{env:?}");
+}
+
+#[test]
+fn backend_verdicts_and_exit_status() {
+    let s = Scratch::new("check-backends");
+    two_socket_sysfs(&s.0);
+    let root = s.path("");
+    let v = mori(&["check", "--sysfs-root", &root, "--json"]).json();
+    let names: Vec<(&str, &str)> = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["backend"].as_str().unwrap(), b["memory"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names[..4], [("xgmi", "host"), ("xgmi", "gpu"), ("fabric", "host"), ("fabric", "gpu")]);
+    assert_eq!(verdict(&v, "tcp", "host")["serves"], true);
+    assert_eq!(verdict(&v, "tcp", "host")["reason"], "the engine chose tcp for a host -> host pair");
+    let gpu = verdict(&v, "tcp", "gpu");
+    assert_eq!(gpu["serves"], false);
+    assert!(gpu["reason"].as_str().unwrap().contains("needs the GPU runtime"), "{gpu}");
+    for b in ["xgmi", "fabric"] {
+        for m in ["host", "gpu"] {
+            assert_eq!(verdict(&v, b, m)["serves"], false);
+            assert!(verdict(&v, b, m)["reason"].as_str().unwrap().contains("not part of this build"));
+        }
+    }
+    // Exit status follows the requested backend.
+    let ok = mori(&["check", "--sysfs-root", &root, "--backend", "tcp"]);
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    assert!(ok.stdout.contains("requested: tcp for host memory: CAN work"), "{}", ok.stdout);
+    let no = mori(&["check", "--sysfs-root", &root, "--backend", "xgmi", "--json"]);
+    assert_eq!(no.code, 1);
+    assert_eq!(no.json()["requested"]["ok"], false);
+    assert_eq!(mori(&["check", "--sysfs-root", &root, "--backend", "tcp", "--memory", "gpu"]).code, 1);
+    // rdma depends on this machine (libibverbs, an active port): the exit status must agree
+    // with the verdict either way.
+    let rd = mori(&["check", "--sysfs-root", &root, "--backend", "rdma", "--json"]);
+    let serves = verdict(&rd.json(), "rdma", "host")["serves"].as_bool().unwrap();
+    assert_eq!(rd.code, if serves { 0 } else { 1 });
+    // A bad MORI_RDMA_DEVICES is reported, and the rdma backend refuses with the same reason.
+    let bad = mori_env(&["check", "--sysfs-root", &root, "--json"], &[("MORI_RDMA_DEVICES", "mlx5_0,,x")]);
+    let bv = bad.json();
+    assert!(bv["env"][0]["note"].as_str().unwrap().starts_with("INVALID: MORI_RDMA_DEVICES"));
+    assert_eq!(verdict(&bv, "rdma", "host")["serves"], false);
+    assert!(verdict(&bv, "rdma", "host")["reason"].as_str().unwrap().contains("device name 2 is empty"));
+    mori(&["check", "--sysfs-root", "/nonexistent-root-for-mori-test"]).assert_one_line_error(2, "no sysfs under");
+}
