@@ -13,6 +13,7 @@
 //!   gfx942/gfx950), or checks that the committed artifacts are fresh; see kernels.rs.
 
 mod compare;
+mod compare_rdma;
 mod kernels;
 mod softroce;
 mod util;
@@ -25,10 +26,11 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("compare-tcp") => compare::run(&args[1..]),
+        Some("compare-rdma") => compare_rdma::run(&args[1..]),
         Some("softroce") => return softroce::main(&args[1..]),
         Some("kernels") => kernels::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check]>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check]>");
             return ExitCode::from(2);
         }
     };
