@@ -142,7 +142,9 @@ pub fn connect_qps(dev: &Device, qps: &mut [BasicQueuePair], psns: &[u32], remot
         a.setup_state(QueuePairState::ReadyToSend)
             .setup_sq_psn(psns[i])
             .setup_timeout(14)
-            .setup_retry_cnt(7)
+            // 6, not 7: rdma_rxe treats 7 as "retry forever" (only rnr_retry means that in the
+            // spec), so a dead peer would never produce an error completion there.
+            .setup_retry_cnt(6)
             .setup_rnr_retry(7)
             .setup_max_read_atomic(16);
         qp.modify(&a).map_err(|e| IoError::transport(format!("{}: QP {i} to RTS: {e}", dev.name)))?;
