@@ -16,6 +16,11 @@
 //! the code and its name (`cuMemCreate failed: CUDA_ERROR_NOT_PERMITTED (800): FABRIC handles
 //! need an IMEX channel ...`). HIP paths are compile-checked only: no machine of this project has
 //! an AMD GPU.
+//!
+//! Tests: `tests/cpu.rs` (no driver: the no-runtime errors, encodings, pure pieces),
+//! `tests/gpu.rs` (ignored; needs a CUDA device: run by `scripts/gpu-machine.sh`), and
+//! `tests/fake_driver.rs`, which runs `tests/gpu.rs` in CI against a stand-in libcuda
+//! (`tests/fake_cuda/fake_cuda.c`) that checks every argument mori-gpu passes.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]

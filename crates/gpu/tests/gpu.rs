@@ -9,6 +9,9 @@
 //! Every test prints what it measured. Two-process tests re-execute the test binary as the child
 //! (`--exact <child test>`), passing what it needs in `MORI_GPU_TEST_*` variables; run without
 //! those variables, the child tests return at once. Every wait has a deadline.
+//!
+//! tests/fake_driver.rs runs this file on the CPU against a stand-in libcuda
+//! (tests/fake_cuda/fake_cuda.c), so its logic and every CUDA call path are exercised in CI.
 
 use std::fmt;
 use std::io::Read;
@@ -126,12 +129,22 @@ fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
     })
 }
 
+/// Path of this module's tests inside the test binary: empty when this file is the test crate,
+/// `gpu_tests::` when tests/fake_driver.rs includes it as a module.
+fn test_prefix() -> String {
+    match module_path!().split_once("::") {
+        Some((_, rest)) => format!("{rest}::"),
+        None => String::new(),
+    }
+}
+
 /// Re-executes this test binary running only the test `name`, with `envs` set.
 fn spawn_child(name: &'static str, envs: &[(&str, String)]) -> Result<ChildRun, Fail> {
     let mut cmd = Command::new(std::env::current_exe()?);
+    let full = format!("{}{name}", test_prefix());
     cmd.args([
         "--exact",
-        name,
+        full.as_str(),
         "--ignored",
         "--nocapture",
         "--test-threads=1",

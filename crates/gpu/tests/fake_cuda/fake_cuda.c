@@ -1,0 +1,621 @@
+/*
+ * A stand-in for libcuda, used only by mori-gpu's CPU tests (tests/fake_driver.rs builds it as
+ * libcuda.so.1 and runs tests/gpu.rs against it). It implements the driver entry points
+ * mori-gpu resolves, with:
+ *   - one device ("compute capability 9.0") and a primary context that must be retained and
+ *     current on the calling thread for every call that needs one (else INVALID_CONTEXT);
+ *   - "device memory" in shared host mappings of memfds, so IPC handles (pid + fd, reopened
+ *     through /proc) and POSIX FD shareable handles work between processes;
+ *   - streams as in-order queues that really block on wait-value and on events;
+ *   - strict argument checks (ranges inside allocations, flags, option lists, struct fields),
+ *     so a swapped argument or a wrong flag fails here as it would on a GPU;
+ *   - FABRIC handles refused with CUDA_ERROR_NOT_PERMITTED (800), as without IMEX;
+ *   - one kernel, mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i.
+ * The structure layouts below restate cuda.h (CUDA 13.0).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+
+enum {
+    OK = 0, INVALID_VALUE = 1, NO_DEVICE_ = 100, INVALID_DEVICE = 101, INVALID_IMAGE = 200, INVALID_CONTEXT = 201,
+    INVALID_PTX = 218, INVALID_HANDLE = 400, NOT_FOUND = 500, NOT_READY = 600, ALREADY_ENABLED = 704,
+    NOT_PERMITTED = 800, UNKNOWN = 999
+};
+
+#define GRAN (2u << 20)
+#define PAGE 4096u
+#define API __attribute__((visibility("default")))
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int ctx_obj, ctx_refs, inited;
+static __thread void *cur_ctx;
+#define CTX ((void *)&ctx_obj)
+#define NEED_CTX do { if (cur_ctx != CTX || ctx_refs <= 0) return INVALID_CONTEXT; } while (0)
+
+/* ---- memory regions ---- */
+enum { R_ALLOC = 1, R_IPC = 2, R_VMM = 3 };
+struct region { uint64_t base, size; int fd, kind, access; };
+#define MAXR 512
+static struct region regs[MAXR];
+
+static struct region *find(uint64_t p, uint64_t n) {
+    for (int i = 0; i < MAXR; i++) {
+        struct region *r = &regs[i];
+        if (r->kind && p >= r->base && n <= r->size && p - r->base <= r->size - n) return r;
+    }
+    return NULL;
+}
+static struct region *add_region(uint64_t base, uint64_t size, int fd, int kind, int access) {
+    for (int i = 0; i < MAXR; i++)
+        if (!regs[i].kind) { regs[i] = (struct region){base, size, fd, kind, access}; return &regs[i]; }
+    return NULL;
+}
+static int usable(uint64_t p, uint64_t n) { struct region *r = find(p, n ? n : 1); return r && r->access; }
+
+static int new_memfd(uint64_t size) {
+    int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, (off_t)size) != 0) { close(fd); return -1; }
+    return fd;
+}
+
+/* ---- streams and events ---- */
+enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL };
+struct event { int done, timing; double t; };
+struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; struct op *next; };
+struct stream { struct op *head, *tail; struct stream *next_stream; };
+static struct stream *streams;
+
+static double now_ms(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6; }
+
+static int ready(struct op *o) {
+    if (o->kind == OP_WAIT32) {
+        uint32_t x = *(volatile uint32_t *)(uintptr_t)o->a;
+        switch (o->cond) {
+        case 0: return (int32_t)(x - o->v) >= 0;
+        case 1: return x == o->v;
+        case 2: return (x & o->v) != 0;
+        default: return ~(x | o->v) != 0;
+        }
+    }
+    if (o->kind == OP_WAIT_EVENT) return o->ev->done;
+    return 1;
+}
+static void run(struct op *o) {
+    switch (o->kind) {
+    case OP_COPY: memmove((void *)(uintptr_t)o->a, (void *)(uintptr_t)o->b, o->n); break;
+    case OP_SET: memset((void *)(uintptr_t)o->a, (int)o->v, o->n); break;
+    case OP_WRITE32: *(volatile uint32_t *)(uintptr_t)o->a = o->v; break;
+    case OP_RECORD: o->ev->t = now_ms(); o->ev->done = 1; break;
+    case OP_FILL: for (uint64_t i = 0; i < o->n; i++) ((uint32_t *)(uintptr_t)o->a)[i] = o->v + 3u * (uint32_t)i; break;
+    default: break;
+    }
+}
+/* Runs every runnable operation of every stream until nothing moves. */
+static void progress(void) {
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (struct stream *s = streams; s; s = s->next_stream)
+            while (s->head && ready(s->head)) {
+                struct op *o = s->head;
+                run(o);
+                s->head = o->next;
+                if (!s->head) s->tail = NULL;
+                free(o);
+                moved = 1;
+            }
+    }
+}
+static int live_stream(struct stream *s) {
+    for (struct stream *x = streams; x; x = x->next_stream) if (x == s) return 1;
+    return 0;
+}
+/* Queues on `s`, or runs at once on the null stream. */
+static CUresult submit(struct stream *s, struct op o) {
+    if (!s) { if (!ready(&o)) return UNKNOWN; run(&o); return OK; }
+    if (!live_stream(s)) return INVALID_HANDLE;
+    struct op *p = malloc(sizeof *p);
+    if (!p) return UNKNOWN;
+    *p = o;
+    p->next = NULL;
+    if (s->tail) s->tail->next = p; else s->head = p;
+    s->tail = p;
+    progress();
+    return OK;
+}
+#define LOCKED(expr) do { pthread_mutex_lock(&mu); CUresult r__ = (expr); pthread_mutex_unlock(&mu); return r__; } while (0)
+
+/* ---- init, devices, contexts ---- */
+API CUresult cuInit(unsigned flags) { if (flags) return INVALID_VALUE; inited = 1; return OK; }
+API CUresult cuDriverGetVersion(int *v) { if (!v) return INVALID_VALUE; *v = 13000; return OK; }
+API CUresult cuGetErrorName(unsigned code, const char **p) {
+    static const struct { unsigned c; const char *n; } t[] = {{0, "CUDA_SUCCESS"}, {1, "CUDA_ERROR_INVALID_VALUE"},
+        {201, "CUDA_ERROR_INVALID_CONTEXT"}, {500, "CUDA_ERROR_NOT_FOUND"}, {800, "CUDA_ERROR_NOT_PERMITTED"}};
+    for (unsigned i = 0; i < sizeof t / sizeof t[0]; i++) if (t[i].c == code) { *p = t[i].n; return OK; }
+    return INVALID_VALUE;
+}
+API CUresult cuDeviceGetCount(int *n) { if (!inited) return 3; *n = 1; return OK; }
+API CUresult cuDeviceGet(CUdevice *d, int ord) { if (!inited) return 3; if (ord != 0) return INVALID_DEVICE; *d = 0; return OK; }
+API CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    if (d != 0 || len <= 0) return INVALID_VALUE;
+    snprintf(name, (size_t)len, "mori fake GPU (CPU test double)");
+    return OK;
+}
+API CUresult cuDeviceGetAttribute(int *v, unsigned a, CUdevice d) {
+    if (d != 0) return INVALID_DEVICE;
+    switch (a) {
+    case 75: *v = 9; return OK;                   /* compute capability major */
+    case 76: *v = 0; return OK;                   /* minor */
+    case 16: *v = 132; return OK;                 /* multiprocessors */
+    case 97: *v = 232448; return OK;              /* max shared memory per block (opt-in) */
+    case 134: *v = -1; return OK;                 /* host NUMA id: none */
+    case 41: case 92: case 102: case 103: case 110: case 116: case 124: case 128: *v = 1; return OK;
+    default: return INVALID_VALUE;
+    }
+}
+API CUresult cuDeviceGetPCIBusId(char *b, int len, CUdevice d) {
+    if (d != 0 || len < 13) return INVALID_VALUE;
+    snprintf(b, (size_t)len, "0000:1B:00.0");
+    return OK;
+}
+API CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { if (d != 0) return INVALID_DEVICE; *b = 80ull << 30; return OK; }
+API CUresult cuDevicePrimaryCtxRetain(void **c, CUdevice d) {
+    if (d != 0) return INVALID_DEVICE;
+    pthread_mutex_lock(&mu); ctx_refs++; pthread_mutex_unlock(&mu);
+    *c = CTX;
+    return OK;
+}
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (d != 0) return INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult r = ctx_refs > 0 ? (ctx_refs--, OK) : INVALID_CONTEXT;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+API CUresult cuCtxSetCurrent(void *c) { if (c && c != CTX) return INVALID_CONTEXT; cur_ctx = c; return OK; }
+API CUresult cuCtxGetCurrent(void **c) { *c = cur_ctx; return OK; }
+API CUresult cuCtxSynchronize(void) { NEED_CTX; LOCKED((progress(), OK)); }
+API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { NEED_CTX; *f = 70ull << 30; *t = 80ull << 30; return OK; }
+API CUresult cuDeviceCanAccessPeer(int *v, CUdevice a, CUdevice b) { if (a != 0 || b != 0) return INVALID_DEVICE; *v = 0; return OK; }
+API CUresult cuCtxEnablePeerAccess(void *peer, unsigned flags) { NEED_CTX; (void)peer; (void)flags; return INVALID_DEVICE; }
+
+/* ---- allocation and copies ---- */
+static CUresult mem_alloc(CUdeviceptr *p, size_t n) {
+    if (!n) return INVALID_VALUE;
+    uint64_t size = (n + PAGE - 1) / PAGE * PAGE;
+    int fd = new_memfd(size);
+    if (fd < 0) return 2;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) { close(fd); return 2; }
+    if (!add_region((uint64_t)(uintptr_t)m, n, fd, R_ALLOC, 1)) { munmap(m, size); close(fd); return 2; }
+    *p = (uint64_t)(uintptr_t)m;
+    return OK;
+}
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { NEED_CTX; LOCKED(mem_alloc(p, n)); }
+static CUresult mem_free(CUdeviceptr p) {
+    struct region *r = find(p, 1);
+    if (!r || r->kind != R_ALLOC || r->base != p) return INVALID_VALUE;
+    progress();
+    munmap((void *)(uintptr_t)p, (r->size + PAGE - 1) / PAGE * PAGE);
+    close(r->fd);
+    r->kind = 0;
+    return OK;
+}
+API CUresult cuMemFree_v2(CUdeviceptr p) { NEED_CTX; LOCKED(mem_free(p)); }
+static CUresult range(CUdeviceptr *b, size_t *s, CUdeviceptr p) {
+    struct region *r = find(p, 1);
+    if (!r) return NOT_FOUND;
+    if (b) *b = r->base;
+    if (s) *s = r->size;
+    return OK;
+}
+API CUresult cuMemGetAddressRange_v2(CUdeviceptr *b, size_t *s, CUdeviceptr p) { NEED_CTX; LOCKED(range(b, s, p)); }
+
+static CUresult copy(uint64_t dst, int dst_dev, uint64_t src, int src_dev, size_t n, void *s) {
+    if ((dst_dev && !usable(dst, n)) || (src_dev && !usable(src, n))) return INVALID_VALUE;
+    return submit(s, (struct op){.kind = OP_COPY, .a = dst, .b = src, .n = n});
+}
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { NEED_CTX; LOCKED(copy(d, 1, (uintptr_t)h, 0, n, NULL)); }
+API CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) { NEED_CTX; LOCKED(copy((uintptr_t)h, 0, d, 1, n, NULL)); }
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { NEED_CTX; LOCKED(copy(d, 1, s, 1, n, NULL)); }
+API CUresult cuMemcpyPeer(CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n) {
+    NEED_CTX; if (dc != CTX || sc != CTX) return INVALID_CONTEXT; LOCKED(copy(d, 1, s, 1, n, NULL));
+}
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, void *s) { NEED_CTX; LOCKED(copy(d, 1, (uintptr_t)h, 0, n, s)); }
+API CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, void *s) { NEED_CTX; LOCKED(copy((uintptr_t)h, 0, d, 1, n, s)); }
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, void *s) { NEED_CTX; LOCKED(copy(d, 1, src, 1, n, s)); }
+API CUresult cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr src, void *sc, size_t n, void *s) {
+    NEED_CTX; if (dc != CTX || sc != CTX) return INVALID_CONTEXT; LOCKED(copy(d, 1, src, 1, n, s));
+}
+static CUresult set(CUdeviceptr d, unsigned char v, size_t n, void *s) {
+    if (!usable(d, n)) return INVALID_VALUE;
+    return submit(s, (struct op){.kind = OP_SET, .a = d, .v = v, .n = n});
+}
+API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { NEED_CTX; LOCKED(set(d, v, n, NULL)); }
+API CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, void *s) { NEED_CTX; LOCKED(set(d, v, n, s)); }
+
+/* ---- streams, events, stream memory operations ---- */
+static CUresult stream_create(void **out, unsigned flags) {
+    if (flags != 1) return INVALID_VALUE; /* mori-gpu makes non-blocking streams */
+    struct stream *s = calloc(1, sizeof *s);
+    if (!s) return 2;
+    s->next_stream = streams;
+    streams = s;
+    *out = s;
+    return OK;
+}
+API CUresult cuStreamCreate(void **s, unsigned flags) { NEED_CTX; LOCKED(stream_create(s, flags)); }
+static CUresult stream_destroy(struct stream *s) {
+    if (!live_stream(s)) return INVALID_HANDLE;
+    progress();
+    if (s->head) return UNKNOWN; /* destroyed while blocked: a test bug */
+    for (struct stream **p = &streams; *p; p = &(*p)->next_stream) if (*p == s) { *p = s->next_stream; break; }
+    free(s);
+    return OK;
+}
+API CUresult cuStreamDestroy_v2(void *s) { NEED_CTX; LOCKED(stream_destroy(s)); }
+static CUresult stream_query(struct stream *s) {
+    if (s && !live_stream(s)) return INVALID_HANDLE;
+    progress();
+    return s && s->head ? NOT_READY : OK;
+}
+API CUresult cuStreamQuery(void *s) { NEED_CTX; LOCKED(stream_query(s)); }
+API CUresult cuStreamSynchronize(void *s) {
+    NEED_CTX;
+    for (int i = 0; i < 10000; i++) {
+        pthread_mutex_lock(&mu);
+        CUresult r = stream_query(s);
+        pthread_mutex_unlock(&mu);
+        if (r != NOT_READY) return r;
+        usleep(1000);
+    }
+    return UNKNOWN;
+}
+API CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
+    NEED_CTX; if (flags || !e) return INVALID_VALUE;
+    LOCKED(submit(s, (struct op){.kind = OP_WAIT_EVENT, .ev = e}));
+}
+API CUresult cuStreamWriteValue32_v2(void *s, CUdeviceptr a, uint32_t v, unsigned flags) {
+    NEED_CTX; if (flags || a % 4) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = usable(a, 4) ? submit(s, (struct op){.kind = OP_WRITE32, .a = a, .v = v}) : INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+API CUresult cuStreamWaitValue32_v2(void *s, CUdeviceptr a, uint32_t v, unsigned flags) {
+    NEED_CTX; if (flags > 3 || a % 4) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = usable(a, 4) ? submit(s, (struct op){.kind = OP_WAIT32, .a = a, .v = v, .cond = flags}) : INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+API CUresult cuEventCreate(void **e, unsigned flags) {
+    NEED_CTX; if (flags != 0 && flags != 2) return INVALID_VALUE;
+    struct event *ev = calloc(1, sizeof *ev);
+    if (!ev) return 2;
+    ev->done = 1;
+    ev->timing = flags == 0;
+    *e = ev;
+    return OK;
+}
+API CUresult cuEventDestroy_v2(void *e) { NEED_CTX; if (!e) return INVALID_HANDLE; LOCKED((progress(), OK)); }
+API CUresult cuEventRecord(void *e, void *s) {
+    NEED_CTX; if (!e) return INVALID_HANDLE;
+    pthread_mutex_lock(&mu);
+    ((struct event *)e)->done = 0;
+    CUresult r = submit(s, (struct op){.kind = OP_RECORD, .ev = e});
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+API CUresult cuEventQuery(void *e) { NEED_CTX; LOCKED((progress(), ((struct event *)e)->done ? OK : NOT_READY)); }
+API CUresult cuEventSynchronize(void *e) {
+    NEED_CTX;
+    for (int i = 0; i < 10000; i++) {
+        if (cuEventQuery(e) == OK) return OK;
+        usleep(1000);
+    }
+    return UNKNOWN;
+}
+API CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
+    NEED_CTX;
+    struct event *x = a, *y = b;
+    if (!x->timing || !y->timing) return INVALID_HANDLE;
+    if (!x->done || !y->done) return NOT_READY;
+    *ms = (float)(y->t - x->t);
+    return OK;
+}
+
+/* ---- IPC: the handle names the exporter's pid and memfd ---- */
+struct ipc { char magic[8]; int32_t pid, fd; uint64_t size; };
+API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    NEED_CTX;
+    pthread_mutex_lock(&mu);
+    struct region *r = find(p, 1);
+    CUresult res = INVALID_VALUE;
+    if (r && r->kind == R_ALLOC && r->base == p) {
+        struct ipc i = {"FAKEIPC", getpid(), r->fd, r->size};
+        memset(h, 0, sizeof *h);
+        memcpy(h, &i, sizeof i);
+        res = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
+    NEED_CTX;
+    struct ipc i;
+    memcpy(&i, &h, sizeof i);
+    if (flags != 1 || memcmp(i.magic, "FAKEIPC", 8) != 0) return INVALID_VALUE;
+    if (i.pid == getpid()) return INVALID_CONTEXT; /* as CUDA: not in the exporting process */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", i.pid, i.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return INVALID_HANDLE;
+    uint64_t size = (i.size + PAGE - 1) / PAGE * PAGE;
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return 205;
+    pthread_mutex_lock(&mu);
+    add_region((uint64_t)(uintptr_t)m, i.size, -1, R_IPC, 1);
+    pthread_mutex_unlock(&mu);
+    *p = (uint64_t)(uintptr_t)m;
+    return OK;
+}
+API CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    NEED_CTX;
+    pthread_mutex_lock(&mu);
+    struct region *r = find(p, 1);
+    CUresult res = INVALID_VALUE;
+    if (r && r->kind == R_IPC && r->base == p) {
+        progress();
+        munmap((void *)(uintptr_t)p, (r->size + PAGE - 1) / PAGE * PAGE);
+        r->kind = 0;
+        res = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+
+/* ---- VMM ---- */
+struct vmm { int fd; uint64_t size; int types; };
+struct reservation { uint64_t base, size; };
+static struct reservation resv[64];
+
+static int prop_ok(const CUmemAllocationProp *p) {
+    return p && p->type == 1 && p->location.type == 1 && p->location.id == 0 && !p->win32HandleMetaData &&
+           (p->requestedHandleTypes & ~9) == 0;
+}
+API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *p, unsigned opt) {
+    NEED_CTX; if (!prop_ok(p) || opt != 0) return INVALID_VALUE;
+    *g = GRAN;
+    return OK;
+}
+API CUresult cuMemCreate(unsigned long long *h, size_t size, const CUmemAllocationProp *p, unsigned long long flags) {
+    NEED_CTX;
+    if (!prop_ok(p) || flags || !size || size % GRAN) return INVALID_VALUE;
+    if (p->requestedHandleTypes & 8) return NOT_PERMITTED; /* FABRIC without an IMEX channel */
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v) return 2;
+    v->fd = new_memfd(size);
+    if (v->fd < 0) { free(v); return 2; }
+    v->size = size;
+    v->types = p->requestedHandleTypes;
+    *h = (uint64_t)(uintptr_t)v;
+    return OK;
+}
+API CUresult cuMemRelease(unsigned long long h) {
+    NEED_CTX; struct vmm *v = (struct vmm *)(uintptr_t)h;
+    if (!v) return INVALID_VALUE;
+    close(v->fd);
+    free(v);
+    return OK;
+}
+API CUresult cuMemAddressReserve(CUdeviceptr *out, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
+    NEED_CTX;
+    if (addr || flags || !size || size % GRAN || (align && align % GRAN)) return INVALID_VALUE;
+    size_t a = align ? align : GRAN;
+    uint8_t *m = mmap(NULL, size + a, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return 2;
+    uintptr_t base = ((uintptr_t)m + a - 1) / a * a;
+    if (base > (uintptr_t)m) munmap(m, base - (uintptr_t)m);
+    if ((uintptr_t)m + size + a > base + size) munmap((void *)(base + size), (uintptr_t)m + size + a - (base + size));
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < 64; i++) if (!resv[i].size) { resv[i] = (struct reservation){base, size}; break; }
+    pthread_mutex_unlock(&mu);
+    *out = base;
+    return OK;
+}
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    NEED_CTX;
+    CUresult r = INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < 64; i++)
+        if (resv[i].base == p && resv[i].size == size && !find(p, 1)) { munmap((void *)(uintptr_t)p, size); resv[i].size = 0; r = OK; }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+static int reserved(uint64_t p, uint64_t n) {
+    for (int i = 0; i < 64; i++) if (resv[i].size && p >= resv[i].base && p + n <= resv[i].base + resv[i].size) return 1;
+    return 0;
+}
+API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, unsigned long long h, unsigned long long flags) {
+    NEED_CTX;
+    struct vmm *v = (struct vmm *)(uintptr_t)h;
+    if (!v || off || flags || size != v->size) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    CUresult r = INVALID_VALUE;
+    if (reserved(p, size) && !find(p, 1) &&
+        mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, 0) != MAP_FAILED) {
+        add_region(p, size, -1, R_VMM, 0);
+        r = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, size_t count) {
+    NEED_CTX;
+    if (count != 1 || d->location.type != 1 || d->location.id != 0 || d->flags != 3) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct region *r = find(p, size);
+    CUresult res = INVALID_VALUE;
+    if (r && r->kind == R_VMM && r->base == p && r->size == size && mprotect((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE) == 0) {
+        r->access = 1;
+        res = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+API CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    NEED_CTX;
+    pthread_mutex_lock(&mu);
+    struct region *r = find(p, size);
+    CUresult res = INVALID_VALUE;
+    if (r && r->kind == R_VMM && r->base == p && r->size == size) {
+        progress();
+        mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        r->kind = 0;
+        res = OK;
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+API CUresult cuMemExportToShareableHandle(void *out, unsigned long long h, unsigned type, unsigned long long flags) {
+    NEED_CTX;
+    struct vmm *v = (struct vmm *)(uintptr_t)h;
+    if (!v || flags || !out) return INVALID_VALUE;
+    if (type == 8) return NOT_PERMITTED;
+    if (type != 1 || !(v->types & 1)) return INVALID_VALUE;
+    int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return UNKNOWN;
+    *(int *)out = fd;
+    return OK;
+}
+API CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os, unsigned type) {
+    NEED_CTX;
+    if (type == 8) return NOT_PERMITTED;
+    if (type != 1) return INVALID_VALUE;
+    int fd = (int)(intptr_t)os;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) return INVALID_HANDLE;
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v) return 2;
+    v->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    v->size = (uint64_t)st.st_size;
+    *h = (uint64_t)(uintptr_t)v;
+    return OK;
+}
+
+/* ---- dmabuf: a new memfd of the window's length stands for the dmabuf ---- */
+API CUresult cuMemGetHandleForAddressRange(void *out, CUdeviceptr p, size_t size, unsigned type, unsigned long long flags) {
+    NEED_CTX;
+    if (type != 1 || flags || !out || !size || p % PAGE || size % PAGE) return INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct region *r = find(p, size);
+    pthread_mutex_unlock(&mu);
+    if (!r) return INVALID_VALUE;
+    int fd = new_memfd(size);
+    if (fd < 0) return UNKNOWN;
+    *(int *)out = fd;
+    return OK;
+}
+
+/* ---- modules and the one kernel ---- */
+struct module { char *image; size_t len; int elf; };
+struct function { struct module *m; char name[64]; };
+
+API CUresult cuModuleLoadDataEx(void **out, const void *img, unsigned n, unsigned *opts, void **vals) {
+    NEED_CTX;
+    if (n != 2 || opts[0] != 5 || opts[1] != 6 || !vals[0] || !(uintptr_t)vals[1]) return INVALID_VALUE;
+    char *log = vals[0];
+    size_t log_len = (size_t)(uintptr_t)vals[1];
+    const unsigned char *b = img;
+    struct module *m = calloc(1, sizeof *m);
+    if (!m) return 2;
+    if (!memcmp(b, "\x7f" "ELF", 4)) {
+        uint64_t shoff; uint16_t shentsize, shnum;
+        memcpy(&shoff, b + 0x28, 8); memcpy(&shentsize, b + 0x3A, 2); memcpy(&shnum, b + 0x3C, 2);
+        m->len = shoff + (uint64_t)shentsize * shnum;
+        m->elf = 1;
+    } else {
+        m->len = strlen((const char *)b) + 1;
+        if (strstr((const char *)b, "bogus")) {
+            snprintf(log, log_len, "fake ptxas: line 6: unknown instruction 'bogus.instruction'");
+            free(m);
+            return INVALID_PTX;
+        }
+        if (!strstr((const char *)b, ".entry")) { free(m); return INVALID_PTX; }
+    }
+    m->image = malloc(m->len);
+    if (!m->image) { free(m); return 2; }
+    memcpy(m->image, b, m->len);
+    *out = m;
+    return OK;
+}
+API CUresult cuModuleUnload(void *m) { NEED_CTX; struct module *x = m; if (!x) return INVALID_HANDLE; free(x->image); free(x); return OK; }
+API CUresult cuModuleGetFunction(void **f, void *mod, const char *name) {
+    NEED_CTX;
+    struct module *m = mod;
+    size_t nl = strlen(name);
+    if (!m || nl == 0 || nl >= 64) return INVALID_VALUE;
+    int found = 0;
+    if (m->elf) {
+        found = memmem(m->image, m->len, name, nl + 1) != NULL;
+    } else {
+        for (const char *p = strstr(m->image, ".entry "); p && !found; p = strstr(p + 1, ".entry ")) {
+            const char *q = p + 7;
+            while (*q == ' ') q++;
+            found = !strncmp(q, name, nl) && (q[nl] == '(' || q[nl] == ' ' || q[nl] == '\n');
+        }
+    }
+    if (!found) return NOT_FOUND;
+    struct function *fn = calloc(1, sizeof *fn);
+    if (!fn) return 2;
+    fn->m = m;
+    memcpy(fn->name, name, nl);
+    *f = fn;
+    return OK;
+}
+API CUresult cuFuncSetAttribute(void *f, unsigned attr, int v) {
+    NEED_CTX; if (!f || attr != 8 || v < 0 || v > 232448) return INVALID_VALUE;
+    return OK;
+}
+API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                            unsigned smem, void *s, void **params, void **extra) {
+    NEED_CTX;
+    struct function *fn = f;
+    if (!fn || !gx || !gy || !gz || !bx || !by || !bz || bx * by * bz > 1024 || smem > 232448 || !params || extra)
+        return INVALID_VALUE;
+    if (strcmp(fn->name, "mori_test_fill")) return 98;
+    uint64_t out; uint32_t n, base;
+    memcpy(&out, params[0], 8); memcpy(&n, params[1], 4); memcpy(&base, params[2], 4);
+    uint64_t threads = (uint64_t)gx * gy * gz * bx * by * bz;
+    uint64_t count = n < threads ? n : threads;
+    pthread_mutex_lock(&mu);
+    CUresult r = usable(out, count * 4) ? submit(s, (struct op){.kind = OP_FILL, .a = out, .v = base, .n = count}) : 700;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
