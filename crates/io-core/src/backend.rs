@@ -112,6 +112,12 @@ pub trait Backend: Send + Sync {
     /// Which transport this is.
     fn kind(&self) -> BackendKind;
 
+    /// Whether this backend moves GPU memory (the engine accepts GPU registrations only when
+    /// one of its backends does).
+    fn handles_gpu_memory(&self) -> bool {
+        false
+    }
+
     /// Called when the engine registers memory; may attach handles to `desc`.
     fn on_register(&self, _desc: &mut MemoryDesc) -> IoResult<()> {
         Ok(())

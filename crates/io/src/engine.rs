@@ -10,6 +10,7 @@ use mori_io_core::{
 };
 use mori_io_rdma::{RdmaBackend, RdmaConfig};
 use mori_io_tcp::{TcpBackend, TcpConfig};
+use mori_io_xgmi::{XgmiBackend, XgmiConfig};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::net::{TcpListener, ToSocketAddrs};
@@ -67,8 +68,8 @@ pub enum BackendConfig {
     Tcp(TcpConfig),
     /// RDMA RC queue pairs over ibverbs (needs libibverbs and an active RDMA port).
     Rdma(RdmaConfig),
-    /// Same-node GPU P2P over IPC: not in this build yet.
-    Xgmi,
+    /// Same-node GPU P2P over CUDA/HIP IPC (needs a GPU runtime at run time).
+    Xgmi(XgmiConfig),
     /// VMM fabric handles: not in this build yet.
     Fabric,
 }
@@ -183,8 +184,9 @@ impl IoEngine {
     }
 
     /// Creates a backend. Errors: `InvalidArgs` for a backend already created or bad settings;
-    /// `NotSupported` for `xgmi` and `fabric` (not in this build yet) and for `rdma` on a host
-    /// without libibverbs or an active RDMA port (the message says which).
+    /// `NotSupported` for `fabric` (not in this build yet), for `rdma` on a host without
+    /// libibverbs or an active RDMA port, and for `xgmi` without a CUDA/HIP runtime (the
+    /// message says which).
     pub fn create_backend(&self, cfg: BackendConfig) -> IoResult<()> {
         let ctx = BackendContext {
             ctrl: self.inner.ctrl.clone(),
@@ -195,7 +197,7 @@ impl IoEngine {
         let b: Arc<dyn Backend> = match cfg {
             BackendConfig::Tcp(c) => Arc::new(TcpBackend::new(ctx, c)?),
             BackendConfig::Rdma(c) => Arc::new(RdmaBackend::new(ctx, c)?),
-            BackendConfig::Xgmi => return Err(not_built(BackendKind::Xgmi)),
+            BackendConfig::Xgmi(c) => Arc::new(XgmiBackend::new(ctx, c)?),
             BackendConfig::Fabric => return Err(not_built(BackendKind::Fabric)),
         };
         let mut g = self.inner.backends.write();
@@ -236,15 +238,18 @@ impl IoEngine {
     /// touches the same bytes yields unspecified contents, as with DMA.
     ///
     /// Errors: `InvalidArgs` for a null pointer, zero length or a wrapping range;
-    /// `NotSupported` for GPU memory (no GPU runtime in this build).
+    /// `NotSupported` for GPU memory when no backend of this engine moves GPU memory (xgmi);
+    /// a backend's own registration error (IPC export, ibv_reg_mr).
     pub unsafe fn register_memory(&self, ptr: *mut u8, len: usize, loc: MemLoc) -> IoResult<MemoryDesc> {
         if ptr.is_null() {
             return Err(IoError::invalid("register_memory: null pointer"));
         }
         if let MemLoc::Gpu { device } = loc {
-            return Err(IoError::not_supported(format!(
-                "register_memory: GPU memory (device {device}) needs the GPU runtime, which this build does not include yet"
-            )));
+            if !self.inner.backends.read().iter().any(|b| b.handles_gpu_memory()) {
+                return Err(IoError::not_supported(format!(
+                    "register_memory: GPU memory (device {device}) needs a GPU backend; create_backend(BackendConfig::Xgmi(..)) first (it needs a CUDA or HIP runtime)"
+                )));
+            }
         }
         let id = self.inner.next_mem.fetch_add(1, Ordering::Relaxed);
         let mut desc = MemoryDesc {

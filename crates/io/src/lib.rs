@@ -12,7 +12,7 @@
 //!
 //! Backends are asked in the fixed preference order xgmi, fabric, rdma, tcp; the engine logs
 //! (tracing, target `mori_io`) which backend serves each (local, remote) pair and why the
-//! others refused. This build has the tcp and rdma backends; xgmi and fabric report
+//! others refused. This build has the tcp, rdma and xgmi backends; fabric reports
 //! `NotSupported`.
 
 mod control;
@@ -26,4 +26,5 @@ pub use mori_io_core::{
 };
 pub use mori_io_rdma::{PollMode, RdmaConfig};
 pub use mori_io_tcp::TcpConfig;
+pub use mori_io_xgmi::XgmiConfig;
 pub use session::Session;

@@ -32,9 +32,15 @@ fn deregistration_tcp() {
 #[test]
 fn unavailable_paths_say_so() {
     let eng = IoEngine::new("solo", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
-    let e = eng.create_backend(BackendConfig::Xgmi).unwrap_err();
+    let e = eng.create_backend(BackendConfig::Fabric).unwrap_err();
     assert_eq!(e.code, ErrorCode::NotSupported);
-    assert!(e.msg.contains("xgmi backend is not part of this build"), "{e}");
+    assert!(e.msg.contains("fabric backend is not part of this build"), "{e}");
+    // No GPU runtime on this host (or CI): xgmi says so, naming the libraries.
+    if mori_gpu_absent() {
+        let e = eng.create_backend(BackendConfig::Xgmi(mori_io::XgmiConfig::default())).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotSupported, "{e}");
+        assert!(e.msg.contains("no GPU runtime") && e.msg.contains("libcuda"), "{e}");
+    }
     // This host (and CI) has no RDMA device: the rdma backend says so instead of failing later.
     let no_rdma = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() == 0).unwrap_or(true);
     if no_rdma {
@@ -45,6 +51,7 @@ fn unavailable_paths_say_so() {
     let mut x = [0u8; 8];
     let e = unsafe { eng.register_memory(x.as_mut_ptr(), 8, MemLoc::Gpu { device: 0 }) }.unwrap_err();
     assert_eq!(e.code, ErrorCode::NotSupported);
+    assert!(e.msg.contains("needs a GPU backend"), "{e}");
     let e = IoEngine::new("wild", EngineConfig::new("0.0.0.0", 0).unwrap()).err().unwrap();
     assert!(e.msg.contains("wildcard"), "{e}");
     let port = eng.desc().port;
@@ -71,4 +78,9 @@ fn auto_backends_fall_back_to_tcp_without_rdma() {
     } else {
         assert_eq!(made.last(), Some(&BackendKind::Tcp));
     }
+}
+
+/// True when neither NVIDIA's nor AMD's driver device node exists (this host, CI).
+fn mori_gpu_absent() -> bool {
+    !std::path::Path::new("/dev/nvidiactl").exists() && !std::path::Path::new("/dev/kfd").exists()
 }

@@ -1,0 +1,396 @@
+//! The xgmi backend proper.
+
+use mori_gpu::{Device, DeviceSlice, Event, Function, IpcHandle, IpcMapping, KernelArgs, LaunchConfig, ModuleImage, Runtime, Stream};
+use mori_io_core::{
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op,
+    Refusal, TransferRequest, TransferStatus,
+};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+static CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.cubin");
+static PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
+static GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
+
+/// Settings of the xgmi backend.
+#[derive(Debug, Clone)]
+pub struct XgmiConfig {
+    /// Streams per device the copies rotate over (bench `--num-streams`, default 64).
+    pub num_streams: usize,
+    /// Most transfers in flight per device, each with its event (bench `--num-events`, 64).
+    pub num_events: usize,
+    /// Batches with at least this many segments use the scatter/gather kernel (default 32;
+    /// 0 disables the kernel).
+    pub kernel_threshold: usize,
+}
+
+impl Default for XgmiConfig {
+    fn default() -> Self {
+        XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32 }
+    }
+}
+
+/// The 24-byte descriptor of the scatter/gather kernel (kernels/README.md).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CopyDesc {
+    src: u64,
+    dst: u64,
+    len: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+enum XgmiCtrl {
+    /// Initiator -> target: transfer `id` completed (all data in place).
+    Done(u64),
+}
+
+struct LocalGpu {
+    device: Device,
+    addr: u64,
+    len: u64,
+}
+
+struct DevState {
+    streams: Vec<Stream>,
+    next: AtomicUsize,
+    kernel: Option<Function>,
+    inflight: AtomicUsize,
+}
+
+struct Pending {
+    event: Event,
+    status: TransferStatus,
+    peer: Arc<EngineDesc>,
+    id: u64,
+    device: Device,
+    /// Kept alive until the copy finished (descriptor table of a kernel launch).
+    _scratch: Option<mori_gpu::DeviceBuffer>,
+}
+
+struct Inner {
+    ctx: BackendContext,
+    cfg: XgmiConfig,
+    rt: Arc<dyn Runtime>,
+    local: Mutex<HashMap<MemId, LocalGpu>>,
+    maps: Mutex<HashMap<(String, MemId), Arc<IpcMapping>>>,
+    devs: Mutex<HashMap<u32, Arc<DevState>>>,
+    pending: Mutex<Vec<Pending>>,
+    shutdown: AtomicBool,
+}
+
+/// The xgmi transport (see the crate docs).
+pub struct XgmiBackend {
+    inner: Arc<Inner>,
+    reaper: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn gpu_err(what: &str, e: mori_gpu::GpuError) -> IoError {
+    IoError::new(mori_io_core::ErrorCode::GpuOp, format!("{what}: {e}"))
+}
+
+impl XgmiBackend {
+    /// Loads the GPU runtime (CUDA or HIP, whichever is present) and starts the completion
+    /// thread. Errors: `NotSupported` when no GPU runtime is present (naming the libraries).
+    pub fn new(ctx: BackendContext, cfg: XgmiConfig) -> IoResult<Self> {
+        if cfg.num_streams == 0 || cfg.num_events == 0 {
+            return Err(IoError::invalid("xgmi num_streams and num_events must be at least 1"));
+        }
+        let rt = mori_gpu::detect().map_err(|e| IoError::not_supported(format!("xgmi backend: {e}")))?;
+        let inner = Arc::new(Inner {
+            ctx,
+            cfg,
+            rt,
+            local: Mutex::new(HashMap::new()),
+            maps: Mutex::new(HashMap::new()),
+            devs: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Vec::new()),
+            shutdown: AtomicBool::new(false),
+        });
+        let i2 = inner.clone();
+        let h = std::thread::Builder::new()
+            .name("mori-xgmi-events".into())
+            .spawn(move || i2.reap_loop())
+            .map_err(|e| IoError::transport(format!("spawn xgmi completion thread: {e}")))?;
+        Ok(XgmiBackend { inner, reaper: Mutex::new(Some(h)) })
+    }
+}
+
+impl Drop for XgmiBackend {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::Release);
+        if let Some(h) = self.reaper.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn gpu_of(d: &MemoryDesc) -> Option<u32> {
+    match d.loc {
+        MemLoc::Gpu { device } => Some(device),
+        MemLoc::Host { .. } => None,
+    }
+}
+
+impl Inner {
+    fn dev_state(&self, dev: Device) -> IoResult<Arc<DevState>> {
+        if let Some(s) = self.devs.lock().get(&dev.0) {
+            return Ok(s.clone());
+        }
+        let mut streams = Vec::with_capacity(self.cfg.num_streams);
+        for _ in 0..self.cfg.num_streams {
+            streams.push(self.rt.stream(dev).map_err(|e| gpu_err("create stream", e))?);
+        }
+        let kernel = if self.cfg.kernel_threshold > 0 { self.load_kernel(dev) } else { None };
+        let s = Arc::new(DevState { streams, next: AtomicUsize::new(0), kernel, inflight: AtomicUsize::new(0) });
+        Ok(self.devs.lock().entry(dev.0).or_insert(s).clone())
+    }
+
+    /// The scatter/gather kernel for `dev` (cubin, then PTX, or the gfx942 object on HIP);
+    /// `None` (logged) if none loads, and batches then use one copy per segment.
+    fn load_kernel(&self, dev: Device) -> Option<Function> {
+        let images: &[ModuleImage<'_>] = match self.rt.kind() {
+            mori_gpu::RuntimeKind::Cuda => &[ModuleImage::Cubin(CUBIN), ModuleImage::Ptx(PTX)],
+            mori_gpu::RuntimeKind::Hip => &[ModuleImage::HipCodeObject(GFX942)],
+        };
+        for img in images {
+            match self.rt.load_module(dev, *img).and_then(|m| m.function("mori_scatter_gather_copy")) {
+                Ok(f) => return Some(f),
+                Err(e) => tracing::info!(device = dev.0, error = %e, "scatter/gather kernel image not usable"),
+            }
+        }
+        tracing::warn!(device = dev.0, "no scatter/gather kernel: batches use one copy per descriptor");
+        None
+    }
+
+    /// Device address of the remote region's first byte, as seen from `dev`.
+    fn remote_base(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<u64> {
+        if peer.pid == self.ctx.local.pid && peer.node_id == self.ctx.local.node_id {
+            return Ok(remote.addr); // same process: same address space, no IPC
+        }
+        let key = (remote.engine_key.clone(), remote.id);
+        if let Some(m) = self.maps.lock().get(&key) {
+            return Ok(m.slice().ptr());
+        }
+        let bytes = remote.handle(BackendKind::Xgmi).ok_or_else(|| {
+            IoError::invalid(format!("remote memory {} of engine {:?} carries no IPC handle", remote.id, remote.engine_key))
+        })?;
+        let h = IpcHandle::from_bytes(bytes).map_err(|e| gpu_err("remote IPC handle", e))?;
+        let m = self.rt.ipc_import(dev, &h).map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
+        let ptr = m.slice().ptr();
+        self.maps.lock().insert(key, Arc::new(m));
+        Ok(ptr)
+    }
+
+    fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
+        let (dev, laddr, llen) = {
+            let g = self.local.lock();
+            let l = g.get(&req.local.id).ok_or_else(|| IoError::not_found(format!("local memory {} is not xgmi-registered", req.local.id)))?;
+            (l.device, l.addr, l.len)
+        };
+        let rbase = self.remote_base(&req.remote, &req.peer, dev)?;
+        // Bounds, on both sides, before anything is queued.
+        for (i, s) in req.segs.iter().enumerate() {
+            mori_io_core::registry::check_range(req.local.id, llen, s.local_off, s.len)
+                .map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
+            mori_io_core::registry::check_range(req.remote.id, req.remote.len, s.remote_off, s.len)
+                .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
+        }
+        let ds = self.dev_state(dev)?;
+        if ds.inflight.load(Ordering::Acquire) >= self.cfg.num_events {
+            // Back-pressure: wait (bounded) for the completion thread to retire events.
+            let t0 = std::time::Instant::now();
+            while ds.inflight.load(Ordering::Acquire) >= self.cfg.num_events {
+                if t0.elapsed() > Duration::from_secs(30) {
+                    return Err(IoError::timeout(format!("{} xgmi transfers in flight on device {} for 30 s", self.cfg.num_events, dev.0)));
+                }
+                std::thread::yield_now();
+            }
+        }
+        let stream = &ds.streams[ds.next.fetch_add(1, Ordering::Relaxed) % ds.streams.len()];
+        let mut scratch = None;
+        match &ds.kernel {
+            Some(f) if req.segs.len() >= self.cfg.kernel_threshold => {
+                let descs: Vec<CopyDesc> = req
+                    .segs
+                    .iter()
+                    .map(|s| {
+                        let (src, dst) = endpoints(req.op, laddr, rbase, s);
+                        CopyDesc { src, dst, len: s.len }
+                    })
+                    .collect();
+                // SAFETY: CopyDesc is plain old data (three u64, repr(C)); the byte view
+                // covers exactly the vector's initialized elements.
+                let bytes = unsafe { std::slice::from_raw_parts(descs.as_ptr() as *const u8, descs.len() * 24) };
+                let table = self.rt.alloc(dev, bytes.len()).map_err(|e| gpu_err("allocate descriptor table", e))?;
+                self.rt.copy_htod(&table.slice(), bytes).map_err(|e| gpu_err("upload descriptor table", e))?;
+                let total: u64 = req.segs.iter().map(|s| s.len).sum();
+                let sms = self.rt.device_properties(dev).map(|p| p.multiprocessors).unwrap_or(132).max(1);
+                let n = descs.len() as u32;
+                let grid = (128 * sms).min((n as u64).max(total.div_ceil(16 << 10)).min(u32::MAX as u64) as u32).max(1);
+                let mut args = KernelArgs::new();
+                args.push_ptr(&table.slice()).push(n);
+                let cfg = LaunchConfig { grid: (grid, 1, 1), block: (64, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: the kernel's ABI is (const CopyDesc*, uint32_t) (kernels/README.md);
+                // every descriptor was bounds-checked against both registrations above, and
+                // the table stays allocated until the event fires (kept in `Pending`).
+                unsafe { self.rt.launch(f, stream, &cfg, &args.params()) }.map_err(|e| gpu_err("launch scatter/gather kernel", e))?;
+                scratch = Some(table);
+            }
+            _ => {
+                for s in &req.segs {
+                    let (src, dst) = endpoints(req.op, laddr, rbase, s);
+                    // SAFETY: both ranges were bounds-checked against their registrations (and
+                    // the remote one is mapped for as long as the mapping is cached).
+                    let (d, sr) = unsafe { (DeviceSlice::from_raw(dst, s.len as usize, dev), DeviceSlice::from_raw(src, s.len as usize, dev)) };
+                    self.rt.copy_dtod_async(&d, &sr, stream).map_err(|e| gpu_err("queue device copy", e))?;
+                }
+            }
+        }
+        let event = self.rt.event(dev, false).map_err(|e| gpu_err("create event", e))?;
+        event.record(stream).map_err(|e| gpu_err("record event", e))?;
+        ds.inflight.fetch_add(1, Ordering::AcqRel);
+        self.pending.lock().push(Pending { event, status: status.clone(), peer: req.peer.clone(), id: req.id, device: dev, _scratch: scratch });
+        Ok(())
+    }
+
+    fn reap_loop(&self) {
+        let mut idle = 0u32;
+        while !self.shutdown.load(Ordering::Acquire) {
+            let done: Vec<(Pending, Result<(), IoError>)> = {
+                let mut p = self.pending.lock();
+                let mut out = Vec::new();
+                let mut i = 0;
+                while i < p.len() {
+                    match p[i].event.query() {
+                        Ok(false) => i += 1,
+                        Ok(true) => out.push((p.swap_remove(i), Ok(()))),
+                        Err(e) => out.push((p.swap_remove(i), Err(gpu_err("xgmi copy", e)))),
+                    }
+                }
+                out
+            };
+            if done.is_empty() {
+                idle = idle.saturating_add(1);
+                if idle < 256 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(20));
+                }
+                continue;
+            }
+            idle = 0;
+            for (p, r) in done {
+                if let Some(ds) = self.devs.lock().get(&p.device.0) {
+                    ds.inflight.fetch_sub(1, Ordering::AcqRel);
+                }
+                let ok = r.is_ok();
+                p.status.complete_piece(r);
+                if ok {
+                    let msg = postcard::to_allocvec(&XgmiCtrl::Done(p.id)).unwrap_or_default();
+                    if let Err(e) = self.ctx.ctrl.request(&p.peer, BackendKind::Xgmi, msg) {
+                        tracing::warn!(peer = %p.peer.key, id = p.id, error = %e, "xgmi completion notification failed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// (source, destination) device addresses of a segment.
+fn endpoints(op: Op, laddr: u64, rbase: u64, s: &mori_io_core::Seg) -> (u64, u64) {
+    match op {
+        Op::Write => (laddr + s.local_off, rbase + s.remote_off),
+        Op::Read => (rbase + s.remote_off, laddr + s.local_off),
+    }
+}
+
+impl Backend for XgmiBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Xgmi
+    }
+
+    fn handles_gpu_memory(&self) -> bool {
+        true
+    }
+
+    fn on_register(&self, desc: &mut MemoryDesc) -> IoResult<()> {
+        let Some(d) = gpu_of(desc) else { return Ok(()) };
+        let dev = Device(d);
+        let rt = &self.inner.rt;
+        // SAFETY: the engine's caller promised the range is valid device memory of `dev`
+        // until deregistration.
+        let slice = unsafe { DeviceSlice::from_raw(desc.addr, desc.len as usize, dev) };
+        let h = rt.ipc_export(&slice).map_err(|e| gpu_err(&format!("export IPC handle of memory {}", desc.id), e))?;
+        if desc.bus_id.is_none() {
+            desc.bus_id = rt.device_properties(dev).ok().map(|p| p.pci_bus_id.to_string());
+        }
+        desc.handles.retain(|x| x.backend != BackendKind::Xgmi);
+        desc.handles.push(BackendHandle { backend: BackendKind::Xgmi, bytes: h.to_bytes().to_vec() });
+        self.inner.local.lock().insert(desc.id, LocalGpu { device: dev, addr: desc.addr, len: desc.len });
+        Ok(())
+    }
+
+    fn on_deregister(&self, desc: &MemoryDesc) -> IoResult<()> {
+        self.inner.local.lock().remove(&desc.id);
+        Ok(())
+    }
+
+    fn can_serve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> Result<(), Refusal> {
+        let refuse = |reason: String| Err(Refusal { backend: BackendKind::Xgmi, reason });
+        let (Some(ld), Some(rd)) = (gpu_of(local), gpu_of(remote)) else {
+            return refuse("xgmi moves GPU memory to GPU memory; one side is host memory".into());
+        };
+        if peer.node_id != self.inner.ctx.local.node_id {
+            return refuse(format!("engine {:?} is on another node ({}); xgmi is intra-node", peer.key, peer.hostname));
+        }
+        if remote.handle(BackendKind::Xgmi).is_none() && peer.pid != self.inner.ctx.local.pid {
+            return refuse(format!("remote memory {} carries no IPC handle (its engine has no xgmi backend)", remote.id));
+        }
+        // The peer's device ordinal may differ from ours: match by PCI bus id when known.
+        let rdev = match &remote.bus_id {
+            Some(bus) => (0..self.inner.rt.device_count().unwrap_or(0))
+                .find(|&i| self.inner.rt.device_properties(Device(i)).map(|p| p.pci_bus_id.to_string() == *bus).unwrap_or(false))
+                .unwrap_or(rd),
+            None => rd,
+        };
+        match self.inner.rt.can_access_peer(Device(ld), Device(rdev)) {
+            Ok(true) => Ok(()),
+            Ok(false) => refuse(format!("GPU {ld} cannot reach GPU {rdev} by peer-to-peer")),
+            Err(e) => refuse(format!("peer-access query GPU {ld} -> GPU {rdev} failed: {e}")),
+        }
+    }
+
+    fn connect(&self, _peer: &EngineDesc) -> IoResult<()> {
+        Ok(())
+    }
+
+    fn post(&self, req: TransferRequest, status: TransferStatus) {
+        if let Err(e) = self.inner.post(&req, &status) {
+            status.complete_piece(Err(e));
+        }
+    }
+
+    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
+        Err(IoError::not_supported(format!("the xgmi backend takes no data connections (from engine {:?})", from.key)))
+    }
+
+    fn disconnect(&self, peer_key: &str) {
+        self.inner.maps.lock().retain(|k, _| k.0 != peer_key);
+    }
+
+    fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {
+        match postcard::from_bytes::<XgmiCtrl>(payload) {
+            Ok(XgmiCtrl::Done(id)) => {
+                self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
+                Ok(Vec::new())
+            }
+            Err(e) => Err(IoError::invalid(format!("malformed xgmi control message from {:?}: {e}", from.key))),
+        }
+    }
+}

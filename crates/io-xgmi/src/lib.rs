@@ -1,0 +1,19 @@
+//! MORI-IO xgmi backend: GPU memory to GPU memory on one node, through CUDA/HIP IPC handles
+//! (NVLink, xGMI or PCIe peer-to-peer), on a pool of streams with completion events.
+//!
+//! - Registration exports an IPC handle of the base allocation plus the region's offset in it
+//!   (the `MemoryDesc` handle); the peer maps it once (cached per remote region, closed when
+//!   the peer is forgotten) and addresses `base + offset + remote offset`.
+//! - Serves a pair when both regions are GPU memory, both engines are on the same node
+//!   (`EngineDesc::node_id`), and the local device can reach the remote one (same device, or
+//!   peer access); every refusal says which of these failed.
+//! - Every segment is bounds-checked against both regions before a copy is queued (upstream
+//!   does not). Contiguous descriptors arrive merged (the engine merges them); batches of at
+//!   least `kernel_threshold` segments go through the scatter/gather kernel
+//!   (`kernels/scatter_gather_copy.cu`), smaller ones as one async copy each.
+//! - A transfer completes when its event has fired; the target then learns of it through a
+//!   control-plane notification (`pop_inbound_status`).
+
+mod backend;
+
+pub use backend::{XgmiBackend, XgmiConfig};
