@@ -20,7 +20,7 @@ pub enum BackendArg {
     Tcp,
     /// RDMA RC queue pairs over ibverbs.
     Rdma,
-    /// Same-node GPU P2P (not in this build yet).
+    /// Same-node GPU P2P over CUDA/HIP IPC (GPU memory).
     Xgmi,
     /// Scale-up fabric handles (not in this build yet).
     Fabric,
@@ -31,7 +31,7 @@ pub enum BackendArg {
 pub enum MemArg {
     /// Host memory.
     Cpu,
-    /// GPU memory (not in this build yet).
+    /// GPU memory (with --backend xgmi).
     Gpu,
 }
 
@@ -74,7 +74,8 @@ pub struct Args {
     /// Operation. Python spelling: --op-type.
     #[arg(long, alias = "op-type", value_enum, default_value_t = OpArg::Read, help_heading = "Workload")]
     pub op: OpArg,
-    /// Transport: tcp (any host) or rdma (needs an active RDMA port, e.g. SoftRoCE).
+    /// Transport: tcp (any host, host memory), rdma (needs an active RDMA port, e.g.
+    /// SoftRoCE; host memory), xgmi (same node, GPU memory).
     #[arg(long, value_enum, default_value_t = BackendArg::Tcp, help_heading = "Workload")]
     pub backend: BackendArg,
     /// Message size per transfer, bytes (single point and --all-batch).
@@ -194,6 +195,22 @@ pub struct Args {
 }
 
 impl Args {
+    /// GPU of this rank's buffer: rank 0 uses `--gpu` (default 0), rank 1 `--gpu` plus the
+    /// target offset (`--target-dev-offset`, or `--dst-gpu` minus `--gpu`; default 0).
+    pub fn device_for(&self, rank: usize) -> Option<u32> {
+        if rank == 0 {
+            Some(self.gpu.unwrap_or(0))
+        } else {
+            self.target_device()
+        }
+    }
+
+    fn target_device(&self) -> Option<u32> {
+        let g = i64::from(self.gpu.unwrap_or(0));
+        let off = self.target_dev_offset.or(self.dst_gpu.map(|d| i64::from(d) - g)).unwrap_or(0);
+        u32::try_from(g + off).ok()
+    }
+
     /// Batch-transfer mode after `--enable-batch-transfer`/`--disable-batch-transfer`.
     pub fn batch_transfer(&self) -> bool {
         !self.disable_batch_transfer
@@ -218,6 +235,8 @@ impl Args {
             ("--sweep-max", self.sweep_max.to_string()),
             ("--sweep-step", self.sweep_step.to_string()),
             ("--num-qp-per-transfer", self.num_qp_per_transfer.to_string()),
+            ("--gpu", self.gpu.unwrap_or(0).to_string()),
+            ("--target-dev-offset", self.device_for(1).map(|t| i64::from(t) - i64::from(self.gpu.unwrap_or(0))).unwrap_or(0).to_string()),
             ("--num-initiator-dev", self.num_initiator_dev.to_string()),
             ("--num-target-dev", self.num_target_dev.to_string()),
         ]
@@ -237,25 +256,38 @@ impl Args {
                 ));
             }
         }
-        match self.backend {
-            BackendArg::Tcp | BackendArg::Rdma => {}
-            b => {
-                return Err(format!(
-                    "--backend {}: not part of this build of mori-rs yet (tcp and rdma are); run with --backend tcp or rdma",
-                    format!("{b:?}").to_lowercase()
-                ))
+        match (self.backend, self.mem_type) {
+            (BackendArg::Fabric, _) => {
+                return Err("--backend fabric: not part of this build of mori-rs yet (tcp, rdma and xgmi are)".into())
+            }
+            (BackendArg::Xgmi, MemArg::Cpu) => {
+                return Err("--backend xgmi moves GPU memory: add --mem-type gpu".into())
+            }
+            (BackendArg::Tcp, MemArg::Gpu) => {
+                return Err("--mem-type gpu with --backend tcp: GPU memory over tcp needs host staging, which bench_engine does not do; use --backend xgmi (same node)".into())
+            }
+            (BackendArg::Rdma, MemArg::Gpu) => {
+                return Err("--mem-type gpu with --backend rdma: GPU memory over rdma (dmabuf registration) is not in this build yet".into())
+            }
+            _ => {}
+        }
+        if let (Some(g), Some(d), Some(o)) = (self.gpu, self.dst_gpu, self.target_dev_offset) {
+            if d as i64 - g as i64 != o {
+                return Err(format!("--dst-gpu {d} conflicts with --target-dev-offset {o} (with --gpu {g} it means offset {})", d as i64 - g as i64));
             }
         }
-        if self.mem_type == MemArg::Gpu {
-            return Err("--mem-type gpu: GPU memory needs the GPU runtime, which this build does not include yet; use --mem-type cpu".into());
+        if self.mem_type == MemArg::Cpu && (self.gpu.is_some() || self.dst_gpu.is_some() || self.target_dev_offset.is_some()) {
+            return Err("--gpu/--src-gpu/--dst-gpu/--target-dev-offset select GPUs: add --mem-type gpu".into());
         }
-        if self.gpu.is_some() || self.dst_gpu.is_some() || self.target_dev_offset.is_some() || self.xgmi_single_process {
-            if let (Some(g), Some(d), Some(o)) = (self.gpu, self.dst_gpu, self.target_dev_offset) {
-                if d as i64 - g as i64 != o {
-                    return Err(format!("--dst-gpu {d} conflicts with --target-dev-offset {o} (with --gpu {g} it means offset {})", d as i64 - g as i64));
-                }
-            }
-            return Err("--gpu/--src-gpu/--dst-gpu/--target-dev-offset/--xgmi-single-process need GPU memory, which this build does not support yet".into());
+        if self.xgmi_single_process {
+            return Err("--xgmi-single-process: one process owning both GPUs is not in this build yet; run the two ranks (the cross-process IPC path)".into());
+        }
+        if self.target_device().is_none() {
+            return Err(format!(
+                "--gpu {} with --target-dev-offset {}: the target GPU would be negative",
+                self.gpu.unwrap_or(0),
+                self.target_dev_offset.unwrap_or(0)
+            ));
         }
         if self.num_initiator_dev != self.num_target_dev {
             return Err(format!(
@@ -264,7 +296,10 @@ impl Args {
             ));
         }
         if self.num_initiator_dev != 1 {
-            return Err(format!("--num-initiator-dev {}: several device pairs need GPU memory, which this build does not support yet", self.num_initiator_dev));
+            return Err(format!(
+                "--num-initiator-dev {}: one process per GPU pair is not in this build yet (one pair per run)",
+                self.num_initiator_dev
+            ));
         }
         if self.buffer_size == 0 {
             return Err("--buffer-size 0: message size must be at least 1 byte".into());
@@ -290,6 +325,15 @@ impl Args {
     /// Flags given that the chosen backend does not use (printed as a note, not an error).
     pub fn ignored_by_backend(&self) -> Vec<&'static str> {
         let mut v = Vec::new();
+        if self.backend == BackendArg::Xgmi {
+            if self.num_qp_per_transfer != 4 {
+                v.push("--num-qp-per-transfer");
+            }
+            if self.num_worker_threads != 1 || self.disable_chunking || self.max_send_wr.is_some() || self.max_msg_sge.is_some() {
+                v.push("the rdma tuning flags");
+            }
+            return v;
+        }
         if self.backend == BackendArg::Rdma {
             if self.num_streams != 64 || self.num_events != 64 {
                 v.push("--num-streams/--num-events");

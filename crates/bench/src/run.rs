@@ -1,11 +1,12 @@
 //! One rank of bench_engine: rendezvous, engine, sweep, validation.
 
-use crate::args::{workload_diff, Args, BackendArg, OpArg, PollArg};
+use crate::args::{workload_diff, Args, BackendArg, MemArg, OpArg, PollArg};
 use crate::report::Row;
 use crate::sweep::{buffer_bytes, offsets, points, Point};
-use crate::validate::{checksums, fill, first_mismatch};
+use crate::membuf::Buffer;
+use crate::validate::first_mismatch;
 use mori_bootstrap::{Bootstrap, SocketBootstrap, SocketBootstrapConfig};
-use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, IoError, MemLoc, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig, TransferStatus};
+use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, IoError, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig, TransferStatus, XgmiConfig};
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -28,10 +29,10 @@ pub struct Failure {
     pub code: i32,
 }
 
-fn usage(msg: impl Into<String>) -> Failure {
+fn usage<S: Into<String>>(msg: S) -> Failure {
     Failure { msg: msg.into(), code: 2 }
 }
-fn fail(msg: impl Into<String>) -> Failure {
+fn fail<S: Into<String>>(msg: S) -> Failure {
     Failure { msg: msg.into(), code: 1 }
 }
 
@@ -88,20 +89,29 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
     // Engine, backend, memory first: a rank that cannot serve the backend stops at once.
     let eport = port.checked_add(1 + rank as u16).ok_or_else(|| usage(format!("--port {port}: port+1+rank exceeds 65535")))?;
     let ecfg = EngineConfig::new(self_ip.clone(), eport).map_err(|e| usage(e.to_string()))?;
-    let mut buf = vec![0u8; bytes as usize];
+    let mut buf = match args.mem_type {
+        MemArg::Cpu => Buffer::host(bytes as usize),
+        MemArg::Gpu => Buffer::gpu(args.device_for(rank).unwrap_or(0), bytes as usize).map_err(usage)?,
+    };
     let eng = IoEngine::new(&format!("bench-rank{rank}-{}", std::process::id()), ecfg)
         .map_err(|e| fail(format!("engine on --self-ip {self_ip} port {eport}: {e}")))?;
     let tcp = TcpConfig { lanes: args.num_qp_per_transfer, ..TcpConfig::from_env().map_err(|e| usage(e.to_string()))? };
     let deadline = tcp.data_timeout * 2 + Duration::from_secs(1);
     let bcfg = match args.backend {
         BackendArg::Rdma => BackendConfig::Rdma(rdma_config(args).map_err(|e| usage(e.to_string()))?),
+        BackendArg::Xgmi => BackendConfig::Xgmi(XgmiConfig {
+            num_streams: args.num_streams as usize,
+            num_events: args.num_events as usize,
+            ..XgmiConfig::default()
+        }),
         _ => BackendConfig::Tcp(tcp),
     };
     eng.create_backend(bcfg).map_err(|e| usage(format!("--backend {}: {e}", format!("{:?}", args.backend).to_lowercase())))?;
     // SAFETY: `buf` is declared before `eng`, so it outlives the engine; it is not resized
     // while registered, and the final barrier ensures no transfer is in flight at the end.
-    let mem = unsafe { eng.register_memory(buf.as_mut_ptr(), buf.len(), MemLoc::Host { numa: None }) }
-        .map_err(|e| fail(e.to_string()))?;
+    // (Device memory is registered by its device address.)
+    let (ptr, len, loc) = buf.region();
+    let mem = unsafe { eng.register_memory(ptr, len, loc) }.map_err(|e| fail(e.to_string()))?;
     let mut cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
     // The target waits inside one collective for each point's whole timed loop: unless
     // MORI_BOOTSTRAP_OP_TIMEOUT says otherwise, allow an hour per point (a dead peer is still
@@ -158,7 +168,7 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         let offs = offsets(p, args.batch_contiguous);
         let src_rank = if args.op == OpArg::Write { 0 } else { 1 };
         if rank == src_rank {
-            fill(&mut buf, &offs, p.msg, src_rank as u64, pi as u64);
+            buf.fill(&offs, p.msg, src_rank as u64, pi as u64).map_err(fail)?;
         }
         boot.barrier().map_err(|e| fail(format!("barrier before point {pi}: {e}")))?;
         let result = if rank == 0 {
@@ -190,8 +200,8 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         if !skipped {
             let mut sums = Vec::new();
             if rank == 1 {
-                corrupt_for_test(args, &mut buf, &offs);
-                for c in checksums(&buf, &offs, p.msg) {
+                corrupt_for_test(args, &mut buf, &offs).map_err(fail)?;
+                for c in buf.checksums(&offs, p.msg).map_err(fail)? {
                     sums.extend_from_slice(&c.to_le_bytes());
                 }
             }
@@ -199,7 +209,7 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
             if rank == 0 && validation.is_none() {
                 let theirs: Vec<u64> =
                     got[1].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-                let ours = checksums(&buf, &offs, p.msg);
+                let ours = buf.checksums(&offs, p.msg).map_err(fail)?;
                 if let Some(i) = first_mismatch(&ours, &theirs) {
                     validation = Some(format!(
                         "FAILED: first mismatching slot {i} (offset {} B) at message size {} B, batch {}",
@@ -250,15 +260,16 @@ pub fn rdma_config(args: &Args) -> Result<RdmaConfig, IoError> {
 
 /// Test-only fault injection: with `MORI_BENCH_CORRUPT_SLOT=N` (write op), rank 1 flips one
 /// byte of slot N after the transfer, so the end-to-end mismatch report can be tested.
-fn corrupt_for_test(args: &Args, buf: &mut [u8], offs: &[u64]) {
+fn corrupt_for_test(args: &Args, buf: &mut Buffer, offs: &[u64]) -> Result<(), String> {
     if args.op != OpArg::Write {
-        return;
+        return Ok(());
     }
     if let Some(i) = std::env::var("MORI_BENCH_CORRUPT_SLOT").ok().and_then(|v| v.parse::<usize>().ok()) {
         if let Some(&o) = offs.get(i) {
-            buf[o as usize] ^= 0xff;
+            buf.flip(o)?;
         }
     }
+    Ok(())
 }
 
 fn progress(rank: usize, n: usize) -> Option<indicatif::ProgressBar> {

@@ -401,17 +401,24 @@ fn help_lists_primary_names() {
 
 #[test]
 fn usage_errors_name_the_flag() {
-    let cases: [(&[&str], &[&str]); 5] = [
+    let cases: [(&[&str], &[&str]); 8] = [
         (&["--self-ip", "0.0.0.0"], &["--self-ip", "0.0.0.0", "loopback"]),
         (&["--buffer-size", "0"], &["--buffer-size"]),
-        (&["--backend", "xgmi"], &["xgmi", "not part of this build"]),
-        (&["--mem-type", "gpu"], &["--mem-type gpu", "this build"]),
+        (&["--backend", "fabric"], &["fabric", "not part of this build"]),
+        (&["--backend", "xgmi"], &["--backend xgmi", "--mem-type gpu"]),
+        (&["--mem-type", "gpu"], &["--mem-type gpu", "tcp", "xgmi"]),
+        (&["--mem-type", "gpu", "--backend", "xgmi", "--gpu", "1", "--dst-gpu", "0", "--target-dev-offset", "1"], &["--dst-gpu 0 conflicts"]),
+        (&["--gpu", "0"], &["--mem-type gpu"]),
         (&["--rank", "2"], &["--rank 2"]),
     ];
     let mut cases = cases.to_vec();
     // Without an RDMA device (this host, CI) the rdma backend is refused at once, saying why.
     if std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() == 0).unwrap_or(true) {
         cases.push((&["--backend", "rdma"], &["--backend rdma", "RDMA"]));
+    }
+    // Without a GPU runtime (this host, CI) GPU memory is refused at once, saying why.
+    if !std::path::Path::new("/dev/nvidiactl").exists() && !std::path::Path::new("/dev/kfd").exists() {
+        cases.push((&["--backend", "xgmi", "--mem-type", "gpu"], &["no GPU runtime"]));
     }
     for (args, words) in cases {
         let t = Instant::now();
