@@ -11,8 +11,11 @@
 //! - `softroce [--] CMD [ARGS...]`: runs CMD in a QEMU guest with SoftRoCE (rxe0); see softroce.rs.
 //! - `kernels [--check]`: builds kernels/*.cu into kernels/prebuilt/ (nvcc sm_90, clang HIP
 //!   gfx942/gfx950), or checks that the committed artifacts are fresh; see kernels.rs.
+//! - `gpu-bundle`: builds what scripts/gpu-machine.sh runs on the GPU machine into
+//!   `.gpu-bundle/` (release, stripped); see gpu_bundle.rs.
 
 mod compare;
+mod gpu_bundle;
 mod compare_rdma;
 mod kernels;
 mod softroce;
@@ -29,8 +32,9 @@ fn main() -> ExitCode {
         Some("compare-rdma") => compare_rdma::run(&args[1..]),
         Some("softroce") => return softroce::main(&args[1..]),
         Some("kernels") => kernels::run(&args[1..]),
+        Some("gpu-bundle") => gpu_bundle::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check]>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check] | gpu-bundle>");
             return ExitCode::from(2);
         }
     };
