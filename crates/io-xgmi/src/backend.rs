@@ -48,6 +48,16 @@ struct CopyDesc {
 enum XgmiCtrl {
     /// Initiator -> target: transfer `id` completed (all data in place).
     Done(u64),
+    /// Initiator -> owner: the registered (address, length) of region `id`, the only bounds
+    /// an initiator trusts (a descriptor's own `len` could be forged).
+    Lookup(MemId),
+}
+
+#[derive(Clone)]
+struct RemoteRegion {
+    len: u64,
+    base: u64,
+    _map: Option<Arc<IpcMapping>>,
 }
 
 struct LocalGpu {
@@ -78,7 +88,9 @@ struct Inner {
     cfg: XgmiConfig,
     rt: Arc<dyn Runtime>,
     local: Mutex<HashMap<MemId, LocalGpu>>,
-    maps: Mutex<HashMap<(String, MemId), Arc<IpcMapping>>>,
+    /// Remote regions in use: (engine, region) -> (owner-confirmed length, device address as
+    /// seen here, the IPC mapping keeping it mapped; none for the same process).
+    maps: Mutex<HashMap<(String, MemId), RemoteRegion>>,
     devs: Mutex<HashMap<u32, Arc<DevState>>>,
     pending: Mutex<Vec<Pending>>,
     shutdown: AtomicBool,
@@ -168,23 +180,40 @@ impl Inner {
         None
     }
 
-    /// Device address of the remote region's first byte, as seen from `dev`.
-    fn remote_base(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<u64> {
-        if peer.pid == self.ctx.local.pid && peer.node_id == self.ctx.local.node_id {
-            return Ok(remote.addr); // same process: same address space, no IPC
-        }
+    /// The remote region as the owner registered it: its confirmed length and the device
+    /// address of its first byte as seen from `dev` (mapped through IPC once, then cached).
+    fn remote_region(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<RemoteRegion> {
         let key = (remote.engine_key.clone(), remote.id);
-        if let Some(m) = self.maps.lock().get(&key) {
-            return Ok(m.slice().ptr());
+        if let Some(r) = self.maps.lock().get(&key) {
+            return Ok(r.clone());
         }
-        let bytes = remote.handle(BackendKind::Xgmi).ok_or_else(|| {
-            IoError::invalid(format!("remote memory {} of engine {:?} carries no IPC handle", remote.id, remote.engine_key))
-        })?;
-        let h = IpcHandle::from_bytes(bytes).map_err(|e| gpu_err("remote IPC handle", e))?;
-        let m = self.rt.ipc_import(dev, &h).map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
-        let ptr = m.slice().ptr();
-        self.maps.lock().insert(key, Arc::new(m));
-        Ok(ptr)
+        let ask = postcard::to_allocvec(&XgmiCtrl::Lookup(remote.id)).map_err(|e| IoError::invalid(e.to_string()))?;
+        let rep = self.ctx.ctrl.request(peer, BackendKind::Xgmi, ask)?;
+        let (addr, len): (u64, u64) =
+            postcard::from_bytes(&rep).map_err(|e| IoError::transport(format!("xgmi lookup reply from {:?}: {e}", peer.key)))?;
+        let r = if peer.pid == self.ctx.local.pid && peer.node_id == self.ctx.local.node_id {
+            RemoteRegion { len, base: addr, _map: None } // same process: same address space
+        } else {
+            let bytes = remote.handle(BackendKind::Xgmi).ok_or_else(|| {
+                IoError::invalid(format!("remote memory {} of engine {:?} carries no IPC handle", remote.id, remote.engine_key))
+            })?;
+            let h = IpcHandle::from_bytes(bytes).map_err(|e| gpu_err("remote IPC handle", e))?;
+            if h.len() < len {
+                return Err(IoError::invalid(format!(
+                    "remote memory {} of engine {:?}: IPC handle covers {} bytes, the region {len}",
+                    remote.id,
+                    remote.engine_key,
+                    h.len()
+                )));
+            }
+            let m = self
+                .rt
+                .ipc_import(dev, &h)
+                .map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
+            RemoteRegion { len, base: m.slice().ptr(), _map: Some(Arc::new(m)) }
+        };
+        self.maps.lock().insert(key, r.clone());
+        Ok(r)
     }
 
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
@@ -193,12 +222,13 @@ impl Inner {
             let l = g.get(&req.local.id).ok_or_else(|| IoError::not_found(format!("local memory {} is not xgmi-registered", req.local.id)))?;
             (l.device, l.addr, l.len)
         };
-        let rbase = self.remote_base(&req.remote, &req.peer, dev)?;
-        // Bounds, on both sides, before anything is queued.
+        let rr = self.remote_region(&req.remote, &req.peer, dev)?;
+        let rbase = rr.base;
+        // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued.
         for (i, s) in req.segs.iter().enumerate() {
             mori_io_core::registry::check_range(req.local.id, llen, s.local_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
-            mori_io_core::registry::check_range(req.remote.id, req.remote.len, s.remote_off, s.len)
+            mori_io_core::registry::check_range(req.remote.id, rr.len, s.remote_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
         }
         let ds = self.dev_state(dev)?;
@@ -389,6 +419,13 @@ impl Backend for XgmiBackend {
             Ok(XgmiCtrl::Done(id)) => {
                 self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
                 Ok(Vec::new())
+            }
+            Ok(XgmiCtrl::Lookup(id)) => {
+                let g = self.inner.local.lock();
+                let l = g.get(&id).ok_or_else(|| {
+                    IoError::not_found(format!("memory {id} is not a GPU region registered at engine {:?}", self.inner.ctx.local.key))
+                })?;
+                postcard::to_allocvec(&(l.addr, l.len)).map_err(|e| IoError::invalid(e.to_string()))
             }
             Err(e) => Err(IoError::invalid(format!("malformed xgmi control message from {:?}: {e}", from.key))),
         }
