@@ -10,24 +10,24 @@ export NCCL_NVLS_ENABLE=0
 rc=0
 step() { echo; echo "=== $*"; }
 step "machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/smi.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/bench.txt"
 step "mori-gpu tests (runtime, IPC across processes, VMM/POSIX FD, FABRIC diagnosis, dmabuf, kernels)"
-"$B/gpu" --ignored --nocapture --test-threads=1 >"$OUT/gpu-tests.log" 2>&1 || rc=1
-grep -E "^test |test result" "$OUT/gpu-tests.log"
+"$B/gpu" --ignored --nocapture --test-threads=1 >"$OUT/tests.log" 2>&1 || rc=1
+grep -E "^test |test result" "$OUT/tests.log"
 step "xgmi backend tests (same process and two processes on one GPU)"
-"$B/xgmi_gpu" --ignored --nocapture --test-threads=1 >"$OUT/xgmi-tests.log" 2>&1 || rc=1
-grep -E "^test |test result" "$OUT/xgmi-tests.log"
+"$B/xgmi_gpu" --ignored --nocapture --test-threads=1 >>"$OUT/tests.log" 2>&1 || rc=1
+grep -E "^test |test result" "$OUT/tests.log" | tail -n 8
 step "bench_engine --backend xgmi, two processes on GPU 0 (real IPC), 8 B .. 64 MiB"
 for op in write read; do
   for b in 1 128; do
     echo "--- op $op, batch $b"
     "$B/bench_engine" --local --backend xgmi --mem-type gpu --op "$op" --enable-sess --all \
       --sweep-start 8 --sweep-max 67108864 --transfer-batch-size "$b" --iters 50 --warmup-iters 5 \
-      --log-level warning --json "$OUT/xgmi-$op-b$b.json" 2>&1 | tee "$OUT/xgmi-$op-b$b.txt" | tail -n 30 || rc=1
+      --log-level warning --json "$OUT/xgmi-$op-b$b.json" 2>&1 | tee -a "$OUT/bench.txt" | tail -n 30 || rc=1
   done
 done
 step "plain device-to-device copy on the same GPU (torch), the roofline"
-python3 - <<'PY' 2>&1 | tee "$OUT/copy.txt"
+python3 - <<'PY' 2>&1 | tee -a "$OUT/bench.txt"
 import torch, time
 for mb in (1, 16, 64, 1024):
     n = mb << 20
@@ -39,6 +39,6 @@ for mb in (1, 16, 64, 1024):
     print(f"copy {mb:5d} MiB: {n * it / dt / 1e9:8.1f} GB/s payload")
 PY
 step "scatter/gather kernel check (cubin and PTX against a host reference)"
-python3 kernels/check_on_gpu.py 2>&1 | tee "$OUT/kernel-check.txt" | tail -n 25 || rc=1
+python3 kernels/check_on_gpu.py 2>&1 | tee -a "$OUT/bench.txt" | tail -n 25 || rc=1
 echo "exit $rc"
 exit $rc

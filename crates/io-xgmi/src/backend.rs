@@ -93,6 +93,9 @@ struct Inner {
     maps: Mutex<HashMap<(String, MemId), RemoteRegion>>,
     devs: Mutex<HashMap<u32, Arc<DevState>>>,
     pending: Mutex<Vec<Pending>>,
+    /// Completed transfers whose target still has to be told (sent by the notifier thread,
+    /// so a control-plane round trip never delays the next completion).
+    notify_tx: Mutex<std::sync::mpsc::Sender<(Arc<EngineDesc>, u64)>>,
     shutdown: AtomicBool,
 }
 
@@ -114,7 +117,21 @@ impl XgmiBackend {
             return Err(IoError::invalid("xgmi num_streams and num_events must be at least 1"));
         }
         let rt = mori_gpu::detect().map_err(|e| IoError::not_supported(format!("xgmi backend: {e}")))?;
+        let (notify_tx, notify_rx) = std::sync::mpsc::channel::<(Arc<EngineDesc>, u64)>();
+        let ctrl = ctx.ctrl.clone();
+        std::thread::Builder::new()
+            .name("mori-xgmi-notify".into())
+            .spawn(move || {
+                while let Ok((peer, id)) = notify_rx.recv() {
+                    let msg = postcard::to_allocvec(&XgmiCtrl::Done(id)).unwrap_or_default();
+                    if let Err(e) = ctrl.request(&peer, BackendKind::Xgmi, msg) {
+                        tracing::warn!(peer = %peer.key, id, error = %e, "xgmi completion notification failed");
+                    }
+                }
+            })
+            .map_err(|e| IoError::transport(format!("spawn xgmi notifier thread: {e}")))?;
         let inner = Arc::new(Inner {
+            notify_tx: Mutex::new(notify_tx),
             ctx,
             cfg,
             rt,
@@ -306,6 +323,11 @@ impl Inner {
                 out
             };
             if done.is_empty() {
+                // Spin while copies are in flight; back off only when nothing is pending.
+                if !self.pending.lock().is_empty() {
+                    std::hint::spin_loop();
+                    continue;
+                }
                 idle = idle.saturating_add(1);
                 if idle < 256 {
                     std::thread::yield_now();
@@ -322,10 +344,7 @@ impl Inner {
                 let ok = r.is_ok();
                 p.status.complete_piece(r);
                 if ok {
-                    let msg = postcard::to_allocvec(&XgmiCtrl::Done(p.id)).unwrap_or_default();
-                    if let Err(e) = self.ctx.ctrl.request(&p.peer, BackendKind::Xgmi, msg) {
-                        tracing::warn!(peer = %p.peer.key, id = p.id, error = %e, "xgmi completion notification failed");
-                    }
+                    let _ = self.notify_tx.lock().send((p.peer.clone(), p.id));
                 }
             }
         }
