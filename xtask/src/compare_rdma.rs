@@ -22,7 +22,10 @@
 //! - `--ops write,read` (default both).
 //! - `--batch-bytes N` bytes per bench_engine iteration (default 4 MiB).
 //! - `--variant 'FLAGS'` (repeatable) extra bench_engine flags of one variant; the default is
-//!   one variant with no extra flags (4 QPs, chunking on, polling).
+//!   one variant with no extra flags (4 QPs, chunking on, polling). `NAME=VALUE` words are
+//!   set in bench_engine's environment instead (e.g. `MORI_IO_QP_MAX_SEND_WR=256`).
+//! - `--bench-exe PATH` a bench_engine built elsewhere (e.g. from a patched copy of the tree,
+//!   to A/B a change in the same guest run) instead of building this tree's.
 //! - `--ib-args 'FLAGS'` extra perftest flags (both sides).
 
 use crate::util::workspace_root;
@@ -36,6 +39,7 @@ struct Opts {
     batch_bytes: u64,
     variants: Vec<String>,
     ib_args: String,
+    bench_exe: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -46,6 +50,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         batch_bytes: 4 << 20,
         variants: Vec::new(),
         ib_args: String::new(),
+        bench_exe: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -68,7 +73,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--batch-bytes" => o.batch_bytes = val("N")?.parse().ok().filter(|&n| n > 0).ok_or("--batch-bytes N: a positive number")?,
             "--variant" => o.variants.push(val("'FLAGS'")?),
             "--ib-args" => o.ib_args = val("'FLAGS'")?,
-            "-h" | "--help" => return Err("usage: cargo xtask compare-rdma [--secs N] [--sizes A,B] [--ops write,read] [--batch-bytes N] [--variant 'FLAGS']... [--ib-args 'FLAGS']".into()),
+            "--bench-exe" => o.bench_exe = Some(val("PATH")?),
+            "-h" | "--help" => return Err("usage: cargo xtask compare-rdma [--secs N] [--sizes A,B] [--ops write,read] [--batch-bytes N] [--variant 'FLAGS']... [--ib-args 'FLAGS'] [--bench-exe PATH]".into()),
             other => return Err(format!("compare-rdma: unknown argument {other}")),
         }
     }
@@ -104,13 +110,13 @@ ib() {{  # op size pass
     echo "RESULT ib $1 $2 $3 $line"
     IB=$(echo $line | cut -d' ' -f1)
 }}
-bench() {{  # op size batch variant-index flags...
-    local op=$1 size=$2 batch=$3 v=$4 f=/tmp/mori-compare-rdma.json iters warm rc gbps val
-    shift 4
+bench() {{  # op size batch variant-index 'NAME=VALUE ...' flags...
+    local op=$1 size=$2 batch=$3 v=$4 envs=$5 f=/tmp/mori-compare-rdma.json iters warm rc gbps val
+    shift 5
     iters=$(awk -v mib=$IB -v s=$size -v b=$batch -v t=$SECS 'BEGIN {{ i = int(t * mib * 1048576 / (s * b)); if (i < 3) i = 3; if (i > 100000) i = 100000; print i }}')
     warm=$((iters / 10 + 2))
     rm -f $f
-    timeout $((SECS * 20 + 120)) "$BENCH" --local --backend rdma --op $op --enable-sess --buffer-size $size \
+    env $envs timeout $((SECS * 20 + 120)) "$BENCH" --local --backend rdma --op $op --enable-sess --buffer-size $size \
         --transfer-batch-size $batch --iters $iters --warmup-iters $warm --log-level warning --json $f "$@" \
         > /tmp/bench.log 2>&1
     rc=$?
@@ -127,8 +133,14 @@ bench() {{  # op size batch variant-index flags...
         for &size in &o.sizes {
             let batch = (o.batch_bytes / size).max(1);
             s.push_str(&format!("echo '== {op} {size}'; ib {op} {size} 1\n"));
-            for (v, flags) in o.variants.iter().enumerate() {
-                s.push_str(&format!("bench {op} {size} {batch} {v} {flags}\n"));
+            for (v, words) in o.variants.iter().enumerate() {
+                let is_env = |w: &&str| {
+                    w.split_once('=')
+                        .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                };
+                let envs: Vec<&str> = words.split_whitespace().filter(is_env).collect();
+                let flags: Vec<&str> = words.split_whitespace().filter(|w| !is_env(w)).collect();
+                s.push_str(&format!("bench {op} {size} {batch} {v} '{}' {}\n", envs.join(" "), flags.join(" ")));
             }
             s.push_str(&format!("ib {op} {size} 2\n"));
         }
@@ -145,11 +157,16 @@ struct Point {
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let o = parse(args)?;
-    crate::util::cargo(&["build", "--release", "-p", "mori-bench", "--bin", "bench_engine"])?;
-    let bench = workspace_root().join("target/release/bench_engine");
-    let bench = bench.to_str().ok_or("the workspace path is not UTF-8")?.to_string();
+    let bench = match &o.bench_exe {
+        Some(p) => std::fs::canonicalize(p).map_err(|e| format!("--bench-exe {p}: {e}"))?,
+        None => {
+            crate::util::cargo(&["build", "--release", "-p", "mori-bench", "--bin", "bench_engine"])?;
+            workspace_root().join("target/release/bench_engine")
+        }
+    };
+    let bench = bench.to_str().ok_or("the bench_engine path is not UTF-8")?.to_string();
     if bench.contains('\'') {
-        return Err("the workspace path contains a quote".into());
+        return Err("the bench_engine path contains a quote".into());
     }
     let xtask = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
     println!("xtask: compare-rdma in one SoftRoCE guest ({} s per point; peers: ib_write_bw, ib_read_bw)", o.secs);
@@ -259,7 +276,9 @@ mod tests {
         let o = parse(&a).unwrap();
         assert_eq!((o.secs, o.sizes.clone(), o.variants.len()), (3, vec![4096, 8192], 1));
         let s = script(&o, "/x/bench_engine");
-        assert!(s.contains("bench write 4096 1024 0 --num-qp-per-transfer 1"));
+        assert!(s.contains("bench write 4096 1024 0 '' --num-qp-per-transfer 1"));
+        let o = parse(&["--variant".to_string(), "A_B=1 --x C=2".to_string()]).unwrap();
+        assert!(script(&o, "/x/b").contains("bench read 65536 64 0 'A_B=1 C=2' --x"));
         assert!(parse(&["--variant".to_string(), "a;b".to_string()]).is_err());
     }
 }
