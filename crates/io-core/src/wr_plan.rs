@@ -223,8 +223,12 @@ pub fn plan_wrs(batch: &[Seg], limits: &EndpointLimits, cfg: &WrPlanConfig, tran
                     "RDMA WR planner: chunking would make {pieces} WRs (limit {MAX_PLAN_WRS}); raise chunk_bytes"
                 )));
             }
-            for (wr, _) in &merged {
-                split(wr, chunk_count(wr.len, cfg.chunk_bytes, cfg.max_chunks, limits.max_msg_sz), &mut wrs);
+            for (wr, _) in merged {
+                // A WR that stays one chunk moves through as it is (no rebuilt SGE list).
+                match chunk_count(wr.len, cfg.chunk_bytes, cfg.max_chunks, limits.max_msg_sz) {
+                    1 => wrs.push(wr),
+                    n => split(&wr, n, &mut wrs),
+                }
             }
         } else {
             for (k, (wr, n)) in merged.into_iter().enumerate() {
