@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 const EXIT_HELP: &str =
     "Exit status: 0 yes / done; 1 no (backend cannot work, pairs flagged, group worse than allowed) \
-or not possible here (no GPU runtime in this build); 2 bad input or usage.";
+or not possible here (no GPU runtime on this machine, a GPU call failed); 2 bad input or usage.";
 
 #[derive(Parser)]
 #[command(name = "mori", version, about = "MORI node checks, topology, models and EP trace analysis", after_help = EXIT_HELP)]
@@ -78,9 +78,20 @@ pub struct TopoArgs {
 
 #[derive(Args)]
 pub struct PeerBwArgs {
-    /// Measurements taken elsewhere: {"measurements":[{"src","dst","bytes","gbps","peer_access","wrong_bytes"}]}.
+    /// Measurements taken elsewhere: {"measurements":[{"src","dst","bytes","gbps","peer_access","wrong_bytes"}]}
+    /// (the --json output of a measuring run is such a file). Without it, every ordered pair of
+    /// this machine's GPUs is measured (needs a GPU runtime).
     #[arg(long)]
     pub measurements: Option<PathBuf>,
+    /// Bytes per copy, comma-separated (B, KiB, MiB, GiB; KB, MB, GB): each measured for every pair.
+    #[arg(long, default_value = "1MiB,16MiB,256MiB", conflicts_with = "measurements")]
+    pub sizes: String,
+    /// Timed copies per pair and size.
+    #[arg(long, default_value_t = 20, conflicts_with = "measurements")]
+    pub iters: u32,
+    /// Untimed copies before the timed ones.
+    #[arg(long, default_value_t = 3, conflicts_with = "measurements")]
+    pub warmup: u32,
     /// Topology to check them against (captured matrix; default: sysfs).
     #[arg(long)]
     pub topo: Option<PathBuf>,

@@ -1,13 +1,17 @@
 //! `mori check`: runtimes and devices present, the backend verdicts of the engine, and the
 //! environment in effect.
 
+use crate::gpu::{self, RuntimeInfo};
 use crate::probe::{self, BackendVerdict, Library};
+use mori_gpu::Runtime;
 use mori_topo::{PciLink, PortState, Topology};
 use serde::Serialize;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Environment variables the workspace reads, with what reads them.
-pub const KNOWN_ENV: [(&str, &str); 20] = [
+pub const KNOWN_ENV: [(&str, &str); 21] = [
+    ("MORI_GPU_RUNTIME", "GPU runtime to load: cuda, hip or auto (mori-gpu)"),
     ("MORI_RDMA_DEVICES", "RDMA devices the rdma backend may use: a,b or ^a,b (mori-topo, mori-io-rdma)"),
     ("MORI_IB_GID_INDEX", "GID index override (mori-io-rdma)"),
     ("MORI_IO_NUM_NICS_PER_TRANSFER", "NICs striped per host-memory transfer (mori-io-rdma)"),
@@ -32,9 +36,9 @@ pub const KNOWN_ENV: [(&str, &str); 20] = [
 
 /// Extra non-MORI variables shown when set.
 const OTHER_ENV: [(&str, &str); 3] = [
-    ("CUDA_VISIBLE_DEVICES", "GPU visibility for CUDA (read by the CUDA runtime, not in this build)"),
-    ("HIP_VISIBLE_DEVICES", "GPU visibility for HIP (read by the HIP runtime, not in this build)"),
-    ("ROCR_VISIBLE_DEVICES", "GPU visibility for ROCr (not in this build)"),
+    ("CUDA_VISIBLE_DEVICES", "GPU visibility for CUDA (read by libcuda)"),
+    ("HIP_VISIBLE_DEVICES", "GPU visibility for HIP (read by libamdhip64)"),
+    ("ROCR_VISIBLE_DEVICES", "GPU visibility for ROCr (read by the ROCm runtime under libamdhip64)"),
 ];
 
 /// A PCIe link, current against maximum.
@@ -124,23 +128,113 @@ pub struct NumaInfo {
     pub cpus: usize,
 }
 
-/// GPU runtimes: what can be said without one.
+/// GPU runtime: the one `mori-gpu` loaded (CUDA or HIP) and what it says, or why none could
+/// be loaded.
 #[derive(Debug, Clone, Serialize)]
 pub struct GpuRuntime {
-    /// Always false for now: the command uses no GPU runtime crate yet.
+    /// Whether this build has a GPU runtime layer (mori-gpu): always true now; whether one is
+    /// usable on this machine is `available`.
     pub in_build: bool,
+    /// Whether a runtime was loaded.
+    pub available: bool,
     /// The plain statement.
     pub note: String,
+    /// Why no runtime could be loaded (names libcuda and libamdhip64 and each one's reason).
+    pub error: Option<String>,
+    /// `CUDA` or `HIP`.
+    pub kind: Option<String>,
+    /// The library loaded.
+    pub library: Option<String>,
+    /// Driver version, `13.0`.
+    pub driver_version: Option<String>,
+    /// Driver version as the vendor encodes it.
+    pub driver_version_raw: Option<u32>,
+    /// Devices the runtime sees (0 without a runtime).
+    pub device_count: u32,
+    /// Each device: name, bus id, NUMA, memory, compute capability, SMs, capabilities and the
+    /// live FABRIC probe.
+    pub devices: Vec<gpu::GpuDevice>,
+    /// Peer access for every ordered pair of distinct devices.
+    pub peer_access: Vec<gpu::PeerAccess>,
+    /// Runtime calls that failed, one line each.
+    pub runtime_errors: Vec<String>,
     /// libcuda as the loader sees it.
     pub cuda_driver: Library,
     /// libamdhip64 as the loader sees it.
     pub hip_runtime: Library,
     /// Driver files present under the root (`/proc/driver/nvidia/version`, `/dev/kfd`, ...).
     pub driver_files: Vec<String>,
-    /// IPC capability: not queried (needs the runtime).
+    /// IPC memory handles: available with any CUDA/HIP runtime.
     pub ipc: String,
-    /// VMM / fabric-handle capability: not queried (needs the runtime).
-    pub vmm_fabric: String,
+    /// VMM over all devices.
+    pub vmm: String,
+    /// FABRIC over all devices, from the live probe (`not available (no IMEX channel)`).
+    pub fabric: String,
+}
+
+fn all_devices(info: &RuntimeInfo, what: &str, f: impl Fn(&gpu::GpuDevice) -> bool) -> String {
+    let yes: Vec<String> = info.devices.iter().filter(|d| f(d)).map(|d| format!("GPU{}", d.index)).collect();
+    match (yes.len(), info.devices.len()) {
+        (_, 0) => "no device".into(),
+        (y, n) if y == n => format!("{what} on every device ({n})"),
+        (0, _) => format!("no {what} on any device"),
+        (_, n) => format!("{what} on {} of {n} devices ({})", yes.len(), yes.join(", ")),
+    }
+}
+
+/// The GPU runtime section: `runtime` is what `mori_gpu::detect()` gave (the error as one
+/// line); `root` is where driver files are looked for.
+pub fn gpu_runtime(runtime: Result<&Arc<dyn Runtime>, &str>, root: &Path) -> GpuRuntime {
+    let files = ["proc/driver/nvidia/version", "dev/nvidiactl", "dev/nvidia0", "dev/kfd", "sys/module/amdgpu"];
+    let mut g = GpuRuntime {
+        in_build: true,
+        available: false,
+        note: String::new(),
+        error: None,
+        kind: None,
+        library: None,
+        driver_version: None,
+        driver_version_raw: None,
+        device_count: 0,
+        devices: Vec::new(),
+        peer_access: Vec::new(),
+        runtime_errors: Vec::new(),
+        cuda_driver: probe::library("libcuda.so.1"),
+        hip_runtime: probe::any_library(&["libamdhip64.so.6", "libamdhip64.so"]),
+        driver_files: files.iter().filter(|f| root.join(f).exists()).map(|f| format!("/{f}")).collect(),
+        ipc: "not queried: needs the GPU runtime".into(),
+        vmm: "not queried: needs the GPU runtime".into(),
+        fabric: "not queried: needs the GPU runtime".into(),
+    };
+    match runtime {
+        Err(e) => {
+            g.note = "no GPU runtime on this machine: GPU devices are not enumerated through a runtime, and the engine cannot register GPU memory".into();
+            g.error = Some(e.to_string());
+        }
+        Ok(rt) => {
+            let info = gpu::inspect(rt);
+            g.available = true;
+            g.note = format!(
+                "{} runtime loaded from {}{}; {} device(s)",
+                info.kind,
+                info.library,
+                info.driver_version.as_ref().map_or(String::new(), |v| format!(", driver {v}")),
+                info.device_count
+            );
+            g.ipc = format!("available ({} IPC memory handles)", info.kind);
+            g.vmm = all_devices(&info, "VMM", |d| d.capabilities.vmm);
+            g.fabric = info.fabric.clone();
+            g.kind = Some(info.kind);
+            g.library = Some(info.library);
+            g.driver_version = info.driver_version;
+            g.driver_version_raw = info.driver_version_raw;
+            g.device_count = info.device_count;
+            g.devices = info.devices;
+            g.peer_access = info.peer_access;
+            g.runtime_errors = info.errors;
+        }
+    }
+    g
 }
 
 /// An environment variable in effect.
@@ -221,8 +315,14 @@ pub fn env_in_effect(vars: impl Iterator<Item = (String, String)>) -> Vec<EnvVar
     out
 }
 
-/// Builds the report from a sysfs scan (`root` is `/` on a real node) and the live probes.
-pub fn report(topo: &Topology, root: &Path, vars: impl Iterator<Item = (String, String)>) -> CheckReport {
+/// Builds the report from a sysfs scan (`root` is `/` on a real node), the GPU runtime (or
+/// why there is none, one line) and the live probes.
+pub fn report(
+    topo: &Topology,
+    root: &Path,
+    vars: impl Iterator<Item = (String, String)>,
+    runtime: Result<&Arc<dyn Runtime>, &str>,
+) -> CheckReport {
     let rdma_devices: Vec<NicInfo> = topo
         .nics
         .iter()
@@ -245,31 +345,81 @@ pub fn report(topo: &Topology, root: &Path, vars: impl Iterator<Item = (String, 
             link: n.bdf.as_ref().map(|_| link(&n.link)),
         })
         .collect();
-    let files = ["proc/driver/nvidia/version", "dev/nvidiactl", "dev/nvidia0", "dev/kfd", "sys/module/amdgpu"];
     CheckReport {
         libibverbs: probe::library("libibverbs.so.1"),
         active_rdma_ports: rdma_devices.iter().map(|n| n.active_ports).sum(),
         rdma_devices,
-        gpu_runtime: GpuRuntime {
-            in_build: false,
-            note: "no GPU runtime in this build: `mori` uses no CUDA/HIP runtime crate yet, so GPU devices are not enumerated through a runtime, and the engine cannot register GPU memory".into(),
-            cuda_driver: probe::library("libcuda.so.1"),
-            hip_runtime: probe::any_library(&["libamdhip64.so.6", "libamdhip64.so"]),
-            driver_files: files.iter().filter(|f| root.join(f).exists()).map(|f| format!("/{f}")).collect(),
-            ipc: "not queried: needs the GPU runtime".into(),
-            vmm_fabric: "not queried: needs the GPU runtime".into(),
-        },
+        gpu_runtime: gpu_runtime(runtime, root),
         gpus: topo
             .gpus
             .iter()
             .map(|g| GpuInfo { bdf: g.bdf.clone(), vendor: vendor(g.vendor), numa: g.numa, link: link(&g.link) })
             .collect(),
         numa_nodes: topo.numa_nodes.iter().map(|n| NumaInfo { id: n.id, cpus: n.cpus.len() }).collect(),
-        backends: probe::backends(),
+        backends: probe::backends(runtime.ok()),
         env: env_in_effect(vars),
         requested: None,
         warnings: topo.warnings.clone(),
     }
+}
+
+fn render_gpu_runtime(g: &GpuRuntime) -> String {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    let lib = |l: &Library| match &l.error {
+        None => format!("{}: found", l.name),
+        Some(e) => format!("{}: not found ({e})", l.name),
+    };
+    let mut s = format!("GPU runtime\n  {}\n", g.note);
+    if let Some(e) = &g.error {
+        s += &format!("  why: {e}\n");
+    }
+    for d in &g.devices {
+        let numa = d.numa_node.map_or("-".into(), |n| n.to_string());
+        let c = &d.capabilities;
+        s += &format!(
+            "  GPU{} {}  bus {}  numa {numa}  {}  cc {}  {} SMs\n",
+            d.index, d.name, d.pci_bus_id, d.total_memory, d.compute_capability, d.multiprocessors
+        );
+        s += &format!(
+            "    IPC {}  VMM {}  POSIX_FD {}  FABRIC attribute {}  DMA_BUF {}  GPUDirect RDMA {} (on VMM {})\n",
+            yes(c.ipc),
+            yes(c.vmm),
+            yes(c.posix_fd),
+            yes(c.fabric),
+            yes(c.dma_buf),
+            yes(c.gpu_direct_rdma),
+            yes(c.gpu_direct_rdma_vmm)
+        );
+        s += &format!("    FABRIC: {}\n", d.fabric.status);
+        if let Some(e) = &d.fabric.error {
+            s += &format!("      {e}\n");
+        }
+    }
+    if g.available {
+        if g.device_count > 1 {
+            let pairs: Vec<String> = g
+                .peer_access
+                .iter()
+                .map(|p| match &p.error {
+                    None => format!("{}->{} {}", p.src, p.dst, yes(p.can_access)),
+                    Some(e) => format!("{}->{} query failed ({e})", p.src, p.dst),
+                })
+                .collect();
+            s += &format!("  peer access: {}\n", pairs.join(", "));
+        } else {
+            s += "  peer access: one device, no pair\n";
+        }
+        s += &format!("  IPC: {}\n  VMM: {}\n  FABRIC: {}\n", g.ipc, g.vmm, g.fabric);
+        for e in &g.runtime_errors {
+            s += &format!("  error: {e}\n");
+        }
+    }
+    s += &format!("  {}\n  {}\n", lib(&g.cuda_driver), lib(&g.hip_runtime));
+    s += &format!("  driver files: {}\n", if g.driver_files.is_empty() { "none".into() } else { g.driver_files.join(", ") });
+    if !g.available {
+        s += &format!("  IPC: {}\n  VMM/FABRIC: {}\n", g.ipc, g.fabric);
+    }
+    s
 }
 
 impl CheckReport {
@@ -303,13 +453,7 @@ impl CheckReport {
             s += &format!("  {} numa {numa} {pcie}; ports: {}\n", n.name, n.ports.join(", "));
         }
         s += &format!("  active ports: {}\n", self.active_rdma_ports);
-        let g = &self.gpu_runtime;
-        s += &format!("GPU runtime\n  {}\n  {}\n  {}\n", g.note, lib(&g.cuda_driver), lib(&g.hip_runtime));
-        s += &format!(
-            "  driver files: {}\n",
-            if g.driver_files.is_empty() { "none".into() } else { g.driver_files.join(", ") }
-        );
-        s += &format!("  IPC: {}\n  VMM/fabric: {}\n", g.ipc, g.vmm_fabric);
+        s += &render_gpu_runtime(&self.gpu_runtime);
         s += &format!("GPUs in sysfs: {}\n", self.gpus.len());
         for x in &self.gpus {
             let numa = x.numa.map_or("-".into(), |n| n.to_string());

@@ -4,7 +4,7 @@
 pub const EXIT_OK: i32 = 0;
 /// Exit status: the command ran and the answer is "no" (the requested backend cannot work,
 /// a pair was flagged, a group is worse than allowed), or what was asked for cannot be done
-/// on this build or machine (no GPU runtime).
+/// on this machine (no GPU runtime, a GPU call failed).
 pub const EXIT_NO: i32 = 1;
 /// Exit status: bad input (unparseable file, non-positive value, unknown index) or usage.
 pub const EXIT_INPUT: i32 = 2;
@@ -15,7 +15,7 @@ pub enum CliError {
     /// The input is wrong (file contents, values, indices): exit [`EXIT_INPUT`].
     #[error("{0}")]
     Input(String),
-    /// The command cannot do this here (no GPU runtime in this build): exit [`EXIT_NO`].
+    /// The command cannot do this here (no GPU runtime, a GPU call failed): exit [`EXIT_NO`].
     #[error("{0}")]
     Unavailable(String),
 }

@@ -2,9 +2,12 @@
 //! tests; `main.rs` only parses arguments and prints.
 //!
 //! - [`check`] / [`probe`]: runtimes and devices present, engine backend verdicts, environment.
+//! - [`gpu`]: the GPU runtime through mori-gpu (devices, capabilities, live FABRIC probe, peer
+//!   access) and the peer-copy measurement of `mori peer-bw`.
 //! - [`class`], [`parse_nvidia`], [`parse_rocm`], [`topo`]: normalized GPU/NIC topology classes
 //!   from sysfs or captured vendor matrices; worst class in a group.
-//! - [`peer_bw`]: the silent-fallback detector over peer-copy measurements.
+//! - [`peer_bw`]: the silent-fallback detector over peer-copy measurements (measured here or
+//!   supplied).
 //! - [`model`]: staged-versus-direct cost and injection ceiling (models, labelled so).
 //! - [`kernel`], [`trace`], [`gantt`]: EP kernel traces, per-iteration extents, aggregates, timeline PNG.
 //! - [`rdma_util`]: RDMA bytes and observed bandwidth of dispatch/combine, interpreted.
@@ -16,6 +19,7 @@ pub mod check;
 pub mod class;
 pub mod error;
 pub mod gantt;
+pub mod gpu;
 pub mod kernel;
 pub mod model;
 pub mod parse_nvidia;

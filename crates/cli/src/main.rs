@@ -7,7 +7,8 @@ use args::*;
 use clap::Parser;
 use mori_cli::class::{parse_group, LinkClass, TopoMatrix};
 use mori_cli::error::read_input;
-use mori_cli::peer_bw::{cross_check, MeasurementFile, Thresholds};
+use mori_cli::gpu::{self as gpu_rt, MeasureConfig, Measured};
+use mori_cli::peer_bw::{cross_check, MeasurementFile, PairVerdict, Thresholds};
 use mori_cli::rdma_util::{Durations, Shape};
 use mori_cli::topo::Vendor;
 use mori_cli::trace::Kernel;
@@ -40,7 +41,8 @@ fn load_topo(input: Option<&Path>, vendor: Vendor, root: &Path) -> CliResult<Top
 
 fn run_check(a: CheckArgs) -> CliResult<i32> {
     let t = scan(&a.sysfs_root)?;
-    let mut r = check::report(&t, &a.sysfs_root, std::env::vars());
+    let rt = gpu_rt::detect();
+    let mut r = check::report(&t, &a.sysfs_root, std::env::vars(), rt.as_ref().map_err(String::as_str));
     if let Some(b) = &a.backend {
         r.request(b, &a.memory);
     }
@@ -73,32 +75,152 @@ fn run_topo(a: TopoArgs) -> CliResult<i32> {
     Ok(if within == Some(false) { EXIT_NO } else { EXIT_OK })
 }
 
+fn thresholds(a: &PeerBwArgs) -> CliResult<Thresholds> {
+    Ok(Thresholds {
+        pcie_ceiling_gbs: mori_cli::error::positive("--pcie-ceiling-gbs", a.pcie_ceiling_gbs)?,
+        outlier_fraction: mori_cli::error::positive("--outlier-fraction", a.outlier_fraction)?,
+    })
+}
+
 fn run_peer_bw(a: PeerBwArgs) -> CliResult<i32> {
-    let Some(path) = a.measurements else {
-        return Err(CliError::Unavailable(
-            "no GPU runtime in this build (`mori` uses no CUDA/HIP runtime crate yet): nothing was measured; to cross-check measurements taken elsewhere, pass --measurements FILE (and --topo CAPTURE)".into(),
-        ));
+    let Some(path) = a.measurements.clone() else {
+        return measure_peer_bw(a);
     };
     let file: MeasurementFile = serde_json::from_str(&read_input(&path)?)
         .map_err(|e| CliError::input(format!("{}: not a measurement file: {e}", path.display())))?;
     let m = load_topo(a.topo.as_deref(), a.vendor, &a.sysfs_root)?;
-    let th = Thresholds {
-        pcie_ceiling_gbs: mori_cli::error::positive("--pcie-ceiling-gbs", a.pcie_ceiling_gbs)?,
-        outlier_fraction: mori_cli::error::positive("--outlier-fraction", a.outlier_fraction)?,
-    };
+    let th = thresholds(&a)?;
     let v = cross_check(&file.measurements, &m, th)?;
     #[derive(Serialize)]
     struct Out<'a> {
         measured_here: bool,
         topology_source: &'a str,
         thresholds: Thresholds,
-        pairs: &'a [mori_cli::peer_bw::PairVerdict],
+        pairs: &'a [PairVerdict],
         flagged: usize,
     }
     let flagged = v.iter().filter(|p| !p.flags.is_empty()).count();
     let out = Out { measured_here: false, topology_source: &m.source, thresholds: th, pairs: &v, flagged };
-    emit(a.c.json, &out, || render::peer_bw(&v, &th, &m.source))?;
+    emit(a.c.json, &out, || render::peer_bw(&v, &th, &m.source, false))?;
     Ok(if flagged > 0 { EXIT_NO } else { EXIT_OK })
+}
+
+/// `mori peer-bw` without --measurements: every ordered pair of this machine's GPUs.
+fn measure_peer_bw(a: PeerBwArgs) -> CliResult<i32> {
+    let th = thresholds(&a)?;
+    let cfg = MeasureConfig { sizes: gpu_rt::parse_sizes(&a.sizes)?, iterations: a.iters, warmup: a.warmup };
+    if cfg.iterations == 0 {
+        return Err(CliError::input("--iters must be at least 1"));
+    }
+    // A capture given with --topo is read before any GPU work: bad input fails fast.
+    let capture = a
+        .topo
+        .as_deref()
+        .map(|p| {
+            topo::parse_capture(&read_input(p)?, a.vendor).map_err(|e| CliError::input(format!("{}: {e}", p.display())))
+        })
+        .transpose()?;
+    let rt = gpu_rt::detect().map_err(|e| {
+        CliError::Unavailable(format!(
+            "{e}: nothing was measured; to cross-check measurements taken elsewhere, pass --measurements FILE (and --topo CAPTURE)"
+        ))
+    })?;
+    let n = rt.device_count().map_err(|e| CliError::Unavailable(format!("GPU device count: {}", gpu_rt::one_line(&e.to_string()))))?;
+    #[derive(Serialize)]
+    struct Dev {
+        index: u32,
+        name: String,
+        pci_bus_id: String,
+    }
+    let mut devices = Vec::new();
+    for i in 0..n {
+        let p = rt.device_properties(mori_gpu::Device(i)).map_err(|e| {
+            CliError::Unavailable(format!("properties of GPU {i}: {}", gpu_rt::one_line(&e.to_string())))
+        })?;
+        devices.push(Dev { index: i, name: p.name, pci_bus_id: p.pci_bus_id.to_string() });
+    }
+    let bus: Vec<String> = devices.iter().map(|d| d.pci_bus_id.clone()).collect();
+    let topo_m = match capture {
+        Some(c) => gpu_rt::align_topology(&bus, Ok(c), true)?,
+        None => {
+            let sys = scan(&a.sysfs_root).and_then(|t| topo::from_sysfs(&t)).map_err(|e| e.to_string());
+            gpu_rt::align_topology(&bus, sys, false)?
+        }
+    };
+    let json = a.c.json;
+    let ms = gpu_rt::measure(&rt, &cfg, |m| {
+        if !json {
+            eprintln!(
+                "GPU{} -> GPU{} {:>8}: {:8.1} GB/s{}",
+                m.m.src,
+                m.m.dst,
+                gpu_rt::bytes_text(m.m.bytes),
+                m.m.gbps,
+                if m.verified { String::new() } else { format!("  {} WRONG BYTES", m.m.wrong_bytes) }
+            );
+        }
+    })?;
+    let plain: Vec<_> = ms.iter().map(|m| m.m.clone()).collect();
+    let v = cross_check(&plain, &topo_m, th)?;
+    let flagged = v.iter().filter(|p| !p.flags.is_empty()).count();
+    let failures = ms.iter().filter(|m| !m.verified).count();
+    #[derive(Serialize)]
+    struct Out<'a> {
+        measured_here: bool,
+        runtime: String,
+        devices: &'a [Dev],
+        config: &'a MeasureConfig,
+        topology_source: &'a str,
+        topology_notes: &'a [String],
+        topology: &'a [Vec<mori_cli::class::LinkClass>],
+        thresholds: Thresholds,
+        measurements: &'a [Measured],
+        verification_failures: usize,
+        pairs: &'a [PairVerdict],
+        flagged: usize,
+    }
+    let runtime = format!(
+        "{} ({}{})",
+        rt.kind(),
+        rt.library(),
+        rt.driver_version().map_or(String::new(), |d| format!(", driver {}", gpu_rt::driver_version_text(rt.kind(), d)))
+    );
+    let out = Out {
+        measured_here: true,
+        runtime,
+        devices: &devices,
+        config: &cfg,
+        topology_source: &topo_m.source,
+        topology_notes: &topo_m.notes,
+        topology: &topo_m.gpu_gpu,
+        thresholds: th,
+        measurements: &ms,
+        verification_failures: failures,
+        pairs: &v,
+        flagged,
+    };
+    emit(json, &out, || {
+        let mut s = format!(
+            "peer-copy bandwidth measured here: {}; {} device(s); {} timed copies after {} warm-up per pair and size; GB = 1e9 bytes of payload\n",
+            out.runtime,
+            devices.len(),
+            cfg.iterations,
+            cfg.warmup
+        );
+        for d in &devices {
+            s += &format!("  GPU{} {} ({})\n", d.index, d.name, d.pci_bus_id);
+        }
+        s += &render::measured(&ms, |i, j| topo_m.gpu_gpu[i][j].name().to_string());
+        for note in &topo_m.notes {
+            s += &format!("topology note: {note}\n");
+        }
+        s += &render::peer_bw(&v, &th, &topo_m.source, true);
+        if failures > 0 {
+            s += &format!("{failures} copies did NOT verify\n");
+        }
+        s
+    })?;
+    Ok(if flagged > 0 || failures > 0 { EXIT_NO } else { EXIT_OK })
 }
 
 fn run_model(cmd: ModelCmd) -> CliResult<i32> {

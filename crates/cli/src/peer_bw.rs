@@ -1,15 +1,18 @@
 //! The silent-fallback detector: peer-copy bandwidth per ordered GPU pair, cross-checked
 //! against the pair's topology class.
 //!
-//! Measuring needs a GPU runtime, which this build does not have; this module judges
-//! measurements taken elsewhere (`mori peer-bw --measurements`). Rules, on each pair's
-//! largest message size (small ones measure latency, not the path):
+//! The measurements come from this machine (`mori peer-bw` with a GPU runtime: see
+//! [`crate::gpu::measure`]) or from elsewhere (`mori peer-bw --measurements`). A pair may be
+//! a device to itself (class `self`: a plain device-to-device copy, the roofline the other
+//! pairs are read against). Rules, on each pair's largest message size (small ones measure
+//! latency, not the path):
 //! - any wrong byte: `corrupt` (a fast wrong answer is the worst outcome);
 //! - class `direct-link` but bandwidth at or below the PCIe ceiling: `staged-on-direct` —
 //!   the number says "through PCIe or the host" while the topology says direct: the silent
 //!   fallback;
 //! - class `pcie-*`/`cross-socket` but bandwidth above the PCIe ceiling: `direct-on-pcie` —
-//!   the reverse: a link the topology does not show (stale capture, renumbered devices);
+//!   the reverse: a link the topology does not show (stale capture, renumbered devices; sysfs
+//!   shows no NVLink/xGMI at all);
 //! - class `direct-link` and the peer-access flag false: `no-peer-access` (the runtime itself
 //!   says the copy will stage);
 //! - within one class of at least [`MIN_PAIRS_FOR_MEDIAN`] pairs, a pair below
@@ -79,8 +82,8 @@ pub struct PairVerdict {
     pub reasons: Vec<String>,
 }
 
-/// Judges every ordered pair. Errors: an index outside the topology, `src == dst`, a
-/// non-positive or non-finite bandwidth or size, no measurement at all.
+/// Judges every ordered pair (`src == dst` is class `self`). Errors: an index outside the
+/// topology, a non-positive or non-finite bandwidth or size, no measurement at all.
 pub fn cross_check(ms: &[Measurement], topo: &TopoMatrix, th: Thresholds) -> CliResult<Vec<PairVerdict>> {
     if ms.is_empty() {
         return Err(CliError::input("no measurements"));
@@ -88,9 +91,9 @@ pub fn cross_check(ms: &[Measurement], topo: &TopoMatrix, th: Thresholds) -> Cli
     let n = topo.gpus.len();
     let mut out: Vec<PairVerdict> = Vec::new();
     for m in ms {
-        if m.src >= n || m.dst >= n || m.src == m.dst {
+        if m.src >= n || m.dst >= n {
             return Err(CliError::input(format!(
-                "measurement {} -> {}: not a pair of distinct GPUs of the topology (0..{})",
+                "measurement {} -> {}: not a pair of GPUs of the topology (0..{})",
                 m.src,
                 m.dst,
                 n.saturating_sub(1)
@@ -112,7 +115,7 @@ pub fn cross_check(ms: &[Measurement], topo: &TopoMatrix, th: Thresholds) -> Cli
             None => out.push(PairVerdict {
                 src: m.src,
                 dst: m.dst,
-                class: topo.gpu_gpu[m.src][m.dst],
+                class: if m.src == m.dst { LinkClass::SelfLink } else { topo.gpu_gpu[m.src][m.dst] },
                 bytes: m.bytes,
                 gbps: m.gbps,
                 peer_access: m.peer_access,
@@ -232,7 +235,10 @@ mod tests {
         let v = cross_check(&[bad, m(0, 1, 1 << 30, 181.0, true)], &topo(), TH).unwrap();
         assert_eq!((v[0].wrong_bytes, v[0].flags.clone()), (12, vec!["corrupt"]));
         assert!(cross_check(&[], &topo(), TH).is_err());
-        assert!(cross_check(&[m(0, 0, 1, 1.0, true)], &topo(), TH).is_err());
+        // A device to itself is class self, never flagged by class (only by corruption or
+        // against the median of other self pairs).
+        let own = cross_check(&[m(0, 0, 1 << 20, 1.0, true), m(1, 1, 1 << 20, 900.0, true)], &topo(), TH).unwrap();
+        assert_eq!((own[0].class, own[0].flags.len(), own[1].class), (SelfLink, 0, SelfLink));
         assert!(cross_check(&[m(0, 4, 1, 1.0, true)], &topo(), TH).is_err());
         assert!(cross_check(&[m(0, 1, 1, 0.0, true)], &topo(), TH).is_err());
     }

@@ -2,9 +2,11 @@
 //! and the transfer engine itself (which backends it creates, and which one it picks for a
 //! pair of host regions and for GPU memory).
 
+use mori_gpu::{Device, Runtime};
 use mori_io::{BackendConfig, BackendKind, EngineConfig, IoEngine, MemLoc, RdmaConfig, TcpConfig};
 use serde::Serialize;
 use std::ffi::{CStr, CString};
+use std::sync::Arc;
 
 /// Whether the dynamic loader finds a library.
 #[derive(Debug, Clone, Serialize)]
@@ -113,9 +115,9 @@ fn host_verdict(kind: BackendKind) -> (bool, String) {
     verdict
 }
 
-/// GPU memory: whether the engine accepts a GPU registration at all (this build has no GPU
-/// runtime, so it refuses before any backend is asked).
-fn gpu_verdict(kind: BackendKind) -> (bool, String) {
+/// GPU memory without a GPU runtime: whether the engine accepts a GPU registration at all (it
+/// refuses before any backend is asked, and the xgmi backend cannot even be created).
+fn gpu_verdict_no_runtime(kind: BackendKind) -> (bool, String) {
     let a = match engine("g", kind) {
         Ok(a) => a,
         Err(e) => return (false, e),
@@ -136,11 +138,67 @@ fn gpu_verdict(kind: BackendKind) -> (bool, String) {
     }
 }
 
-/// Every backend in the engine's preference order, for host and for GPU memory.
-pub fn backends() -> Vec<BackendVerdict> {
+/// GPU memory with a runtime: two in-process engines with only `kind`, 4 KiB of device memory
+/// each (GPU 0 for the first engine, GPU 1 for the second where there is one, else GPU 0
+/// again), and the engine's backend choice for the pair.
+fn gpu_verdict(kind: BackendKind, rt: &Arc<dyn Runtime>) -> (bool, String) {
+    let n = match rt.device_count() {
+        Ok(n) => n,
+        Err(e) => return (false, format!("the GPU runtime cannot count devices: {e}")),
+    };
+    if n == 0 {
+        return (false, "the GPU runtime sees no device".into());
+    }
+    let (ld, rd) = (Device(0), Device(if n > 1 { 1 } else { 0 }));
+    const LEN: usize = 4096;
+    // Declared before the engines: dropped (freed) after them.
+    let bufs = match (rt.alloc(ld, LEN), rt.alloc(rd, LEN)) {
+        (Ok(x), Ok(y)) => (x, y),
+        (Err(e), _) | (_, Err(e)) => return (false, format!("allocating GPU memory for the check: {e}")),
+    };
+    let (a, b) = match (engine("ga", kind), engine("gb", kind)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => return (false, e),
+    };
+    // SAFETY: both buffers are live device allocations of LEN bytes on their devices and
+    // outlive the registrations: they are deregistered below, before the engines and then the
+    // buffers are dropped, and no transfer is started on them.
+    let regs = unsafe {
+        (
+            a.register_memory(bufs.0.ptr() as usize as *mut u8, LEN, MemLoc::Gpu { device: ld.0 }),
+            b.register_memory(bufs.1.ptr() as usize as *mut u8, LEN, MemLoc::Gpu { device: rd.0 }),
+        )
+    };
+    let pair = format!("a GPU {} -> GPU {} pair{}", ld.0, rd.0, if n == 1 { " (one device)" } else { "" });
+    let verdict = match &regs {
+        (Ok(la), Ok(rb)) => match a.register_remote_engine(b.desc().clone()).and_then(|_| a.backend_for(la, rb)) {
+            Ok(k) if k == kind => (true, format!("the engine chose {k} for {pair}")),
+            Ok(k) => (false, format!("the engine chose {k} instead for {pair}")),
+            Err(e) => (false, format!("{pair}: {e}")),
+        },
+        (Err(e), _) | (_, Err(e)) => (false, format!("register_memory(GPU): {e}")),
+    };
+    if let Ok(d) = &regs.0 {
+        let _ = a.deregister_memory(d);
+    }
+    if let Ok(d) = &regs.1 {
+        let _ = b.deregister_memory(d);
+    }
+    drop((a, b));
+    drop(bufs);
+    verdict
+}
+
+/// Every backend in the engine's preference order, for host and for GPU memory (real device
+/// memory when `runtime` is given).
+pub fn backends(runtime: Option<&Arc<dyn Runtime>>) -> Vec<BackendVerdict> {
     let mut out = Vec::new();
     for kind in [BackendKind::Xgmi, BackendKind::Fabric, BackendKind::Rdma, BackendKind::Tcp] {
-        for (memory, (serves, reason)) in [("host", host_verdict(kind)), ("gpu", gpu_verdict(kind))] {
+        let gpu = match runtime {
+            Some(rt) => gpu_verdict(kind, rt),
+            None => gpu_verdict_no_runtime(kind),
+        };
+        for (memory, (serves, reason)) in [("host", host_verdict(kind)), ("gpu", gpu)] {
             out.push(BackendVerdict { backend: kind.name().into(), memory: memory.into(), serves, reason });
         }
     }

@@ -1,5 +1,6 @@
 //! Text output of the analysis subcommands (tables through comfy-table).
 
+use crate::gpu::{bytes_text, Measured};
 use crate::model::{Injection, Staging, MODEL_BANNER};
 use crate::peer_bw::{PairVerdict, Thresholds};
 use crate::rdma_util::Report;
@@ -134,11 +135,14 @@ pub fn injection(m: &Injection) -> String {
 }
 
 /// The peer-copy cross-check.
-pub fn peer_bw(v: &[PairVerdict], th: &Thresholds, source: &str) -> String {
-    let mut s = format!(
-        "cross-check of supplied measurements against {source} (PCIe ceiling {} GB/s; nothing was measured by this command)\n",
-        th.pcie_ceiling_gbs
-    );
+pub fn peer_bw(v: &[PairVerdict], th: &Thresholds, source: &str, measured_here: bool) -> String {
+    let what = if measured_here {
+        "the measurements above"
+    } else {
+        "supplied measurements"
+    };
+    let tail = if measured_here { "" } else { "; nothing was measured by this command" };
+    let mut s = format!("cross-check of {what} against {source} (PCIe ceiling {} GB/s{tail})\n", th.pcie_ceiling_gbs);
     let mut t = table(&["src", "dst", "class", "bytes", "GB/s", "peer", "wrong", "flags"]);
     for p in v {
         t.add_row(vec![
@@ -161,4 +165,24 @@ pub fn peer_bw(v: &[PairVerdict], th: &Thresholds, source: &str) -> String {
     let n = v.iter().filter(|p| !p.flags.is_empty()).count();
     s += &format!("{n} of {} pairs flagged\n", v.len());
     s
+}
+
+/// Copies measured here: one row per (pair, size).
+pub fn measured(ms: &[Measured], class_of: impl Fn(usize, usize) -> String) -> String {
+    let mut t = table(&["src", "dst", "kind", "class", "size", "GB/s", "peer", "verified", "ms", "iters"]);
+    for m in ms {
+        t.add_row(vec![
+            m.m.src.to_string(),
+            m.m.dst.to_string(),
+            m.label.to_string(),
+            class_of(m.m.src, m.m.dst),
+            bytes_text(m.m.bytes),
+            format!("{:.1}", m.m.gbps),
+            if m.m.peer_access { "yes" } else { "no" }.to_string(),
+            if m.verified { "yes".to_string() } else { format!("NO ({} wrong bytes)", m.m.wrong_bytes) },
+            format!("{:.3}", m.elapsed_ms),
+            m.iterations.to_string(),
+        ]);
+    }
+    format!("{t}\n")
 }

@@ -283,8 +283,20 @@ fn models() {
 
 #[test]
 fn peer_bw_detector() {
-    let none = mori(&["peer-bw"]);
-    none.assert_one_line_error(1, "no GPU runtime in this build");
+    if !gpu_runtime_present() {
+        // Nothing to measure with: one line naming both runtime libraries, exit 1.
+        let none = mori(&["peer-bw"]);
+        none.assert_one_line_error(1, "nothing was measured");
+        for part in ["no GPU runtime", "libcuda", "libamdhip64", "--measurements FILE"] {
+            assert!(none.stderr.contains(part), "{part}: {}", none.stderr);
+        }
+    }
+    // Measuring flags do not go with --measurements; bad sizes are bad input (before any GPU work).
+    let r = mori(&["peer-bw", "--measurements", &data("peer_bw_2socket.json"), "--sizes", "1MiB"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    mori(&["peer-bw", "--sizes", "1MiB,0"]).assert_one_line_error(2, "--sizes");
+    mori(&["peer-bw", "--sizes", "1TiB"]).assert_one_line_error(2, "unknown unit");
+    mori(&["peer-bw", "--iters", "0"]).assert_one_line_error(2, "--iters must be at least 1");
     let r = mori(&[
         "peer-bw",
         "--measurements",
@@ -324,5 +336,16 @@ fn peer_bw_detector() {
     )
     .unwrap();
     mori(&["peer-bw", "--measurements", &s.path("bad.json"), "--topo", &data("nvidia_2socket_nics.txt")])
-        .assert_one_line_error(2, "not a pair of distinct GPUs");
+        .assert_one_line_error(2, "not a pair of GPUs of the topology");
+    // A device to itself is a pair of class self (the --json output of a measuring run,
+    // self copies included, reads back as a measurement file).
+    std::fs::write(
+        s.0.join("self.json"),
+        r#"{"measurements": [{"src": 0, "dst": 0, "bytes": 268435456, "gbps": 1650.0, "peer_access": true, "wrong_bytes": 0,
+                              "label": "self", "verified": true, "iterations": 20, "elapsed_ms": 3.2}]}"#,
+    )
+    .unwrap();
+    let own = mori(&["peer-bw", "--measurements", &s.path("self.json"), "--topo", &data("nvidia_2socket_nics.txt"), "--json"]);
+    assert_eq!(own.code, 0, "{}", own.stderr);
+    assert_eq!(own.json()["pairs"][0]["class"], "self");
 }

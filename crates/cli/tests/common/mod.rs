@@ -31,12 +31,24 @@ impl Run {
     }
 }
 
+/// The `mori` binary: `$MORI_BIN` when set (a test binary carried to another machine, where
+/// the build directory of this one does not exist), else the one cargo built with this test.
+pub fn mori_bin() -> PathBuf {
+    std::env::var_os("MORI_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_mori")))
+}
+
+/// Whether a GPU runtime (libcuda or libamdhip64) loads on this machine: the checks that
+/// assert the no-runtime report only hold without one.
+pub fn gpu_runtime_present() -> bool {
+    mori_gpu::detect().is_ok()
+}
+
 /// Runs `mori args...` with extra environment variables (and every `MORI_*` of the test's
 /// own environment removed, so results do not depend on the caller's shell).
 pub fn mori_env(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_mori"));
+    let mut c = Command::new(mori_bin());
     c.args(args);
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("MORI_")) {
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("MORI_") && k != "MORI_BIN") {
         c.env_remove(k);
     }
     for (k, v) in env {

@@ -1,0 +1,56 @@
+//! Runs the GPU tests of `mori` (tests/gpu.rs, included below) on the CPU against the stand-in
+//! libcuda of mori-gpu (crates/gpu/tests/fake_cuda/fake_cuda.c: one device, FABRIC refused with
+//! CUDA_ERROR_NOT_PERMITTED as without IMEX, copies done by the CPU). It covers the runtime path
+//! of `mori check` (devices, capability flags, the FABRIC probe, the xgmi verdict on device
+//! memory) and of `mori peer-bw` (allocation, streams, timing events, verification, the
+//! detector), and the tests' own logic. It proves nothing about NVIDIA's driver: that is what
+//! scripts/gpu-machine.sh is for.
+
+#[path = "gpu.rs"]
+mod gpu_tests;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Builds the fake driver with the system C compiler; `None` (and a note) without one.
+fn build_fake() -> Option<PathBuf> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../gpu/tests/fake_cuda/fake_cuda.c");
+    let dir = std::env::temp_dir().join(format!("mori-cli-fake-cuda-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libcuda.so.1");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = match Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-lpthread")
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            println!("no C compiler ({cc}: {e}): the fake-driver run is skipped");
+            return None;
+        }
+    };
+    assert!(out.status.success(), "building the fake libcuda failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
+    Some(dir)
+}
+
+#[test]
+fn gpu_tests_pass_against_the_fake_driver() {
+    let Some(dir) = build_fake() else { return };
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["gpu_tests::", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "the GPU tests failed against the fake driver");
+    assert!(stderr.contains("mori fake GPU"), "the fake driver was not loaded");
+    assert!(stdout.contains("test result: ok. 2 passed; 0 failed"), "not both GPU tests ran");
+}
