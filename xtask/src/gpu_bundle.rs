@@ -1,6 +1,6 @@
 //! `cargo xtask gpu-bundle`: builds, in release, what scripts/gpu-machine.sh runs on the GPU
 //! machine (which has no Rust) and copies it, stripped, into `.gpu-bundle/` (git-ignored),
-//! to be carried there: the mori-gpu and xgmi test binaries and bench_engine.
+//! to be carried there: the mori-gpu, xgmi and mori-cli GPU test binaries, bench_engine and mori.
 
 use crate::util::{cargo, cargo_stdout, workspace_root};
 use std::process::Command;
@@ -20,10 +20,13 @@ pub fn run(_args: &[String]) -> Result<(), String> {
     let dir = root.join(".gpu-bundle");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     cargo(&["build", "--release", "-p", "mori-bench", "--bin", "bench_engine"])?;
+    cargo(&["build", "--release", "-p", "mori-cli", "--bin", "mori"])?;
     let items = [
         (test_exe("mori-gpu", "gpu")?, "gpu"),
         (test_exe("mori-io", "xgmi_gpu")?, "xgmi_gpu"),
+        (test_exe("mori-cli", "gpu")?, "cli_gpu"),
         (root.join("target/release/bench_engine").display().to_string(), "bench_engine"),
+        (root.join("target/release/mori").display().to_string(), "mori"),
     ];
     for (src, name) in items {
         let dst = dir.join(name);
