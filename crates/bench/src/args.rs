@@ -16,7 +16,7 @@ pub enum OpArg {
 /// Transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 pub enum BackendArg {
-    /// TCP streams (this build's backend).
+    /// TCP streams (any host, host memory).
     Tcp,
     /// RDMA RC queue pairs over ibverbs.
     Rdma,
@@ -245,7 +245,12 @@ impl Args {
     /// Checks what can be checked before any rendezvous. Errors name the flag and the limit.
     pub fn validate(&self) -> Result<(), String> {
         if self.rank > 1 {
-            return Err(format!("--rank {} : bench_engine has two ranks, 0 (initiator) and 1 (target)", self.rank));
+            return Err(format!("--rank {}: bench_engine has two ranks, 0 (initiator) and 1 (target)", self.rank));
+        }
+        if let Some(p) = self.port {
+            if p == 0 || p > 65533 {
+                return Err(format!("--port {p}: the bootstrap uses port P and the engines P+1 and P+2; allowed 1..=65533"));
+            }
         }
         if let Some(ip) = &self.self_ip {
             if ip == "0.0.0.0" || ip == "::" {

@@ -76,7 +76,7 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
 
     // Memory first: refuse before anything else if the buffers cannot fit.
     let pts = points(args);
-    let bytes = buffer_bytes(&pts, args.batch_contiguous);
+    let bytes = buffer_bytes(&pts, args.batch_contiguous).map_err(usage)?;
     if let Some(avail) = mem_available() {
         if bytes.saturating_mul(ranks_here) > avail / 10 * 8 {
             return Err(usage(format!(
@@ -156,7 +156,7 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
         );
         let ignored = args.ignored_by_backend();
         if !ignored.is_empty() {
-            eprintln!("note: {} have no effect on the {b} backend", ignored.join(", "));
+            eprintln!("note: no effect on the {b} backend: {}", ignored.join(", "));
         }
     }
 
@@ -234,6 +234,8 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
     }
     boot.barrier().map_err(|e| fail(format!("final barrier: {e}")))?;
     drop(sess);
+    // Deregister before the engine goes: waits for anything still using the buffer.
+    eng.deregister_memory(&mem).map_err(|e| fail(format!("deregister the buffer: {e}")))?;
     drop(eng);
     drop(buf);
     let validation = if skipped { "skipped".to_string() } else { validation.unwrap_or_else(|| "OK".into()) };

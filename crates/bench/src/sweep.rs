@@ -23,7 +23,12 @@ pub fn points(a: &Args) -> Vec<Point> {
         let mut m = a.sweep_start;
         while m <= a.sweep_max && m > 0 {
             v.push(Point { msg: m, batch: a.transfer_batch_size });
-            m = if a.sweep_step > 0 { m + a.sweep_step } else { m * 2 };
+            // Stop at the top of the range instead of wrapping around.
+            let next = if a.sweep_step > 0 { m.checked_add(a.sweep_step) } else { m.checked_mul(2) };
+            match next {
+                Some(n) => m = n,
+                None => break,
+            }
         }
         v
     } else if a.all_batch {
@@ -39,17 +44,27 @@ pub fn points(a: &Args) -> Vec<Point> {
 
 /// Distance between consecutive slots: `msg` when contiguous, else `msg` rounded up to 64
 /// plus a 64-byte gap, so no two slots are adjacent and nothing merges.
+/// Saturates at `u64::MAX` for absurd sizes (then [`buffer_bytes`] refuses them).
 pub fn stride(msg: u64, contiguous: bool) -> u64 {
     if contiguous {
         msg
     } else {
-        msg.div_ceil(64) * 64 + 64
+        msg.div_ceil(64).saturating_mul(64).saturating_add(64)
     }
 }
 
-/// Bytes a buffer needs to hold every point's slots.
-pub fn buffer_bytes(points: &[Point], contiguous: bool) -> u64 {
-    points.iter().map(|p| stride(p.msg, contiguous) * p.batch).max().unwrap_or(0)
+/// Bytes a buffer needs to hold every point's slots. Errors name the point whose layout does
+/// not fit in the address space (message size x batch overflows).
+pub fn buffer_bytes(points: &[Point], contiguous: bool) -> Result<u64, String> {
+    let mut most = 0u64;
+    for p in points {
+        let need = stride(p.msg, contiguous)
+            .checked_mul(p.batch)
+            .filter(|&n| n < u64::MAX / 2 && usize::try_from(n).is_ok())
+            .ok_or_else(|| format!("message size {} B x batch {} does not fit in memory", p.msg, p.batch))?;
+        most = most.max(need);
+    }
+    Ok(most)
 }
 
 /// Slot offsets of a point (identical on both ranks).
@@ -74,6 +89,9 @@ mod tests {
         assert_eq!((p[0].msg, p[17].msg, p[0].batch), (8, 1 << 20, 256));
         let p = points(&args(&["--all", "--sweep-start", "1048576", "--sweep-max", "4194304", "--sweep-step", "1048576"]));
         assert_eq!(p.iter().map(|x| x.msg).collect::<Vec<_>>(), vec![1 << 20, 2 << 20, 3 << 20, 4 << 20]);
+        // A step that would wrap around stops the sweep instead.
+        let p = points(&args(&["--all", "--sweep-start", "8", "--sweep-max", "64", "--sweep-step", "18446744073709551614"]));
+        assert_eq!(p.iter().map(|x| x.msg).collect::<Vec<_>>(), vec![8]);
         let p = points(&args(&["--all-batch", "--buffer-size", "1024"]));
         assert_eq!(p.len(), 16);
         assert_eq!((p[15].batch, p[15].msg), (32768, 1024));
@@ -88,6 +106,8 @@ mod tests {
         let p = Point { msg: 8, batch: 3 };
         assert_eq!(offsets(p, false), vec![0, 128, 256]);
         assert_eq!(offsets(p, true), vec![0, 8, 16]);
-        assert_eq!(buffer_bytes(&[p, Point { msg: 16, batch: 2 }], true), 32);
+        assert_eq!(buffer_bytes(&[p, Point { msg: 16, batch: 2 }], true), Ok(32));
+        assert!(buffer_bytes(&[Point { msg: u64::MAX, batch: 1 }], false).unwrap_err().contains("does not fit"));
+        assert!(buffer_bytes(&[Point { msg: 1 << 62, batch: 4 }], true).is_err());
     }
 }

@@ -401,7 +401,9 @@ fn help_lists_primary_names() {
 
 #[test]
 fn usage_errors_name_the_flag() {
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 10] = [
+        (&["--buffer-size", "18446744073709551615"], &["does not fit in memory"]),
+        (&["--port", "0"], &["--port 0", "allowed 1..=65533"]),
         (&["--self-ip", "0.0.0.0"], &["--self-ip", "0.0.0.0", "loopback"]),
         (&["--buffer-size", "0"], &["--buffer-size"]),
         (&["--backend", "fabric"], &["fabric", "not part of this build"]),

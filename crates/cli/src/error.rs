@@ -38,9 +38,19 @@ impl CliError {
 /// Result of the command's modules.
 pub type CliResult<T> = Result<T, CliError>;
 
-/// Reads a whole input file, naming it in the error.
+/// Largest input file read, bytes (256 MiB): a topology capture or a trace is far smaller, and
+/// an endless file (`/dev/zero`) must not hang the command.
+pub const MAX_INPUT: u64 = 256 << 20;
+
+/// Reads a whole input file (at most [`MAX_INPUT`] bytes), naming it in the error.
 pub fn read_input(path: &std::path::Path) -> CliResult<String> {
-    let bytes = std::fs::read(path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+    use std::io::Read;
+    let f = std::fs::File::open(path).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+    let mut bytes = Vec::new();
+    f.take(MAX_INPUT + 1).read_to_end(&mut bytes).map_err(|e| CliError::input(format!("{}: {e}", path.display())))?;
+    if bytes.len() as u64 > MAX_INPUT {
+        return Err(CliError::input(format!("{}: larger than {MAX_INPUT} bytes; not an input this command reads", path.display())));
+    }
     String::from_utf8(bytes).map_err(|_| CliError::input(format!("{}: not UTF-8 text", path.display())))
 }
 

@@ -72,7 +72,10 @@ pub fn preferred_order(root: &std::path::Path, filter: Option<&mori_topo::Device
 pub fn open(cfg: &RdmaConfig) -> IoResult<Device> {
     let filter = mori_topo::DeviceFilter::from_env().map_err(|e| IoError::invalid(e.to_string()))?;
     let list = DeviceList::new().map_err(|e| {
-        IoError::not_supported(format!("no RDMA: libibverbs could not list devices ({e}); is libibverbs installed and an RDMA driver loaded?"))
+        IoError::not_supported(format!(
+            "no RDMA: libibverbs could not list devices ({e}): no RDMA driver is loaded (or libibverbs is missing); \
+             without an RDMA NIC, try SoftRoCE: cargo xtask softroce -- CMD"
+        ))
     })?;
     let (order, numa) = preferred_order(std::path::Path::new("/"), filter.as_ref());
     let mut devs: Vec<_> = list.iter().collect();
@@ -131,7 +134,7 @@ pub fn open(cfg: &RdmaConfig) -> IoResult<Device> {
         });
     }
     Err(IoError::not_supported(if seen.is_empty() {
-        "no active RDMA port: no RDMA device found".to_string()
+        "no active RDMA port: no RDMA device found (without an RDMA NIC, try SoftRoCE: cargo xtask softroce -- CMD)".to_string()
     } else {
         format!("no active RDMA port: {}", seen.join("; "))
     }))

@@ -95,7 +95,9 @@ pub(crate) struct EngineInner {
 /// A MORI-IO transfer engine: one control-plane listener, the backends created on it, the
 /// memory registered with it, and the remote engines it knows.
 ///
-/// Dropping it stops the listener and the backends' threads (within ~200 ms).
+/// Dropping it stops the listener and the backends' threads (within ~200 ms) but does not wait
+/// for transfers in flight: deregister memory first (`deregister_memory` waits for the
+/// operations using it), and only then free it.
 pub struct IoEngine {
     inner: Arc<EngineInner>,
 }
@@ -282,11 +284,28 @@ impl IoEngine {
         Ok(())
     }
 
-    /// Makes a remote engine known (its descriptor came out of band).
-    /// Errors: `InvalidArgs` for this engine's own key.
+    /// Makes a remote engine known (its descriptor came out of band). Registering a key again
+    /// with a different descriptor (the peer restarted) drops the connections and cached
+    /// choices of the old one first. Memory descriptors of the old engine must not be reused:
+    /// region ids restart with each engine. Errors: `InvalidArgs` for this engine's own key.
     pub fn register_remote_engine(&self, desc: EngineDesc) -> IoResult<()> {
         if desc.key == self.inner.desc.key {
             return Err(IoError::invalid(format!("remote engine key {:?} equals this engine's key", desc.key)));
+        }
+        let known = self.inner.remotes.read().get(&desc.key).cloned();
+        match known {
+            Some(old) if *old == desc => return Ok(()),
+            Some(old) => {
+                // Another engine now answers to this key (restarted, moved): drop everything
+                // tied to the old one, so no transfer reaches it by mistake.
+                tracing::info!(
+                    key = %desc.key, old = %format!("{}:{} pid {}", old.host, old.port, old.pid),
+                    new = %format!("{}:{} pid {}", desc.host, desc.port, desc.pid),
+                    "remote engine re-registered with a new descriptor; its connections are dropped"
+                );
+                self.deregister_remote_engine(&desc.key);
+            }
+            None => {}
         }
         self.inner.remotes.write().insert(desc.key.clone(), Arc::new(desc));
         Ok(())

@@ -84,3 +84,30 @@ fn auto_backends_fall_back_to_tcp_without_rdma() {
 fn mori_gpu_absent() -> bool {
     !std::path::Path::new("/dev/nvidiactl").exists() && !std::path::Path::new("/dev/kfd").exists()
 }
+
+#[test]
+fn re_registering_a_key_with_a_new_engine_drops_the_old_connections() {
+    // C talks to "B", then "B" is another engine (restarted): traffic must reach the new one.
+    let mk = |key: &str| {
+        let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 1, ..TcpConfig::default() })).unwrap();
+        e
+    };
+    let (c, b1, b2) = (mk("C"), mk("B"), mk("B"));
+    let mut src = vec![0x77u8; 64];
+    let (mut d1, mut d2) = (vec![0u8; 64], vec![0u8; 64]);
+    let ms = unsafe { c.register_memory(src.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    let m1 = unsafe { b1.register_memory(d1.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    let m2 = unsafe { b2.register_memory(d2.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    c.register_remote_engine(b1.desc().clone()).unwrap();
+    c.write(&ms, 0, &m1, 0, 64, 1).wait_for(T).unwrap();
+    assert!(d1.iter().all(|&x| x == 0x77));
+    d1.fill(0);
+    c.register_remote_engine(b2.desc().clone()).unwrap();
+    c.write(&ms, 0, &m2, 0, 64, 2).wait_for(T).unwrap();
+    assert!(d2.iter().all(|&x| x == 0x77), "the new engine got the data");
+    assert!(d1.iter().all(|&x| x == 0), "the old engine got nothing");
+    for (e, m) in [(&c, &ms), (&b1, &m1), (&b2, &m2)] {
+        e.deregister_memory(m).unwrap();
+    }
+}

@@ -5,6 +5,8 @@ use mori_bench::args::Args;
 use mori_bench::report;
 use mori_bench::run::{run, Failure};
 use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Environment variable through which `--local` tells its child to be rank 1 on a port.
@@ -51,7 +53,22 @@ fn spawn_target(port: u16) -> Result<Child, String> {
         .map_err(|e| format!("--local: cannot start the target rank: {e}"))
 }
 
-fn reap(mut child: Child, failed: bool) -> Option<i32> {
+/// Watches the `--local` target: if it exits with an error before rank 0 is done, there is no
+/// point in waiting for it at the rendezvous: say so and stop. After `done` is set, waits for
+/// its exit (20 s, or 0.5 s when rank 0 failed) and returns its status (`None`: killed).
+fn watch(mut child: Child, done: Arc<AtomicU8>) -> Option<i32> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) if done.load(Ordering::Acquire) == 0 && !st.success() => {
+                eprintln!("error: the target rank (rank 1) exited with {st} before the run finished; its message is above");
+                std::process::exit(1);
+            }
+            Ok(Some(st)) if done.load(Ordering::Acquire) != 0 => return st.code(),
+            Ok(_) if done.load(Ordering::Acquire) != 0 => break,
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let failed = done.load(Ordering::Acquire) == 2;
     let deadline = Instant::now() + if failed { Duration::from_millis(500) } else { Duration::from_secs(20) };
     loop {
         match child.try_wait() {
@@ -77,7 +94,19 @@ fn main() -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
-    let mut child = None;
+    // Writable outputs are checked before the run, not after it.
+    for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
+        if let Some(p) = path {
+            if args.rank == 0 && child_port.is_none() {
+                if let Err(e) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
+                    eprintln!("error: {flag} {}: {e}", p.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    }
+    let done = Arc::new(AtomicU8::new(0));
+    let mut child: Option<std::thread::JoinHandle<Option<i32>>> = None;
     let port;
     if args.local {
         if args.rank != 0 && child_port.is_none() {
@@ -101,7 +130,10 @@ fn main() -> ExitCode {
                 }
             };
             match spawn_target(port) {
-                Ok(c) => child = Some(c),
+                Ok(c) => {
+                    let d = done.clone();
+                    child = Some(std::thread::spawn(move || watch(c, d)));
+                }
                 Err(e) => {
                     eprintln!("error: {e}");
                     return ExitCode::from(2);
@@ -113,7 +145,8 @@ fn main() -> ExitCode {
     }
     let ranks_here = if args.local { 2 } else { 1 };
     let r = run(&args, port, ranks_here);
-    let child_code = child.map(|c| reap(c, r.is_err()));
+    done.store(if r.is_err() { 2 } else { 1 }, Ordering::Release);
+    let child_code = child.map(|h| h.join().unwrap_or(None));
     match r {
         Err(Failure { msg, code }) => {
             eprintln!("error (rank {}): {msg}", args.rank);
@@ -133,7 +166,12 @@ fn main() -> ExitCode {
                 }
             }
             if let Some(p) = &args.plot {
-                let title = format!("bench_engine {} tcp, {} connection(s)", format!("{:?}", args.op).to_lowercase(), args.num_qp_per_transfer);
+                let title = format!(
+                    "bench_engine {} {}, {} connection(s)/QP(s)",
+                    format!("{:?}", args.op).to_lowercase(),
+                    format!("{:?}", args.backend).to_lowercase(),
+                    args.num_qp_per_transfer
+                );
                 if let Err(e) = report::plot(p, &out.rows, args.all_batch, &title) {
                     eprintln!("error: {e}");
                     code = 1;
