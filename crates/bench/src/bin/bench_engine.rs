@@ -24,7 +24,13 @@ fn init_logging(level: &str) -> Result<(), String> {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MORI_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("warn,mori_io={lvl},mori_io_tcp={lvl},mori_bootstrap={lvl}")));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
     Ok(())
 }
 
