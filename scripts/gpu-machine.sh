@@ -31,6 +31,15 @@ for op in write read; do
       --log-level warning --json "$OUT/xgmi-$op-b$b.json" 2>&1 | tee -a "$OUT/bench.txt" | tail -n 30 || rc=1
   done
 done
+step "bench_engine --backend xgmi --xgmi-single-process (one process, no IPC), 8 B .. 64 MiB"
+for op in write read; do
+  for b in 1 128; do
+    echo "--- single process, op $op, batch $b"
+    "$B/bench_engine" --xgmi-single-process --backend xgmi --mem-type gpu --op "$op" --enable-sess --all \
+      --sweep-start 8 --sweep-max 67108864 --transfer-batch-size "$b" --iters 50 --warmup-iters 5 \
+      --log-level warning 2>&1 | tee -a "$OUT/bench.txt" | tail -n 30 || rc=1
+  done
+done
 step "plain device-to-device copy on the same GPU (torch), the roofline"
 python3 - <<'PY' 2>&1 | tee -a "$OUT/bench.txt"
 import torch, time

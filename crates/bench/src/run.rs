@@ -66,6 +66,42 @@ const MAGIC_ABORT: u8 = 2;
 /// Runs this rank. `port` is the bootstrap port (engines use port+1+rank); `ranks_here` is how
 /// many ranks share this machine's memory (2 with --local) for the memory check.
 pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> {
+    run_with(args, port, ranks_here, None)
+}
+
+/// `--xgmi-single-process`: both ranks in this process (rank 1 on a thread), joined by an
+/// in-process bootstrap; no socket rendezvous. With `--backend xgmi` the two engines share one
+/// address space, so copies use device pointers directly (no IPC), as the seed's Python
+/// benchmark does by default. Returns rank 0's outcome.
+pub fn run_single_process(args: &Args) -> Result<Outcome, Failure> {
+    let timeout = std::env::var("MORI_BOOTSTRAP_OP_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(Duration::from_secs_f64)
+        .unwrap_or(POINT_WAIT);
+    let mut group = mori_bootstrap::LocalBootstrap::new_group(2, timeout).into_iter();
+    let (b0, b1) = match (group.next(), group.next()) {
+        (Some(a), Some(b)) => (a, b),
+        _ => return Err(fail("in-process bootstrap: group of 2 not created")),
+    };
+    let mut a1 = args.clone();
+    a1.rank = 1;
+    let target = std::thread::Builder::new()
+        .name("bench-rank1".into())
+        .spawn(move || run_with(&a1, 0, 2, Some(Box::new(b1))))
+        .map_err(|e| fail(format!("spawn the target rank's thread: {e}")))?;
+    let mut a0 = args.clone();
+    a0.rank = 0;
+    let r0 = run_with(&a0, 0, 2, Some(Box::new(b0)));
+    let r1 = target.join().map_err(|_| fail("the target rank's thread panicked"))?;
+    match (r0, r1) {
+        (Ok(o), Ok(_)) => Ok(o),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(Failure { msg: format!("target rank: {}", e.msg), code: e.code }),
+    }
+}
+
+fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Bootstrap>>) -> Result<Outcome, Failure> {
     let rank = args.rank;
     let master = (args.master_ip.as_str(), port)
         .to_socket_addrs()
@@ -87,7 +123,11 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
     }
 
     // Engine, backend, memory first: a rank that cannot serve the backend stops at once.
-    let eport = port.checked_add(1 + rank as u16).ok_or_else(|| usage(format!("--port {port}: port+1+rank exceeds 65535")))?;
+    let eport = if local.is_some() {
+        0 // in-process ranks: ephemeral control ports
+    } else {
+        port.checked_add(1 + rank as u16).ok_or_else(|| usage(format!("--port {port}: port+1+rank exceeds 65535")))?
+    };
     let ecfg = EngineConfig::new(self_ip.clone(), eport).map_err(|e| usage(e.to_string()))?;
     let mut buf = match args.mem_type {
         MemArg::Cpu => Buffer::host(bytes as usize),
@@ -112,14 +152,19 @@ pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> 
     // (Device memory is registered by its device address.)
     let (ptr, len, loc) = buf.region();
     let mem = unsafe { eng.register_memory(ptr, len, loc) }.map_err(|e| fail(e.to_string()))?;
-    let mut cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
-    // The target waits inside one collective for each point's whole timed loop: unless
-    // MORI_BOOTSTRAP_OP_TIMEOUT says otherwise, allow an hour per point (a dead peer is still
-    // noticed at once: its sockets close).
-    if std::env::var_os("MORI_BOOTSTRAP_OP_TIMEOUT").is_none() {
-        cfg.op_timeout = cfg.op_timeout.max(POINT_WAIT);
-    }
-    let boot = SocketBootstrap::new(cfg).map_err(|e| fail(format!("bootstrap (rank {rank}, master {master}): {e}")))?;
+    let boot: Box<dyn Bootstrap> = match local {
+        Some(b) => b,
+        None => {
+            let mut cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
+            // The target waits inside one collective for each point's whole timed loop: unless
+            // MORI_BOOTSTRAP_OP_TIMEOUT says otherwise, allow an hour per point (a dead peer is
+            // still noticed at once: its sockets close).
+            if std::env::var_os("MORI_BOOTSTRAP_OP_TIMEOUT").is_none() {
+                cfg.op_timeout = cfg.op_timeout.max(POINT_WAIT);
+            }
+            Box::new(SocketBootstrap::new(cfg).map_err(|e| fail(format!("bootstrap (rank {rank}, master {master}): {e}")))?)
+        }
+    };
 
     // Both ranks must run the same workload.
     let mine: Vec<(String, String)> = args.workload().into_iter().map(|(k, v)| (k.to_string(), v)).collect();

@@ -294,7 +294,8 @@ fn check_json(doc: &serde_json::Value, table: &[TableRow]) {
 fn local_sweep(extra: &[&str], msgs: &[u64], batches: &[u64]) -> Vec<TableRow> {
     let dir = TempDir::new("sweep");
     let json = dir.path("rows.json");
-    let mut args = vec!["--local"];
+    // `--xgmi-single-process` runs both ranks in one process: no --local then.
+    let mut args = if extra.contains(&"--xgmi-single-process") { vec![] } else { vec!["--local"] };
     args.extend_from_slice(extra);
     args.extend_from_slice(&QUICK);
     args.extend_from_slice(&["--json", &json]);
@@ -329,6 +330,14 @@ fn local_write_sweep_batch_mode() {
 #[test]
 fn local_read_sweep_single_transfers() {
     let mut a = vec!["--op", "read", "--disable-batch-transfer"];
+    a.extend_from_slice(&SWEEP_64K);
+    local_sweep(&a, &sizes_8_to_64k(), &[4; 14]);
+}
+
+#[test]
+fn single_process_write_sweep() {
+    // Both ranks as threads of one process, joined by the in-process bootstrap.
+    let mut a = vec!["--op", "write", "--xgmi-single-process"];
     a.extend_from_slice(&SWEEP_64K);
     local_sweep(&a, &sizes_8_to_64k(), &[4; 14]);
 }

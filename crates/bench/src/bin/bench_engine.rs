@@ -3,7 +3,7 @@
 use clap::Parser;
 use mori_bench::args::Args;
 use mori_bench::report;
-use mori_bench::run::{run, Failure};
+use mori_bench::run::{run, run_single_process, Failure};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -150,7 +150,7 @@ fn main() -> ExitCode {
         port = args.port.unwrap_or(DEFAULT_PORT);
     }
     let ranks_here = if args.local { 2 } else { 1 };
-    let r = run(&args, port, ranks_here);
+    let r = if args.xgmi_single_process { run_single_process(&args) } else { run(&args, port, ranks_here) };
     done.store(if r.is_err() { 2 } else { 1 }, Ordering::Release);
     let child_code = child.map(|h| h.join().unwrap_or(None));
     match r {
