@@ -147,7 +147,7 @@ fn install_nvcc(dir: &Path) -> Result<(), String> {
     util::ensure_tools(&[("python3", "python3")])?;
     let pip_ok = || Command::new("python3").args(["-m", "pip", "--version"]).output().map(|o| o.status.success()).unwrap_or(false);
     if !pip_ok() {
-        apt_install(&["python3-pip"])?;
+        util::apt_install(&["python3-pip"])?;
     }
     let parent = dir.parent().ok_or("bad MORI_NVCC_DIR")?;
     std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
@@ -181,13 +181,13 @@ fn ensure_clang() -> Result<PathBuf, String> {
     let usable = |m: u32| bin(m).join("clang").exists() && bin(m).join("ld.lld").exists();
     let best = CLANG_MAJORS[0];
     if !usable(best) && util::is_root() {
-        if let Err(e) = apt_install(&[&format!("clang-{best}"), &format!("lld-{best}")]) {
+        if let Err(e) = util::apt_install(&[&format!("clang-{best}"), &format!("lld-{best}")]) {
             println!("xtask: kernels: clang-{best} is not installable here ({e})");
         }
     }
     for &m in CLANG_MAJORS {
         if !usable(m) && m != best && util::is_root() {
-            let _ = apt_install(&[&format!("clang-{m}"), &format!("lld-{m}")]);
+            let _ = util::apt_install(&[&format!("clang-{m}"), &format!("lld-{m}")]);
         }
         if usable(m) {
             if m != best {
@@ -197,29 +197,6 @@ fn ensure_clang() -> Result<PathBuf, String> {
         }
     }
     Err(format!("no Debian clang-{best} + lld-{best}; install them (apt-get install clang-{best} lld-{best})"))
-}
-
-/// apt-get install (after an update), as root.
-fn apt_install(pkgs: &[&str]) -> Result<(), String> {
-    if !util::is_root() {
-        return Err(format!("missing {}; install them (apt-get install {})", pkgs.join(", "), pkgs.join(" ")));
-    }
-    println!("xtask: kernels: apt-get install {}", pkgs.join(" "));
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .map_err(|e| format!("apt-get: {e}"))
-    };
-    apt(&["update", "-qq"])?;
-    let mut a = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    a.extend_from_slice(pkgs);
-    if apt(&a)?.success() {
-        Ok(())
-    } else {
-        Err(format!("apt-get install {} failed", pkgs.join(" ")))
-    }
 }
 
 /// True when this clang accepts `arch` as an AMDGPU processor.

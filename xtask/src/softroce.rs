@@ -391,29 +391,8 @@ fn ensure_packages() -> Result<(), String> {
     if need.is_empty() {
         return Ok(());
     }
-    if !crate::util::is_root() {
-        return Err(format!("missing packages: {0}; as root: apt-get install {0}", need.join(" ")));
-    }
     log!("installing: {}", need.join(" "));
-    apt(&["update", "-qq"])?;
-    let mut a = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    a.extend(&need);
-    apt(&a)
-}
-
-/// apt-get with its output on stderr (stdout is the command's).
-fn apt(args: &[&str]) -> Result<(), String> {
-    let st = Command::new("apt-get")
-        .args(args)
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .stdout(Stdio::from(std::io::stderr()))
-        .status()
-        .map_err(|e| format!("apt-get: {e}"))?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(format!("apt-get {} failed ({st})", args.join(" ")))
-    }
+    crate::util::apt_install(&need)
 }
 
 fn dpkg_installed(pkg: &str) -> bool {
@@ -489,7 +468,8 @@ fn ensure_kernel(cache: &Path, busybox: &Path) -> Result<Kernel, String> {
         let pkg = match pkg {
             Some(p) if download(&p).is_ok() => p,
             _ => {
-                apt(&["update", "-qq"])?; // stale or missing package lists
+                // stale or missing package lists
+                status(Command::new("apt-get").args(["update", "-qq"]).stdout(Stdio::from(std::io::stderr())), "apt-get update")?;
                 let p = kernel_package().ok_or("cannot resolve linux-image-amd64 (apt-cache depends linux-image-amd64)")?;
                 download(&p)?;
                 p

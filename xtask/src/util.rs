@@ -30,32 +30,38 @@ pub fn have(tool: &str) -> bool {
     Command::new("sh").args(["-c", &format!("command -v {tool} >/dev/null 2>&1")]).status().map(|s| s.success()).unwrap_or(false)
 }
 
-/// Installs the Debian package of every (tool, package) whose tool is missing.
-pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
-    let missing: Vec<&str> = tools.iter().filter(|(t, _)| !have(t)).map(|(_, p)| *p).collect();
-    if missing.is_empty() {
+/// `apt-get update` then `apt-get install` of `pkgs`, as root (otherwise an error saying what
+/// to install). apt's output goes to stderr, so a command's stdout stays its own.
+pub fn apt_install(pkgs: &[&str]) -> Result<(), String> {
+    if pkgs.is_empty() {
         return Ok(());
     }
     if !is_root() {
-        return Err(format!("missing {}; install them (apt-get install {})", missing.join(", "), missing.join(" ")));
+        return Err(format!("missing {}; install them (apt-get install {})", pkgs.join(", "), pkgs.join(" ")));
     }
-    println!("xtask: apt-get install {}", missing.join(" "));
-    let run = |args: &[&str]| {
+    eprintln!("xtask: apt-get install {}", pkgs.join(" "));
+    let apt = |args: &[&str]| {
         Command::new("apt-get")
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(std::process::Stdio::from(std::io::stderr()))
             .status()
             .map_err(|e| format!("apt-get: {e}"))
     };
-    run(&["update", "-qq"])?;
+    apt(&["update", "-qq"])?;
     let mut a = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    a.extend(missing.iter().copied());
-    let st = run(&a)?;
-    if st.success() {
+    a.extend_from_slice(pkgs);
+    if apt(&a)?.success() {
         Ok(())
     } else {
-        Err(format!("apt-get install {} failed", missing.join(" ")))
+        Err(format!("apt-get install {} failed", pkgs.join(" ")))
     }
+}
+
+/// Installs the Debian package of every (tool, package) whose tool is missing.
+pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
+    let missing: Vec<&str> = tools.iter().filter(|(t, _)| !have(t)).map(|(_, p)| *p).collect();
+    apt_install(&missing)
 }
 
 /// True when a libclang shared library is installed (bindgen needs it to build the ibverbs
@@ -85,26 +91,7 @@ fn have_libclang() -> bool {
 pub fn ensure_build_deps() -> Result<(), String> {
     ensure_tools(&[("cmake", "cmake")])?;
     if !have_libclang() {
-        if !is_root() {
-            return Err("libclang is missing (needed to build the ibverbs bindings); install it: apt-get install libclang-dev".into());
-        }
-        println!("xtask: apt-get install libclang-dev");
-        let st = Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends", "libclang-dev"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .map_err(|e| format!("apt-get: {e}"))?;
-        if !st.success() {
-            let _ = Command::new("apt-get").args(["update", "-qq"]).status();
-            let st = Command::new("apt-get")
-                .args(["install", "-y", "-qq", "--no-install-recommends", "libclang-dev"])
-                .env("DEBIAN_FRONTEND", "noninteractive")
-                .status()
-                .map_err(|e| format!("apt-get: {e}"))?;
-            if !st.success() {
-                return Err("apt-get install libclang-dev failed".into());
-            }
-        }
+        apt_install(&["libclang-dev"]).map_err(|e| format!("libclang (needed to build the ibverbs bindings): {e}"))?;
     }
     Ok(())
 }
