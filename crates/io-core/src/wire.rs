@@ -79,6 +79,43 @@ pub enum CtrlReply {
     Error(IoError),
 }
 
+/// Opens a connection to `peer`'s listener for `role` and exchanges hellos: connect within
+/// `connect_timeout`, then every read and write of the stream bounded by `io_timeout`.
+/// Errors: `InvalidArgs` for an address that does not resolve; `Timeout`/`RemoteDisconnect`/
+/// `Transport` from the socket (naming the engine and address); the peer's refusal; `BadState`
+/// when another engine than `peer` answers.
+pub fn dial(
+    local: &EngineDesc,
+    peer: &EngineDesc,
+    role: Role,
+    connect_timeout: std::time::Duration,
+    io_timeout: std::time::Duration,
+) -> IoResult<std::net::TcpStream> {
+    use std::net::ToSocketAddrs;
+    let key = &peer.key;
+    let target = format!("{}:{}", peer.host, peer.port);
+    let addr = target
+        .to_socket_addrs()
+        .map_err(|e| IoError::invalid(format!("engine {key:?} address {target}: {e}")))?
+        .next()
+        .ok_or_else(|| IoError::invalid(format!("engine {key:?} address {target} resolves to nothing")))?;
+    let what = match role {
+        Role::Control => "control".to_string(),
+        Role::Data { backend, lane } => format!("{backend} lane {lane}"),
+    };
+    let mut s = std::net::TcpStream::connect_timeout(&addr, connect_timeout)
+        .map_err(|e| IoError::from_io(&format!("{what} connect to engine {key:?} at {addr}"), &e))?;
+    s.set_nodelay(true).ok();
+    s.set_read_timeout(Some(io_timeout)).ok();
+    s.set_write_timeout(Some(io_timeout)).ok();
+    write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: local.clone(), role })?;
+    match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME)? {
+        HelloReply::Ok(d) if d.key == *key => Ok(s),
+        HelloReply::Ok(d) => Err(IoError::bad_state(format!("dialed engine {key:?} at {addr} but {:?} answered", d.key))),
+        HelloReply::Refused(e) => Err(e),
+    }
+}
+
 /// Encodes one frame: `len: u32 LE` then the postcard body.
 pub fn encode_frame<T: Serialize>(msg: &T) -> IoResult<Vec<u8>> {
     let body = postcard::to_allocvec(msg).map_err(|e| IoError::invalid(format!("control message encode: {e}")))?;

@@ -2,10 +2,10 @@
 
 use crate::proto::*;
 use crate::vio::{read_exact_vectored, write_all_vectored};
-use mori_io_core::wire::{read_frame, write_frame, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
+use mori_io_core::wire::Role;
 use mori_io_core::{BackendKind, EngineDesc, ErrorCode, IoError, IoResult, Op, Region, Seg, TransferStatus};
 use std::io::{IoSlice, IoSliceMut, Read};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,23 +29,7 @@ pub(crate) struct LaneTimeouts {
 
 /// Opens data connection `lane` to `peer` and says hello.
 pub(crate) fn dial(local: &EngineDesc, peer: &EngineDesc, lane: u32, t: LaneTimeouts) -> IoResult<TcpStream> {
-    let target = format!("{}:{}", peer.host, peer.port);
-    let addr = target
-        .to_socket_addrs()
-        .map_err(|e| IoError::invalid(format!("engine {:?} address {target}: {e}", peer.key)))?
-        .next()
-        .ok_or_else(|| IoError::invalid(format!("engine {:?} address {target} resolves to nothing", peer.key)))?;
-    let mut s = TcpStream::connect_timeout(&addr, t.connect)
-        .map_err(|e| IoError::from_io(&format!("tcp connect to engine {:?} at {addr}", peer.key), &e))?;
-    s.set_nodelay(true).ok();
-    s.set_read_timeout(Some(t.data)).ok();
-    s.set_write_timeout(Some(t.data)).ok();
-    let hello = Hello { version: PROTOCOL_VERSION, from: local.clone(), role: Role::Data { backend: BackendKind::Tcp, lane } };
-    write_frame(&mut s, &hello)?;
-    match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME)? {
-        HelloReply::Ok(_) => Ok(s),
-        HelloReply::Refused(e) => Err(e),
-    }
+    mori_io_core::wire::dial(local, peer, Role::Data { backend: BackendKind::Tcp, lane }, t.connect, t.data)
 }
 
 /// Worker loop of one lane: runs jobs in order, stop-and-wait on the connection.

@@ -2,7 +2,7 @@
 //! moves the payload straight between the socket and registered memory.
 
 use crate::proto::*;
-use crate::vio::{drain, read_exact_vectored, write_all_vectored};
+use crate::vio::{drain, read_exact_vectored, wait_readable, write_all_vectored};
 use mori_io_core::{BackendContext, ErrorCode, IoError, Region};
 use bytemuck::Zeroable;
 use std::io::{IoSlice, IoSliceMut, Read};
@@ -19,7 +19,7 @@ const IDLE_POLL: Duration = Duration::from_millis(200);
 /// `shutdown` is set. `from` is the initiator's engine key.
 pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdown: Arc<AtomicBool>) {
     loop {
-        match wait_readable(&s, IDLE_POLL) {
+        match wait_readable(s.as_raw_fd(), IDLE_POLL) {
             Ok(false) => {
                 if shutdown.load(Ordering::Acquire) {
                     return;
@@ -37,18 +37,6 @@ pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdow
             return;
         }
     }
-}
-
-/// `poll(2)` for readability with a timeout.
-fn wait_readable(s: &TcpStream, t: Duration) -> std::io::Result<bool> {
-    let mut p = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: `p` is a valid pollfd for the duration of the call and nfds is 1.
-    let r = unsafe { libc::poll(&mut p, 1, t.as_millis() as libc::c_int) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.kind() == std::io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
-    }
-    Ok(r > 0)
 }
 
 fn read_pod<T: bytemuck::Pod>(s: &mut TcpStream) -> Result<T, IoError> {

@@ -33,6 +33,19 @@ pub fn read_exact_vectored<R: Read>(r: &mut R, mut bufs: &mut [IoSliceMut<'_>]) 
     Ok(())
 }
 
+/// `poll(2)` one descriptor for readability, waiting up to `t`: `Ok(false)` on timeout (or an
+/// interrupted wait). Used by idle connection loops that must notice shutdown.
+pub fn wait_readable(fd: std::os::fd::RawFd, t: std::time::Duration) -> io::Result<bool> {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: `p` is a valid pollfd for the duration of the call and nfds is 1.
+    let r = unsafe { libc::poll(&mut p, 1, t.as_millis().min(i32::MAX as u128) as libc::c_int) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
+    }
+    Ok(r > 0)
+}
+
 /// Reads and discards exactly `n` bytes (keeps a stream in step after a refused request).
 pub fn drain<R: Read>(r: &mut R, mut n: u64) -> io::Result<()> {
     let mut scratch = [0u8; 64 * 1024];

@@ -1,10 +1,10 @@
 //! Client side of the control plane: one cached connection per peer engine.
 
-use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, PROTOCOL_VERSION};
+use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Role};
 use mori_io_core::{BackendKind, ControlClient, EngineDesc, ErrorCode, IoError, IoResult};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,28 +27,9 @@ impl CtrlPool {
     }
 
     fn dial(&self, peer: &EngineDesc) -> IoResult<Arc<Mutex<TcpStream>>> {
-        let key = &peer.key;
-        let target = format!("{}:{}", peer.host, peer.port);
-        let addr = target
-            .to_socket_addrs()
-            .map_err(|e| IoError::invalid(format!("engine {key:?} address {target}: {e}")))?
-            .next()
-            .ok_or_else(|| IoError::invalid(format!("engine {key:?} address {target} resolves to nothing")))?;
-        let mut s = TcpStream::connect_timeout(&addr, self.timeout)
-            .map_err(|e| IoError::from_io(&format!("control connect to engine {key:?} at {addr}"), &e))?;
-        s.set_nodelay(true).ok();
-        s.set_read_timeout(Some(self.timeout)).ok();
-        s.set_write_timeout(Some(self.timeout)).ok();
-        write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: (*self.local).clone(), role: Role::Control })?;
-        match read_frame::<HelloReply, _>(&mut s, self.max_frame)? {
-            HelloReply::Ok(d) if d.key == *key => {}
-            HelloReply::Ok(d) => {
-                return Err(IoError::bad_state(format!("dialed engine {key:?} at {addr} but {:?} answered", d.key)))
-            }
-            HelloReply::Refused(e) => return Err(e),
-        }
+        let s = mori_io_core::wire::dial(&self.local, peer, Role::Control, self.timeout, self.timeout)?;
         let c = Arc::new(Mutex::new(s));
-        self.conns.lock().insert(key.clone(), c.clone());
+        self.conns.lock().insert(peer.key.clone(), c.clone());
         Ok(c)
     }
 

@@ -3,6 +3,7 @@
 use crate::engine::EngineInner;
 use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, PROTOCOL_VERSION};
 use mori_io_core::{ErrorCode, IoError};
+use mori_io_tcp::vio::wait_readable;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -11,22 +12,10 @@ use std::time::Duration;
 
 const POLL: Duration = Duration::from_millis(100);
 
-/// `poll(2)` one fd for readability; `Ok(false)` on timeout.
-pub(crate) fn readable(fd: i32, t: Duration) -> std::io::Result<bool> {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: `p` is a valid pollfd for the duration of the call and nfds is 1.
-    let r = unsafe { libc::poll(&mut p, 1, t.as_millis() as libc::c_int) };
-    if r < 0 {
-        let e = std::io::Error::last_os_error();
-        return if e.kind() == std::io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
-    }
-    Ok(r > 0)
-}
-
 /// Accept loop; returns when the engine shuts down.
 pub(crate) fn accept_loop(listener: TcpListener, eng: Arc<EngineInner>) {
     while !eng.shutdown.load(Ordering::Acquire) {
-        match readable(listener.as_raw_fd(), POLL) {
+        match wait_readable(listener.as_raw_fd(), POLL) {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -97,7 +86,7 @@ fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::Engine
             if eng.shutdown.load(Ordering::Acquire) {
                 return Ok(());
             }
-            match readable(s.as_raw_fd(), POLL) {
+            match wait_readable(s.as_raw_fd(), POLL) {
                 Ok(true) => break,
                 Ok(false) => continue,
                 Err(e) => return Err(IoError::from_io("control poll", &e)),
