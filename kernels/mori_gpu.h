@@ -11,6 +11,8 @@ typedef __UINT8_TYPE__ uint8_t;
 typedef __UINT16_TYPE__ uint16_t;
 typedef __UINT32_TYPE__ uint32_t;
 typedef __UINT64_TYPE__ uint64_t;
+typedef __INT32_TYPE__ int32_t;
+typedef __INT64_TYPE__ int64_t;
 
 #if defined(__HIP__) // clang -x hip
 #define MORI_DEVICE __attribute__((device)) inline __attribute__((always_inline))
@@ -32,6 +34,34 @@ MORI_DEVICE void mori_fence_system() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, 
 MORI_DEVICE uint64_t mori_atomic_add_system(uint64_t* p, uint64_t v) {
     return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+MORI_DEVICE uint32_t mori_atomic_add_system_u32(uint32_t* p, uint32_t v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+MORI_DEVICE uint32_t mori_atomic_cas_system_u32(uint32_t* p, uint32_t expected, uint32_t desired) {
+    __hip_atomic_compare_exchange_strong(p, &expected, desired, __ATOMIC_RELAXED, __ATOMIC_RELAXED,
+                                         __HIP_MEMORY_SCOPE_SYSTEM);
+    return expected;
+}
+// Block-scope atomic add (shared memory counters).
+MORI_DEVICE uint32_t mori_atomic_add_block_u32(uint32_t* p, uint32_t v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP);
+}
+MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) {
+    return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) {
+    __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+// Nanoseconds from a constant-rate clock (s_memrealtime runs at 100 MHz).
+MORI_DEVICE uint64_t mori_clock_ns() { return __builtin_amdgcn_s_memrealtime() * 10; }
+// Synchronizes the 32-thread group (a half or whole wavefront) the calling thread is in.
+MORI_DEVICE void mori_sync_group32() {
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+}
+// Index of the lowest set bit of a non-zero value.
+MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v); }
 
 #elif defined(__CUDACC__) // nvcc
 #define MORI_DEVICE __device__ __forceinline__
@@ -48,6 +78,34 @@ MORI_DEVICE void mori_fence_system() { __threadfence_system(); }
 MORI_DEVICE uint64_t mori_atomic_add_system(uint64_t* p, uint64_t v) {
     return atomicAdd_system((unsigned long long*)p, (unsigned long long)v);
 }
+MORI_DEVICE uint32_t mori_atomic_add_system_u32(uint32_t* p, uint32_t v) {
+    return atomicAdd_system((unsigned int*)p, (unsigned int)v);
+}
+MORI_DEVICE uint32_t mori_atomic_cas_system_u32(uint32_t* p, uint32_t expected, uint32_t desired) {
+    return atomicCAS_system((unsigned int*)p, (unsigned int)expected, (unsigned int)desired);
+}
+// Block-scope atomic add (shared memory counters).
+MORI_DEVICE uint32_t mori_atomic_add_block_u32(uint32_t* p, uint32_t v) {
+    return atomicAdd_block((unsigned int*)p, (unsigned int)v);
+}
+MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+// Nanoseconds from the global timer.
+MORI_DEVICE uint64_t mori_clock_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// Synchronizes the 32-thread warp the calling thread is in.
+MORI_DEVICE void mori_sync_group32() { __syncwarp(); }
+// Index of the lowest set bit of a non-zero value.
+MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)(__ffsll((long long)v) - 1); }
 
 #else
 #error "mori_gpu.h: compile with nvcc or with clang -x hip"

@@ -1,0 +1,422 @@
+// ep_intranode.cu: MORI-EP intranode dispatch and combine over P2P (NVLink / XGMI, or one GPU).
+//
+// One launch serves `num_local` ranks of this process (blockIdx.x / blocks_per_rank = local
+// rank index): one rank per GPU with one process each, or several ranks sharing one GPU in one
+// process. Every rank owns a symmetric heap (same layout on every rank, `EpLayout` offsets);
+// `heap[r]` is rank r's heap as mapped in this process (IPC mapping or direct pointer).
+// Spinning waits have a deadline (`timeout_ns`); a timeout, an out-of-range expert id or a
+// receive-buffer overflow is recorded in the rank's status word and the kernel goes on (it
+// never writes outside a buffer and never hangs); the host turns the status into an error.
+//
+// ABI (CUDA cuLaunchKernel / HIP hipModuleLaunchKernel): both kernels take one by-value
+// `EpParams` (layout below, every field naturally aligned, little endian); grid
+// num_local * blocks_per_rank blocks of warps_per_block * 32 threads; no dynamic shared memory.
+// All blocks of the grid must be resident at once (the host keeps the grid within one block
+// per multiprocessor).
+//
+// Dispatch (seq s): block b of rank r takes tokens [b*T/B, (b+1)*T/B) and
+//   1. counts (token, destination rank) pairs, the destinations of a token being the unique
+//      ranks owning its expert ids (id / experts_per_rank; -1 skipped);
+//   2. reserves cnt[d] slots on each destination d with one remote atomic add on d's counter
+//      (counter parity s & 1; the receiver zeroes it once everything has arrived);
+//   3. one warp per token reads the row once and writes it to every destination's receive
+//      buffer, with weights, indices, scales and the flat source position r*max_tokens + t,
+//      and records the slot in the sender's send_map [T, world] (-1 = not sent) for combine;
+//   4. fences, then stores (s << 32) | (cnt[d] + 1) in d's signal [r * B + b] — "+1" tells an
+//      empty send from one not yet made.
+//   Block 0 of each rank waits for all world * B signals addressed to it, sums the counts
+//   into status.recv_count and zeroes its counter of this parity.
+// Combine (seq s): every block stages its share of the combine input into the heap (skipped
+// when the caller wrote it there), fences, stores s in every peer's combine flag [r * B + b],
+// waits for all world * B flags addressed to it, then one warp per original token sums, in
+// f32, the rows the token's destinations hold (slot from send_map), optionally weighted by
+// the sum of the receiving rank's weights over the token's top-k slots that rank owns, and
+// writes the row as bf16 or f32 (and, with weights, the per-slot sum of the weights).
+#include "mori_gpu.h"
+
+#define EP_MAX_WORLD 64
+#define EP_MAX_TOPK 32
+
+// Status word codes (status[1]); the first error wins, details in status[2..5].
+#define EP_OK 0
+#define EP_ERR_EXPERT_RANGE 1  // [2] token, [3] slot, [4] id (low 32 bits)
+#define EP_ERR_RECV_OVERFLOW 2 // [2] destination rank, [3] slots wanted (base + count), [4] capacity
+#define EP_ERR_TIMEOUT 3       // [2] phase (1 dispatch, 2 combine), [3] source rank, [4] source block
+#define EP_ERR_RECV_COUNT 4    // [2] total announced (low 32 bits), [3] capacity
+
+// Byte offsets inside every rank's heap.
+struct EpLayout {
+    uint64_t recv_x;      // [max_recv, row_bytes]
+    uint64_t recv_w;      // [max_recv, top_k] f32
+    uint64_t recv_idx;    // [max_recv, top_k] of idx_size bytes
+    uint64_t recv_scales; // [max_recv, scale_bytes]
+    uint64_t recv_src;    // [max_recv] i32 flat source position
+    uint64_t comb_x;      // [max_recv, hidden] combine input elements
+    uint64_t comb_w;      // [max_recv, top_k] f32 combine weights
+    uint64_t counters;    // u32 [2] slot counters (by parity), 8-aligned
+    uint64_t signals;     // u64 [world * blocks_per_rank] dispatch signals
+    uint64_t comb_flags;  // u64 [world * blocks_per_rank] combine arrival flags
+};
+
+// One per local rank, in device memory.
+struct EpRankArgs {
+    uint32_t rank;
+    uint32_t num_tokens;
+    uint64_t x;        // [T, row_bytes]
+    uint64_t weights;  // [T, top_k] f32 or 0
+    uint64_t idx;      // [T, top_k] i32 / i64
+    uint64_t scales;   // [T, scale_bytes] or 0
+    uint64_t send_map; // [max_tokens, world] i32
+    uint64_t comb_in;  // [N_recv, hidden] combine input (== heap + comb_x: nothing to stage)
+    uint64_t comb_w_in;// [N_recv, top_k] f32 combine weights or 0
+    uint64_t out;      // [T, hidden] combine output
+    uint64_t out_w;    // [T, top_k] f32 or 0
+    uint64_t status;   // u32 [8]: recv_count, error code, detail a, b, c
+    uint64_t trace;    // u64 [blocks_per_rank, 8] phase timestamps (ns) or 0
+};
+
+struct EpParams {
+    uint64_t heap[EP_MAX_WORLD];
+    EpLayout lay;
+    uint64_t rank_args;  // EpRankArgs[num_local]
+    uint64_t timeout_ns;
+    uint32_t num_local;
+    uint32_t world;
+    uint32_t blocks_per_rank;
+    uint32_t row_bytes;  // dispatch: hidden * element size, a multiple of 16
+    uint32_t hidden;     // elements; combine needs a multiple of 8
+    uint32_t top_k;
+    uint32_t idx_size;   // 4 or 8
+    uint32_t scale_bytes;// per token, a multiple of 4 (0 = none)
+    uint32_t experts_per_rank;
+    uint32_t max_tokens;
+    uint32_t max_recv;
+    uint32_t seq;
+    uint32_t flags;      // EP_FLAG_*
+    uint32_t comb_in_elem;  // 2 = bf16, 4 = f32
+    uint32_t comb_out_elem; // 2 = bf16, 4 = f32
+    uint32_t pad;
+};
+
+#define EP_FLAG_DROP_OUT_OF_RANGE 1u
+#define EP_FLAG_WEIGHTED 2u
+
+MORI_DEVICE void ep_error(uint32_t* status, uint32_t code, uint32_t a, uint32_t b, uint32_t c) {
+    if (mori_atomic_cas_system_u32(status + 1, EP_OK, code) == EP_OK) {
+        status[2] = a;
+        status[3] = b;
+        status[4] = c;
+    }
+}
+
+MORI_DEVICE int64_t ep_load_idx(const EpParams& p, const uint8_t* idx, uint64_t i) {
+    return p.idx_size == 8 ? ((const int64_t*)idx)[i] : (int64_t)((const int32_t*)idx)[i];
+}
+
+// Bit d set when rank d owns one of the token's experts. Out-of-range ids are reported (or
+// dropped) and never routed.
+MORI_DEVICE uint64_t ep_dest_mask(const EpParams& p, const EpRankArgs& a, uint32_t t, bool report) {
+    const uint8_t* idx = (const uint8_t*)a.idx;
+    const int64_t num_experts = (int64_t)p.experts_per_rank * p.world;
+    uint64_t mask = 0;
+    for (uint32_t k = 0; k < p.top_k; k++) {
+        const int64_t e = ep_load_idx(p, idx, (uint64_t)t * p.top_k + k);
+        if (e == -1) continue;
+        if (e < -1 || e >= num_experts) {
+            if (report && !(p.flags & EP_FLAG_DROP_OUT_OF_RANGE))
+                ep_error((uint32_t*)a.status, EP_ERR_EXPERT_RANGE, t, k, (uint32_t)e);
+            continue;
+        }
+        mask |= 1ull << (uint32_t)(e / p.experts_per_rank);
+    }
+    return mask;
+}
+
+MORI_DEVICE void ep_trace(const EpRankArgs& a, uint32_t b, uint32_t slot) {
+    if (a.trace && mori_thread_idx() == 0) ((uint64_t*)a.trace)[b * 8 + slot] = mori_clock_ns();
+}
+
+// Spins until every flag [0, n) of `flags` is at least `want` (compared on the high 32 bits
+// when `high` is set); returns the sum of the low 32 bits minus one of each (dispatch counts).
+// A flag still short at the deadline records EP_ERR_TIMEOUT.
+MORI_DEVICE uint64_t ep_wait_flags(const EpParams& p, const EpRankArgs& a, uint64_t* flags, uint32_t n,
+                                   uint64_t want, bool high, uint32_t phase, uint64_t deadline,
+                                   uint32_t* sum_shared) {
+    for (uint32_t i = mori_thread_idx(); i < n; i += mori_block_dim()) {
+        uint64_t v;
+        for (;;) {
+            v = mori_load_acquire_system(flags + i);
+            if ((high ? (v >> 32) : v) >= want) break;
+            if (mori_clock_ns() > deadline) {
+                ep_error((uint32_t*)a.status, EP_ERR_TIMEOUT, phase, i / p.blocks_per_rank, i % p.blocks_per_rank);
+                v = 0;
+                break;
+            }
+        }
+        if (high && (v & 0xffffffffull) > 0) mori_atomic_add_block_u32(sum_shared, (uint32_t)(v & 0xffffffffull) - 1);
+    }
+    mori_sync_block();
+    return high ? *sum_shared : 0;
+}
+
+MORI_KERNEL void mori_ep_dispatch(EpParams p) {
+    MORI_SHARED uint32_t cnt[EP_MAX_WORLD];
+    MORI_SHARED uint32_t base[EP_MAX_WORLD];
+    MORI_SHARED uint32_t cursor[EP_MAX_WORLD];
+    MORI_SHARED uint32_t total;
+    MORI_SHARED uint32_t warp_slot[32][EP_MAX_WORLD];
+    MORI_SHARED uint64_t warp_mask[32];
+
+    const uint32_t local = mori_block_idx() / p.blocks_per_rank;
+    const uint32_t b = mori_block_idx() % p.blocks_per_rank;
+    const EpRankArgs a = ((const EpRankArgs*)p.rank_args)[local];
+    const uint32_t r = a.rank;
+    uint32_t* status = (uint32_t*)a.status;
+    const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
+    ep_trace(a, b, 0);
+    const uint32_t T = a.num_tokens;
+    const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank);
+    const uint32_t t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
+    const uint32_t tid = mori_thread_idx();
+    const uint32_t nthreads = mori_block_dim();
+    const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
+    const uint32_t parity = p.seq & 1;
+
+    // 1. Count (token, destination) pairs of this block.
+    for (uint32_t d = tid; d < p.world; d += nthreads) cnt[d] = 0, cursor[d] = 0;
+    if (tid == 0) total = 0;
+    mori_sync_block();
+    for (uint32_t t = t0 + tid; t < t1; t += nthreads) {
+        uint64_t m = ep_dest_mask(p, a, t, true);
+        while (m) {
+            const uint32_t d = mori_ctz64(m);
+            m &= m - 1;
+            mori_atomic_add_block_u32(&cnt[d], 1);
+        }
+    }
+    mori_sync_block();
+    // 2. Reserve slots on every destination with one remote atomic add.
+    for (uint32_t d = tid; d < p.world; d += nthreads) {
+        base[d] = 0xffffffffu;
+        if (cnt[d] == 0) continue;
+        uint32_t* counter = (uint32_t*)(p.heap[d] + p.lay.counters) + parity;
+        const uint32_t got = mori_atomic_add_system_u32(counter, cnt[d]);
+        if ((uint64_t)got + cnt[d] > p.max_recv)
+            ep_error(status, EP_ERR_RECV_OVERFLOW, d, got + cnt[d], p.max_recv);
+        else
+            base[d] = got;
+    }
+    mori_sync_block();
+    // 3. One warp per token: slots, send_map, the row once in and out to every destination.
+    int32_t* send_map = (int32_t*)a.send_map;
+    const uint8_t* x = (const uint8_t*)a.x;
+    for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
+        if (lane == 0) {
+            uint64_t m = ep_dest_mask(p, a, t, false);
+            uint64_t sent = 0;
+            for (uint32_t d = 0; d < p.world; d++) {
+                int32_t s = -1;
+                if ((m >> d) & 1) {
+                    if (base[d] != 0xffffffffu) {
+                        s = (int32_t)(base[d] + mori_atomic_add_block_u32(&cursor[d], 1));
+                        sent |= 1ull << d;
+                    }
+                }
+                warp_slot[warp][d] = (uint32_t)s;
+                send_map[(uint64_t)t * p.world + d] = s;
+            }
+            warp_mask[warp] = sent;
+        }
+        mori_sync_group32();
+        const uint64_t mask = warp_mask[warp];
+        const mori_vec16_t* src = (const mori_vec16_t*)(x + (uint64_t)t * p.row_bytes);
+        const uint32_t nvec = p.row_bytes / 16;
+        for (uint32_t v = lane; v < nvec; v += 32) {
+            const mori_vec16_t val = src[v];
+            uint64_t m = mask;
+            while (m) {
+                const uint32_t d = mori_ctz64(m);
+                m &= m - 1;
+                mori_vec16_t* dst = (mori_vec16_t*)(p.heap[d] + p.lay.recv_x + (uint64_t)warp_slot[warp][d] * p.row_bytes);
+                dst[v] = val;
+            }
+        }
+        // Metadata: weights, indices, scales (4-byte words), source position.
+        const uint32_t wwords = a.weights ? p.top_k : 0;
+        const uint32_t iwords = p.top_k * p.idx_size / 4;
+        const uint32_t swords = a.scales ? p.scale_bytes / 4 : 0;
+        const uint32_t* wsrc = (const uint32_t*)a.weights + (uint64_t)t * p.top_k;
+        const uint32_t* isrc = (const uint32_t*)a.idx + (uint64_t)t * iwords;
+        const uint32_t* ssrc = (const uint32_t*)a.scales + (uint64_t)t * (p.scale_bytes / 4);
+        uint64_t m = mask;
+        while (m) {
+            const uint32_t d = mori_ctz64(m);
+            m &= m - 1;
+            const uint64_t slot = warp_slot[warp][d];
+            const uint64_t h = p.heap[d];
+            for (uint32_t i = lane; i < wwords; i += 32) ((uint32_t*)(h + p.lay.recv_w))[slot * p.top_k + i] = wsrc[i];
+            for (uint32_t i = lane; i < iwords; i += 32) ((uint32_t*)(h + p.lay.recv_idx))[slot * iwords + i] = isrc[i];
+            for (uint32_t i = lane; i < swords; i += 32)
+                ((uint32_t*)(h + p.lay.recv_scales))[slot * (p.scale_bytes / 4) + i] = ssrc[i];
+            if (lane == 0) ((int32_t*)(h + p.lay.recv_src))[slot] = (int32_t)(r * p.max_tokens + t);
+        }
+        mori_sync_group32();
+    }
+    ep_trace(a, b, 1);
+    // 4. Everything this block wrote is visible before its signals.
+    mori_sync_block();
+    mori_fence_system();
+    for (uint32_t d = tid; d < p.world; d += nthreads) {
+        const uint32_t sent = base[d] == 0xffffffffu ? 0 : cnt[d];
+        uint64_t* sig = (uint64_t*)(p.heap[d] + p.lay.signals) + (uint64_t)r * p.blocks_per_rank + b;
+        mori_store_release_system(sig, ((uint64_t)p.seq << 32) | (uint64_t)(sent + 1));
+    }
+    if (b != 0) return;
+    // 5. Block 0 receives: all world * B signals, the total, the counter reset.
+    uint64_t* sigs = (uint64_t*)(p.heap[r] + p.lay.signals);
+    const uint64_t n = ep_wait_flags(p, a, sigs, p.world * p.blocks_per_rank, p.seq, true, 1, deadline, &total);
+    if (tid == 0) {
+        if (n > p.max_recv) ep_error(status, EP_ERR_RECV_COUNT, (uint32_t)n, p.max_recv, 0);
+        status[0] = (uint32_t)(n > p.max_recv ? p.max_recv : n);
+        ((uint32_t*)(p.heap[r] + p.lay.counters))[parity] = 0;
+    }
+    ep_trace(a, b, 2);
+}
+
+MORI_DEVICE float ep_bf16_to_f32(uint32_t bits16) { return __builtin_bit_cast(float, bits16 << 16); }
+MORI_DEVICE uint32_t ep_f32_to_bf16(float f) {
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40; // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1);                                // round to nearest even
+    return u >> 16;
+}
+
+// Adds f * (8 elements at element index e of row `row`) to acc.
+MORI_DEVICE void ep_acc8(float* acc, const uint8_t* row, uint32_t e, uint32_t elem, float f) {
+    if (elem == 2) {
+        const mori_vec16_t v = *(const mori_vec16_t*)(row + (uint64_t)e * 2);
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            acc[2 * i] += f * ep_bf16_to_f32(w[i] & 0xffffu);
+            acc[2 * i + 1] += f * ep_bf16_to_f32(w[i] >> 16);
+        }
+    } else {
+        const mori_vec16_t v0 = *(const mori_vec16_t*)(row + (uint64_t)e * 4);
+        const mori_vec16_t v1 = *(const mori_vec16_t*)(row + (uint64_t)e * 4 + 16);
+        const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, w[i]);
+    }
+}
+
+MORI_KERNEL void mori_ep_combine(EpParams p) {
+    MORI_SHARED uint32_t unused_sum;
+    MORI_SHARED int32_t warp_slot[32][EP_MAX_WORLD];
+    MORI_SHARED float warp_factor[32][EP_MAX_WORLD];
+
+    const uint32_t local = mori_block_idx() / p.blocks_per_rank;
+    const uint32_t b = mori_block_idx() % p.blocks_per_rank;
+    const EpRankArgs a = ((const EpRankArgs*)p.rank_args)[local];
+    const uint32_t r = a.rank;
+    const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
+    ep_trace(a, b, 3);
+    const uint32_t tid = mori_thread_idx();
+    const uint32_t nthreads = mori_block_dim();
+    const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
+    const uint64_t in_row = (uint64_t)p.hidden * p.comb_in_elem;
+    const bool weighted = (p.flags & EP_FLAG_WEIGHTED) != 0;
+    const bool has_w = a.comb_w_in != 0;
+
+    // 1. Stage this block's share of the combine input into the heap (unless already there).
+    const uint64_t heap_x = p.heap[r] + p.lay.comb_x;
+    const uint32_t n_recv = ((const uint32_t*)a.status)[0];
+    if (a.comb_in != heap_x) {
+        const uint64_t total = (uint64_t)n_recv * in_row / 16;
+        const uint64_t per = (total + p.blocks_per_rank - 1) / p.blocks_per_rank;
+        const uint64_t lo = per * b, hi = lo + per < total ? lo + per : total;
+        const mori_vec16_t* s = (const mori_vec16_t*)a.comb_in;
+        mori_vec16_t* d = (mori_vec16_t*)heap_x;
+        for (uint64_t i = lo + tid; i < hi; i += nthreads) d[i] = s[i];
+    }
+    const uint64_t heap_w = p.heap[r] + p.lay.comb_w;
+    if (has_w && a.comb_w_in != heap_w) {
+        const uint64_t total = (uint64_t)n_recv * p.top_k;
+        const uint64_t per = (total + p.blocks_per_rank - 1) / p.blocks_per_rank;
+        const uint64_t lo = per * b, hi = lo + per < total ? lo + per : total;
+        for (uint64_t i = lo + tid; i < hi; i += nthreads) ((float*)heap_w)[i] = ((const float*)a.comb_w_in)[i];
+    }
+    // 2. Cross-rank barrier: my share is staged; wait until every block of every rank's is.
+    if (tid == 0) unused_sum = 0;
+    mori_sync_block();
+    mori_fence_system();
+    for (uint32_t d = tid; d < p.world; d += nthreads) {
+        uint64_t* f = (uint64_t*)(p.heap[d] + p.lay.comb_flags) + (uint64_t)r * p.blocks_per_rank + b;
+        mori_store_release_system(f, p.seq);
+    }
+    ep_wait_flags(p, a, (uint64_t*)(p.heap[r] + p.lay.comb_flags), p.world * p.blocks_per_rank, p.seq, false, 2,
+                  deadline, &unused_sum);
+    ep_trace(a, b, 4);
+    // 3. One warp per original token: gather from the destinations, accumulate in f32.
+    const uint32_t T = a.num_tokens;
+    const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank);
+    const uint32_t t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
+    const int32_t* send_map = (const int32_t*)a.send_map;
+    const uint8_t* idx = (const uint8_t*)a.idx;
+    for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
+        for (uint32_t d = lane; d < p.world; d += 32) {
+            const int32_t s = send_map[(uint64_t)t * p.world + d];
+            warp_slot[warp][d] = s;
+            float f = 1.0f;
+            if (s >= 0 && weighted) {
+                const float* w = (const float*)(p.heap[d] + p.lay.comb_w) + (uint64_t)s * p.top_k;
+                f = 0.0f;
+                for (uint32_t k = 0; k < p.top_k; k++) {
+                    const int64_t e = ep_load_idx(p, idx, (uint64_t)t * p.top_k + k);
+                    if (e >= 0 && e < (int64_t)p.experts_per_rank * p.world && (uint32_t)(e / p.experts_per_rank) == d)
+                        f += w[k];
+                }
+            }
+            warp_factor[warp][d] = f;
+        }
+        mori_sync_group32();
+        for (uint32_t e = lane * 8; e < p.hidden; e += 32 * 8) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t d = 0; d < p.world; d++) {
+                const int32_t s = warp_slot[warp][d];
+                if (s < 0) continue;
+                const uint8_t* row = (const uint8_t*)(p.heap[d] + p.lay.comb_x) + (uint64_t)s * in_row;
+                ep_acc8(acc, row, e, p.comb_in_elem, warp_factor[warp][d]);
+            }
+            uint8_t* out = (uint8_t*)a.out + (uint64_t)t * p.hidden * p.comb_out_elem;
+            if (p.comb_out_elem == 2) {
+                mori_vec16_t v;
+                v.x = ep_f32_to_bf16(acc[0]) | (ep_f32_to_bf16(acc[1]) << 16);
+                v.y = ep_f32_to_bf16(acc[2]) | (ep_f32_to_bf16(acc[3]) << 16);
+                v.z = ep_f32_to_bf16(acc[4]) | (ep_f32_to_bf16(acc[5]) << 16);
+                v.w = ep_f32_to_bf16(acc[6]) | (ep_f32_to_bf16(acc[7]) << 16);
+                *(mori_vec16_t*)(out + (uint64_t)e * 2) = v;
+            } else {
+                mori_vec16_t v0, v1;
+                v0.x = __builtin_bit_cast(uint32_t, acc[0]); v0.y = __builtin_bit_cast(uint32_t, acc[1]);
+                v0.z = __builtin_bit_cast(uint32_t, acc[2]); v0.w = __builtin_bit_cast(uint32_t, acc[3]);
+                v1.x = __builtin_bit_cast(uint32_t, acc[4]); v1.y = __builtin_bit_cast(uint32_t, acc[5]);
+                v1.z = __builtin_bit_cast(uint32_t, acc[6]); v1.w = __builtin_bit_cast(uint32_t, acc[7]);
+                *(mori_vec16_t*)(out + (uint64_t)e * 4) = v0;
+                *(mori_vec16_t*)(out + (uint64_t)e * 4 + 16) = v1;
+            }
+        }
+        if (has_w && a.out_w) {
+            for (uint32_t k = lane; k < p.top_k; k += 32) {
+                float sw = 0.0f;
+                for (uint32_t d = 0; d < p.world; d++) {
+                    const int32_t s = warp_slot[warp][d];
+                    if (s >= 0) sw += ((const float*)(p.heap[d] + p.lay.comb_w))[(uint64_t)s * p.top_k + k];
+                }
+                ((float*)a.out_w)[(uint64_t)t * p.top_k + k] = sw;
+            }
+        }
+        mori_sync_group32();
+    }
+    ep_trace(a, b, 5);
+}
