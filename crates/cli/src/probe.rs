@@ -68,7 +68,7 @@ pub struct BackendVerdict {
 fn config(kind: BackendKind) -> Result<BackendConfig, String> {
     Ok(match kind {
         BackendKind::Xgmi => BackendConfig::Xgmi(mori_io::XgmiConfig::default()),
-        BackendKind::Fabric => BackendConfig::Fabric,
+        BackendKind::Fabric => BackendConfig::Fabric(mori_io::FabricConfig::from_env().map_err(|e| e.to_string())?),
         BackendKind::Rdma => BackendConfig::Rdma(RdmaConfig::from_env().map_err(|e| e.to_string())?),
         BackendKind::Tcp => BackendConfig::Tcp(TcpConfig::from_env().map_err(|e| e.to_string())?),
     })

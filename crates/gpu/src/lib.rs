@@ -32,6 +32,7 @@ mod handles;
 pub mod hip;
 mod memory;
 mod module;
+mod pool;
 mod runtime;
 mod stream;
 mod types;
@@ -46,6 +47,7 @@ pub use handles::{
 };
 pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, VmmAllocation};
 pub use module::{Function, KernelArgs, Module, ModuleImage};
+pub use pool::{CopyDone, CopyPool, CopyPoolConfig, CopySeg};
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};
 pub use types::{

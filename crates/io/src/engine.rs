@@ -10,6 +10,7 @@ use mori_io_core::{
 };
 use mori_io_rdma::{RdmaBackend, RdmaConfig};
 use mori_io_tcp::{TcpBackend, TcpConfig};
+use mori_io_fabric::{FabricBackend, FabricConfig};
 use mori_io_xgmi::{XgmiBackend, XgmiConfig};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -70,8 +71,9 @@ pub enum BackendConfig {
     Rdma(RdmaConfig),
     /// Same-node GPU P2P over CUDA/HIP IPC (needs a GPU runtime at run time).
     Xgmi(XgmiConfig),
-    /// VMM fabric handles: not in this build yet.
-    Fabric,
+    /// GPU memory through VMM shareable handles (POSIX FD within a node, FABRIC across a
+    /// scale-up domain); needs a GPU runtime and memory from `mori_io_fabric::FabricMemory`.
+    Fabric(FabricConfig),
 }
 
 /// (peer engine key, local region, remote region): the unit a backend choice is cached for.
@@ -186,9 +188,9 @@ impl IoEngine {
     }
 
     /// Creates a backend. Errors: `InvalidArgs` for a backend already created or bad settings;
-    /// `NotSupported` for `fabric` (not in this build yet), for `rdma` on a host without
-    /// libibverbs or an active RDMA port, and for `xgmi` without a CUDA/HIP runtime (the
-    /// message says which).
+    /// `NotSupported` for `rdma` on a host without libibverbs or an active RDMA port, for
+    /// `xgmi` without a CUDA/HIP runtime, and for `fabric` without a GPU runtime or when the
+    /// handle type cannot be exported here (FABRIC without an IMEX channel); the message says which.
     pub fn create_backend(&self, cfg: BackendConfig) -> IoResult<()> {
         let ctx = BackendContext {
             ctrl: self.inner.ctrl.clone(),
@@ -200,7 +202,7 @@ impl IoEngine {
             BackendConfig::Tcp(c) => Arc::new(TcpBackend::new(ctx, c)?),
             BackendConfig::Rdma(c) => Arc::new(RdmaBackend::new(ctx, c)?),
             BackendConfig::Xgmi(c) => Arc::new(XgmiBackend::new(ctx, c)?),
-            BackendConfig::Fabric => return Err(not_built(BackendKind::Fabric)),
+            BackendConfig::Fabric(c) => Arc::new(FabricBackend::new(ctx, c)?),
         };
         let mut g = self.inner.backends.write();
         if g.iter().any(|x| x.kind() == b.kind()) {
@@ -419,10 +421,6 @@ impl Drop for IoEngine {
     fn drop(&mut self) {
         self.inner.shutdown.store(true, Ordering::Release);
     }
-}
-
-fn not_built(k: BackendKind) -> IoError {
-    IoError::not_supported(format!("the {k} backend is not part of this build of mori-rs yet; use tcp"))
 }
 
 impl EngineInner {

@@ -12,8 +12,7 @@
 //!
 //! Backends are asked in the fixed preference order xgmi, fabric, rdma, tcp; the engine logs
 //! (tracing, target `mori_io`) which backend serves each (local, remote) pair and why the
-//! others refused. This build has the tcp, rdma and xgmi backends; fabric reports
-//! `NotSupported`.
+//! others refused. This build has all four backends (tcp, rdma, xgmi, fabric).
 
 mod control;
 mod engine;
@@ -26,5 +25,6 @@ pub use mori_io_core::{
 };
 pub use mori_io_rdma::{PollMode, RdmaConfig};
 pub use mori_io_tcp::TcpConfig;
+pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
 pub use mori_io_xgmi::XgmiConfig;
 pub use session::Session;

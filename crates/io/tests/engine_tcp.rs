@@ -32,11 +32,11 @@ fn deregistration_tcp() {
 #[test]
 fn unavailable_paths_say_so() {
     let eng = IoEngine::new("solo", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
-    let e = eng.create_backend(BackendConfig::Fabric).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NotSupported);
-    assert!(e.msg.contains("fabric backend is not part of this build"), "{e}");
-    // No GPU runtime on this host (or CI): xgmi says so, naming the libraries.
+    // No GPU runtime on this host (or CI): xgmi and fabric say so, naming the libraries.
     if mori_gpu_absent() {
+        let e = eng.create_backend(BackendConfig::Fabric(mori_io::FabricConfig::default())).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotSupported, "{e}");
+        assert!(e.msg.contains("fabric backend") && e.msg.contains("no GPU runtime") && e.msg.contains("libcuda"), "{e}");
         let e = eng.create_backend(BackendConfig::Xgmi(mori_io::XgmiConfig::default())).unwrap_err();
         assert_eq!(e.code, ErrorCode::NotSupported, "{e}");
         assert!(e.msg.contains("no GPU runtime") && e.msg.contains("libcuda"), "{e}");
