@@ -19,6 +19,9 @@
 //! - [`routing`]: DeepEP-style random routing (`|randn| + 1`, grouped top-k) for tests and
 //!   benches.
 //!
+//! - [`gpu`]: the intranode kernels' host side ([`gpu::IntranodeEp`]) over a `mori-shmem`
+//!   symmetric heap: one process per GPU or several ranks sharing a GPU.
+//!
 //! No function here panics on input: every rejection is an [`EpError`] naming the input and
 //! the limit.
 //!
@@ -55,6 +58,7 @@ mod dispatch;
 mod dtype;
 mod error;
 mod fp8;
+pub mod gpu;
 mod layout;
 mod order;
 pub mod routing;

@@ -1,0 +1,831 @@
+//! Intranode dispatch/combine on GPUs: the host side of `kernels/ep_intranode.cu`.
+//!
+//! [`IntranodeEp`] owns a [`SymmetricHeap`] (one heap per rank, laid out by [`HeapLayout`]),
+//! each local rank's `send_map` (`[max_tokens_per_rank, world]` i32: the slot every token
+//! got on every destination, -1 = not sent) and status words, and launches one kernel per
+//! device covering every local rank on it. Ranks may be spread one per process (IPC) or
+//! share a GPU inside one process (the single-H200 setup: 8 ranks, one launch).
+//!
+//! Received tokens stay in the heap; read them with [`IntranodeEp::recv_slices`] and the
+//! count from [`IntranodeEp::sync_status`]. The kernels check expert ids, receive-buffer
+//! capacity and every wait's deadline and report through the status words; the host turns
+//! a non-zero status into [`EpGpuError::Kernel`] naming the rank and the fault.
+//!
+//! Performance note: the grid holds `block_num` blocks per local rank and must be resident
+//! at once (blocks of different ranks wait for each other); [`IntranodeEp::new`] refuses a
+//! grid larger than the device's multiprocessor count.
+
+use crate::config::{EpConfig, Quantization};
+use crate::error::EpError;
+use mori_gpu::{Device, DeviceBuffer, DeviceSlice, Function, GpuError, KernelArgs, LaunchConfig, Module, ModuleImage, Runtime, RuntimeKind, Stream};
+use mori_shmem::{ShmemError, SymmetricHeap};
+use std::sync::Arc;
+use std::time::Duration;
+
+static CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/ep_intranode.sm_90.cubin");
+static PTX: &str = include_str!("../../../kernels/prebuilt/ep_intranode.sm_90.ptx");
+static GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/ep_intranode.gfx942.hsaco");
+
+/// Most ranks the kernels address (one bit per rank in a token's destination mask).
+pub const MAX_GPU_WORLD: usize = 64;
+
+/// Errors of the GPU dispatch/combine path.
+#[derive(Debug, thiserror::Error)]
+pub enum EpGpuError {
+    /// Configuration or argument error (names the input and the limit).
+    #[error(transparent)]
+    Ep(#[from] EpError),
+    /// GPU runtime failure.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// Symmetric heap failure.
+    #[error(transparent)]
+    Shmem(#[from] ShmemError),
+    /// A kernel reported a fault in a rank's status word.
+    #[error("rank {rank}: {what}")]
+    Kernel {
+        /// The rank whose status reported it.
+        rank: usize,
+        /// The fault, with its details.
+        what: String,
+    },
+}
+
+/// Result of this module.
+pub type GpuResult<T> = std::result::Result<T, EpGpuError>;
+
+fn bad(field: &'static str, value: impl std::fmt::Display, reason: impl Into<String>) -> EpGpuError {
+    EpGpuError::Ep(crate::config::invalid_arg(field, value, &reason.into()))
+}
+
+/// Byte offsets of the regions inside every rank's heap (256-byte aligned), for
+/// `max_recv_tokens` slots. Sizes: `recv_x` and `comb_x` hold `hidden x max_token_type_size`
+/// bytes per slot, weights `top_k x 4`, indices `top_k x 8`, scales `scale_dim x
+/// scale_type_size`, sources 4; then two u32 slot counters and two `u64[world x block_num]`
+/// flag arrays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct HeapLayout {
+    /// Received rows.
+    pub recv_x: u64,
+    /// Received weights (f32).
+    pub recv_w: u64,
+    /// Received expert ids.
+    pub recv_idx: u64,
+    /// Received scales.
+    pub recv_scales: u64,
+    /// Received flat source positions (i32, `src_rank * max_tokens_per_rank + token`).
+    pub recv_src: u64,
+    /// Combine input rows.
+    pub comb_x: u64,
+    /// Combine input weights (f32).
+    pub comb_w: u64,
+    /// Slot counters.
+    pub counters: u64,
+    /// Dispatch signals.
+    pub signals: u64,
+    /// Combine arrival flags.
+    pub comb_flags: u64,
+    /// Total bytes.
+    pub total: u64,
+}
+
+impl HeapLayout {
+    /// The layout for `cfg`. Errors: [`EpError::SizeOverflow`] when a region overflows.
+    pub fn new(cfg: &EpConfig) -> GpuResult<Self> {
+        let n = cfg.max_recv_tokens as u64;
+        let row = (cfg.hidden * cfg.max_token_type_size) as u64;
+        let flags = (cfg.world_size * cfg.block_num * 8) as u64;
+        let sizes = [
+            n.checked_mul(row),
+            n.checked_mul(cfg.top_k as u64 * 4),
+            n.checked_mul(cfg.top_k as u64 * 8),
+            n.checked_mul((cfg.scale_dim * cfg.scale_type_size) as u64),
+            n.checked_mul(4),
+            n.checked_mul(row),
+            n.checked_mul(cfg.top_k as u64 * 4),
+            Some(16),
+            Some(flags),
+            Some(flags),
+        ];
+        let mut offs = [0u64; 11];
+        let mut at = 0u64;
+        for (i, s) in sizes.iter().enumerate() {
+            offs[i] = at;
+            let s = s.ok_or(EpError::SizeOverflow { what: "heap region bytes", limit: "u64" })?;
+            at = at
+                .checked_add(s.div_ceil(256) * 256)
+                .ok_or(EpError::SizeOverflow { what: "heap bytes", limit: "u64" })?;
+        }
+        offs[10] = at;
+        let [recv_x, recv_w, recv_idx, recv_scales, recv_src, comb_x, comb_w, counters, signals, comb_flags, total] = offs;
+        Ok(HeapLayout { recv_x, recv_w, recv_idx, recv_scales, recv_src, comb_x, comb_w, counters, signals, comb_flags, total })
+    }
+}
+
+/// `EpRankArgs` of the kernel ABI (kernels/ep_intranode.cu).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[repr(C)]
+struct RankArgs {
+    rank: u32,
+    num_tokens: u32,
+    x: u64,
+    weights: u64,
+    idx: u64,
+    scales: u64,
+    send_map: u64,
+    comb_in: u64,
+    comb_w_in: u64,
+    out: u64,
+    out_w: u64,
+    status: u64,
+    trace: u64,
+}
+
+/// `EpParams` of the kernel ABI: 672 bytes.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct Params {
+    heap: [u64; MAX_GPU_WORLD],
+    lay: [u64; 10],
+    rank_args: u64,
+    timeout_ns: u64,
+    num_local: u32,
+    world: u32,
+    blocks_per_rank: u32,
+    row_bytes: u32,
+    hidden: u32,
+    top_k: u32,
+    idx_size: u32,
+    scale_bytes: u32,
+    experts_per_rank: u32,
+    max_tokens: u32,
+    max_recv: u32,
+    seq: u32,
+    flags: u32,
+    comb_in_elem: u32,
+    comb_out_elem: u32,
+    pad: u32,
+}
+
+const FLAG_DROP_OUT_OF_RANGE: u32 = 1;
+const FLAG_WEIGHTED: u32 = 2;
+
+/// One rank's dispatch inputs, in device memory of the rank's GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchInput<'a> {
+    /// `[T, hidden]` rows of `elem_size` bytes each element.
+    pub x: DeviceSlice<'a>,
+    /// `[T, top_k]` f32 weights, or `None` (received weights are then left unwritten).
+    pub weights: Option<DeviceSlice<'a>>,
+    /// `[T, top_k]` expert ids of `idx_size` bytes (-1 = none).
+    pub indices: DeviceSlice<'a>,
+    /// `[T, scale_dim]` scales of `scale_type_size` bytes, when the config has scales.
+    pub scales: Option<DeviceSlice<'a>>,
+    /// T, at most `max_tokens_per_rank`.
+    pub num_tokens: usize,
+}
+
+/// Element sizes and options of one dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchSpec {
+    /// Bytes per element of `x`: 1 (fp8), 2 (bf16) or 4 (f32), at most `max_token_type_size`.
+    pub elem_size: usize,
+    /// Bytes per expert id: 4 (i32) or 8 (i64).
+    pub idx_size: usize,
+    /// Drop out-of-range expert ids instead of failing.
+    pub drop_out_of_range: bool,
+}
+
+/// One rank's combine inputs and outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct CombineInput<'a> {
+    /// `[N_recv, hidden]` processed rows in the order dispatch received them; `None` when the
+    /// caller wrote them into the heap already ([`IntranodeEp::combine_buffer`]).
+    pub x: Option<DeviceSlice<'a>>,
+    /// `[N_recv, top_k]` f32 weights (needed for weighted combine and the weights output).
+    pub weights: Option<DeviceSlice<'a>>,
+    /// `[T, hidden]` output.
+    pub out: DeviceSlice<'a>,
+    /// `[T, top_k]` f32 output: per slot, the sum of the weights over the receiving ranks.
+    pub out_weights: Option<DeviceSlice<'a>>,
+}
+
+/// Element sizes and options of one combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CombineSpec {
+    /// Input element bytes: 2 (bf16) or 4 (f32).
+    pub in_elem: usize,
+    /// Output element bytes: 2 (bf16) or 4 (f32).
+    pub out_elem: usize,
+    /// Scale each rank's row by the sum of that rank's weights over the token's top-k slots it
+    /// owns ([`crate::Weighting::RankSlotSum`]).
+    pub weighted: bool,
+    /// Bytes per expert id of the original indices (as in dispatch).
+    pub idx_size: usize,
+}
+
+struct LocalRank {
+    rank: usize,
+    device: Device,
+    send_map: DeviceBuffer,
+    status: DeviceBuffer,
+    trace: Option<DeviceBuffer>,
+    num_tokens: usize,
+    idx_ptr: u64,
+}
+
+struct DeviceGroup {
+    device: Device,
+    ranks: Vec<usize>, // indices into `local`
+    args: DeviceBuffer,
+    last_args: Vec<RankArgs>,
+    _module: Module,
+    dispatch: Function,
+    combine: Function,
+}
+
+/// What one rank's status word says after an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankStatus {
+    /// The rank.
+    pub rank: usize,
+    /// Tokens received by the last dispatch.
+    pub recv_count: usize,
+}
+
+/// Intranode dispatch/combine over a symmetric heap.
+pub struct IntranodeEp {
+    cfg: EpConfig,
+    heap: SymmetricHeap,
+    layout: HeapLayout,
+    local: Vec<LocalRank>,
+    groups: Vec<DeviceGroup>,
+    dispatch_seq: u32,
+    combine_seq: u32,
+    timeout: Duration,
+    last_idx_size: usize,
+}
+
+impl std::fmt::Debug for IntranodeEp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntranodeEp").field("cfg", &self.cfg).field("layout", &self.layout).finish()
+    }
+}
+
+impl IntranodeEp {
+    /// Builds the heap (see [`SymmetricHeap`]) for `cfg` and loads the kernels. `local` lists
+    /// this process's ranks and their devices; `boot` exchanges heap handles with the other
+    /// processes (`None`: every rank is local). `timeout` bounds every in-kernel wait;
+    /// `trace` allocates per-block phase timestamp buffers.
+    ///
+    /// Errors: configuration errors ([`EpConfig::validate`]; world above [`MAX_GPU_WORLD`];
+    /// `top_k` above 32; hidden not a multiple of 8; more blocks than multiprocessors on a
+    /// device; scale bytes per token not a multiple of 4), heap and GPU errors.
+    pub fn new(
+        rt: Arc<dyn Runtime>,
+        cfg: &EpConfig,
+        local: &[(usize, Device)],
+        boot: Option<&dyn mori_bootstrap::Bootstrap>,
+        timeout: Duration,
+        trace: bool,
+    ) -> GpuResult<Self> {
+        cfg.validate()?;
+        if cfg.world_size > MAX_GPU_WORLD {
+            return Err(bad("world_size", cfg.world_size, format!("GPU kernels address at most {MAX_GPU_WORLD} ranks")));
+        }
+        if !cfg.hidden.is_multiple_of(8) {
+            return Err(bad("hidden", cfg.hidden, "GPU combine works on 8 elements at a time: must be a multiple of 8"));
+        }
+        if !(cfg.scale_dim * cfg.scale_type_size).is_multiple_of(4) {
+            return Err(bad("scale_dim x scale_type_size", cfg.scale_dim * cfg.scale_type_size, "must be a multiple of 4 bytes"));
+        }
+        if cfg.warps_per_block * 32 > 1024 {
+            return Err(bad("warps_per_block", cfg.warps_per_block, "at most 32"));
+        }
+        if cfg.quant != Quantization::None {
+            return Err(bad("quant", format!("{:?}", cfg.quant), "the GPU kernels move tokens in their own dtype only"));
+        }
+        if local.is_empty() {
+            return Err(bad("local ranks", 0, "at least one rank must live in this process"));
+        }
+        let layout = HeapLayout::new(cfg)?;
+        let bytes = usize::try_from(layout.total).map_err(|_| EpError::SizeOverflow { what: "heap bytes", limit: "usize" })?;
+        let heap = match boot {
+            Some(b) => SymmetricHeap::with_bootstrap(rt.clone(), b, local, cfg.world_size, bytes)?,
+            None => {
+                if local.len() != cfg.world_size || local.iter().enumerate().any(|(i, &(r, _))| i != r) {
+                    return Err(bad("local ranks", local.len(), format!("without a bootstrap, ranks 0..{} must all be local, in order", cfg.world_size)));
+                }
+                let devs: Vec<Device> = local.iter().map(|&(_, d)| d).collect();
+                SymmetricHeap::in_process(rt.clone(), &devs, bytes)?
+            }
+        };
+        let mut ranks = Vec::with_capacity(local.len());
+        for &(rank, device) in local {
+            let send_map = rt.alloc(device, (cfg.max_tokens_per_rank * cfg.world_size * 4).max(4))?;
+            rt.memset(&send_map.slice(), 0xff)?;
+            let status = rt.alloc(device, 32)?;
+            rt.memset(&status.slice(), 0)?;
+            let trace = if trace {
+                let t = rt.alloc(device, cfg.block_num * 64)?;
+                rt.memset(&t.slice(), 0)?;
+                Some(t)
+            } else {
+                None
+            };
+            ranks.push(LocalRank { rank, device, send_map, status, trace, num_tokens: 0, idx_ptr: 0 });
+        }
+        let mut devs: Vec<Device> = local.iter().map(|&(_, d)| d).collect();
+        devs.sort_by_key(|d| d.0);
+        devs.dedup();
+        let mut groups = Vec::new();
+        for device in devs {
+            let members: Vec<usize> = (0..ranks.len()).filter(|&i| ranks[i].device == device).collect();
+            let sms = rt.device_properties(device)?.multiprocessors as usize;
+            let blocks = members.len() * cfg.block_num;
+            if sms > 0 && blocks > sms {
+                return Err(bad(
+                    "block_num",
+                    cfg.block_num,
+                    format!(
+                        "{} ranks x {} blocks = {blocks} blocks on {device}, which has {sms} multiprocessors: every block must be resident at once (lower block_num)",
+                        members.len(),
+                        cfg.block_num
+                    ),
+                ));
+            }
+            let args = rt.alloc(device, members.len() * std::mem::size_of::<RankArgs>())?;
+            let module = load_module(rt.as_ref(), device)?;
+            let dispatch = module.function("mori_ep_dispatch")?;
+            let combine = module.function("mori_ep_combine")?;
+            groups.push(DeviceGroup { device, ranks: members, args, last_args: Vec::new(), _module: module, dispatch, combine });
+        }
+        Ok(IntranodeEp {
+            cfg: cfg.clone(),
+            heap,
+            layout,
+            local: ranks,
+            groups,
+            dispatch_seq: 0,
+            combine_seq: 0,
+            timeout,
+            last_idx_size: 8,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EpConfig {
+        &self.cfg
+    }
+
+    /// The heap layout.
+    pub fn layout(&self) -> &HeapLayout {
+        &self.layout
+    }
+
+    /// The symmetric heap.
+    pub fn heap(&self) -> &SymmetricHeap {
+        &self.heap
+    }
+
+    /// This process's ranks, in the order given to [`IntranodeEp::new`].
+    pub fn local_ranks(&self) -> Vec<usize> {
+        self.local.iter().map(|l| l.rank).collect()
+    }
+
+    /// The devices with local ranks (one launch and one stream each).
+    pub fn devices(&self) -> Vec<Device> {
+        self.groups.iter().map(|g| g.device).collect()
+    }
+
+    fn local_index(&self, rank: usize) -> GpuResult<usize> {
+        self.local
+            .iter()
+            .position(|l| l.rank == rank)
+            .ok_or_else(|| bad("rank", rank, "is not hosted by this process"))
+    }
+
+    /// Rank `rank`'s combine input region `[max_recv_tokens, hidden]` of `elem` bytes per element
+    /// (write expert outputs here and pass `x: None` to skip the staging copy).
+    pub fn combine_buffer(&self, rank: usize, elem: usize) -> GpuResult<DeviceSlice<'_>> {
+        self.local_index(rank)?;
+        let len = self.cfg.max_recv_tokens * self.cfg.hidden * elem;
+        if elem > self.cfg.max_token_type_size {
+            return Err(bad("combine element size", elem, format!("exceeds max_token_type_size = {}", self.cfg.max_token_type_size)));
+        }
+        Ok(self.heap.slice(rank, self.layout.comb_x as usize, len)?)
+    }
+
+    /// Slices of rank `rank`'s received data for `n` tokens: `(x [n, hidden * elem], weights
+    /// [n, K] f32, indices [n, K * idx_size], scales [n, scale bytes], src [n] i32)`.
+    pub fn recv_slices(&self, rank: usize, n: usize, elem: usize, idx_size: usize) -> GpuResult<[DeviceSlice<'_>; 5]> {
+        self.local_index(rank)?;
+        if n > self.cfg.max_recv_tokens {
+            return Err(bad("received tokens", n, format!("above max_recv_tokens = {}", self.cfg.max_recv_tokens)));
+        }
+        let (c, l) = (&self.cfg, &self.layout);
+        let h = &self.heap;
+        Ok([
+            h.slice(rank, l.recv_x as usize, n * c.hidden * elem)?,
+            h.slice(rank, l.recv_w as usize, n * c.top_k * 4)?,
+            h.slice(rank, l.recv_idx as usize, n * c.top_k * idx_size)?,
+            h.slice(rank, l.recv_scales as usize, n * c.scale_dim * c.scale_type_size)?,
+            h.slice(rank, l.recv_src as usize, n * 4)?,
+        ])
+    }
+
+    /// Rank `rank`'s send map `[T, world]` i32 of the last dispatch (slot per destination, -1).
+    pub fn send_map(&self, rank: usize) -> GpuResult<DeviceSlice<'_>> {
+        let i = self.local_index(rank)?;
+        let l = &self.local[i];
+        Ok(l.send_map.sub(0, l.num_tokens * self.cfg.world_size * 4)?)
+    }
+
+    fn params(&self, group: &DeviceGroup, seq: u32, flags: u32) -> Params {
+        let mut heap = [0u64; MAX_GPU_WORLD];
+        heap[..self.heap.world()].copy_from_slice(self.heap.addrs());
+        let l = &self.layout;
+        let c = &self.cfg;
+        Params {
+            heap,
+            lay: [l.recv_x, l.recv_w, l.recv_idx, l.recv_scales, l.recv_src, l.comb_x, l.comb_w, l.counters, l.signals, l.comb_flags],
+            rank_args: group.args.ptr(),
+            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            num_local: group.ranks.len() as u32,
+            world: c.world_size as u32,
+            blocks_per_rank: c.block_num as u32,
+            row_bytes: 0,
+            hidden: c.hidden as u32,
+            top_k: c.top_k as u32,
+            idx_size: 8,
+            scale_bytes: (c.scale_dim * c.scale_type_size) as u32,
+            experts_per_rank: c.experts_per_rank as u32,
+            max_tokens: c.max_tokens_per_rank as u32,
+            max_recv: c.max_recv_tokens as u32,
+            seq,
+            flags,
+            comb_in_elem: 2,
+            comb_out_elem: 2,
+            pad: 0,
+        }
+    }
+
+    fn upload_args(rt: &dyn Runtime, group: &mut DeviceGroup, args: Vec<RankArgs>) -> GpuResult<()> {
+        if group.last_args != args {
+            // SAFETY: RankArgs is repr(C) plain data without padding holes that matter (u32
+            // pairs then u64s); the bytes are copied as-is.
+            let bytes = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<u8>(), std::mem::size_of_val(args.as_slice())) };
+            rt.copy_htod(&group.args.slice(), bytes)?;
+            group.last_args = args;
+        }
+        Ok(())
+    }
+
+    fn launch(&self, group: &DeviceGroup, combine: bool, stream: &Stream, p: Params) -> GpuResult<()> {
+        let cfg = LaunchConfig {
+            grid: ((group.ranks.len() * self.cfg.block_num) as u32, 1, 1),
+            block: ((self.cfg.warps_per_block * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut args = KernelArgs::new();
+        args.push(p);
+        let f = if combine { &group.combine } else { &group.dispatch };
+        // SAFETY: the kernel takes one EpParams by value (Params mirrors it); every address in
+        // it is a live heap, send map, status, trace or caller buffer checked for size.
+        unsafe { f.launch(stream, &cfg, &args.params())? };
+        Ok(())
+    }
+
+    fn check_stream(&self, streams: &[&Stream]) -> GpuResult<()> {
+        if streams.len() != self.groups.len() {
+            return Err(bad("streams", streams.len(), format!("one per device with local ranks ({})", self.groups.len())));
+        }
+        for (s, g) in streams.iter().zip(&self.groups) {
+            if s.device() != g.device {
+                return Err(bad("streams", s.device(), format!("stream order must follow devices() ({})", g.device)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues a dispatch of every local rank's tokens (`inputs[i]` for `local_ranks()[i]`) on
+    /// `streams` (one per entry of [`IntranodeEp::devices`]). Every process must call it.
+    /// Read the outcome with [`IntranodeEp::sync_status`] after the streams ran it.
+    ///
+    /// Errors: [`EpError::InvalidConfig`] / [`EpError::TooManyTokens`] for a wrong number of
+    /// inputs, element sizes, token counts above `max_tokens_per_rank`, or buffers shorter than
+    /// their shape (each names the input); GPU errors.
+    pub fn dispatch(&mut self, inputs: &[DispatchInput<'_>], spec: DispatchSpec, streams: &[&Stream]) -> GpuResult<()> {
+        self.check_stream(streams)?;
+        let c = self.cfg.clone();
+        if inputs.len() != self.local.len() {
+            return Err(bad("dispatch inputs", inputs.len(), format!("one per local rank ({})", self.local.len())));
+        }
+        if ![1, 2, 4].contains(&spec.elem_size) || spec.elem_size > c.max_token_type_size {
+            return Err(bad("elem_size", spec.elem_size, format!("must be 1, 2 or 4 and at most max_token_type_size = {}", c.max_token_type_size)));
+        }
+        if ![4, 8].contains(&spec.idx_size) {
+            return Err(bad("idx_size", spec.idx_size, "must be 4 (i32) or 8 (i64)"));
+        }
+        let row_bytes = c.hidden * spec.elem_size;
+        if !row_bytes.is_multiple_of(16) {
+            return Err(EpError::HiddenBytesNotAligned { what: "x", hidden: c.hidden, elem_size: spec.elem_size, bytes: row_bytes }.into());
+        }
+        for (i, inp) in inputs.iter().enumerate() {
+            let rank = self.local[i].rank;
+            let t = inp.num_tokens;
+            if t > c.max_tokens_per_rank {
+                return Err(EpError::TooManyTokens { rank, tokens: t, limit: c.max_tokens_per_rank }.into());
+            }
+            need("x", rank, inp.x.len(), t * row_bytes)?;
+            need("indices", rank, inp.indices.len(), t * c.top_k * spec.idx_size)?;
+            if let Some(w) = &inp.weights {
+                need("weights", rank, w.len(), t * c.top_k * 4)?;
+            }
+            match (&inp.scales, c.scale_dim) {
+                (Some(s), d) if d > 0 => need("scales", rank, s.len(), t * d * c.scale_type_size)?,
+                (None, 0) => {}
+                (given, d) => return Err(EpError::ScalesPresence { rank, scale_dim: d, given: given.is_some() }.into()),
+            }
+            for (what, s) in [("x", Some(&inp.x)), ("indices", Some(&inp.indices)), ("weights", inp.weights.as_ref()), ("scales", inp.scales.as_ref())] {
+                if let Some(s) = s {
+                    if s.device() != self.local[i].device {
+                        return Err(bad(what, s.device(), format!("rank {rank}'s input must live on its {}", self.local[i].device)));
+                    }
+                }
+            }
+        }
+        self.dispatch_seq = self.dispatch_seq.wrapping_add(1).max(1);
+        self.last_idx_size = spec.idx_size;
+        let rt = self.heap.runtime().clone();
+        for (i, inp) in inputs.iter().enumerate() {
+            let l = &mut self.local[i];
+            l.num_tokens = inp.num_tokens;
+            l.idx_ptr = inp.indices.ptr();
+            // Clear the error word in stream order (the count is written by the kernel).
+            let g = self.groups.iter().position(|g| g.device == l.device).unwrap_or(0);
+            streams[g].write_value32(&l.status.sub(4, 4)?, 0)?;
+        }
+        let mut groups = std::mem::take(&mut self.groups);
+        let result = (|| {
+            for (g, stream) in groups.iter_mut().zip(streams) {
+                let args: Vec<RankArgs> = g
+                    .ranks
+                    .iter()
+                    .map(|&i| {
+                        let (l, inp) = (&self.local[i], &inputs[i]);
+                        RankArgs {
+                            rank: l.rank as u32,
+                            num_tokens: inp.num_tokens as u32,
+                            x: inp.x.ptr(),
+                            weights: inp.weights.map_or(0, |w| w.ptr()),
+                            idx: inp.indices.ptr(),
+                            scales: inp.scales.map_or(0, |s| s.ptr()),
+                            send_map: l.send_map.ptr(),
+                            status: l.status.ptr(),
+                            trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
+                            ..RankArgs::default()
+                        }
+                    })
+                    .collect();
+                Self::upload_args(rt.as_ref(), g, args)?;
+                let mut p = self.params(g, self.dispatch_seq, if spec.drop_out_of_range { FLAG_DROP_OUT_OF_RANGE } else { 0 });
+                p.row_bytes = row_bytes as u32;
+                p.idx_size = spec.idx_size as u32;
+                self.launch(g, false, stream, p)?;
+            }
+            Ok(())
+        })();
+        self.groups = groups;
+        result
+    }
+
+    /// Queues a combine of every local rank (`inputs[i]` for `local_ranks()[i]`), after the
+    /// dispatch whose send maps it uses. Every process must call it.
+    ///
+    /// Errors: [`EpError::InvalidConfig`] for element sizes, missing weights for a weighted
+    /// combine, or buffers shorter than their shape; GPU errors.
+    pub fn combine(&mut self, inputs: &[CombineInput<'_>], spec: CombineSpec, streams: &[&Stream]) -> GpuResult<()> {
+        self.check_stream(streams)?;
+        let c = self.cfg.clone();
+        if inputs.len() != self.local.len() {
+            return Err(bad("combine inputs", inputs.len(), format!("one per local rank ({})", self.local.len())));
+        }
+        for (what, v) in [("in_elem", spec.in_elem), ("out_elem", spec.out_elem)] {
+            if ![2, 4].contains(&v) {
+                return Err(bad(what, v, "must be 2 (bf16) or 4 (f32)"));
+            }
+        }
+        if spec.in_elem > c.max_token_type_size {
+            return Err(bad("in_elem", spec.in_elem, format!("exceeds max_token_type_size = {}", c.max_token_type_size)));
+        }
+        if spec.idx_size != self.last_idx_size {
+            return Err(bad("idx_size", spec.idx_size, format!("differs from the dispatch's {}", self.last_idx_size)));
+        }
+        let recv = self.sync_status()?;
+        for (i, inp) in inputs.iter().enumerate() {
+            let (rank, t, n) = (self.local[i].rank, self.local[i].num_tokens, recv[i].recv_count);
+            if let Some(x) = &inp.x {
+                need("combine x", rank, x.len(), n * c.hidden * spec.in_elem)?;
+            }
+            if let Some(w) = &inp.weights {
+                need("combine weights", rank, w.len(), n * c.top_k * 4)?;
+            } else if spec.weighted {
+                return Err(EpError::WeightsRequired { weighting: "RankSlotSum" }.into());
+            }
+            need("combine out", rank, inp.out.len(), t * c.hidden * spec.out_elem)?;
+            if let Some(w) = &inp.out_weights {
+                need("combine out weights", rank, w.len(), t * c.top_k * 4)?;
+            }
+        }
+        self.combine_seq = self.combine_seq.wrapping_add(1).max(1);
+        let rt = self.heap.runtime().clone();
+        let comb_x = self.layout.comb_x;
+        let mut groups = std::mem::take(&mut self.groups);
+        let result = (|| {
+            for (g, stream) in groups.iter_mut().zip(streams) {
+                let mut args = Vec::with_capacity(g.ranks.len());
+                for &i in &g.ranks {
+                    let (l, inp) = (&self.local[i], &inputs[i]);
+                    args.push(RankArgs {
+                        rank: l.rank as u32,
+                        num_tokens: l.num_tokens as u32,
+                        idx: l.idx_ptr,
+                        send_map: l.send_map.ptr(),
+                        comb_in: inp.x.map_or(self.heap.addr(l.rank)? + comb_x, |x| x.ptr()),
+                        comb_w_in: inp.weights.map_or(0, |w| w.ptr()),
+                        out: inp.out.ptr(),
+                        out_w: inp.out_weights.map_or(0, |w| w.ptr()),
+                        status: l.status.ptr(),
+                        trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
+                        ..RankArgs::default()
+                    });
+                }
+                Self::upload_args(rt.as_ref(), g, args)?;
+                let mut p = self.params(g, self.combine_seq, if spec.weighted { FLAG_WEIGHTED } else { 0 });
+                p.idx_size = spec.idx_size as u32;
+                p.comb_in_elem = spec.in_elem as u32;
+                p.comb_out_elem = spec.out_elem as u32;
+                self.launch(g, true, stream, p)?;
+            }
+            Ok(())
+        })();
+        self.groups = groups;
+        result
+    }
+
+    /// Reads every local rank's status word (synchronous: waits for queued work touching it).
+    /// Returns the received counts of the last dispatch.
+    ///
+    /// Errors: [`EpGpuError::Kernel`] for the first rank whose kernel reported a fault.
+    pub fn sync_status(&self) -> GpuResult<Vec<RankStatus>> {
+        let rt = self.heap.runtime();
+        let mut out = Vec::with_capacity(self.local.len());
+        for l in &self.local {
+            let mut b = [0u8; 32];
+            rt.copy_dtoh(&mut b, &l.status.slice())?;
+            let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+            let what = match w(1) {
+                0 => None,
+                1 => Some(format!(
+                    "expert id {} of token {} slot {} is outside 0..{} (or -1)",
+                    w(4) as i32,
+                    w(2),
+                    w(3),
+                    self.cfg.num_experts()
+                )),
+                2 => Some(format!(
+                    "receive buffer of rank {} overflows: {} slots wanted, max_recv_tokens = {}",
+                    w(2),
+                    w(3),
+                    w(4)
+                )),
+                3 => Some(format!(
+                    "{} wait timed out after {:?}: block {} of rank {} never signalled (a rank that did not call, or blocks not co-resident)",
+                    if w(2) == 1 { "dispatch" } else { "combine" },
+                    self.timeout,
+                    w(4),
+                    w(3)
+                )),
+                4 => Some(format!("announced {} received tokens, above max_recv_tokens = {}", w(2), w(3))),
+                code => Some(format!("unknown kernel status {code}")),
+            };
+            if let Some(what) = what {
+                return Err(EpGpuError::Kernel { rank: l.rank, what });
+            }
+            out.push(RankStatus { rank: l.rank, recv_count: w(0) as usize });
+        }
+        Ok(out)
+    }
+
+    /// Per local rank and block, the phase timestamps (ns) of the last dispatch and combine:
+    /// `[dispatch start, send done, receive done (block 0), combine start, barrier done, end]`;
+    /// `None` when built without tracing.
+    pub fn trace(&self) -> GpuResult<Option<Vec<RankTrace>>> {
+        let rt = self.heap.runtime();
+        let mut out = Vec::new();
+        for l in &self.local {
+            let Some(t) = &l.trace else { return Ok(None) };
+            let mut b = vec![0u8; t.len()];
+            rt.copy_dtoh(&mut b, &t.slice())?;
+            let blocks = b
+                .chunks(64)
+                .map(|c| {
+                    let mut ts = [0u64; 6];
+                    for (i, v) in ts.iter_mut().enumerate() {
+                        *v = u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().unwrap_or_default());
+                    }
+                    ts
+                })
+                .collect();
+            out.push((l.rank, blocks));
+        }
+        Ok(Some(out))
+    }
+}
+
+/// One rank's phase timestamps: (rank, per block `[dispatch start, send done, receive done,
+/// combine start, barrier done, end]` in ns of the GPU clock; 0 = not stamped).
+pub type RankTrace = (usize, Vec<[u64; 6]>);
+
+/// Perfetto / Chrome trace JSON (`traceEvents`, `ph` B/E, `ts` in µs from the earliest stamp)
+/// of [`IntranodeEp::trace`]'s output: one process per rank, one thread per block, phases
+/// `dispatch_send`, `dispatch_recv`, `combine_barrier`, `combine_gather`.
+pub fn perfetto_json(trace: &[RankTrace]) -> String {
+    let t0 = trace.iter().flat_map(|(_, b)| b.iter().flat_map(|t| t.iter())).filter(|&&v| v > 0).min().copied().unwrap_or(0);
+    let us = |v: u64| (v.saturating_sub(t0)) as f64 / 1000.0;
+    let mut ev = Vec::new();
+    for (rank, blocks) in trace {
+        for (b, t) in blocks.iter().enumerate() {
+            for (name, s, e) in [("dispatch_send", 0, 1), ("dispatch_recv", 1, 2), ("combine_barrier", 3, 4), ("combine_gather", 4, 5)] {
+                if t[s] > 0 && t[e] >= t[s] {
+                    ev.push(format!(r#"{{"name":"{name}","ph":"B","ts":{:.3},"pid":{rank},"tid":{b}}}"#, us(t[s])));
+                    ev.push(format!(r#"{{"name":"{name}","ph":"E","ts":{:.3},"pid":{rank},"tid":{b}}}"#, us(t[e])));
+                }
+            }
+        }
+    }
+    format!("{{\"traceEvents\":[{}],\"displayTimeUnit\":\"ns\"}}\n", ev.join(",\n"))
+}
+
+fn need(what: &'static str, rank: usize, got: usize, want: usize) -> GpuResult<()> {
+    if got < want {
+        return Err(bad(what, got, format!("rank {rank}'s buffer is {got} bytes; its shape needs {want}")));
+    }
+    Ok(())
+}
+
+fn load_module(rt: &dyn Runtime, dev: Device) -> GpuResult<Module> {
+    let images: &[ModuleImage<'_>] = match rt.kind() {
+        RuntimeKind::Cuda => &[ModuleImage::Cubin(CUBIN), ModuleImage::Ptx(PTX)],
+        RuntimeKind::Hip => &[ModuleImage::HipCodeObject(GFX942)],
+    };
+    let mut last = None;
+    for img in images {
+        match rt.load_module(dev, *img) {
+            Ok(m) => return Ok(m),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.map_or_else(|| bad("kernel image", "none", "no image for this runtime"), EpGpuError::Gpu))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abi_sizes_match_the_kernel() {
+        assert_eq!(std::mem::size_of::<Params>(), 672);
+        assert_eq!(std::mem::size_of::<RankArgs>(), 96);
+    }
+
+    #[test]
+    fn layout_regions_are_disjoint_aligned_and_sized() {
+        let mut cfg = EpConfig::new(8, 7168, 256, 8, 4096).unwrap();
+        cfg.max_token_type_size = 2;
+        cfg.scale_dim = 56;
+        cfg.block_num = 16;
+        let l = HeapLayout::new(&cfg).unwrap();
+        let n = 8 * 4096u64;
+        let starts = [l.recv_x, l.recv_w, l.recv_idx, l.recv_scales, l.recv_src, l.comb_x, l.comb_w, l.counters, l.signals, l.comb_flags, l.total];
+        let sizes = [n * 7168 * 2, n * 32, n * 64, n * 56 * 4, n * 4, n * 7168 * 2, n * 32, 16, 8 * 16 * 8, 8 * 16 * 8];
+        for i in 0..10 {
+            assert_eq!(starts[i] % 256, 0, "region {i}");
+            assert!(starts[i] + sizes[i] <= starts[i + 1], "region {i} overlaps the next");
+        }
+        assert_eq!(l.recv_x, 0);
+        assert!(l.total < 1_200_000_000, "{}", l.total);
+    }
+
+    #[test]
+    fn perfetto_json_has_begin_end_pairs_in_microseconds() {
+        let t = vec![(3usize, vec![[1_000u64, 3_000, 4_000, 10_000, 12_000, 15_000]])];
+        let j = perfetto_json(&t);
+        assert!(j.contains(r#""name":"dispatch_send","ph":"B","ts":0.000,"pid":3,"tid":0"#), "{j}");
+        assert!(j.contains(r#""name":"combine_gather","ph":"E","ts":14.000,"pid":3,"tid":0"#), "{j}");
+        assert_eq!(j.matches("\"ph\":\"B\"").count(), 4);
+        assert_eq!(j.matches("\"ph\":\"E\"").count(), 4);
+    }
+}
