@@ -205,6 +205,9 @@ pub struct CombineInput<'a> {
     pub x: Option<DeviceSlice<'a>>,
     /// `[N_recv, top_k]` f32 weights (needed for weighted combine and the weights output).
     pub weights: Option<DeviceSlice<'a>>,
+    /// The weights are already in the heap ([`IntranodeEp::combine_weights_buffer`]); `weights`
+    /// must then be `None`.
+    pub weights_in_heap: bool,
     /// `[T, hidden]` output.
     pub out: DeviceSlice<'a>,
     /// `[T, top_k]` f32 output: per slot, the sum of the weights over the receiving ranks.
@@ -415,6 +418,14 @@ impl IntranodeEp {
             return Err(bad("combine element size", elem, format!("exceeds max_token_type_size = {}", self.cfg.max_token_type_size)));
         }
         Ok(self.heap.slice(rank, self.layout.comb_x as usize, len)?)
+    }
+
+    /// Rank `rank`'s combine weights region `[max_recv_tokens, top_k]` f32 (write weights here
+    /// and set [`CombineInput::weights_in_heap`] to skip the staging copy).
+    pub fn combine_weights_buffer(&self, rank: usize) -> GpuResult<DeviceSlice<'_>> {
+        self.local_index(rank)?;
+        let len = self.cfg.max_recv_tokens * self.cfg.top_k * 4;
+        Ok(self.heap.slice(rank, self.layout.comb_w as usize, len)?)
     }
 
     /// Slices of rank `rank`'s received data for `n` tokens: `(x [n, hidden * elem], weights
@@ -629,9 +640,12 @@ impl IntranodeEp {
             if let Some(x) = &inp.x {
                 need("combine x", rank, x.len(), n * c.hidden * spec.in_elem)?;
             }
+            if inp.weights_in_heap && inp.weights.is_some() {
+                return Err(bad("combine weights", rank, "given both as a buffer and as already in the heap"));
+            }
             if let Some(w) = &inp.weights {
                 need("combine weights", rank, w.len(), n * c.top_k * 4)?;
-            } else if spec.weighted {
+            } else if spec.weighted && !inp.weights_in_heap {
                 return Err(EpError::WeightsRequired { weighting: "RankSlotSum" }.into());
             }
             need("combine out", rank, inp.out.len(), t * c.hidden * spec.out_elem)?;
@@ -654,7 +668,11 @@ impl IntranodeEp {
                         idx: l.idx_ptr,
                         send_map: l.send_map.ptr(),
                         comb_in: inp.x.map_or(self.heap.addr(l.rank)? + comb_x, |x| x.ptr()),
-                        comb_w_in: inp.weights.map_or(0, |w| w.ptr()),
+                        comb_w_in: match (inp.weights, inp.weights_in_heap) {
+                            (Some(w), _) => w.ptr(),
+                            (None, true) => self.heap.addr(l.rank)? + self.layout.comb_w,
+                            (None, false) => 0,
+                        },
                         out: inp.out.ptr(),
                         out_w: inp.out_weights.map_or(0, |w| w.ptr()),
                         status: l.status.ptr(),
