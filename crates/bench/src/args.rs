@@ -22,7 +22,8 @@ pub enum BackendArg {
     Rdma,
     /// Same-node GPU P2P over CUDA/HIP IPC (GPU memory).
     Xgmi,
-    /// Scale-up fabric handles (not in this build yet).
+    /// GPU memory through VMM shareable handles (POSIX FD within a node; FABRIC with
+    /// MORI_IO_FABRIC_HANDLE=fabric).
     Fabric,
 }
 
@@ -264,8 +265,8 @@ impl Args {
             }
         }
         match (self.backend, self.mem_type) {
-            (BackendArg::Fabric, _) => {
-                return Err("--backend fabric: not part of this build of mori-rs yet (tcp, rdma and xgmi are)".into())
+            (BackendArg::Fabric, MemArg::Cpu) => {
+                return Err("--backend fabric moves GPU memory only (fabric-exportable VMM allocations, as the MORI-IO guide says): add --mem-type gpu".into())
             }
             (BackendArg::Xgmi, MemArg::Cpu) => {
                 return Err("--backend xgmi moves GPU memory: add --mem-type gpu".into())

@@ -2,9 +2,28 @@
 //! checking (the timed loop never touches the shadow).
 
 use crate::validate::{checksums, fill};
-use mori_gpu::{DeviceBuffer, Runtime};
-use mori_io::MemLoc;
+use mori_gpu::{DeviceBuffer, DeviceSlice, Runtime};
+use mori_io::{FabricMemory, HandleType, MemLoc};
 use std::sync::Arc;
+
+/// Device memory of a buffer: a plain allocation, or fabric-exportable VMM memory
+/// (`--backend fabric`, rounded up to the VMM granularity; only the asked length is used).
+pub enum DevMem {
+    /// `cuMemAlloc` / `hipMalloc`.
+    Plain(DeviceBuffer),
+    /// `FabricMemory::alloc` (POSIX-FD exportable).
+    Fabric(FabricMemory),
+}
+
+impl DevMem {
+    /// The whole allocation.
+    pub fn slice(&self) -> DeviceSlice<'_> {
+        match self {
+            DevMem::Plain(b) => b.slice(),
+            DevMem::Fabric(m) => m.slice(),
+        }
+    }
+}
 
 /// A registered buffer of one rank.
 pub enum Buffer {
@@ -15,7 +34,7 @@ pub enum Buffer {
         /// The runtime that owns `dev`.
         rt: Arc<dyn Runtime>,
         /// The device allocation.
-        dev: DeviceBuffer,
+        dev: DevMem,
         /// Host staging for pattern fills and checksums (outside the timed loop).
         shadow: Vec<u8>,
     },
@@ -29,12 +48,22 @@ impl Buffer {
 
     /// `len` bytes on GPU `device` (zeroed). Errors name the runtime problem or the device.
     pub fn gpu(device: u32, len: usize) -> Result<Buffer, String> {
+        Self::device(device, len, |rt| rt.alloc(mori_gpu::Device(device), len.max(1)).map(DevMem::Plain).map_err(|e| e.to_string()))
+    }
+
+    /// `len` bytes of fabric-exportable (POSIX-FD) memory on GPU `device` (zeroed), for
+    /// `--backend fabric`. Errors name the runtime problem, the device or the handle type.
+    pub fn fabric(device: u32, len: usize) -> Result<Buffer, String> {
+        Self::device(device, len, |rt| FabricMemory::alloc(rt, device, len.max(1), HandleType::PosixFd).map(DevMem::Fabric).map_err(|e| e.to_string()))
+    }
+
+    fn device(device: u32, len: usize, alloc: impl FnOnce(&Arc<dyn Runtime>) -> Result<DevMem, String>) -> Result<Buffer, String> {
         let rt = mori_gpu::detect().map_err(|e| format!("--mem-type gpu: {e}"))?;
         let n = rt.device_count().map_err(|e| format!("--mem-type gpu: {e}"))?;
         if device >= n {
             return Err(format!("GPU {device} does not exist (this machine has {n})"));
         }
-        let dev = rt.alloc(mori_gpu::Device(device), len.max(1)).map_err(|e| format!("allocate {len} bytes on GPU {device}: {e}"))?;
+        let dev = alloc(&rt).map_err(|e| format!("allocate {len} bytes on GPU {device}: {e}"))?;
         rt.memset(&dev.slice(), 0).map_err(|e| format!("clear GPU buffer: {e}"))?;
         Ok(Buffer::Gpu { rt, dev, shadow: vec![0u8; len.max(1)] })
     }
@@ -43,7 +72,10 @@ impl Buffer {
     pub fn region(&mut self) -> (*mut u8, usize, MemLoc) {
         match self {
             Buffer::Host(v) => (v.as_mut_ptr(), v.len(), MemLoc::Host { numa: None }),
-            Buffer::Gpu { dev, .. } => (dev.ptr() as *mut u8, dev.len(), MemLoc::Gpu { device: dev.device().0 }),
+            Buffer::Gpu { dev, shadow, .. } => {
+                let s = dev.slice();
+                (s.ptr() as *mut u8, shadow.len(), MemLoc::Gpu { device: s.device().0 })
+            }
         }
     }
 
@@ -58,7 +90,7 @@ impl Buffer {
             Buffer::Gpu { rt, dev, shadow } => {
                 fill(shadow, offs, len, rank, point);
                 let n = Self::extent(offs, len);
-                let dst = dev.sub(0, n).map_err(|e| e.to_string())?;
+                let dst = dev.slice().sub(0, n).map_err(|e| e.to_string())?;
                 rt.copy_htod(&dst, &shadow[..n]).map_err(|e| format!("upload pattern: {e}"))?;
             }
         }
@@ -71,7 +103,7 @@ impl Buffer {
             Buffer::Host(v) => Ok(checksums(v, offs, len)),
             Buffer::Gpu { rt, dev, shadow } => {
                 let n = Self::extent(offs, len);
-                let src = dev.sub(0, n).map_err(|e| e.to_string())?;
+                let src = dev.slice().sub(0, n).map_err(|e| e.to_string())?;
                 rt.copy_dtoh(&mut shadow[..n], &src).map_err(|e| format!("download for checksums: {e}"))?;
                 Ok(checksums(shadow, offs, len))
             }
@@ -86,7 +118,7 @@ impl Buffer {
                 Ok(())
             }
             Buffer::Gpu { rt, dev, .. } => {
-                let s = dev.sub(off as usize, 1).map_err(|e| e.to_string())?;
+                let s = dev.slice().sub(off as usize, 1).map_err(|e| e.to_string())?;
                 let mut b = [0u8];
                 rt.copy_dtoh(&mut b, &s).map_err(|e| e.to_string())?;
                 b[0] ^= 0xff;

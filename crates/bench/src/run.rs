@@ -7,6 +7,7 @@ use crate::membuf::Buffer;
 use crate::validate::first_mismatch;
 use mori_bootstrap::{Bootstrap, SocketBootstrap, SocketBootstrapConfig};
 use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, IoError, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig, TransferStatus, XgmiConfig};
+use mori_io::FabricConfig;
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -131,7 +132,10 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     let ecfg = EngineConfig::new(self_ip.clone(), eport).map_err(|e| usage(e.to_string()))?;
     let mut buf = match args.mem_type {
         MemArg::Cpu => Buffer::host(bytes as usize),
-        MemArg::Gpu => Buffer::gpu(args.device_for(rank).unwrap_or(0), bytes as usize).map_err(usage)?,
+        MemArg::Gpu => {
+            let dev = args.device_for(rank).unwrap_or(0);
+            if args.backend == BackendArg::Fabric { Buffer::fabric(dev, bytes as usize) } else { Buffer::gpu(dev, bytes as usize) }.map_err(usage)?
+        }
     };
     let eng = IoEngine::new(&format!("bench-rank{rank}-{}", std::process::id()), ecfg)
         .map_err(|e| fail(format!("engine on --self-ip {self_ip} port {eport}: {e}")))?;
@@ -143,6 +147,11 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
             num_streams: args.num_streams as usize,
             num_events: args.num_events as usize,
             ..XgmiConfig::default()
+        }),
+        BackendArg::Fabric => BackendConfig::Fabric(FabricConfig {
+            num_streams: args.num_streams as usize,
+            num_events: args.num_events as usize,
+            ..FabricConfig::from_env().map_err(|e| usage(e.to_string()))?
         }),
         _ => BackendConfig::Tcp(tcp),
     };
