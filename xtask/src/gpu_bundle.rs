@@ -1,6 +1,6 @@
 //! `cargo xtask gpu-bundle`: builds, in release, what scripts/gpu-machine.sh runs on the GPU
 //! machine (which has no Rust) and copies it, stripped, into `.gpu-bundle/` (git-ignored),
-//! to be carried there: the mori-gpu, xgmi and mori-cli GPU test binaries, bench_engine and mori.
+//! to be carried there: the mori-gpu, xgmi, fabric and mori-cli GPU test binaries, bench_engine and mori.
 
 use crate::util::{cargo, cargo_stdout, workspace_root};
 use std::process::Command;
@@ -24,6 +24,7 @@ pub fn run(_args: &[String]) -> Result<(), String> {
     let items = [
         (test_exe("mori-gpu", "gpu")?, "gpu"),
         (test_exe("mori-io", "xgmi_gpu")?, "xgmi_gpu"),
+        (test_exe("mori-io", "fabric_gpu")?, "fabric_gpu"),
         (test_exe("mori-cli", "gpu")?, "cli_gpu"),
         (root.join("target/release/bench_engine").display().to_string(), "bench_engine"),
         (root.join("target/release/mori").display().to_string(), "mori"),
