@@ -43,6 +43,7 @@
 #define EP_ERR_RECV_OVERFLOW 2 // [2] destination rank, [3] slots wanted (base + count), [4] capacity
 #define EP_ERR_TIMEOUT 3       // [2] phase (1 dispatch, 2 combine), [3] source rank, [4] source block
 #define EP_ERR_RECV_COUNT 4    // [2] total announced (low 32 bits), [3] capacity
+#define EP_ERR_COMBINE_ROWS 5  // [2] which (0 rows, 1 weights), [3] rows given, [4] rows received
 
 // Byte offsets inside every rank's heap.
 struct EpLayout {
@@ -62,6 +63,8 @@ struct EpLayout {
 struct EpRankArgs {
     uint32_t rank;
     uint32_t num_tokens;
+    uint32_t comb_in_rows;   // rows the combine input buffer holds (checked against N_recv)
+    uint32_t comb_w_rows;    // rows the combine weights buffer holds
     uint64_t x;        // [T, row_bytes]
     uint64_t weights;  // [T, top_k] f32 or 0
     uint64_t idx;      // [T, top_k] i32 / i64
@@ -291,29 +294,30 @@ MORI_DEVICE uint32_t ep_f32_to_bf16(float f) {
     return u >> 16;
 }
 
-// Adds f * (8 elements at element index e of row `row`) to acc.
-MORI_DEVICE void ep_acc8(float* acc, const uint8_t* row, uint32_t e, uint32_t elem, float f) {
-    if (elem == 2) {
-        const mori_vec16_t v = *(const mori_vec16_t*)(row + (uint64_t)e * 2);
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+// acc[0..8] += f * (8 bf16 in v).
+MORI_DEVICE void ep_add8_bf16(float* acc, mori_vec16_t v, float f) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            acc[2 * i] += f * ep_bf16_to_f32(w[i] & 0xffffu);
-            acc[2 * i + 1] += f * ep_bf16_to_f32(w[i] >> 16);
-        }
-    } else {
-        const mori_vec16_t v0 = *(const mori_vec16_t*)(row + (uint64_t)e * 4);
-        const mori_vec16_t v1 = *(const mori_vec16_t*)(row + (uint64_t)e * 4 + 16);
-        const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, w[i]);
+    for (int i = 0; i < 4; i++) {
+        acc[2 * i] += f * ep_bf16_to_f32(w[i] & 0xffffu);
+        acc[2 * i + 1] += f * ep_bf16_to_f32(w[i] >> 16);
     }
+}
+
+// acc[0..8] += f * (8 f32 in v0, v1).
+MORI_DEVICE void ep_add8_f32(float* acc, mori_vec16_t v0, mori_vec16_t v1, float f) {
+    const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, w[i]);
 }
 
 MORI_KERNEL void mori_ep_combine(EpParams p) {
     MORI_SHARED uint32_t unused_sum;
     MORI_SHARED int32_t warp_slot[32][EP_MAX_WORLD];
     MORI_SHARED float warp_factor[32][EP_MAX_WORLD];
+    MORI_SHARED uint64_t warp_row[32][EP_MAX_WORLD]; // compacted: row address per destination
+    MORI_SHARED uint8_t warp_dst[32][EP_MAX_WORLD];  // compacted: destination rank
+    MORI_SHARED uint32_t warp_n[32];
 
     const uint32_t local = mori_block_idx() / p.blocks_per_rank;
     const uint32_t b = mori_block_idx() % p.blocks_per_rank;
@@ -331,7 +335,11 @@ MORI_KERNEL void mori_ep_combine(EpParams p) {
     // 1. Stage this block's share of the combine input into the heap (unless already there).
     const uint64_t heap_x = p.heap[r] + p.lay.comb_x;
     const uint32_t n_recv = ((const uint32_t*)a.status)[0];
-    if (a.comb_in != heap_x) {
+    const bool x_fits = a.comb_in == heap_x || n_recv <= a.comb_in_rows;
+    const bool w_fits = !has_w || a.comb_w_in == p.heap[r] + p.lay.comb_w || n_recv <= a.comb_w_rows;
+    if (tid == 0 && b == 0 && !x_fits) ep_error((uint32_t*)a.status, EP_ERR_COMBINE_ROWS, 0, a.comb_in_rows, n_recv);
+    if (tid == 0 && b == 0 && !w_fits) ep_error((uint32_t*)a.status, EP_ERR_COMBINE_ROWS, 1, a.comb_w_rows, n_recv);
+    if (a.comb_in != heap_x && x_fits) {
         const uint64_t total = (uint64_t)n_recv * in_row / 16;
         const uint64_t per = (total + p.blocks_per_rank - 1) / p.blocks_per_rank;
         const uint64_t lo = per * b, hi = lo + per < total ? lo + per : total;
@@ -340,7 +348,7 @@ MORI_KERNEL void mori_ep_combine(EpParams p) {
         for (uint64_t i = lo + tid; i < hi; i += nthreads) d[i] = s[i];
     }
     const uint64_t heap_w = p.heap[r] + p.lay.comb_w;
-    if (has_w && a.comb_w_in != heap_w) {
+    if (has_w && a.comb_w_in != heap_w && w_fits) {
         const uint64_t total = (uint64_t)n_recv * p.top_k;
         const uint64_t per = (total + p.blocks_per_rank - 1) / p.blocks_per_rank;
         const uint64_t lo = per * b, hi = lo + per < total ? lo + per : total;
@@ -358,11 +366,15 @@ MORI_KERNEL void mori_ep_combine(EpParams p) {
                   deadline, &unused_sum);
     ep_trace(a, b, 4);
     // 3. One warp per original token: gather from the destinations, accumulate in f32.
+    // The destinations holding the token are compacted (ascending rank: the oracle's order),
+    // then each lane loads its 8 columns of up to 8 rows before adding them, so that 8 loads
+    // are in flight per lane instead of one.
     const uint32_t T = a.num_tokens;
     const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank);
     const uint32_t t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
     const int32_t* send_map = (const int32_t*)a.send_map;
     const uint8_t* idx = (const uint8_t*)a.idx;
+    const uint64_t out_row = (uint64_t)p.hidden * p.comb_out_elem;
     for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
         for (uint32_t d = lane; d < p.world; d += 32) {
             const int32_t s = send_map[(uint64_t)t * p.world + d];
@@ -380,15 +392,48 @@ MORI_KERNEL void mori_ep_combine(EpParams p) {
             warp_factor[warp][d] = f;
         }
         mori_sync_group32();
-        for (uint32_t e = lane * 8; e < p.hidden; e += 32 * 8) {
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (lane == 0) {
+            uint32_t n = 0;
             for (uint32_t d = 0; d < p.world; d++) {
                 const int32_t s = warp_slot[warp][d];
                 if (s < 0) continue;
-                const uint8_t* row = (const uint8_t*)(p.heap[d] + p.lay.comb_x) + (uint64_t)s * in_row;
-                ep_acc8(acc, row, e, p.comb_in_elem, warp_factor[warp][d]);
+                // In-place forward compaction (n <= d): slot and factor move down.
+                warp_row[warp][n] = p.heap[d] + p.lay.comb_x + (uint64_t)s * in_row;
+                warp_dst[warp][n] = (uint8_t)d;
+                warp_slot[warp][n] = s;
+                warp_factor[warp][n] = warp_factor[warp][d];
+                n++;
             }
-            uint8_t* out = (uint8_t*)a.out + (uint64_t)t * p.hidden * p.comb_out_elem;
+            warp_n[warp] = n;
+        }
+        mori_sync_group32();
+        const uint32_t nd = warp_n[warp];
+        uint8_t* out = (uint8_t*)a.out + (uint64_t)t * out_row;
+        for (uint32_t e = lane * 8; e < p.hidden; e += 32 * 8) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t j0 = 0; j0 < nd; j0 += 8) {
+                if (p.comb_in_elem == 2) {
+                    mori_vec16_t v[8];
+#pragma unroll
+                    for (uint32_t u = 0; u < 8; u++)
+                        if (j0 + u < nd) v[u] = *(const mori_vec16_t*)(warp_row[warp][j0 + u] + (uint64_t)e * 2);
+#pragma unroll
+                    for (uint32_t u = 0; u < 8; u++)
+                        if (j0 + u < nd) ep_add8_bf16(acc, v[u], warp_factor[warp][j0 + u]);
+                } else {
+                    mori_vec16_t v[8][2];
+#pragma unroll
+                    for (uint32_t u = 0; u < 8; u++)
+                        if (j0 + u < nd) {
+                            const mori_vec16_t* q = (const mori_vec16_t*)(warp_row[warp][j0 + u] + (uint64_t)e * 4);
+                            v[u][0] = q[0];
+                            v[u][1] = q[1];
+                        }
+#pragma unroll
+                    for (uint32_t u = 0; u < 8; u++)
+                        if (j0 + u < nd) ep_add8_f32(acc, v[u][0], v[u][1], warp_factor[warp][j0 + u]);
+                }
+            }
             if (p.comb_out_elem == 2) {
                 mori_vec16_t v;
                 v.x = ep_f32_to_bf16(acc[0]) | (ep_f32_to_bf16(acc[1]) << 16);
@@ -409,10 +454,8 @@ MORI_KERNEL void mori_ep_combine(EpParams p) {
         if (has_w && a.out_w) {
             for (uint32_t k = lane; k < p.top_k; k += 32) {
                 float sw = 0.0f;
-                for (uint32_t d = 0; d < p.world; d++) {
-                    const int32_t s = warp_slot[warp][d];
-                    if (s >= 0) sw += ((const float*)(p.heap[d] + p.lay.comb_w))[(uint64_t)s * p.top_k + k];
-                }
+                for (uint32_t j = 0; j < nd; j++)
+                    sw += ((const float*)(p.heap[warp_dst[warp][j]] + p.lay.comb_w))[(uint64_t)warp_slot[warp][j] * p.top_k + k];
                 ((float*)a.out_w)[(uint64_t)t * p.top_k + k] = sw;
             }
         }

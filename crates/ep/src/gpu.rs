@@ -129,6 +129,8 @@ impl HeapLayout {
 struct RankArgs {
     rank: u32,
     num_tokens: u32,
+    comb_in_rows: u32,
+    comb_w_rows: u32,
     x: u64,
     weights: u64,
     idx: u64,
@@ -232,7 +234,8 @@ struct LocalRank {
     rank: usize,
     device: Device,
     send_map: DeviceBuffer,
-    status: DeviceBuffer,
+    /// Address of this rank's 8 status words inside its group's status buffer.
+    status: u64,
     trace: Option<DeviceBuffer>,
     num_tokens: usize,
     idx_ptr: u64,
@@ -241,8 +244,11 @@ struct LocalRank {
 struct DeviceGroup {
     device: Device,
     ranks: Vec<usize>, // indices into `local`
-    args: DeviceBuffer,
-    last_args: Vec<RankArgs>,
+    /// `u32[ranks.len()][8]` status words, cleared in stream order before each dispatch.
+    status: DeviceBuffer,
+    /// Rank arguments of dispatch ([0]) and combine ([1]), re-uploaded only when they change.
+    args: [DeviceBuffer; 2],
+    last_args: [Vec<RankArgs>; 2],
     _module: Module,
     dispatch: Function,
     combine: Function,
@@ -328,8 +334,6 @@ impl IntranodeEp {
         for &(rank, device) in local {
             let send_map = rt.alloc(device, (cfg.max_tokens_per_rank * cfg.world_size * 4).max(4))?;
             rt.memset(&send_map.slice(), 0xff)?;
-            let status = rt.alloc(device, 32)?;
-            rt.memset(&status.slice(), 0)?;
             let trace = if trace {
                 let t = rt.alloc(device, cfg.block_num * 64)?;
                 rt.memset(&t.slice(), 0)?;
@@ -337,7 +341,7 @@ impl IntranodeEp {
             } else {
                 None
             };
-            ranks.push(LocalRank { rank, device, send_map, status, trace, num_tokens: 0, idx_ptr: 0 });
+            ranks.push(LocalRank { rank, device, send_map, status: 0, trace, num_tokens: 0, idx_ptr: 0 });
         }
         let mut devs: Vec<Device> = local.iter().map(|&(_, d)| d).collect();
         devs.sort_by_key(|d| d.0);
@@ -358,11 +362,26 @@ impl IntranodeEp {
                     ),
                 ));
             }
-            let args = rt.alloc(device, members.len() * std::mem::size_of::<RankArgs>())?;
+            let arg_bytes = members.len() * std::mem::size_of::<RankArgs>();
+            let args = [rt.alloc(device, arg_bytes)?, rt.alloc(device, arg_bytes)?];
+            let status = rt.alloc(device, members.len() * 32)?;
+            rt.memset(&status.slice(), 0)?;
+            for (k, &i) in members.iter().enumerate() {
+                ranks[i].status = status.ptr() + 32 * k as u64;
+            }
             let module = load_module(rt.as_ref(), device)?;
             let dispatch = module.function("mori_ep_dispatch")?;
             let combine = module.function("mori_ep_combine")?;
-            groups.push(DeviceGroup { device, ranks: members, args, last_args: Vec::new(), _module: module, dispatch, combine });
+            groups.push(DeviceGroup {
+                device,
+                ranks: members,
+                status,
+                args,
+                last_args: [Vec::new(), Vec::new()],
+                _module: module,
+                dispatch,
+                combine,
+            });
         }
         Ok(IntranodeEp {
             cfg: cfg.clone(),
@@ -453,7 +472,7 @@ impl IntranodeEp {
         Ok(l.send_map.sub(0, l.num_tokens * self.cfg.world_size * 4)?)
     }
 
-    fn params(&self, group: &DeviceGroup, seq: u32, flags: u32) -> Params {
+    fn params(&self, group: &DeviceGroup, which: usize, seq: u32, flags: u32) -> Params {
         let mut heap = [0u64; MAX_GPU_WORLD];
         heap[..self.heap.world()].copy_from_slice(self.heap.addrs());
         let l = &self.layout;
@@ -461,7 +480,7 @@ impl IntranodeEp {
         Params {
             heap,
             lay: [l.recv_x, l.recv_w, l.recv_idx, l.recv_scales, l.recv_src, l.comb_x, l.comb_w, l.counters, l.signals, l.comb_flags],
-            rank_args: group.args.ptr(),
+            rank_args: group.args[which].ptr(),
             timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
             num_local: group.ranks.len() as u32,
             world: c.world_size as u32,
@@ -482,13 +501,13 @@ impl IntranodeEp {
         }
     }
 
-    fn upload_args(rt: &dyn Runtime, group: &mut DeviceGroup, args: Vec<RankArgs>) -> GpuResult<()> {
-        if group.last_args != args {
-            // SAFETY: RankArgs is repr(C) plain data without padding holes that matter (u32
-            // pairs then u64s); the bytes are copied as-is.
+    fn upload_args(rt: &dyn Runtime, group: &mut DeviceGroup, which: usize, args: Vec<RankArgs>) -> GpuResult<()> {
+        if group.last_args[which] != args {
+            // SAFETY: RankArgs is repr(C) plain data (u32 fields in pairs, then u64s: no
+            // padding); the bytes are copied as-is.
             let bytes = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<u8>(), std::mem::size_of_val(args.as_slice())) };
-            rt.copy_htod(&group.args.slice(), bytes)?;
-            group.last_args = args;
+            rt.copy_htod(&group.args[which].slice(), bytes)?;
+            group.last_args[which] = args;
         }
         Ok(())
     }
@@ -574,9 +593,11 @@ impl IntranodeEp {
             let l = &mut self.local[i];
             l.num_tokens = inp.num_tokens;
             l.idx_ptr = inp.indices.ptr();
-            // Clear the error word in stream order (the count is written by the kernel).
-            let g = self.groups.iter().position(|g| g.device == l.device).unwrap_or(0);
-            streams[g].write_value32(&l.status.sub(4, 4)?, 0)?;
+        }
+        for (g, stream) in self.groups.iter().zip(streams) {
+            // Clear the status words in stream order (one async memset per device).
+            // SAFETY: the status buffer is live device memory of g.device; the stream is live.
+            unsafe { rt.raw().memset(g.device, g.status.ptr(), 0, g.status.len(), Some(stream.raw()))? };
         }
         let mut groups = std::mem::take(&mut self.groups);
         let result = (|| {
@@ -594,14 +615,14 @@ impl IntranodeEp {
                             idx: inp.indices.ptr(),
                             scales: inp.scales.map_or(0, |s| s.ptr()),
                             send_map: l.send_map.ptr(),
-                            status: l.status.ptr(),
+                            status: l.status,
                             trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
                             ..RankArgs::default()
                         }
                     })
                     .collect();
-                Self::upload_args(rt.as_ref(), g, args)?;
-                let mut p = self.params(g, self.dispatch_seq, if spec.drop_out_of_range { FLAG_DROP_OUT_OF_RANGE } else { 0 });
+                Self::upload_args(rt.as_ref(), g, 0, args)?;
+                let mut p = self.params(g, 0, self.dispatch_seq, if spec.drop_out_of_range { FLAG_DROP_OUT_OF_RANGE } else { 0 });
                 p.row_bytes = row_bytes as u32;
                 p.idx_size = spec.idx_size as u32;
                 self.launch(g, false, stream, p)?;
@@ -634,18 +655,14 @@ impl IntranodeEp {
         if spec.idx_size != self.last_idx_size {
             return Err(bad("idx_size", spec.idx_size, format!("differs from the dispatch's {}", self.last_idx_size)));
         }
-        let recv = self.sync_status()?;
         for (i, inp) in inputs.iter().enumerate() {
-            let (rank, t, n) = (self.local[i].rank, self.local[i].num_tokens, recv[i].recv_count);
-            if let Some(x) = &inp.x {
-                need("combine x", rank, x.len(), n * c.hidden * spec.in_elem)?;
-            }
+            let (rank, t) = (self.local[i].rank, self.local[i].num_tokens);
+            // The received count is only known on the GPU: the kernel checks it against the
+            // rows these buffers hold (EP_ERR_COMBINE_ROWS) before staging anything.
             if inp.weights_in_heap && inp.weights.is_some() {
                 return Err(bad("combine weights", rank, "given both as a buffer and as already in the heap"));
             }
-            if let Some(w) = &inp.weights {
-                need("combine weights", rank, w.len(), n * c.top_k * 4)?;
-            } else if spec.weighted && !inp.weights_in_heap {
+            if inp.weights.is_none() && spec.weighted && !inp.weights_in_heap {
                 return Err(EpError::WeightsRequired { weighting: "RankSlotSum" }.into());
             }
             need("combine out", rank, inp.out.len(), t * c.hidden * spec.out_elem)?;
@@ -662,9 +679,12 @@ impl IntranodeEp {
                 let mut args = Vec::with_capacity(g.ranks.len());
                 for &i in &g.ranks {
                     let (l, inp) = (&self.local[i], &inputs[i]);
+                    let rows = |s: Option<DeviceSlice<'_>>, row: usize| s.map_or(0, |s| (s.len() / row).min(u32::MAX as usize) as u32);
                     args.push(RankArgs {
                         rank: l.rank as u32,
                         num_tokens: l.num_tokens as u32,
+                        comb_in_rows: rows(inp.x, c.hidden * spec.in_elem),
+                        comb_w_rows: rows(inp.weights, c.top_k * 4),
                         idx: l.idx_ptr,
                         send_map: l.send_map.ptr(),
                         comb_in: inp.x.map_or(self.heap.addr(l.rank)? + comb_x, |x| x.ptr()),
@@ -675,13 +695,13 @@ impl IntranodeEp {
                         },
                         out: inp.out.ptr(),
                         out_w: inp.out_weights.map_or(0, |w| w.ptr()),
-                        status: l.status.ptr(),
+                        status: l.status,
                         trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
                         ..RankArgs::default()
                     });
                 }
-                Self::upload_args(rt.as_ref(), g, args)?;
-                let mut p = self.params(g, self.combine_seq, if spec.weighted { FLAG_WEIGHTED } else { 0 });
+                Self::upload_args(rt.as_ref(), g, 1, args)?;
+                let mut p = self.params(g, 1, self.combine_seq, if spec.weighted { FLAG_WEIGHTED } else { 0 });
                 p.idx_size = spec.idx_size as u32;
                 p.comb_in_elem = spec.in_elem as u32;
                 p.comb_out_elem = spec.out_elem as u32;
@@ -699,10 +719,16 @@ impl IntranodeEp {
     /// Errors: [`EpGpuError::Kernel`] for the first rank whose kernel reported a fault.
     pub fn sync_status(&self) -> GpuResult<Vec<RankStatus>> {
         let rt = self.heap.runtime();
+        let mut words = vec![[0u8; 32]; self.local.len()];
+        for g in &self.groups {
+            let mut b = vec![0u8; g.status.len()];
+            rt.copy_dtoh(&mut b, &g.status.slice())?;
+            for (k, &i) in g.ranks.iter().enumerate() {
+                words[i].copy_from_slice(&b[32 * k..32 * k + 32]);
+            }
+        }
         let mut out = Vec::with_capacity(self.local.len());
-        for l in &self.local {
-            let mut b = [0u8; 32];
-            rt.copy_dtoh(&mut b, &l.status.slice())?;
+        for (l, b) in self.local.iter().zip(&words) {
             let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
             let what = match w(1) {
                 0 => None,
@@ -727,6 +753,12 @@ impl IntranodeEp {
                     w(3)
                 )),
                 4 => Some(format!("announced {} received tokens, above max_recv_tokens = {}", w(2), w(3))),
+                5 => Some(format!(
+                    "combine {} buffer holds {} rows but {} tokens were received",
+                    if w(2) == 0 { "input" } else { "weights" },
+                    w(3),
+                    w(4)
+                )),
                 code => Some(format!("unknown kernel status {code}")),
             };
             if let Some(what) = what {
@@ -816,7 +848,7 @@ mod tests {
     #[test]
     fn abi_sizes_match_the_kernel() {
         assert_eq!(std::mem::size_of::<Params>(), 672);
-        assert_eq!(std::mem::size_of::<RankArgs>(), 96);
+        assert_eq!(std::mem::size_of::<RankArgs>(), 104);
     }
 
     #[test]

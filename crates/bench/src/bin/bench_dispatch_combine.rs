@@ -322,12 +322,15 @@ struct OracleRecv {
     src: Vec<SrcPos>,
 }
 
+/// The oracle's dispatch of all ranks: received bytes per rank and the handle.
+type Oracle = (Vec<OracleRecv>, DispatchHandle);
+
 fn host_images_and_oracle(
     a: &Args,
     cfg: &EpConfig,
     inp: &Inputs,
     want_oracle: bool,
-) -> AnyResult<(Vec<HostRank>, Option<(Vec<OracleRecv>, DispatchHandle)>)> {
+) -> AnyResult<(Vec<HostRank>, Option<Oracle>)> {
     let idx_bytes = |t: &Tensor2<i64>| match a.idx_type {
         IdxType::I64 => bytes_of(t),
         IdxType::I32 => bytes_of(&t.map(|&v| v as i32)),
