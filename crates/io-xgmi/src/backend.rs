@@ -27,11 +27,16 @@ pub struct XgmiConfig {
     /// Batches with at least this many segments use the scatter/gather kernel (default 32;
     /// 0 disables the kernel).
     pub kernel_threshold: usize,
+    /// ... unless their segments average at least this many bytes (default 4 MiB): then one
+    /// async copy per segment, each streaming through its own range, is at least as fast (its
+    /// submission, a few µs, is shorter than the copy) and does not spread the kernel's threads
+    /// over the whole batch at once (which thrashed the TLB on gigabyte IPC mappings).
+    pub kernel_max_mean_bytes: u64,
 }
 
 impl Default for XgmiConfig {
     fn default() -> Self {
-        XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32 }
+        XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32, kernel_max_mean_bytes: 4 << 20 }
     }
 }
 
@@ -51,7 +56,13 @@ enum XgmiCtrl {
     /// Initiator -> owner: the registered (address, length) of region `id`, the only bounds
     /// an initiator trusts (a descriptor's own `len` could be forged).
     Lookup(MemId),
+    /// Initiator -> target: these transfers completed (every completion queued while the
+    /// previous notification was on the wire goes in one message).
+    DoneMany(Vec<u64>),
 }
+
+/// Most transfer ids in one `DoneMany` (keeps the frame far below the control-plane limit).
+const MAX_IDS_PER_NOTE: usize = 4096;
 
 #[derive(Clone)]
 struct RemoteRegion {
@@ -66,21 +77,37 @@ struct LocalGpu {
     len: u64,
 }
 
+/// One in-flight slot of a device: its completion event and the device copy of the
+/// scatter/gather descriptor table (grown on demand, reused), both created once and reused
+/// by every transfer that takes the slot (a slot is free again only after its event fired).
+struct Slot {
+    event: Event,
+    table: Mutex<Option<mori_gpu::DeviceBuffer>>,
+}
+
 struct DevState {
+    device: Device,
     streams: Vec<Stream>,
     next: AtomicUsize,
     kernel: Option<Function>,
-    inflight: AtomicUsize,
+    /// Multiprocessors (sizes the kernel's grid), read once.
+    sms: u32,
+    slots: Vec<Slot>,
+    /// Indices of the free slots.
+    free: Mutex<Vec<usize>>,
 }
 
 struct Pending {
-    event: Event,
+    dev: Arc<DevState>,
+    slot: usize,
     status: TransferStatus,
     peer: Arc<EngineDesc>,
     id: u64,
-    device: Device,
-    /// Kept alive until the copy finished (descriptor table of a kernel launch).
-    _scratch: Option<mori_gpu::DeviceBuffer>,
+    /// The host descriptor table of a kernel launch, read by its async upload: kept until the
+    /// slot's event fired.
+    _host_table: Option<Vec<CopyDesc>>,
+    /// Queuing failed part-way: the transfer fails with this once the event fired.
+    failed: Option<IoError>,
 }
 
 struct Inner {
@@ -88,9 +115,9 @@ struct Inner {
     cfg: XgmiConfig,
     rt: Arc<dyn Runtime>,
     local: Mutex<HashMap<MemId, LocalGpu>>,
-    /// Remote regions in use: (engine, region) -> (owner-confirmed length, device address as
+    /// Remote regions in use: engine -> region -> (owner-confirmed length, device address as
     /// seen here, the IPC mapping keeping it mapped; none for the same process).
-    maps: Mutex<HashMap<(String, MemId), RemoteRegion>>,
+    maps: Mutex<HashMap<String, HashMap<MemId, RemoteRegion>>>,
     devs: Mutex<HashMap<u32, Arc<DevState>>>,
     pending: Mutex<Vec<Pending>>,
     /// Completed transfers whose target still has to be told (sent by the notifier thread,
@@ -121,14 +148,7 @@ impl XgmiBackend {
         let ctrl = ctx.ctrl.clone();
         std::thread::Builder::new()
             .name("mori-xgmi-notify".into())
-            .spawn(move || {
-                while let Ok((peer, id)) = notify_rx.recv() {
-                    let msg = postcard::to_allocvec(&XgmiCtrl::Done(id)).unwrap_or_default();
-                    if let Err(e) = ctrl.request(&peer, BackendKind::Xgmi, msg) {
-                        tracing::warn!(peer = %peer.key, id, error = %e, "xgmi completion notification failed");
-                    }
-                }
-            })
+            .spawn(move || notify_loop(&*ctrl, &notify_rx))
             .map_err(|e| IoError::transport(format!("spawn xgmi notifier thread: {e}")))?;
         let inner = Arc::new(Inner {
             notify_tx: Mutex::new(notify_tx),
@@ -159,6 +179,28 @@ impl Drop for XgmiBackend {
     }
 }
 
+/// Sends completion notifications until the backend is dropped: waits for one, then takes
+/// every other one already queued and sends them per peer in one `DoneMany` (a single `Done`
+/// when alone), so the control plane carries one round trip per burst, not per transfer.
+fn notify_loop(ctrl: &dyn mori_io_core::ControlClient, rx: &std::sync::mpsc::Receiver<(Arc<EngineDesc>, u64)>) {
+    while let Ok(first) = rx.recv() {
+        let mut by_peer: Vec<(Arc<EngineDesc>, Vec<u64>)> = Vec::new();
+        for (peer, id) in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match by_peer.iter_mut().find(|(p, ids)| p.key == peer.key && ids.len() < MAX_IDS_PER_NOTE) {
+                Some((_, ids)) => ids.push(id),
+                None => by_peer.push((peer, vec![id])),
+            }
+        }
+        for (peer, ids) in by_peer {
+            let note = if ids.len() == 1 { XgmiCtrl::Done(ids[0]) } else { XgmiCtrl::DoneMany(ids) };
+            let msg = postcard::to_allocvec(&note).unwrap_or_default();
+            if let Err(e) = ctrl.request(&peer, BackendKind::Xgmi, msg) {
+                tracing::warn!(peer = %peer.key, error = %e, "xgmi completion notification failed");
+            }
+        }
+    }
+}
+
 fn gpu_of(d: &MemoryDesc) -> Option<u32> {
     match d.loc {
         MemLoc::Gpu { device } => Some(device),
@@ -175,8 +217,15 @@ impl Inner {
         for _ in 0..self.cfg.num_streams {
             streams.push(self.rt.stream(dev).map_err(|e| gpu_err("create stream", e))?);
         }
+        let mut slots = Vec::with_capacity(self.cfg.num_events);
+        for _ in 0..self.cfg.num_events {
+            let event = self.rt.event(dev, false).map_err(|e| gpu_err("create event", e))?;
+            slots.push(Slot { event, table: Mutex::new(None) });
+        }
         let kernel = if self.cfg.kernel_threshold > 0 { self.load_kernel(dev) } else { None };
-        let s = Arc::new(DevState { streams, next: AtomicUsize::new(0), kernel, inflight: AtomicUsize::new(0) });
+        let sms = self.rt.device_properties(dev).map_err(|e| gpu_err("device properties", e))?.multiprocessors.max(1);
+        let free = Mutex::new((0..slots.len()).rev().collect());
+        let s = Arc::new(DevState { device: dev, streams, next: AtomicUsize::new(0), kernel, sms, slots, free });
         Ok(self.devs.lock().entry(dev.0).or_insert(s).clone())
     }
 
@@ -200,8 +249,7 @@ impl Inner {
     /// The remote region as the owner registered it: its confirmed length and the device
     /// address of its first byte as seen from `dev` (mapped through IPC once, then cached).
     fn remote_region(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<RemoteRegion> {
-        let key = (remote.engine_key.clone(), remote.id);
-        if let Some(r) = self.maps.lock().get(&key) {
+        if let Some(r) = self.maps.lock().get(&remote.engine_key).and_then(|m| m.get(&remote.id)) {
             return Ok(r.clone());
         }
         let ask = postcard::to_allocvec(&XgmiCtrl::Lookup(remote.id)).map_err(|e| IoError::invalid(e.to_string()))?;
@@ -209,7 +257,14 @@ impl Inner {
         let (addr, len): (u64, u64) =
             postcard::from_bytes(&rep).map_err(|e| IoError::transport(format!("xgmi lookup reply from {:?}: {e}", peer.key)))?;
         let r = if peer.pid == self.ctx.local.pid && peer.node_id == self.ctx.local.node_id {
-            RemoteRegion { len, base: addr, _map: None } // same process: same address space
+            // Same process: same address space. Another device's memory needs peer access
+            // (an IPC mapping enables it lazily; a raw pointer does not).
+            if let Some(rdev) = gpu_of(remote).filter(|&r| r != dev.0) {
+                self.rt
+                    .enable_peer_access(dev, Device(rdev))
+                    .map_err(|e| gpu_err(&format!("enable peer access GPU {} -> GPU {rdev}", dev.0), e))?;
+            }
+            RemoteRegion { len, base: addr, _map: None }
         } else {
             let bytes = remote.handle(BackendKind::Xgmi).ok_or_else(|| {
                 IoError::invalid(format!("remote memory {} of engine {:?} carries no IPC handle", remote.id, remote.engine_key))
@@ -229,7 +284,7 @@ impl Inner {
                 .map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
             RemoteRegion { len, base: m.slice().ptr(), _map: Some(Arc::new(m)) }
         };
-        self.maps.lock().insert(key, r.clone());
+        self.maps.lock().entry(remote.engine_key.clone()).or_default().insert(remote.id, r.clone());
         Ok(r)
     }
 
@@ -249,20 +304,62 @@ impl Inner {
                 .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
         }
         let ds = self.dev_state(dev)?;
-        if ds.inflight.load(Ordering::Acquire) >= self.cfg.num_events {
-            // Back-pressure: wait (bounded) for the completion thread to retire events.
-            let t0 = std::time::Instant::now();
-            while ds.inflight.load(Ordering::Acquire) >= self.cfg.num_events {
-                if t0.elapsed() > Duration::from_secs(30) {
-                    return Err(IoError::timeout(format!("{} xgmi transfers in flight on device {} for 30 s", self.cfg.num_events, dev.0)));
+        let slot = self.take_slot(&ds)?;
+        let stream = &ds.streams[ds.next.fetch_add(1, Ordering::Relaxed) % ds.streams.len()];
+        let (host_table, failed) = match self.queue(req, &ds, stream, slot, laddr, rbase) {
+            Ok(t) => (t, None),
+            Err(e) => {
+                // Part of the batch may be queued: the slot (and its table) goes back only
+                // after the stream ran it, so the event is recorded anyway and the transfer
+                // fails when it fires. If even that fails, the slot is retired.
+                if let Err(e2) = ds.slots[slot].event.record(stream) {
+                    tracing::warn!(device = dev.0, error = %e2, "xgmi: an event slot is retired after a failed record");
+                    return Err(e);
                 }
-                std::thread::yield_now();
+                (None, Some(e))
+            }
+        };
+        self.pending.lock().push(Pending {
+            dev: ds.clone(),
+            slot,
+            status: status.clone(),
+            peer: req.peer.clone(),
+            id: req.id,
+            _host_table: host_table,
+            failed,
+        });
+        Ok(())
+    }
+
+    /// A free slot of `ds`; waits (30 s at most) while all `num_events` are in flight.
+    fn take_slot(&self, ds: &DevState) -> IoResult<usize> {
+        if let Some(i) = ds.free.lock().pop() {
+            return Ok(i);
+        }
+        let t0 = std::time::Instant::now();
+        loop {
+            std::thread::yield_now();
+            if let Some(i) = ds.free.lock().pop() {
+                return Ok(i);
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                return Err(IoError::timeout(format!(
+                    "{} xgmi transfers in flight on device {} for 30 s",
+                    self.cfg.num_events, ds.device.0
+                )));
             }
         }
-        let stream = &ds.streams[ds.next.fetch_add(1, Ordering::Relaxed) % ds.streams.len()];
-        let mut scratch = None;
+    }
+
+    /// Queues the copies of `req` on the next stream and records slot `slot`'s event after
+    /// them. Returns the host descriptor table to keep until the event fired (kernel path).
+    fn queue(&self, req: &TransferRequest, ds: &DevState, stream: &Stream, slot: usize, laddr: u64, rbase: u64) -> IoResult<Option<Vec<CopyDesc>>> {
+        let dev = ds.device;
+        let total: u64 = req.segs.iter().map(|s| s.len).sum();
+        let n = req.segs.len();
+        let mut host_table = None;
         match &ds.kernel {
-            Some(f) if req.segs.len() >= self.cfg.kernel_threshold => {
+            Some(f) if n >= self.cfg.kernel_threshold && total / (n as u64).max(1) < self.cfg.kernel_max_mean_bytes => {
                 let descs: Vec<CopyDesc> = req
                     .segs
                     .iter()
@@ -271,23 +368,33 @@ impl Inner {
                         CopyDesc { src, dst, len: s.len }
                     })
                     .collect();
-                // SAFETY: CopyDesc is plain old data (three u64, repr(C)); the byte view
-                // covers exactly the vector's initialized elements.
-                let bytes = unsafe { std::slice::from_raw_parts(descs.as_ptr() as *const u8, descs.len() * 24) };
-                let table = self.rt.alloc(dev, bytes.len()).map_err(|e| gpu_err("allocate descriptor table", e))?;
-                self.rt.copy_htod(&table.slice(), bytes).map_err(|e| gpu_err("upload descriptor table", e))?;
-                let total: u64 = req.segs.iter().map(|s| s.len).sum();
-                let sms = self.rt.device_properties(dev).map(|p| p.multiprocessors).unwrap_or(132).max(1);
-                let n = descs.len() as u32;
-                let grid = (128 * sms).min((n as u64).max(total.div_ceil(16 << 10)).min(u32::MAX as u64) as u32).max(1);
+                let n32 = u32::try_from(n).map_err(|_| IoError::invalid(format!("{n} segments in one xgmi batch: at most {}", u32::MAX)))?;
+                let mut tg = ds.slots[slot].table.lock();
+                let need = n * std::mem::size_of::<CopyDesc>();
+                if tg.as_ref().is_none_or(|t| t.len() < need) {
+                    // Grown by powers of two, so a slot reallocates O(log n) times in its life.
+                    *tg = None;
+                    let cap = need.next_power_of_two().max(4096);
+                    *tg = Some(self.rt.alloc(dev, cap).map_err(|e| gpu_err("allocate descriptor table", e))?);
+                }
+                let table = tg.as_ref().ok_or_else(|| IoError::invalid("descriptor table missing"))?;
+                let dst = table.sub(0, need).map_err(|e| gpu_err("descriptor table", e))?;
+                // SAFETY: CopyDesc is plain old data (three u64, repr(C)); the byte view covers
+                // exactly the vector's initialized elements.
+                let bytes = unsafe { std::slice::from_raw_parts(descs.as_ptr() as *const u8, need) };
+                // SAFETY: `descs` is moved into the pending entry below, unmodified, and dropped
+                // only after the slot's event (recorded after this upload) fired; the table
+                // buffer belongs to this slot, which no other transfer takes until then.
+                unsafe { self.rt.copy_htod_async(&dst, bytes, stream) }.map_err(|e| gpu_err("upload descriptor table", e))?;
+                let grid = (128 * ds.sms).min((n as u64).max(total.div_ceil(16 << 10)).min(u32::MAX as u64) as u32).max(1);
                 let mut args = KernelArgs::new();
-                args.push_ptr(&table.slice()).push(n);
+                args.push_ptr(&dst).push(n32);
                 let cfg = LaunchConfig { grid: (grid, 1, 1), block: (64, 1, 1), shared_mem_bytes: 0 };
                 // SAFETY: the kernel's ABI is (const CopyDesc*, uint32_t) (kernels/README.md);
-                // every descriptor was bounds-checked against both registrations above, and
-                // the table stays allocated until the event fires (kept in `Pending`).
+                // every descriptor was bounds-checked against both registrations, and the
+                // table stays allocated (owned by the slot) until the event fires.
                 unsafe { self.rt.launch(f, stream, &cfg, &args.params()) }.map_err(|e| gpu_err("launch scatter/gather kernel", e))?;
-                scratch = Some(table);
+                host_table = Some(descs);
             }
             _ => {
                 for s in &req.segs {
@@ -299,33 +406,37 @@ impl Inner {
                 }
             }
         }
-        let event = self.rt.event(dev, false).map_err(|e| gpu_err("create event", e))?;
-        event.record(stream).map_err(|e| gpu_err("record event", e))?;
-        ds.inflight.fetch_add(1, Ordering::AcqRel);
-        self.pending.lock().push(Pending { event, status: status.clone(), peer: req.peer.clone(), id: req.id, device: dev, _scratch: scratch });
-        Ok(())
+        ds.slots[slot].event.record(stream).map_err(|e| gpu_err("record event", e))?;
+        Ok(host_table)
     }
 
+    /// Completes transfers whose event fired. The pending list is taken out of its lock while
+    /// the events are queried, so posting never waits for a driver call of this thread.
+    /// Spins while copies are in flight (with a short pause between rounds, to leave the
+    /// driver to the posting threads); backs off to sleeps when idle.
     fn reap_loop(&self) {
         let mut idle = 0u32;
+        let mut mine: Vec<Pending> = Vec::new();
+        let mut done: Vec<(Pending, Result<(), IoError>)> = Vec::new();
         while !self.shutdown.load(Ordering::Acquire) {
-            let done: Vec<(Pending, Result<(), IoError>)> = {
-                let mut p = self.pending.lock();
-                let mut out = Vec::new();
-                let mut i = 0;
-                while i < p.len() {
-                    match p[i].event.query() {
-                        Ok(false) => i += 1,
-                        Ok(true) => out.push((p.swap_remove(i), Ok(()))),
-                        Err(e) => out.push((p.swap_remove(i), Err(gpu_err("xgmi copy", e)))),
+            mine.append(&mut self.pending.lock());
+            let mut i = 0;
+            while i < mine.len() {
+                match mine[i].dev.slots[mine[i].slot].event.query() {
+                    Ok(false) => i += 1,
+                    Ok(true) => {
+                        let mut p = mine.swap_remove(i);
+                        let r = p.failed.take().map_or(Ok(()), Err);
+                        done.push((p, r));
                     }
+                    Err(e) => done.push((mine.swap_remove(i), Err(gpu_err("xgmi copy", e)))),
                 }
-                out
-            };
+            }
             if done.is_empty() {
-                // Spin while copies are in flight; back off only when nothing is pending.
-                if !self.pending.lock().is_empty() {
-                    std::hint::spin_loop();
+                if !mine.is_empty() {
+                    for _ in 0..8 {
+                        std::hint::spin_loop();
+                    }
                     continue;
                 }
                 idle = idle.saturating_add(1);
@@ -337,15 +448,13 @@ impl Inner {
                 continue;
             }
             idle = 0;
-            for (p, r) in done {
-                if let Some(ds) = self.devs.lock().get(&p.device.0) {
-                    ds.inflight.fetch_sub(1, Ordering::AcqRel);
-                }
+            for (p, r) in done.drain(..) {
                 let ok = r.is_ok();
                 p.status.complete_piece(r);
                 if ok {
                     let _ = self.notify_tx.lock().send((p.peer.clone(), p.id));
                 }
+                p.dev.free.lock().push(p.slot);
             }
         }
     }
@@ -430,13 +539,19 @@ impl Backend for XgmiBackend {
     }
 
     fn disconnect(&self, peer_key: &str) {
-        self.inner.maps.lock().retain(|k, _| k.0 != peer_key);
+        self.inner.maps.lock().remove(peer_key);
     }
 
     fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {
         match postcard::from_bytes::<XgmiCtrl>(payload) {
             Ok(XgmiCtrl::Done(id)) => {
                 self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
+                Ok(Vec::new())
+            }
+            Ok(XgmiCtrl::DoneMany(ids)) => {
+                for id in ids {
+                    self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
+                }
                 Ok(Vec::new())
             }
             Ok(XgmiCtrl::Lookup(id)) => {

@@ -59,7 +59,7 @@ fn rt() -> Arc<dyn Runtime> {
 }
 
 fn xgmi(kernel_threshold: usize) -> BackendConfig {
-    BackendConfig::Xgmi(XgmiConfig { num_streams: 16, num_events: 64, kernel_threshold })
+    BackendConfig::Xgmi(XgmiConfig { num_streams: 16, num_events: 64, kernel_threshold, ..XgmiConfig::default() })
 }
 
 /// Byte `i` of a pattern: not periodic over any small stride, so a copy landing at a wrong

@@ -31,8 +31,12 @@ pub struct CudaRuntime {
     me: Weak<CudaRuntime>,
     library: String,
     device_count: u32,
-    /// Per device ordinal: the `CUdevice` and its retained primary context (as an integer).
-    contexts: Mutex<Vec<Option<(cu::CUdevice, u64)>>>,
+    /// Per device ordinal: the `CUdevice` and its retained primary context (as an integer),
+    /// set once; read without a lock by every call (the hot path of copies and event queries
+    /// from several threads).
+    contexts: Vec<OnceLock<(cu::CUdevice, u64)>>,
+    /// Serializes the first retain of a device's primary context.
+    retain: Mutex<()>,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -169,7 +173,8 @@ impl CudaRuntime {
             me: me.clone(),
             library: library_path(api),
             device_count,
-            contexts: Mutex::new(vec![None; device_count as usize]),
+            contexts: (0..device_count).map(|_| OnceLock::new()).collect(),
+            retain: Mutex::new(()),
         }))
     }
 
@@ -211,9 +216,15 @@ impl CudaRuntime {
 
     /// The retained primary context of `dev` (retained on first use).
     fn context(&self, dev: Device) -> Result<cu::CUcontext> {
+        if let Some((_, ctx)) = self.contexts.get(dev.0 as usize).and_then(OnceLock::get) {
+            return Ok(*ctx as usize as cu::CUcontext);
+        }
         let d = self.cudev(dev)?;
-        let mut slots = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(Some((_, ctx))) = slots.get(dev.0 as usize) {
+        let _g = self.retain.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = self.contexts.get(dev.0 as usize).ok_or_else(|| {
+            GpuError::invalid(format!("{dev} does not exist: {} CUDA devices visible", self.device_count))
+        })?;
+        if let Some((_, ctx)) = slot.get() {
             return Ok(*ctx as usize as cu::CUcontext);
         }
         let mut ctx: cu::CUcontext = std::ptr::null_mut();
@@ -221,9 +232,7 @@ impl CudaRuntime {
         self.check("cuDevicePrimaryCtxRetain", unsafe {
             (self.api.cuDevicePrimaryCtxRetain)(&mut ctx, d)
         })?;
-        if let Some(slot) = slots.get_mut(dev.0 as usize) {
-            *slot = Some((d, ctx as usize as u64));
-        }
+        let _ = slot.set((d, ctx as usize as u64));
         Ok(ctx)
     }
 
@@ -322,8 +331,7 @@ impl CudaRuntime {
 
 impl Drop for CudaRuntime {
     fn drop(&mut self) {
-        let slots = self.contexts.get_mut().unwrap_or_else(|p| p.into_inner());
-        for (d, _) in slots.iter().flatten() {
+        for (d, _) in self.contexts.iter().filter_map(OnceLock::get) {
             // SAFETY: each context was retained once by this runtime; release it once.
             let code = unsafe { (self.api.cuDevicePrimaryCtxRelease_v2)(*d) };
             if code != 0 {
