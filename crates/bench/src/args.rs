@@ -4,6 +4,9 @@
 
 use clap::{Parser, ValueEnum};
 
+/// Most GPU pairs (`--num-initiator-dev`) of one run.
+pub const MAX_PAIRS: u32 = 64;
+
 /// Transfer direction, seen from rank 0 (the initiator).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 pub enum OpArg {
@@ -135,12 +138,18 @@ pub struct Args {
     /// Python's target GPU; sets --target-dev-offset to N - gpu (a conflicting pair is refused).
     #[arg(long, help_heading = "Memory")]
     pub dst_gpu: Option<u32>,
-    /// Initiator devices (one process per GPU pair; GPU memory only).
+    /// Initiator processes, one per GPU: initiator i drives GPU --gpu + i and pairs with target
+    /// i on GPU --gpu + offset + i (with host memory: pairs of processes). Each pair prints
+    /// `[gpu N]` rows and rank 0 an `[AGGREGATE]` line. Allowed 1..=64.
     #[arg(long, default_value_t = 1, help_heading = "Memory")]
     pub num_initiator_dev: u32,
-    /// Target devices; must equal --num-initiator-dev.
+    /// Target processes, one per GPU; must equal --num-initiator-dev.
     #[arg(long, default_value_t = 1, help_heading = "Memory")]
     pub num_target_dev: u32,
+    /// This process's index among its side's processes (0 for the one started by hand; the
+    /// others are started by it with the index in the environment).
+    #[arg(skip)]
+    pub local_index: u32,
 
     // ---- backend tuning
     /// Connections (tcp) / queue pairs (rdma) per transfer.
@@ -198,20 +207,53 @@ pub struct Args {
 }
 
 impl Args {
-    /// GPU of this rank's buffer: rank 0 uses `--gpu` (default 0), rank 1 `--gpu` plus the
-    /// target offset (`--target-dev-offset`, or `--dst-gpu` minus `--gpu`; default 0).
-    pub fn device_for(&self, rank: usize) -> Option<u32> {
+    /// GPU of the buffer of process `index` of side `rank`: initiators (rank 0) use `--gpu`
+    /// (default 0) plus `index`, targets (rank 1) that plus the target offset
+    /// (`--target-dev-offset`, or `--dst-gpu` minus `--gpu`; default 0). `None` when negative
+    /// or past `u32`.
+    pub fn device_for(&self, rank: usize, index: u32) -> Option<u32> {
+        let g = i64::from(self.gpu.unwrap_or(0)) + i64::from(index);
         if rank == 0 {
-            Some(self.gpu.unwrap_or(0))
+            u32::try_from(g).ok()
         } else {
-            self.target_device()
+            u32::try_from(g + self.target_offset()).ok()
         }
     }
 
-    fn target_device(&self) -> Option<u32> {
+    fn target_offset(&self) -> i64 {
         let g = i64::from(self.gpu.unwrap_or(0));
-        let off = self.target_dev_offset.or(self.dst_gpu.map(|d| i64::from(d) - g)).unwrap_or(0);
-        u32::try_from(g + off).ok()
+        self.target_dev_offset.or(self.dst_gpu.map(|d| i64::from(d) - g)).unwrap_or(0)
+    }
+
+    /// Processes per side (`--num-initiator-dev`, equal to `--num-target-dev` once validated).
+    pub fn pairs(&self) -> u32 {
+        self.num_initiator_dev
+    }
+
+    /// Rank of this process in the bootstrap world of `2 × pairs` ranks, initiators first
+    /// (the seed's layout): `rank × pairs + local_index`.
+    pub fn global_rank(&self) -> usize {
+        self.rank * self.pairs() as usize + self.local_index as usize
+    }
+
+    /// Checks that every GPU the pairs use exists on a machine with `count` devices. The error
+    /// names the flags, the GPUs needed and the count.
+    pub fn check_devices(&self, count: u32) -> Result<(), String> {
+        let n = self.pairs();
+        for (rank, side) in [(0, "initiator"), (1, "target")] {
+            let hi = self.device_for(rank, n - 1);
+            if hi.is_none_or(|d| d >= count) {
+                return Err(format!(
+                    "--num-initiator-dev {n} with --gpu {} and --target-dev-offset {}: the {side} side needs GPUs {}..={}, this machine has {count} (0..={})",
+                    self.gpu.unwrap_or(0),
+                    self.target_offset(),
+                    self.device_for(rank, 0).map_or("?".into(), |d| d.to_string()),
+                    hi.map_or("?".into(), |d| d.to_string()),
+                    count.saturating_sub(1)
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Batch-transfer mode after `--enable-batch-transfer`/`--disable-batch-transfer`.
@@ -239,7 +281,7 @@ impl Args {
             ("--sweep-step", self.sweep_step.to_string()),
             ("--num-qp-per-transfer", self.num_qp_per_transfer.to_string()),
             ("--gpu", self.gpu.unwrap_or(0).to_string()),
-            ("--target-dev-offset", self.device_for(1).map(|t| i64::from(t) - i64::from(self.gpu.unwrap_or(0))).unwrap_or(0).to_string()),
+            ("--target-dev-offset", self.target_offset().to_string()),
             ("--num-initiator-dev", self.num_initiator_dev.to_string()),
             ("--num-target-dev", self.num_target_dev.to_string()),
         ]
@@ -290,24 +332,34 @@ impl Args {
         if self.xgmi_single_process && (self.local || self.rank != 0) {
             return Err("--xgmi-single-process runs both ranks in this one process: drop --local and --rank".into());
         }
-        if self.target_device().is_none() {
+        if self.device_for(1, 0).is_none() {
             return Err(format!(
                 "--gpu {} with --target-dev-offset {}: the target GPU would be negative",
                 self.gpu.unwrap_or(0),
-                self.target_dev_offset.unwrap_or(0)
+                self.target_offset()
             ));
         }
         if self.num_initiator_dev != self.num_target_dev {
             return Err(format!(
-                "--num-initiator-dev {} and --num-target-dev {} must be equal",
+                "--num-initiator-dev {} and --num-target-dev {} must be equal (initiator i pairs with target i)",
                 self.num_initiator_dev, self.num_target_dev
             ));
         }
-        if self.num_initiator_dev != 1 {
-            return Err(format!(
-                "--num-initiator-dev {}: one process per GPU pair is not in this build yet (one pair per run)",
-                self.num_initiator_dev
-            ));
+        if !(1..=MAX_PAIRS).contains(&self.num_initiator_dev) {
+            return Err(format!("--num-initiator-dev {}: allowed 1..={MAX_PAIRS}", self.num_initiator_dev));
+        }
+        if self.num_initiator_dev > 1 && self.xgmi_single_process {
+            return Err("--xgmi-single-process runs one pair in one process: drop --num-initiator-dev/--num-target-dev".into());
+        }
+        if let Some(p) = self.port {
+            let last = u32::from(p) + 2 * self.num_initiator_dev;
+            if last > 65535 {
+                return Err(format!(
+                    "--port {p} with --num-initiator-dev {}: the engines use ports {}..={last}, past 65535",
+                    self.num_initiator_dev,
+                    u32::from(p) + 1
+                ));
+            }
         }
         if self.buffer_size == 0 {
             return Err("--buffer-size 0: message size must be at least 1 byte".into());
@@ -373,16 +425,49 @@ impl Args {
     }
 }
 
-/// Names of the workload flags whose values differ, with both values, for the mismatch error.
-pub fn workload_diff(a: &[(String, String)], b: &[(String, String)]) -> Vec<String> {
+/// Names of the workload flags whose values differ between rank 0 (`a`) and rank `other`
+/// (`b`), with both values, for the mismatch error.
+pub fn workload_diff(a: &[(String, String)], b: &[(String, String)], other: usize) -> Vec<String> {
     let mut out = Vec::new();
     for (x, y) in a.iter().zip(b) {
         if x != y {
-            out.push(format!("{}: rank 0 = {}, rank 1 = {}", x.0, x.1, y.1));
+            out.push(format!("{}: rank 0 = {}, rank {other} = {}", x.0, x.1, y.1));
         }
     }
     if a.len() != b.len() {
         out.push(format!("flag lists differ in length ({} vs {}): different bench_engine versions?", a.len(), b.len()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(a: &[&str]) -> Args {
+        let mut v = vec!["bench_engine"];
+        v.extend_from_slice(a);
+        let args = Args::parse_from(v);
+        args.validate().unwrap();
+        args
+    }
+
+    #[test]
+    fn pairs_map_to_gpus_and_global_ranks() {
+        let mut a = parse(&["--backend", "xgmi", "--mem-type", "gpu", "--num-initiator-dev", "4", "--num-target-dev", "4", "--target-dev-offset", "4"]);
+        assert_eq!((0..4).map(|i| a.device_for(0, i).unwrap()).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!((0..4).map(|i| a.device_for(1, i).unwrap()).collect::<Vec<_>>(), [4, 5, 6, 7]);
+        a.rank = 1;
+        a.local_index = 2;
+        assert_eq!(a.global_rank(), 6, "initiators first: target 2 of 4 is rank 4 + 2");
+        assert_eq!(a.check_devices(8), Ok(()));
+        let e = a.check_devices(7).unwrap_err();
+        assert!(e.contains("target side needs GPUs 4..=7, this machine has 7 (0..=6)"), "{e}");
+        let b = parse(&["--backend", "xgmi", "--mem-type", "gpu", "--num-initiator-dev", "2", "--num-target-dev", "2", "--gpu", "1"]);
+        let e = b.check_devices(2).unwrap_err();
+        assert!(e.contains("--gpu 1") && e.contains("initiator side needs GPUs 1..=2, this machine has 2"), "{e}");
+        // --dst-gpu sets the offset for every pair.
+        let c = parse(&["--backend", "xgmi", "--mem-type", "gpu", "--num-initiator-dev", "2", "--num-target-dev", "2", "--src-gpu", "0", "--dst-gpu", "2"]);
+        assert_eq!((c.device_for(1, 0), c.device_for(1, 1)), (Some(2), Some(3)));
+    }
 }

@@ -4,7 +4,7 @@ use serde::Serialize;
 use std::path::Path;
 
 /// One measured point, in the units the seed uses (nixlbench's formulas).
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, serde::Deserialize, PartialEq)]
 pub struct Row {
     /// Message size, bytes.
     pub msg_size: u64,
@@ -59,6 +59,12 @@ pub fn table(rows: &[Row]) -> String {
         }
     }
     t.to_string()
+}
+
+/// `text` with `prefix` and a space in front of every line: the seed's `[gpu N]` rows of one
+/// pair and the `[AGGREGATE]` lines.
+pub fn prefixed(prefix: &str, text: &str) -> String {
+    text.lines().map(|l| format!("{prefix} {l}")).collect::<Vec<_>>().join("\n")
 }
 
 /// Writes `{ "config": ..., "validation": ..., "rows": [...] }`.

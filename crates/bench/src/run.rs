@@ -14,10 +14,46 @@ use std::time::{Duration, Instant};
 /// What a rank ends with.
 #[derive(Debug)]
 pub struct Outcome {
-    /// Rank 0's rows (empty on rank 1).
+    /// Rank 0's rows (empty on other ranks); with several pairs, the aggregate of
+    /// [`Outcome::pairs`] (see [`aggregate`]).
     pub rows: Vec<Row>,
-    /// `OK`, `skipped`, or `FAILED: ...`.
+    /// `OK`, `skipped`, or `FAILED: ...` (with several pairs: the first failing pair's, named).
     pub validation: String,
+    /// With `--num-initiator-dev N > 1`, on global rank 0: every pair's own result, in pair
+    /// order. Empty otherwise.
+    pub pairs: Vec<PairOutcome>,
+}
+
+/// One initiator/target pair's result (`--num-initiator-dev N > 1`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PairOutcome {
+    /// The initiator's GPU (`--gpu + i`; with host memory the same number names the pair).
+    pub gpu: u32,
+    /// The pair's rows, measured by its initiator.
+    pub rows: Vec<Row>,
+    /// The pair's validation: `OK`, `skipped`, or `FAILED: ...`.
+    pub validation: String,
+}
+
+/// The `[AGGREGATE]` rows of several pairs, point by point: bandwidth summed over the pairs
+/// (the seed's aggregate), latency the mean of the pairs' latencies, total the longest pair's
+/// loop. Points are matched by position; every pair ran the same points.
+pub fn aggregate(pairs: &[PairOutcome]) -> Vec<Row> {
+    let Some(first) = pairs.first() else { return Vec::new() };
+    (0..first.rows.len())
+        .map(|k| {
+            let rs: Vec<&Row> = pairs.iter().filter_map(|p| p.rows.get(k)).collect();
+            let n = rs.len().max(1) as f64;
+            Row {
+                msg_size: first.rows[k].msg_size,
+                batch: first.rows[k].batch,
+                iters: first.rows[k].iters,
+                avg_bw_gbps: rs.iter().map(|r| r.avg_bw_gbps).sum(),
+                avg_lat_us: rs.iter().map(|r| r.avg_lat_us).sum::<f64>() / n,
+                total_us: rs.iter().map(|r| r.total_us).fold(0.0, f64::max),
+            }
+        })
+        .collect()
 }
 
 /// A failure of the run: the message, and whether it is a usage error (exit 2) or a run
@@ -64,8 +100,10 @@ const MAGIC_OK: u8 = 0;
 const MAGIC_SKIP: u8 = 1;
 const MAGIC_ABORT: u8 = 2;
 
-/// Runs this rank. `port` is the bootstrap port (engines use port+1+rank); `ranks_here` is how
-/// many ranks share this machine's memory (2 with --local) for the memory check.
+/// Runs this process: side `args.rank`, index `args.local_index` among its side's
+/// `--num-initiator-dev` processes. `port` is the bootstrap port (engines use
+/// port+1+global rank); `ranks_here` is how many processes share this machine's memory (all of
+/// them with --local) for the memory check.
 pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> {
     run_with(args, port, ranks_here, None)
 }
@@ -104,6 +142,9 @@ pub fn run_single_process(args: &Args) -> Result<Outcome, Failure> {
 
 fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Bootstrap>>) -> Result<Outcome, Failure> {
     let rank = args.rank;
+    let n = args.pairs() as usize;
+    let (me, world) = if local.is_some() { (rank, 2) } else { (args.global_rank(), 2 * n) };
+    let peer_rank = (me + world / 2) % world;
     let master = (args.master_ip.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| usage(format!("--master-ip {}: {e}", args.master_ip)))?
@@ -127,17 +168,17 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     let eport = if local.is_some() {
         0 // in-process ranks: ephemeral control ports
     } else {
-        port.checked_add(1 + rank as u16).ok_or_else(|| usage(format!("--port {port}: port+1+rank exceeds 65535")))?
+        u16::try_from(u32::from(port) + 1 + me as u32).map_err(|_| usage(format!("--port {port}: port+1+rank {me} exceeds 65535")))?
     };
     let ecfg = EngineConfig::new(self_ip.clone(), eport).map_err(|e| usage(e.to_string()))?;
     let mut buf = match args.mem_type {
         MemArg::Cpu => Buffer::host(bytes as usize),
         MemArg::Gpu => {
-            let dev = args.device_for(rank).unwrap_or(0);
+            let dev = args.device_for(rank, args.local_index).unwrap_or(0);
             if args.backend == BackendArg::Fabric { Buffer::fabric(dev, bytes as usize) } else { Buffer::gpu(dev, bytes as usize) }.map_err(usage)?
         }
     };
-    let eng = IoEngine::new(&format!("bench-rank{rank}-{}", std::process::id()), ecfg)
+    let eng = IoEngine::new(&format!("bench-rank{me}-{}", std::process::id()), ecfg)
         .map_err(|e| fail(format!("engine on --self-ip {self_ip} port {eport}: {e}")))?;
     let tcp = TcpConfig { lanes: args.num_qp_per_transfer, ..TcpConfig::from_env().map_err(|e| usage(e.to_string()))? };
     let deadline = tcp.data_timeout * 2 + Duration::from_secs(1);
@@ -164,14 +205,14 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     let boot: Box<dyn Bootstrap> = match local {
         Some(b) => b,
         None => {
-            let mut cfg = SocketBootstrapConfig::with_env_defaults(rank, 2, master).map_err(|e| usage(e.to_string()))?;
+            let mut cfg = SocketBootstrapConfig::with_env_defaults(me, world, master).map_err(|e| usage(e.to_string()))?;
             // The target waits inside one collective for each point's whole timed loop: unless
             // MORI_BOOTSTRAP_OP_TIMEOUT says otherwise, allow an hour per point (a dead peer is
             // still noticed at once: its sockets close).
             if std::env::var_os("MORI_BOOTSTRAP_OP_TIMEOUT").is_none() {
                 cfg.op_timeout = cfg.op_timeout.max(POINT_WAIT);
             }
-            Box::new(SocketBootstrap::new(cfg).map_err(|e| fail(format!("bootstrap (rank {rank}, master {master}): {e}")))?)
+            Box::new(SocketBootstrap::new(cfg).map_err(|e| fail(format!("bootstrap (rank {me} of {world}, master {master}): {e}")))?)
         }
     };
 
@@ -181,17 +222,19 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
         .allgather(&postcard::to_allocvec(&mine).map_err(|e| fail(e.to_string()))?)
         .map_err(|e| fail(format!("exchanging workload flags: {e}")))?;
     let decode = |b: &[u8]| postcard::from_bytes::<Vec<(String, String)>>(b).map_err(|e| fail(format!("peer's workload flags: {e}")));
-    let (w0, w1) = (decode(&all[0])?, decode(&all[1])?);
-    let diff = workload_diff(&w0, &w1);
-    if !diff.is_empty() {
-        return Err(usage(format!("workload flags differ between the ranks (both stop):\n  {}", diff.join("\n  "))));
+    let w0 = decode(&all[0])?;
+    for (k, w) in all.iter().enumerate().skip(1) {
+        let diff = workload_diff(&w0, &decode(w)?, k);
+        if !diff.is_empty() {
+            return Err(usage(format!("workload flags differ between the ranks (all stop):\n  {}", diff.join("\n  "))));
+        }
     }
 
     let descs = boot
         .allgather(&postcard::to_allocvec(&(eng.desc().pack(), mem.pack())).map_err(|e| fail(e.to_string()))?)
         .map_err(|e| fail(format!("exchanging engine descriptors: {e}")))?;
     let (pe, pm): (Vec<u8>, Vec<u8>) =
-        postcard::from_bytes(&descs[1 - rank]).map_err(|e| fail(format!("peer descriptors: {e}")))?;
+        postcard::from_bytes(descs.get(peer_rank).map(Vec::as_slice).unwrap_or_default()).map_err(|e| fail(format!("peer descriptors: {e}")))?;
     let peer = EngineDesc::unpack(&pe).map_err(|e| fail(e.to_string()))?;
     let remote = MemoryDesc::unpack(&pm).map_err(|e| fail(e.to_string()))?;
     eng.register_remote_engine(peer).map_err(|e| fail(e.to_string()))?;
@@ -201,10 +244,10 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     } else {
         None
     };
-    if rank == 0 {
+    if me == 0 {
         let b = eng.backend_for(&mem, &remote).map_err(|e| fail(e.to_string()))?;
         eprintln!(
-            "bench_engine: op {}, backend {b} ({} connection(s) or QPs), {} point(s), iters {} + warmup {}, batch mode {}, session {}, contiguous {}",
+            "bench_engine: op {}, backend {b} ({} connection(s) or QPs), {} point(s), iters {} + warmup {}, batch mode {}, session {}, contiguous {}, {n} pair(s)",
             format!("{:?}", args.op).to_lowercase(), args.num_qp_per_transfer, pts.len(), args.iters, args.warmup_iters,
             if args.batch_transfer() { "on" } else { "off" }, args.enable_sess, args.batch_contiguous
         );
@@ -214,7 +257,7 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
         }
     }
 
-    let bar = progress(rank, pts.len());
+    let bar = progress(me, pts.len());
     let mut rows = Vec::new();
     let mut validation: Option<String> = None;
     let mut skipped = false;
@@ -244,8 +287,8 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
             return Err(fail(format!("transfer failed at message size {} B, batch {}: {e}", p.msg, p.batch)));
         }
         let got = got.map_err(|e| fail(format!("exchange after point {pi} (is the peer still reachable?): {e}")))?;
-        if got[0].first() == Some(&MAGIC_ABORT) {
-            return Err(fail("the initiator (rank 0) aborted; see its output"));
+        if let Some(k) = got.iter().take(world / 2).position(|g| g.first() == Some(&MAGIC_ABORT)) {
+            return Err(fail(format!("initiator {k} (rank {k}) aborted; see its output")));
         }
         if got.iter().any(|g| g.first() == Some(&MAGIC_SKIP)) {
             skipped = true;
@@ -262,7 +305,7 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
             let got = boot.allgather(&sums).map_err(|e| fail(format!("checksum exchange after point {pi}: {e}")))?;
             if rank == 0 && validation.is_none() {
                 let theirs: Vec<u64> =
-                    got[1].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+                    got.get(peer_rank).map(Vec::as_slice).unwrap_or_default().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
                 let ours = buf.checksums(&offs, p.msg).map_err(fail)?;
                 if let Some(i) = first_mismatch(&ours, &theirs) {
                     validation = Some(format!(
@@ -293,7 +336,27 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     drop(eng);
     drop(buf);
     let validation = if skipped { "skipped".to_string() } else { validation.unwrap_or_else(|| "OK".into()) };
-    Ok(Outcome { rows, validation })
+    if world == 2 {
+        return Ok(Outcome { rows, validation, pairs: Vec::new() });
+    }
+    // Several pairs: every initiator's rows and validation go to global rank 0.
+    let mine = PairOutcome { gpu: args.device_for(0, args.local_index).unwrap_or(0), rows, validation };
+    let all = boot
+        .allgather(&postcard::to_allocvec(&mine).map_err(|e| fail(e.to_string()))?)
+        .map_err(|e| fail(format!("gathering the pairs' rows: {e}")))?;
+    if me != 0 {
+        return Ok(Outcome { rows: Vec::new(), validation: mine.validation, pairs: Vec::new() });
+    }
+    let pairs = all
+        .iter()
+        .take(n)
+        .map(|b| postcard::from_bytes::<PairOutcome>(b).map_err(|e| fail(format!("a pair's rows: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let validation = match pairs.iter().find(|p| p.validation.starts_with("FAILED")) {
+        Some(p) => format!("FAILED: [gpu {}] {}", p.gpu, p.validation.trim_start_matches("FAILED: ")),
+        None => pairs.first().map(|p| p.validation.clone()).unwrap_or(mine.validation),
+    };
+    Ok(Outcome { rows: aggregate(&pairs), validation, pairs })
 }
 
 /// The rdma backend's settings from the environment and the seed's tuning flags.

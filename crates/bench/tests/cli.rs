@@ -83,6 +83,7 @@ fn bench(args: &[&str]) -> Command {
         "MORI_LOG",
         "MORI_BENCH_CORRUPT_SLOT",
         "MORI_BENCH_LOCAL_CHILD_PORT",
+        "MORI_BENCH_CHILD",
         "MORI_IO_TCP_TIMEOUT_MS",
         "MORI_BOOTSTRAP_OP_TIMEOUT",
         "MORI_SOCKET_IFNAME",
@@ -183,16 +184,21 @@ fn run(name: &str, args: &[&str], limit: Duration) -> Done {
 /// Chosen below the kernel's ephemeral range, so outgoing connections of concurrent tests do
 /// not take it between the check and the use.
 fn free_base() -> u16 {
+    free_base_n(3)
+}
+
+/// A base port with `n` consecutive free ports (as [`free_base`]).
+fn free_base_n(n: u16) -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let seed = std::process::id().wrapping_mul(2_654_435_761);
     for _ in 0..500 {
         let k = NEXT.fetch_add(1, Ordering::Relaxed);
         let base = 20_000 + (seed.wrapping_add(k.wrapping_mul(7)) % 12_000) as u16;
-        if (0..3).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+        if (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
             return base;
         }
     }
-    panic!("no three consecutive free ports found in 20000..32000");
+    panic!("no {n} consecutive free ports found in 20000..32000");
 }
 
 struct TempDir(PathBuf);
@@ -243,25 +249,62 @@ fn parse_table(stdout: &str) -> (Vec<TableRow>, String) {
             validation = Some(v.to_string());
             break;
         }
-        let f: Vec<&str> = l.split_whitespace().collect();
-        assert_eq!(f.len(), 6, "row {l:?} in\n{stdout}");
-        let r = TableRow {
-            msg: f[0].parse().unwrap(),
-            batch: f[1].parse().unwrap(),
-            iters: f[2].parse().unwrap(),
-            bw: f[3].parse().unwrap(),
-            lat: f[4].parse().unwrap(),
-            total: f[5].parse().unwrap(),
-        };
-        assert!(r.total > 0.0 && r.lat > 0.0 && r.bw >= 0.0, "row {l:?}");
+        rows.push(parse_row(l, true));
+    }
+    (rows, validation.unwrap_or_else(|| panic!("no validation line in\n{stdout}")))
+}
+
+/// One table row; with `formulas`, checked against the seed's formulas (within the printed
+/// rounding).
+fn parse_row(l: &str, formulas: bool) -> TableRow {
+    let f: Vec<&str> = l.split_whitespace().collect();
+    assert_eq!(f.len(), 6, "row {l:?}");
+    let r = TableRow {
+        msg: f[0].parse().unwrap(),
+        batch: f[1].parse().unwrap(),
+        iters: f[2].parse().unwrap(),
+        bw: f[3].parse().unwrap(),
+        lat: f[4].parse().unwrap(),
+        total: f[5].parse().unwrap(),
+    };
+    assert!(r.total > 0.0 && r.lat > 0.0 && r.bw >= 0.0, "row {l:?}");
+    if formulas {
         // latency = total / (iters * batch); bandwidth = bytes / 1e9 / seconds = bytes / (us * 1e3).
         let lat = r.total / (r.iters * r.batch) as f64;
         assert!((lat - r.lat).abs() <= 0.006 + lat * 1e-3, "latency {} vs total/(iters*batch) {lat}: {l:?}", r.lat);
         let bw = (r.msg * r.batch * r.iters) as f64 / (r.total * 1e3);
         assert!((bw - r.bw).abs() <= 0.0006 + bw * 1e-3, "bandwidth {} vs formula {bw}: {l:?}", r.bw);
-        rows.push(r);
     }
-    (rows, validation.unwrap_or_else(|| panic!("no validation line in\n{stdout}")))
+    r
+}
+
+/// The lines of `stdout` that start with `prefix` (and a space): a header, then rows (checked
+/// against the formulas when `formulas`).
+fn prefixed_rows(stdout: &str, prefix: &str, formulas: bool) -> Vec<TableRow> {
+    let mut lines = stdout.lines().filter_map(|l| l.strip_prefix(prefix)?.strip_prefix(' '));
+    let head: Vec<&str> = lines.next().unwrap_or_else(|| panic!("no {prefix} header in\n{stdout}")).split_whitespace().collect();
+    assert_eq!(head, HEADER, "{prefix} header: {stdout}");
+    lines.map(|l| parse_row(l, formulas)).collect()
+}
+
+/// Checks a several-pair table: `pairs` blocks `[gpu 0]`.. with the sweep's sizes, then
+/// `[AGGREGATE]` rows whose bandwidth is the sum of the pairs' (within the printed rounding)
+/// and whose total is the longest pair's. Returns the aggregate rows and the validation line.
+fn check_pairs(stdout: &str, pairs: u32, msgs: &[u64]) -> (Vec<TableRow>, String) {
+    let per: Vec<Vec<TableRow>> = (0..pairs).map(|g| prefixed_rows(stdout, &format!("[gpu {g}]"), true)).collect();
+    let agg = prefixed_rows(stdout, "[AGGREGATE]", false);
+    assert_eq!(agg.iter().map(|r| r.msg).collect::<Vec<_>>(), msgs, "{stdout}");
+    for (k, a) in agg.iter().enumerate() {
+        let rows: Vec<&TableRow> = per.iter().map(|p| &p[k]).collect();
+        assert!(rows.iter().all(|r| r.msg == a.msg && r.batch == a.batch && r.iters == a.iters), "point {k}: {stdout}");
+        let sum: f64 = rows.iter().map(|r| r.bw).sum();
+        assert!(a.bw > 0.0 || sum == 0.0, "aggregate of point {k} is zero: {stdout}");
+        assert!((a.bw - sum).abs() <= 0.0006 * (pairs as f64 + 1.0), "aggregate {} vs sum {sum} of point {k}: {stdout}", a.bw);
+        let longest = rows.iter().map(|r| r.total).fold(0.0, f64::max);
+        assert!((a.total - longest).abs() <= 0.051, "aggregate total {} vs longest {longest}: {stdout}", a.total);
+    }
+    let validation = stdout.lines().find_map(|l| l.strip_prefix("validation: ")).unwrap_or_else(|| panic!("no validation in\n{stdout}"));
+    (agg, validation.to_string())
 }
 
 fn read_json(path: &str) -> serde_json::Value {
@@ -406,21 +449,89 @@ fn help_lists_primary_names() {
 }
 
 // ------------------------------------------------------------------------------------------
+// Several pairs (--num-initiator-dev N): one process per pair member, `[gpu N]` rows and the
+// `[AGGREGATE]` lines (host memory over tcp here; the GPU machine runs it with xgmi).
+
+#[test]
+fn local_pairs_print_rows_and_aggregate() {
+    let dir = TempDir::new("pairs");
+    let json = dir.path("rows.json");
+    let mut a = vec!["--local", "--num-initiator-dev", "2", "--num-target-dev", "2", "--op", "write", "--json", &json];
+    a.extend_from_slice(&SWEEP_64K);
+    a.extend_from_slice(&QUICK);
+    let d = run("--local two pairs", &a, Duration::from_secs(60));
+    d.expect_code(0, "two pairs");
+    let (agg, validation) = check_pairs(&d.stdout, 2, &sizes_8_to_64k());
+    assert_eq!(validation, "OK", "{}", d.dump());
+    assert!(d.stderr.contains("2 pair(s)"), "{}", d.stderr);
+    // --json holds the aggregate rows.
+    let doc = read_json(&json);
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), agg.len());
+    for (j, t) in rows.iter().zip(&agg) {
+        assert!((j["avg_bw_gbps"].as_f64().unwrap() - t.bw).abs() <= 0.0006, "{j} vs {t:?}");
+    }
+}
+
+#[test]
+fn local_three_pairs_read() {
+    let mut a = vec!["--local", "--num-initiator-dev", "3", "--num-target-dev", "3", "--op", "read", "--enable-sess"];
+    a.extend_from_slice(&["--all", "--sweep-start", "1024", "--sweep-max", "4096", "--transfer-batch-size", "2"]);
+    a.extend_from_slice(&QUICK);
+    let d = run("--local three pairs", &a, Duration::from_secs(60));
+    d.expect_code(0, "three pairs");
+    let (_, validation) = check_pairs(&d.stdout, 3, &[1024, 2048, 4096]);
+    assert_eq!(validation, "OK", "{}", d.dump());
+}
+
+#[test]
+fn pairs_started_by_hand_report_the_failing_pair() {
+    // Each side's first process starts the other process of its side; a corrupted slot on
+    // every target (the environment is inherited) is reported with the first pair's GPU.
+    let mut a = vec!["--num-initiator-dev", "2", "--num-target-dev", "2", "--op", "write"];
+    a.extend_from_slice(&["--all", "--sweep-start", "8", "--sweep-max", "256", "--transfer-batch-size", "4"]);
+    a.extend_from_slice(&QUICK);
+    let port = free_base_n(5).to_string();
+    let spawn = |rank: &str, env: &[(&str, &str)]| {
+        let mut c = bench(&["--rank", rank]);
+        c.args(pair_args(&port, &a));
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        Proc::spawn(&format!("side {rank}"), c, Duration::from_secs(60))
+    };
+    let t = spawn("1", &[("MORI_BENCH_CORRUPT_SLOT", "2")]);
+    let i = spawn("0", &[]);
+    let (d0, d1) = (i.wait(), t.wait());
+    d0.expect_code(1, "initiators with corrupted targets");
+    d1.expect_code(0, "targets");
+    let (_, validation) = check_pairs(&d0.stdout, 2, &[8, 16, 32, 64, 128, 256]);
+    assert!(
+        validation.starts_with("FAILED: [gpu 0] first mismatching slot 2 (offset 256 B) at message size 8 B, batch 4"),
+        "{validation}"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
 // Usage errors (exit 2, before any rendezvous).
 
 #[test]
 fn usage_errors_name_the_flag() {
-    let cases: [(&[&str], &[&str]); 10] = [
+    let cases: [(&[&str], &[&str]); 14] = [
         (&["--buffer-size", "18446744073709551615"], &["does not fit in memory"]),
         (&["--port", "0"], &["--port 0", "allowed 1..=65533"]),
         (&["--self-ip", "0.0.0.0"], &["--self-ip", "0.0.0.0", "loopback"]),
         (&["--buffer-size", "0"], &["--buffer-size"]),
-        (&["--backend", "fabric"], &["fabric", "not part of this build"]),
+        (&["--backend", "fabric"], &["--backend fabric moves GPU memory only", "--mem-type gpu"]),
         (&["--backend", "xgmi"], &["--backend xgmi", "--mem-type gpu"]),
         (&["--mem-type", "gpu"], &["--mem-type gpu", "tcp", "xgmi"]),
         (&["--mem-type", "gpu", "--backend", "xgmi", "--gpu", "1", "--dst-gpu", "0", "--target-dev-offset", "1"], &["--dst-gpu 0 conflicts"]),
         (&["--gpu", "0"], &["--mem-type gpu"]),
         (&["--rank", "2"], &["--rank 2"]),
+        (&["--num-initiator-dev", "2"], &["--num-initiator-dev 2 and --num-target-dev 1 must be equal"]),
+        (&["--num-initiator-dev", "0", "--num-target-dev", "0"], &["--num-initiator-dev 0", "allowed 1..=64"]),
+        (&["--num-initiator-dev", "2", "--num-target-dev", "2", "--xgmi-single-process"], &["--xgmi-single-process", "one pair"]),
+        (&["--num-initiator-dev", "4", "--num-target-dev", "4", "--port", "65530"], &["--port 65530", "65531..=65538", "past 65535"]),
     ];
     let mut cases = cases.to_vec();
     // Without an RDMA device (this host, CI) the rdma backend is refused at once, saying why.

@@ -1,16 +1,18 @@
 //! bench_engine: see `mori_bench` and `bench_engine --help`.
 
 use clap::Parser;
-use mori_bench::args::Args;
+use mori_bench::args::{Args, MemArg};
 use mori_bench::report;
-use mori_bench::run::{run, run_single_process, Failure};
+use mori_bench::run::{run, run_single_process, Failure, Outcome};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Environment variable through which `--local` tells its child to be rank 1 on a port.
+/// Environment variable through which `--local` tells a child the bootstrap port.
 const CHILD_ENV: &str = "MORI_BENCH_LOCAL_CHILD_PORT";
+/// Environment variable naming a started process's side and index: `<rank>:<index>`.
+const INDEX_ENV: &str = "MORI_BENCH_CHILD";
 const DEFAULT_PORT: u16 = 18515;
 
 fn init_logging(level: &str) -> Result<(), String> {
@@ -34,12 +36,12 @@ fn init_logging(level: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Three consecutive free TCP ports on loopback (bootstrap, engine 0, engine 1).
-fn free_port_range() -> Option<u16> {
+/// `n` consecutive free TCP ports on loopback (bootstrap, then one per engine).
+fn free_port_range(n: u16) -> Option<u16> {
     let seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
     for k in 0..200u64 {
         let base = 20000 + ((seed.wrapping_mul(2654435761).wrapping_add(k * 7919)) % 40000) as u16;
-        let ok = (0..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        let ok = (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if ok {
             return Some(base);
         }
@@ -47,51 +49,120 @@ fn free_port_range() -> Option<u16> {
     None
 }
 
-fn spawn_target(port: u16) -> Result<Child, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("--local: cannot find own executable: {e}"))?;
-    Command::new(exe)
-        .args(std::env::args_os().skip(1))
-        .env(CHILD_ENV, port.to_string())
+/// Starts this executable again, with the same arguments, as process `index` of side `rank`
+/// (with `--local`, also told the bootstrap port). Its stdout is dropped (only global rank 0
+/// prints the table); its stderr is ours.
+fn spawn_rank(rank: usize, index: u32, local_port: Option<u16>) -> Result<(String, Child), String> {
+    let name = format!("{} {index} (rank {rank})", if rank == 0 { "initiator" } else { "target" });
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable to start {name}: {e}"))?;
+    let mut c = Command::new(exe);
+    c.args(std::env::args_os().skip(1)).env(INDEX_ENV, format!("{rank}:{index}"));
+    if let Some(p) = local_port {
+        c.env(CHILD_ENV, p.to_string());
+    }
+    let child = c
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .map_err(|e| format!("--local: cannot start the target rank: {e}"))
+        .map_err(|e| format!("cannot start {name}: {e}"))?;
+    Ok((name, child))
 }
 
-/// Watches the `--local` target: if it exits with an error before rank 0 is done, there is no
-/// point in waiting for it at the rendezvous: say so and stop. After `done` is set, waits for
-/// its exit (20 s, or 0.5 s when rank 0 failed) and returns its status (`None`: killed).
-fn watch(mut child: Child, done: Arc<AtomicU8>) -> Option<i32> {
-    loop {
-        match child.try_wait() {
-            Ok(Some(st)) if done.load(Ordering::Acquire) == 0 && !st.success() => {
-                eprintln!("error: the target rank (rank 1) exited with {st} before the run finished; its message is above");
-                std::process::exit(1);
+/// Watches the processes this one started: if one exits with an error before this process is
+/// done, there is no point in waiting for it at the rendezvous: say which, kill the others and
+/// stop. After `done` is set, waits for each exit (20 s in all, or 0.5 s when this process
+/// failed) and returns their statuses (`None`: killed).
+fn watch(mut children: Vec<(String, Child)>, done: Arc<AtomicU8>) -> Vec<(String, Option<i32>)> {
+    let mut codes: Vec<Option<Option<i32>>> = vec![None; children.len()];
+    while done.load(Ordering::Acquire) == 0 {
+        for (k, (name, c)) in children.iter_mut().enumerate() {
+            if codes[k].is_some() {
+                continue;
             }
-            Ok(Some(st)) if done.load(Ordering::Acquire) != 0 => return st.code(),
-            Ok(_) if done.load(Ordering::Acquire) != 0 => break,
-            _ => std::thread::sleep(Duration::from_millis(20)),
+            if let Ok(Some(st)) = c.try_wait() {
+                if !st.success() && done.load(Ordering::Acquire) == 0 {
+                    eprintln!("error: {name} exited with {st} before the run finished; its message is above");
+                    for (_, o) in children.iter_mut() {
+                        let _ = o.kill();
+                        let _ = o.wait();
+                    }
+                    std::process::exit(1);
+                }
+                codes[k] = Some(st.code());
+            }
         }
+        std::thread::sleep(Duration::from_millis(20));
     }
     let failed = done.load(Ordering::Acquire) == 2;
     let deadline = Instant::now() + if failed { Duration::from_millis(500) } else { Duration::from_secs(20) };
-    loop {
-        match child.try_wait() {
-            Ok(Some(st)) => return st.code(),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
+    children
+        .into_iter()
+        .zip(codes)
+        .map(|((name, mut c), code)| {
+            if let Some(code) = code {
+                return (name, code);
             }
-        }
+            loop {
+                match c.try_wait() {
+                    Ok(Some(st)) => return (name, st.code()),
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                    _ => {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        return (name, None);
+                    }
+                }
+            }
+        })
+        .collect()
+}
+
+/// `<rank>:<index>` from [`INDEX_ENV`], checked against the flags.
+fn child_identity(args: &Args) -> Result<Option<(usize, u32)>, String> {
+    let Ok(v) = std::env::var(INDEX_ENV) else { return Ok(None) };
+    let parsed = v.split_once(':').and_then(|(r, i)| Some((r.parse::<usize>().ok()?, i.parse::<u32>().ok()?)));
+    match parsed {
+        Some((r, i)) if r <= 1 && i < args.pairs() => Ok(Some((r, i))),
+        _ => Err(format!("{INDEX_ENV}={v:?}: expected <rank 0|1>:<index below --num-initiator-dev {}>", args.pairs())),
     }
+}
+
+/// With GPU memory and several pairs: every GPU the pairs use must exist (checked here, before
+/// any process is started).
+fn check_gpus(args: &Args) -> Result<(), String> {
+    if args.mem_type != MemArg::Gpu || args.pairs() == 1 {
+        return Ok(());
+    }
+    let rt = mori_gpu::detect().map_err(|e| format!("--mem-type gpu: {e}"))?;
+    let count = rt.device_count().map_err(|e| format!("--mem-type gpu: {e}"))?;
+    args.check_devices(count)
+}
+
+/// Prints rank 0's result: the table (with several pairs, each pair's rows prefixed `[gpu N]`
+/// and the `[AGGREGATE]` lines) and the validation line.
+fn print_outcome(out: &Outcome) {
+    if out.pairs.is_empty() {
+        println!("{}", report::table(&out.rows));
+    } else {
+        for p in &out.pairs {
+            println!("{}", report::prefixed(&format!("[gpu {}]", p.gpu), &report::table(&p.rows)));
+        }
+        println!("{}", report::prefixed("[AGGREGATE]", &report::table(&out.rows)));
+    }
+    println!("validation: {}", out.validation);
 }
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
     let child_port = std::env::var(CHILD_ENV).ok().and_then(|p| p.parse::<u16>().ok());
+    let child = match child_identity(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(e) = init_logging(&args.log_level) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
@@ -103,7 +174,7 @@ fn main() -> ExitCode {
     // Writable outputs are checked before the run, not after it.
     for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
         if let Some(p) = path {
-            if args.rank == 0 && child_port.is_none() {
+            if args.rank == 0 && child.is_none() {
                 if let Err(e) = std::fs::OpenOptions::new().create(true).append(true).open(p) {
                     eprintln!("error: {flag} {}: {e}", p.display());
                     return ExitCode::from(2);
@@ -112,10 +183,17 @@ fn main() -> ExitCode {
         }
     }
     let done = Arc::new(AtomicU8::new(0));
-    let mut child: Option<std::thread::JoinHandle<Option<i32>>> = None;
+    let n = args.pairs();
+    if let Some((rank, index)) = child {
+        args.rank = rank;
+        args.local_index = index;
+    }
     let port;
+    // Processes this one starts: with --local every other one (both sides), else the other
+    // processes of its own side; started processes start nothing.
+    let mut to_start: Vec<(usize, u32)> = Vec::new();
     if args.local {
-        if args.rank != 0 && child_port.is_none() {
+        if args.rank != 0 && child.is_none() {
             eprintln!("error: --local starts rank 1 itself; do not pass --rank {}", args.rank);
             return ExitCode::from(2);
         }
@@ -124,46 +202,68 @@ fn main() -> ExitCode {
             eprintln!("error: --local runs both ranks on loopback; drop --master-ip/--self-ip (or run the two ranks by hand)");
             return ExitCode::from(2);
         }
-        if let Some(p) = child_port {
-            args.rank = 1;
-            port = p;
-        } else {
-            port = match args.port.or_else(free_port_range) {
+        if child.is_some() {
+            port = match child_port {
                 Some(p) => p,
                 None => {
-                    eprintln!("error: --local: found no three consecutive free ports; pass --port");
+                    eprintln!("error: {INDEX_ENV} is set with --local but {CHILD_ENV} is not");
                     return ExitCode::from(2);
                 }
             };
-            match spawn_target(port) {
-                Ok(c) => {
-                    let d = done.clone();
-                    child = Some(std::thread::spawn(move || watch(c, d)));
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
+        } else {
+            port = match args.port.or_else(|| free_port_range(1 + 2 * n as u16)) {
+                Some(p) => p,
+                None => {
+                    eprintln!("error: --local: found no {} consecutive free ports; pass --port", 1 + 2 * n);
                     return ExitCode::from(2);
                 }
-            }
+            };
+            to_start = (0..2).flat_map(|r| (0..n).map(move |i| (r, i))).skip(1).collect();
         }
     } else {
         port = args.port.unwrap_or(DEFAULT_PORT);
+        if child.is_none() {
+            to_start = (1..n).map(|i| (args.rank, i)).collect();
+        }
     }
-    let ranks_here = if args.local { 2 } else { 1 };
+    if !to_start.is_empty() {
+        if let Err(e) = check_gpus(&args) {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let mut started = Vec::new();
+    for (r, i) in to_start {
+        match spawn_rank(r, i, args.local.then_some(port)) {
+            Ok(c) => started.push(c),
+            Err(e) => {
+                eprintln!("error: {e}");
+                for (_, mut c) in started {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let watcher = (!started.is_empty()).then(|| {
+        let d = done.clone();
+        std::thread::spawn(move || watch(started, d))
+    });
+    let ranks_here = if args.local { 2 * u64::from(n) } else { u64::from(n) };
     let r = if args.xgmi_single_process { run_single_process(&args) } else { run(&args, port, ranks_here) };
     done.store(if r.is_err() { 2 } else { 1 }, Ordering::Release);
-    let child_code = child.map(|h| h.join().unwrap_or(None));
+    let child_codes = watcher.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
     match r {
         Err(Failure { msg, code }) => {
-            eprintln!("error (rank {}): {msg}", args.rank);
+            eprintln!("error (rank {}): {msg}", args.global_rank());
             ExitCode::from(code as u8)
         }
         Ok(out) => {
-            if args.rank != 0 {
+            if args.global_rank() != 0 {
                 return ExitCode::SUCCESS;
             }
-            println!("{}", report::table(&out.rows));
-            println!("validation: {}", out.validation);
+            print_outcome(&out);
             let mut code = if out.validation.starts_with("FAILED") { 1 } else { 0 };
             if let Some(p) = &args.json {
                 if let Err(e) = report::write_json(p, &args.workload(), &out.validation, &out.rows) {
@@ -183,14 +283,18 @@ fn main() -> ExitCode {
                     code = 1;
                 }
             }
-            if let Some(Some(c)) = child_code {
-                if c != 0 {
-                    eprintln!("error: the target rank exited with status {c}");
-                    code = 1;
+            for (name, c) in child_codes {
+                match c {
+                    Some(0) => {}
+                    Some(c) => {
+                        eprintln!("error: {name} exited with status {c}");
+                        code = 1;
+                    }
+                    None => {
+                        eprintln!("error: {name} did not exit in time and was killed");
+                        code = 1;
+                    }
                 }
-            } else if let Some(None) = child_code {
-                eprintln!("error: the target rank did not exit in time and was killed");
-                code = 1;
             }
             ExitCode::from(code)
         }
