@@ -10,7 +10,8 @@
 //
 // ABI (CUDA cuLaunchKernel / HIP hipModuleLaunchKernel): both kernels take one by-value
 // `EpParams` (layout below, every field naturally aligned, little endian); grid
-// num_local * blocks_per_rank blocks of warps_per_block * 32 threads; no dynamic shared memory.
+// num_local * blocks_per_rank blocks of warps_per_block * 32 threads (at most 512: the kernels
+// are built with that launch bound); no dynamic shared memory.
 // All blocks of the grid must be resident at once (the host keeps the grid within one block
 // per multiprocessor).
 //
@@ -162,7 +163,7 @@ MORI_DEVICE uint64_t ep_wait_flags(const EpParams& p, const EpRankArgs& a, uint6
     return high ? *sum_shared : 0;
 }
 
-MORI_KERNEL void mori_ep_dispatch(EpParams p) {
+MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     MORI_SHARED uint32_t cnt[EP_MAX_WORLD];
     MORI_SHARED uint32_t base[EP_MAX_WORLD];
     MORI_SHARED uint32_t cursor[EP_MAX_WORLD];
@@ -311,7 +312,7 @@ MORI_DEVICE void ep_add8_f32(float* acc, mori_vec16_t v0, mori_vec16_t v1, float
     for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, w[i]);
 }
 
-MORI_KERNEL void mori_ep_combine(EpParams p) {
+MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
     MORI_SHARED uint32_t unused_sum;
     MORI_SHARED int32_t warp_slot[32][EP_MAX_WORLD];
     MORI_SHARED float warp_factor[32][EP_MAX_WORLD];
@@ -421,17 +422,21 @@ MORI_KERNEL void mori_ep_combine(EpParams p) {
                     for (uint32_t u = 0; u < 8; u++)
                         if (j0 + u < nd) ep_add8_bf16(acc, v[u], warp_factor[warp][j0 + u]);
                 } else {
-                    mori_vec16_t v[8][2];
+                    // f32 rows: 32 bytes a row; two groups of 4 rows keep the registers in bounds.
 #pragma unroll
-                    for (uint32_t u = 0; u < 8; u++)
-                        if (j0 + u < nd) {
-                            const mori_vec16_t* q = (const mori_vec16_t*)(warp_row[warp][j0 + u] + (uint64_t)e * 4);
-                            v[u][0] = q[0];
-                            v[u][1] = q[1];
-                        }
+                    for (uint32_t h = 0; h < 8; h += 4) {
+                        mori_vec16_t v[4][2];
 #pragma unroll
-                    for (uint32_t u = 0; u < 8; u++)
-                        if (j0 + u < nd) ep_add8_f32(acc, v[u][0], v[u][1], warp_factor[warp][j0 + u]);
+                        for (uint32_t u = 0; u < 4; u++)
+                            if (j0 + h + u < nd) {
+                                const mori_vec16_t* q = (const mori_vec16_t*)(warp_row[warp][j0 + h + u] + (uint64_t)e * 4);
+                                v[u][0] = q[0];
+                                v[u][1] = q[1];
+                            }
+#pragma unroll
+                        for (uint32_t u = 0; u < 4; u++)
+                            if (j0 + h + u < nd) ep_add8_f32(acc, v[u][0], v[u][1], warp_factor[warp][j0 + h + u]);
+                    }
                 }
             }
             if (p.comb_out_elem == 2) {

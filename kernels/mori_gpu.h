@@ -18,6 +18,8 @@ typedef __INT64_TYPE__ int64_t;
 #define MORI_DEVICE __attribute__((device)) inline __attribute__((always_inline))
 #define MORI_KERNEL extern "C" __attribute__((global))
 #define MORI_SHARED __attribute__((shared))
+// Kernel launchable with up to n threads per block (caps registers per thread accordingly).
+#define MORI_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 typedef uint32_t mori_vec16_t __attribute__((ext_vector_type(4))); // 16 bytes, 16-aligned
 
 MORI_DEVICE uint32_t mori_thread_idx() { return __builtin_amdgcn_workitem_id_x(); }
@@ -67,6 +69,8 @@ MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v
 #define MORI_DEVICE __device__ __forceinline__
 #define MORI_KERNEL extern "C" __global__
 #define MORI_SHARED __shared__
+// Kernel launchable with up to n threads per block (caps registers per thread accordingly).
+#define MORI_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 typedef uint4 mori_vec16_t; // 16 bytes, 16-aligned
 
 MORI_DEVICE uint32_t mori_thread_idx() { return threadIdx.x; }

@@ -29,6 +29,10 @@ static GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/ep_intranode.gf
 /// Most ranks the kernels address (one bit per rank in a token's destination mask).
 pub const MAX_GPU_WORLD: usize = 64;
 
+/// Most warps per block of the kernels (built with a 512-thread launch bound, which lets
+/// combine keep its 8 in-flight rows in registers).
+pub const MAX_GPU_WARPS_PER_BLOCK: usize = 16;
+
 /// Errors of the GPU dispatch/combine path.
 #[derive(Debug, thiserror::Error)]
 pub enum EpGpuError {
@@ -309,8 +313,12 @@ impl IntranodeEp {
         if !(cfg.scale_dim * cfg.scale_type_size).is_multiple_of(4) {
             return Err(bad("scale_dim x scale_type_size", cfg.scale_dim * cfg.scale_type_size, "must be a multiple of 4 bytes"));
         }
-        if cfg.warps_per_block * 32 > 1024 {
-            return Err(bad("warps_per_block", cfg.warps_per_block, "at most 32"));
+        if cfg.warps_per_block > MAX_GPU_WARPS_PER_BLOCK {
+            return Err(bad(
+                "warps_per_block",
+                cfg.warps_per_block,
+                format!("the GPU kernels are built for at most {MAX_GPU_WARPS_PER_BLOCK} warps (512 threads) per block"),
+            ));
         }
         if cfg.quant != Quantization::None {
             return Err(bad("quant", format!("{:?}", cfg.quant), "the GPU kernels move tokens in their own dtype only"));
