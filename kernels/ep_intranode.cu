@@ -20,9 +20,11 @@
 //      ranks owning its expert ids (id / experts_per_rank; -1 skipped);
 //   2. reserves cnt[d] slots on each destination d with one remote atomic add on d's counter
 //      (counter parity s & 1; the receiver zeroes it once everything has arrived);
-//   3. one warp per token reads the row once and writes it to every destination's receive
-//      buffer, with weights, indices, scales and the flat source position r*max_tokens + t,
-//      and records the slot in the sender's send_map [T, world] (-1 = not sent) for combine;
+//   3. one thread per token takes its slots and records them in the sender's send_map
+//      [T, world] (-1 = not sent) for combine; then warps over (token, chunk) items read each
+//      row once and write it to every destination's receive buffer (rows split over several
+//      warps when the block has fewer tokens than warps), with weights, indices, scales and
+//      the flat source position r*max_tokens + t;
 //   4. fences, then stores (s << 32) | (cnt[d] + 1) in d's signal [r * B + b] — "+1" tells an
 //      empty send from one not yet made.
 //   Block 0 of each rank waits for all world * B signals addressed to it, sums the counts
@@ -168,8 +170,9 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     MORI_SHARED uint32_t base[EP_MAX_WORLD];
     MORI_SHARED uint32_t cursor[EP_MAX_WORLD];
     MORI_SHARED uint32_t total;
-    MORI_SHARED uint32_t warp_slot[32][EP_MAX_WORLD];
-    MORI_SHARED uint64_t warp_mask[32];
+    MORI_SHARED uint32_t warp_slot[32][EP_MAX_WORLD]; // compacted: slot per destination
+    MORI_SHARED uint8_t warp_dst[32][EP_MAX_WORLD];   // compacted: destination rank
+    MORI_SHARED uint32_t warp_n[32];
 
     const uint32_t local = mori_block_idx() / p.blocks_per_rank;
     const uint32_t b = mori_block_idx() % p.blocks_per_rank;
@@ -211,58 +214,77 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
             base[d] = got;
     }
     mori_sync_block();
-    // 3. One warp per token: slots, send_map, the row once in and out to every destination.
+    // 3a. One thread per token: its slot on every destination, recorded in send_map.
     int32_t* send_map = (int32_t*)a.send_map;
+    for (uint32_t t = t0 + tid; t < t1; t += nthreads) {
+        const uint64_t m = ep_dest_mask(p, a, t, false);
+        for (uint32_t d = 0; d < p.world; d++) {
+            int32_t s = -1;
+            if (((m >> d) & 1) && base[d] != 0xffffffffu) s = (int32_t)(base[d] + mori_atomic_add_block_u32(&cursor[d], 1));
+            send_map[(uint64_t)t * p.world + d] = s;
+        }
+    }
+    mori_sync_block();
+    // 3b. Warps over (token, chunk) items: a token's row is read once and written to every
+    // destination; with fewer tokens than warps (decode) a row is split over several warps.
     const uint8_t* x = (const uint8_t*)a.x;
-    for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
+    const uint32_t ntok = t1 - t0;
+    const uint32_t nvec = p.row_bytes / 16;
+    uint32_t cpt = ntok ? nwarps / ntok : 1;
+    if (cpt < 1) cpt = 1;
+    if (cpt > (nvec + 31) / 32) cpt = (nvec + 31) / 32 ? (nvec + 31) / 32 : 1;
+    const uint32_t wwords = a.weights ? p.top_k : 0;
+    const uint32_t iwords = p.top_k * p.idx_size / 4;
+    const uint32_t swords = a.scales ? p.scale_bytes / 4 : 0;
+    for (uint32_t item = warp; item < ntok * cpt; item += nwarps) {
+        const uint32_t t = t0 + item / cpt, c = item % cpt;
         if (lane == 0) {
-            uint64_t m = ep_dest_mask(p, a, t, false);
-            uint64_t sent = 0;
+            uint32_t n = 0;
             for (uint32_t d = 0; d < p.world; d++) {
-                int32_t s = -1;
-                if ((m >> d) & 1) {
-                    if (base[d] != 0xffffffffu) {
-                        s = (int32_t)(base[d] + mori_atomic_add_block_u32(&cursor[d], 1));
-                        sent |= 1ull << d;
-                    }
-                }
-                warp_slot[warp][d] = (uint32_t)s;
-                send_map[(uint64_t)t * p.world + d] = s;
+                const int32_t s = send_map[(uint64_t)t * p.world + d];
+                if (s < 0) continue;
+                warp_slot[warp][n] = (uint32_t)s;
+                warp_dst[warp][n] = (uint8_t)d;
+                n++;
             }
-            warp_mask[warp] = sent;
+            warp_n[warp] = n;
         }
         mori_sync_group32();
-        const uint64_t mask = warp_mask[warp];
+        const uint32_t n = warp_n[warp];
         const mori_vec16_t* src = (const mori_vec16_t*)(x + (uint64_t)t * p.row_bytes);
-        const uint32_t nvec = p.row_bytes / 16;
-        for (uint32_t v = lane; v < nvec; v += 32) {
+        const uint32_t v0 = (uint32_t)((uint64_t)nvec * c / cpt), v1 = (uint32_t)((uint64_t)nvec * (c + 1) / cpt);
+        // Two loads in flight per lane before the stores (the compiler cannot move a load above
+        // a store that might alias it).
+        uint32_t v = v0 + lane;
+        for (; v + 32 < v1; v += 64) {
+            const mori_vec16_t val0 = src[v], val1 = src[v + 32];
+            for (uint32_t j = 0; j < n; j++) {
+                mori_vec16_t* dst = (mori_vec16_t*)(p.heap[warp_dst[warp][j]] + p.lay.recv_x + (uint64_t)warp_slot[warp][j] * p.row_bytes);
+                dst[v] = val0;
+                dst[v + 32] = val1;
+            }
+        }
+        if (v < v1) {
             const mori_vec16_t val = src[v];
-            uint64_t m = mask;
-            while (m) {
-                const uint32_t d = mori_ctz64(m);
-                m &= m - 1;
-                mori_vec16_t* dst = (mori_vec16_t*)(p.heap[d] + p.lay.recv_x + (uint64_t)warp_slot[warp][d] * p.row_bytes);
+            for (uint32_t j = 0; j < n; j++) {
+                mori_vec16_t* dst = (mori_vec16_t*)(p.heap[warp_dst[warp][j]] + p.lay.recv_x + (uint64_t)warp_slot[warp][j] * p.row_bytes);
                 dst[v] = val;
             }
         }
-        // Metadata: weights, indices, scales (4-byte words), source position.
-        const uint32_t wwords = a.weights ? p.top_k : 0;
-        const uint32_t iwords = p.top_k * p.idx_size / 4;
-        const uint32_t swords = a.scales ? p.scale_bytes / 4 : 0;
-        const uint32_t* wsrc = (const uint32_t*)a.weights + (uint64_t)t * p.top_k;
-        const uint32_t* isrc = (const uint32_t*)a.idx + (uint64_t)t * iwords;
-        const uint32_t* ssrc = (const uint32_t*)a.scales + (uint64_t)t * (p.scale_bytes / 4);
-        uint64_t m = mask;
-        while (m) {
-            const uint32_t d = mori_ctz64(m);
-            m &= m - 1;
-            const uint64_t slot = warp_slot[warp][d];
-            const uint64_t h = p.heap[d];
-            for (uint32_t i = lane; i < wwords; i += 32) ((uint32_t*)(h + p.lay.recv_w))[slot * p.top_k + i] = wsrc[i];
-            for (uint32_t i = lane; i < iwords; i += 32) ((uint32_t*)(h + p.lay.recv_idx))[slot * iwords + i] = isrc[i];
-            for (uint32_t i = lane; i < swords; i += 32)
-                ((uint32_t*)(h + p.lay.recv_scales))[slot * (p.scale_bytes / 4) + i] = ssrc[i];
-            if (lane == 0) ((int32_t*)(h + p.lay.recv_src))[slot] = (int32_t)(r * p.max_tokens + t);
+        if (c == 0) {
+            // Metadata: weights, indices, scales (4-byte words), source position.
+            const uint32_t* wsrc = (const uint32_t*)a.weights + (uint64_t)t * p.top_k;
+            const uint32_t* isrc = (const uint32_t*)a.idx + (uint64_t)t * iwords;
+            const uint32_t* ssrc = (const uint32_t*)a.scales + (uint64_t)t * (p.scale_bytes / 4);
+            for (uint32_t j = 0; j < n; j++) {
+                const uint64_t slot = warp_slot[warp][j];
+                const uint64_t h = p.heap[warp_dst[warp][j]];
+                for (uint32_t i = lane; i < wwords; i += 32) ((uint32_t*)(h + p.lay.recv_w))[slot * p.top_k + i] = wsrc[i];
+                for (uint32_t i = lane; i < iwords; i += 32) ((uint32_t*)(h + p.lay.recv_idx))[slot * iwords + i] = isrc[i];
+                for (uint32_t i = lane; i < swords; i += 32)
+                    ((uint32_t*)(h + p.lay.recv_scales))[slot * (p.scale_bytes / 4) + i] = ssrc[i];
+                if (lane == 0) ((int32_t*)(h + p.lay.recv_src))[slot] = (int32_t)(r * p.max_tokens + t);
+            }
         }
         mori_sync_group32();
     }
