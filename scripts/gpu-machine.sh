@@ -9,8 +9,19 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 rc=0
 step() { echo; echo "=== $*"; }
+# PARTS picks sections (default all): base (GPU crate, xgmi, cli tests, topology, peer-bw,
+# same-GPU xgmi sweeps, kernel check), xgmi (scripts/gpu-parts/xgmi.sh), fabric
+# (scripts/gpu-parts/fabric.sh), ep (scripts/gpu-parts/ep.sh). One call stays under the
+# device tool's 10-minute limit with PARTS="base xgmi fabric" or PARTS="ep".
+PARTS=${PARTS:-base xgmi fabric ep}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 step "machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/bench.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$OUT/bench.txt"
+if has base; then
+step "topology: nvidia-smi topo -m, read by mori topo"
+nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
+cat "$OUT/topo.txt"
+"$B/mori" topo --input "$OUT/topo.txt" 2>&1 | tee -a "$OUT/bench.txt" || rc=1
 step "mori-gpu tests (runtime, IPC across processes, VMM/POSIX FD, FABRIC diagnosis, dmabuf, kernels)"
 "$B/gpu" --ignored --nocapture --test-threads=1 >"$OUT/tests.log" 2>&1 || rc=1
 grep -E "^test |test result" "$OUT/tests.log"
@@ -21,7 +32,7 @@ step "mori check, mori peer-bw (self pair), and their GPU tests"
 MORI_BIN="$B/mori" "$B/cli_gpu" --ignored --nocapture --test-threads=1 >>"$OUT/tests.log" 2>&1 || rc=1
 grep -E "^test |test result" "$OUT/tests.log" | tail -n 4
 "$B/mori" check 2>&1 | tee -a "$OUT/bench.txt" | tail -n 40
-"$B/mori" peer-bw 2>&1 | tee -a "$OUT/bench.txt" | tail -n 12 || rc=1
+"$B/mori" peer-bw 2>&1 | tee -a "$OUT/bench.txt" | tail -n 16 || rc=1
 step "bench_engine --backend xgmi, two processes on GPU 0 (real IPC), 8 B .. 64 MiB"
 for op in write read; do
   for b in 1 128; do
@@ -54,5 +65,12 @@ for mb in (1, 16, 64, 1024):
 PY
 step "scatter/gather kernel check (cubin and PTX against a host reference)"
 python3 kernels/check_on_gpu.py 2>&1 | tee -a "$OUT/bench.txt" | tail -n 25 || rc=1
+fi
+for part in xgmi fabric ep; do
+  if has "$part"; then
+    # shellcheck source=/dev/null
+    . "scripts/gpu-parts/$part.sh"
+  fi
+done
 echo "exit $rc"
 exit $rc

@@ -1,7 +1,7 @@
 //! `cargo xtask gpu-bundle`: builds, in release, what scripts/gpu-machine.sh runs on the GPU
 //! machine (which has no Rust) and copies it, stripped, into `.gpu-bundle/` (git-ignored),
 //! to be carried there: the mori-gpu, xgmi, fabric and mori-cli GPU test binaries, bench_engine,
-//! bench_copy (the bare-copy baseline) and mori.
+//! bench_copy (the bare-copy baseline), bench_dispatch_combine and mori.
 
 use crate::util::{cargo, cargo_stdout, workspace_root};
 use std::process::Command;
@@ -20,7 +20,7 @@ pub fn run(_args: &[String]) -> Result<(), String> {
     let root = workspace_root();
     let dir = root.join(".gpu-bundle");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    cargo(&["build", "--release", "-p", "mori-bench", "--bin", "bench_engine", "--bin", "bench_copy"])?;
+    cargo(&["build", "--release", "-p", "mori-bench", "--bin", "bench_engine", "--bin", "bench_copy", "--bin", "bench_dispatch_combine"])?;
     cargo(&["build", "--release", "-p", "mori-cli", "--bin", "mori"])?;
     let items = [
         (test_exe("mori-gpu", "gpu")?, "gpu"),
@@ -29,6 +29,7 @@ pub fn run(_args: &[String]) -> Result<(), String> {
         (test_exe("mori-cli", "gpu")?, "cli_gpu"),
         (root.join("target/release/bench_engine").display().to_string(), "bench_engine"),
         (root.join("target/release/bench_copy").display().to_string(), "bench_copy"),
+        (root.join("target/release/bench_dispatch_combine").display().to_string(), "bench_dispatch_combine"),
         (root.join("target/release/mori").display().to_string(), "mori"),
     ];
     for (src, name) in items {
