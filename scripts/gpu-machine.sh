@@ -25,6 +25,9 @@ cat "$OUT/topo.txt"
 step "mori-gpu tests (runtime, IPC across processes, VMM/POSIX FD, FABRIC diagnosis, dmabuf, kernels)"
 "$B/gpu" --ignored --nocapture --test-threads=1 >"$OUT/tests.log" 2>&1 || rc=1
 grep -E "^test |test result" "$OUT/tests.log"
+step "mori-shmem tests (put, put-with-signal, atomic add, wait-until, bounds)"
+"$B/shmem_gpu" --ignored --nocapture --test-threads=1 >>"$OUT/tests.log" 2>&1 || rc=1
+grep -E "^test |test result" "$OUT/tests.log" | tail -n 2
 step "xgmi backend tests (same process and two processes on one GPU)"
 "$B/xgmi_gpu" --ignored --nocapture --test-threads=1 >>"$OUT/tests.log" 2>&1 || rc=1
 grep -E "^test |test result" "$OUT/tests.log" | tail -n 8
