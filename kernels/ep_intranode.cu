@@ -39,6 +39,7 @@
 
 #define EP_MAX_WORLD 64
 #define EP_MAX_TOPK 32
+#define EP_MASK_CACHE 1024 // tokens per block whose destination masks are kept in shared memory
 
 // Status word codes (status[1]); the first error wins, details in status[2..5].
 #define EP_OK 0
@@ -125,15 +126,22 @@ MORI_DEVICE uint64_t ep_dest_mask(const EpParams& p, const EpRankArgs& a, uint32
     const uint8_t* idx = (const uint8_t*)a.idx;
     const int64_t num_experts = (int64_t)p.experts_per_rank * p.world;
     uint64_t mask = 0;
-    for (uint32_t k = 0; k < p.top_k; k++) {
-        const int64_t e = ep_load_idx(p, idx, (uint64_t)t * p.top_k + k);
-        if (e == -1) continue;
-        if (e < -1 || e >= num_experts) {
-            if (report && !(p.flags & EP_FLAG_DROP_OUT_OF_RANGE))
-                ep_error((uint32_t*)a.status, EP_ERR_EXPERT_RANGE, t, k, (uint32_t)e);
-            continue;
+    // Ids are loaded 8 at a time before any is used, so the loads overlap.
+    for (uint32_t k0 = 0; k0 < p.top_k; k0 += 8) {
+        int64_t ids[8];
+#pragma unroll
+        for (uint32_t u = 0; u < 8; u++) ids[u] = k0 + u < p.top_k ? ep_load_idx(p, idx, (uint64_t)t * p.top_k + k0 + u) : -1;
+#pragma unroll
+        for (uint32_t u = 0; u < 8; u++) {
+            const int64_t e = ids[u];
+            if (e == -1) continue;
+            if (e < -1 || e >= num_experts) {
+                if (report && !(p.flags & EP_FLAG_DROP_OUT_OF_RANGE))
+                    ep_error((uint32_t*)a.status, EP_ERR_EXPERT_RANGE, t, k0 + u, (uint32_t)e);
+                continue;
+            }
+            mask |= 1ull << (uint32_t)(e / p.experts_per_rank);
         }
-        mask |= 1ull << (uint32_t)(e / p.experts_per_rank);
     }
     return mask;
 }
@@ -170,6 +178,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     MORI_SHARED uint32_t base[EP_MAX_WORLD];
     MORI_SHARED uint32_t cursor[EP_MAX_WORLD];
     MORI_SHARED uint32_t total;
+    MORI_SHARED uint64_t tok_mask[EP_MASK_CACHE];     // destination masks of the block's first tokens
     MORI_SHARED uint32_t warp_slot[32][EP_MAX_WORLD]; // compacted: slot per destination
     MORI_SHARED uint8_t warp_dst[32][EP_MAX_WORLD];   // compacted: destination rank
     MORI_SHARED uint32_t warp_n[32];
@@ -195,6 +204,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     mori_sync_block();
     for (uint32_t t = t0 + tid; t < t1; t += nthreads) {
         uint64_t m = ep_dest_mask(p, a, t, true);
+        if (t - t0 < EP_MASK_CACHE) tok_mask[t - t0] = m;
         while (m) {
             const uint32_t d = mori_ctz64(m);
             m &= m - 1;
@@ -217,7 +227,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     // 3a. One thread per token: its slot on every destination, recorded in send_map.
     int32_t* send_map = (int32_t*)a.send_map;
     for (uint32_t t = t0 + tid; t < t1; t += nthreads) {
-        const uint64_t m = ep_dest_mask(p, a, t, false);
+        const uint64_t m = t - t0 < EP_MASK_CACHE ? tok_mask[t - t0] : ep_dest_mask(p, a, t, false);
         for (uint32_t d = 0; d < p.world; d++) {
             int32_t s = -1;
             if (((m >> d) & 1) && base[d] != 0xffffffffu) s = (int32_t)(base[d] + mori_atomic_add_block_u32(&cursor[d], 1));
@@ -238,10 +248,14 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     const uint32_t swords = a.scales ? p.scale_bytes / 4 : 0;
     for (uint32_t item = warp; item < ntok * cpt; item += nwarps) {
         const uint32_t t = t0 + item / cpt, c = item % cpt;
+        // The token's send_map row, loaded by all lanes at once, then compacted by lane 0
+        // (in place: n <= d).
+        for (uint32_t d = lane; d < p.world; d += 32) warp_slot[warp][d] = (uint32_t)send_map[(uint64_t)t * p.world + d];
+        mori_sync_group32();
         if (lane == 0) {
             uint32_t n = 0;
             for (uint32_t d = 0; d < p.world; d++) {
-                const int32_t s = send_map[(uint64_t)t * p.world + d];
+                const int32_t s = (int32_t)warp_slot[warp][d];
                 if (s < 0) continue;
                 warp_slot[warp][n] = (uint32_t)s;
                 warp_dst[warp][n] = (uint8_t)d;

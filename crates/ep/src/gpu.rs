@@ -19,6 +19,7 @@ use crate::config::{EpConfig, Quantization};
 use crate::error::EpError;
 use mori_gpu::{Device, DeviceBuffer, DeviceSlice, Function, GpuError, KernelArgs, LaunchConfig, Module, ModuleImage, Runtime, RuntimeKind, Stream};
 use mori_shmem::{ShmemError, SymmetricHeap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -278,6 +279,9 @@ pub struct IntranodeEp {
     combine_seq: u32,
     timeout: Duration,
     last_idx_size: usize,
+    /// Set when [`IntranodeEp::sync_status`] saw a fault: the next dispatch clears the status
+    /// words first (otherwise the kernels overwrite the count and the fault word stays 0).
+    status_dirty: AtomicBool,
 }
 
 impl std::fmt::Debug for IntranodeEp {
@@ -401,6 +405,7 @@ impl IntranodeEp {
             combine_seq: 0,
             timeout,
             last_idx_size: 8,
+            status_dirty: AtomicBool::new(false),
         })
     }
 
@@ -602,10 +607,12 @@ impl IntranodeEp {
             l.num_tokens = inp.num_tokens;
             l.idx_ptr = inp.indices.ptr();
         }
-        for (g, stream) in self.groups.iter().zip(streams) {
-            // Clear the status words in stream order (one async memset per device).
-            // SAFETY: the status buffer is live device memory of g.device; the stream is live.
-            unsafe { rt.raw().memset(g.device, g.status.ptr(), 0, g.status.len(), Some(stream.raw()))? };
+        if self.status_dirty.swap(false, Ordering::AcqRel) {
+            for (g, stream) in self.groups.iter().zip(streams) {
+                // Clear the status words in stream order (one async memset per device).
+                // SAFETY: the status buffer is live device memory of g.device; the stream is live.
+                unsafe { rt.raw().memset(g.device, g.status.ptr(), 0, g.status.len(), Some(stream.raw()))? };
+            }
         }
         let mut groups = std::mem::take(&mut self.groups);
         let result = (|| {
@@ -770,6 +777,7 @@ impl IntranodeEp {
                 code => Some(format!("unknown kernel status {code}")),
             };
             if let Some(what) = what {
+                self.status_dirty.store(true, Ordering::Release);
                 return Err(EpGpuError::Kernel { rank: l.rank, what });
             }
             out.push(RankStatus { rank: l.rank, recv_count: w(0) as usize });
