@@ -817,14 +817,16 @@ pub type RankTrace = (usize, Vec<[u64; 6]>);
 
 /// Perfetto / Chrome trace JSON (`traceEvents`, `ph` B/E, `ts` in µs from the earliest stamp)
 /// of [`IntranodeEp::trace`]'s output: one process per rank, one thread per block, phases
-/// `dispatch_send`, `dispatch_recv`, `combine_barrier`, `combine_gather`.
+/// named as upstream's intranode profiler names them (so `mori trace analyze` reads them):
+/// `dispatch_intra` (send), `dispatch_sync` (block 0 waiting for every block's signal),
+/// `combine_sync` (cross-rank barrier), `combine_intra_node` (gather and accumulate).
 pub fn perfetto_json(trace: &[RankTrace]) -> String {
     let t0 = trace.iter().flat_map(|(_, b)| b.iter().flat_map(|t| t.iter())).filter(|&&v| v > 0).min().copied().unwrap_or(0);
     let us = |v: u64| (v.saturating_sub(t0)) as f64 / 1000.0;
     let mut ev = Vec::new();
     for (rank, blocks) in trace {
         for (b, t) in blocks.iter().enumerate() {
-            for (name, s, e) in [("dispatch_send", 0, 1), ("dispatch_recv", 1, 2), ("combine_barrier", 3, 4), ("combine_gather", 4, 5)] {
+            for (name, s, e) in [("dispatch_intra", 0, 1), ("dispatch_sync", 1, 2), ("combine_sync", 3, 4), ("combine_intra_node", 4, 5)] {
                 if t[s] > 0 && t[e] >= t[s] {
                     ev.push(format!(r#"{{"name":"{name}","ph":"B","ts":{:.3},"pid":{rank},"tid":{b}}}"#, us(t[s])));
                     ev.push(format!(r#"{{"name":"{name}","ph":"E","ts":{:.3},"pid":{rank},"tid":{b}}}"#, us(t[e])));
@@ -889,8 +891,8 @@ mod tests {
     fn perfetto_json_has_begin_end_pairs_in_microseconds() {
         let t = vec![(3usize, vec![[1_000u64, 3_000, 4_000, 10_000, 12_000, 15_000]])];
         let j = perfetto_json(&t);
-        assert!(j.contains(r#""name":"dispatch_send","ph":"B","ts":0.000,"pid":3,"tid":0"#), "{j}");
-        assert!(j.contains(r#""name":"combine_gather","ph":"E","ts":14.000,"pid":3,"tid":0"#), "{j}");
+        assert!(j.contains(r#""name":"dispatch_intra","ph":"B","ts":0.000,"pid":3,"tid":0"#), "{j}");
+        assert!(j.contains(r#""name":"combine_intra_node","ph":"E","ts":14.000,"pid":3,"tid":0"#), "{j}");
         assert_eq!(j.matches("\"ph\":\"B\"").count(), 4);
         assert_eq!(j.matches("\"ph\":\"E\"").count(), 4);
     }
