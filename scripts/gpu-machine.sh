@@ -2,7 +2,7 @@
 # Runs on the GPU machine (one NVIDIA H200, CUDA 13.0 driver, no Rust): correctness first,
 # then timings, from binaries built elsewhere by `cargo xtask gpu-bundle` into .gpu-bundle/.
 # Writes logs and JSON under $OUT (or ./gpu-out). Usage: bash scripts/gpu-machine.sh
-set -u
+set -u -o pipefail
 B=.gpu-bundle
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -51,7 +51,7 @@ for op in write read; do
     echo "--- single process, op $op, batch $b"
     "$B/bench_engine" --xgmi-single-process --backend xgmi --mem-type gpu --op "$op" --enable-sess --all \
       --sweep-start 8 --sweep-max 67108864 --transfer-batch-size "$b" --iters 50 --warmup-iters 5 \
-      --log-level warning 2>&1 | tee -a "$OUT/bench.txt" | tail -n 30 || rc=1
+      --log-level warning 2>&1 | tee -a "$OUT/bench.txt" | grep -v CUDA_ERROR_DEINITIALIZED | tail -n 30 || rc=1
   done
 done
 step "plain device-to-device copy on the same GPU (torch), the roofline"

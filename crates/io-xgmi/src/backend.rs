@@ -27,16 +27,19 @@ pub struct XgmiConfig {
     /// Batches with at least this many segments use the scatter/gather kernel (default 32;
     /// 0 disables the kernel).
     pub kernel_threshold: usize,
-    /// ... unless their segments average at least this many bytes (default 4 MiB): then one
-    /// async copy per segment, each streaming through its own range, is at least as fast (its
-    /// submission, a few µs, is shorter than the copy) and does not spread the kernel's threads
-    /// over the whole batch at once (which thrashed the TLB on gigabyte IPC mappings).
+    /// ... unless their segments average at least this many bytes (default 48 MiB): then one
+    /// async copy per segment, each streaming through its own range, does not spread the
+    /// kernel's threads over the whole batch at once (which thrashed the TLB on gigabyte IPC
+    /// mappings). Measured on the H200, two processes, batch 128 (docs/PERFORMANCE.md): the
+    /// kernel gave 1165-1510 GB/s for 4-32 MiB segments but 411-620 at 64 MiB; one copy per
+    /// segment gave 533-616 GB/s at 4 MiB (host-bound: 128 submissions of a few µs each) and
+    /// 1402-1500 at 64 MiB.
     pub kernel_max_mean_bytes: u64,
 }
 
 impl Default for XgmiConfig {
     fn default() -> Self {
-        XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32, kernel_max_mean_bytes: 4 << 20 }
+        XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32, kernel_max_mean_bytes: 48 << 20 }
     }
 }
 
