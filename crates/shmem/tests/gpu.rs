@@ -76,3 +76,62 @@ fn gpu_put_signal_atomic_wait_and_bounds() {
     }
     assert!(t0.elapsed() < Duration::from_secs(2));
 }
+
+/// PE `rank` of a two-process heap on GPU 0 (process 0 roots the bootstrap at `master`).
+fn two_process_heap(rank: usize, master: std::net::SocketAddr) -> (Arc<dyn Runtime>, mori_bootstrap::SocketBootstrap, SymmetricHeap) {
+    let rt = runtime();
+    let cfg = mori_bootstrap::SocketBootstrapConfig::new(rank, 2, master)
+        .with_timeouts(Duration::from_secs(30), Duration::from_secs(30));
+    let boot = mori_bootstrap::SocketBootstrap::new(cfg).unwrap();
+    let heap = SymmetricHeap::with_bootstrap(rt.clone(), &boot, &[(rank, Device(0))], 2, 1 << 20).unwrap();
+    (rt, boot, heap)
+}
+
+#[test]
+#[ignore = "needs a GPU (run on the GPU machine)"]
+fn gpu_two_processes_over_ipc() {
+    use mori_bootstrap::Bootstrap;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let master: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "gpu_ipc_child", "--nocapture", "--test-threads=1"])
+        .env("MORI_SHMEM_CHILD_MASTER", master.to_string())
+        .spawn()
+        .unwrap();
+    let (rt, boot, heap) = two_process_heap(0, master);
+    assert!(heap.is_local(0) && !heap.is_local(1));
+    let s = rt.stream(Device(0)).unwrap();
+    let pattern: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 1) as u8).collect();
+    let src = rt.alloc(Device(0), pattern.len()).unwrap();
+    rt.copy_htod(&src.slice(), &pattern).unwrap();
+    // Into the other process's heap through its IPC handle, then its signal.
+    heap.put_with_signal(&s, 1, 4096, &src.slice(), 0, 1).unwrap();
+    s.synchronize().unwrap();
+    // The child checks the bytes and answers with an atomic add on our word at 8192.
+    let v = heap.wait_until(0, 8192, 42, Duration::from_secs(20)).unwrap();
+    assert_eq!(v, 42);
+    boot.barrier().unwrap();
+    let st = child.wait().unwrap();
+    assert!(st.success(), "child failed: {st}");
+}
+
+#[test]
+#[ignore = "needs a GPU (run on the GPU machine)"]
+fn gpu_ipc_child() {
+    let Ok(master) = std::env::var("MORI_SHMEM_CHILD_MASTER") else {
+        println!("gpu_ipc_child: run by gpu_two_processes_over_ipc only");
+        return;
+    };
+    use mori_bootstrap::Bootstrap;
+    let (rt, boot, heap) = two_process_heap(1, master.parse().unwrap());
+    assert!(heap.is_local(1) && !heap.is_local(0));
+    heap.wait_until(1, 0, 1, Duration::from_secs(20)).unwrap();
+    let mut b = vec![0u8; 65536];
+    rt.copy_dtoh(&mut b, &heap.slice(1, 4096, 65536).unwrap()).unwrap();
+    let pattern: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 1) as u8).collect();
+    assert_eq!(b, pattern, "bytes put by the other process");
+    let s = rt.stream(Device(0)).unwrap();
+    heap.atomic_add(&s, 0, 8192, 42, None).unwrap();
+    s.synchronize().unwrap();
+    boot.barrier().unwrap();
+}
