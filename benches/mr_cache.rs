@@ -12,7 +12,9 @@
 //! ```
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use mori_mr::{MrCache, Registrar};
+use mori_mr::{MemDomain, MrCache, Registrar};
+
+const H: MemDomain = MemDomain::Host;
 
 const REGS: u64 = 10_000;
 const STRIDE: u64 = 1 << 20;
@@ -26,7 +28,7 @@ struct Trivial;
 impl Registrar for Trivial {
     type Handle = u64;
     type Error = std::convert::Infallible;
-    fn register(&mut self, addr: u64, _len: u64) -> Result<u64, Self::Error> {
+    fn register(&mut self, _domain: MemDomain, addr: u64, _len: u64) -> Result<u64, Self::Error> {
         Ok(addr)
     }
     fn deregister(&mut self, _handle: u64) {}
@@ -35,7 +37,7 @@ impl Registrar for Trivial {
 fn cache() -> MrCache<Trivial> {
     let mut c = MrCache::new(Trivial, u64::MAX);
     for i in 0..REGS {
-        let id = c.acquire(BASE + i * STRIDE, REG_LEN).expect("register");
+        let id = c.acquire(H, BASE + i * STRIDE, REG_LEN).expect("register");
         c.release(id).expect("release"); // cached, unused: findable
     }
     c
@@ -60,16 +62,16 @@ fn queries(hit: bool) -> Vec<(u64, u64)> {
 fn lookups(c: &mut Criterion) {
     let mut mr = cache();
     let (hits, misses) = (queries(true), queries(false));
-    assert!(hits.iter().all(|&(a, l)| mr.lookup(a, l).is_some()));
-    assert!(misses.iter().all(|&(a, l)| mr.lookup(a, l).is_none()));
+    assert!(hits.iter().all(|&(a, l)| mr.lookup(H, a, l).is_some()));
+    assert!(misses.iter().all(|&(a, l)| mr.lookup(H, a, l).is_none()));
     let mut g = c.benchmark_group("MrCache/10000-regs");
     g.throughput(Throughput::Elements(QUERIES as u64));
-    g.bench_function("lookup-hit", |b| b.iter(|| hits.iter().filter(|&&(a, l)| mr.lookup(black_box(a), l).is_some()).count()));
-    g.bench_function("lookup-miss", |b| b.iter(|| misses.iter().filter(|&&(a, l)| mr.lookup(black_box(a), l).is_some()).count()));
+    g.bench_function("lookup-hit", |b| b.iter(|| hits.iter().filter(|&&(a, l)| mr.lookup(H, black_box(a), l).is_some()).count()));
+    g.bench_function("lookup-miss", |b| b.iter(|| misses.iter().filter(|&&(a, l)| mr.lookup(H, black_box(a), l).is_some()).count()));
     g.bench_function("acquire+release-hit", |b| {
         b.iter(|| {
             for &(a, l) in &hits {
-                let id = mr.acquire(black_box(a), l).unwrap();
+                let id = mr.acquire(H, black_box(a), l).unwrap();
                 mr.release(id).unwrap();
             }
         })

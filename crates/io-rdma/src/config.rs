@@ -29,6 +29,7 @@ pub enum PollMode {
 /// | `sq_timeout` | 10 s | `MORI_IO_SQ_BACKOFF_TIMEOUT_US` |
 /// | `mr_budget` | 1 TiB | `MORI_IO_MR_BUDGET_BYTES` |
 /// | chunking | on, 64 KiB, 64 chunks | (bench `--disable-chunking`, `--chunk-bytes`, `--max-chunks`) |
+/// | `dmabuf` | the GPU runtime | (GPU memory's dmabuf exporter) |
 #[derive(Debug, Clone)]
 pub struct RdmaConfig {
     /// RC queue pairs per peer that a transfer is spread over (1..=64).
@@ -63,6 +64,10 @@ pub struct RdmaConfig {
     /// Posting workers the planner splits a batch over when chunking is off (the seed's
     /// `--num-worker-threads`: keeps merged WRs under max_msg_sz). 1..=64.
     pub workers: usize,
+    /// Where GPU memory's dmabufs come from (registration of `MemLoc::Gpu` memory exports the
+    /// range as a dmabuf and registers it with `ibv_reg_dmabuf_mr`). `None` (the default):
+    /// the GPU runtime, CUDA or HIP, loaded at the first GPU registration.
+    pub dmabuf: Option<crate::DmabufSource>,
 }
 
 impl Default for RdmaConfig {
@@ -83,6 +88,7 @@ impl Default for RdmaConfig {
             poll_mode: PollMode::Polling,
             workers: 1,
             mr_budget: 1 << 40,
+            dmabuf: None,
         }
     }
 }

@@ -5,9 +5,10 @@ use crate::conn::{connect_qps, create_qps, endpoint, psn, Conn, QpParams, RdmaCt
 use crate::device::{open, Device};
 use crate::RdmaMemHandle;
 use mori_io_core::wr_plan::{plan_wrs, EndpointLimits, WrPlanConfig};
-use mori_mr::{MrCache, RegId, Registrar};
+use crate::dmabuf::{dmabuf_mr_args, reg_dmabuf_error, DmabufExporter, RuntimeDmabuf};
+use mori_mr::{MemDomain, MrCache, MrError, RegId, Registrar};
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc, Op, Refusal,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op, Refusal,
     Region, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
@@ -99,6 +100,11 @@ impl RdmaBackend {
         };
         let cqe = cfg.max_cqe.min(dev.max_cqe);
         let mr_budget = cfg.mr_budget;
+        let dev_name = dev.name.clone();
+        let dmabuf: Arc<dyn DmabufExporter> = match &cfg.dmabuf {
+            Some(s) => s.0.clone(),
+            None => Arc::new(RuntimeDmabuf::new()),
+        };
         let pd = dev.pd.clone();
         let channel = match cfg.poll_mode {
             PollMode::Event => {
@@ -136,7 +142,7 @@ impl RdmaBackend {
             cq,
             channel,
             mrs: Mutex::new(HashMap::new()),
-            mr_cache: Mutex::new(MrCache::new(VerbsRegistrar { pd: pd.clone() }, mr_budget)),
+            mr_cache: Mutex::new(MrCache::new(VerbsRegistrar { pd: pd.clone(), dev: dev_name, dmabuf }, mr_budget)),
             out: Mutex::new(HashMap::new()),
             inbound: Mutex::new(HashMap::new()),
             inbound_by_peer: Mutex::new(HashMap::new()),
@@ -170,20 +176,49 @@ impl Drop for RdmaBackend {
     }
 }
 
-/// `ibv_reg_mr` / `ibv_dereg_mr` for the registration cache.
+/// The registration cache's leaf calls: `ibv_reg_mr` for host memory, a dmabuf export plus
+/// `ibv_reg_dmabuf_mr` for GPU memory; `ibv_dereg_mr` when the last reference goes.
 struct VerbsRegistrar {
     pd: Arc<sideway::ibverbs::protection_domain::ProtectionDomain>,
+    /// Device name, for errors.
+    dev: String,
+    /// Where GPU ranges' dmabufs come from.
+    dmabuf: Arc<dyn DmabufExporter>,
+}
+
+impl VerbsRegistrar {
+    /// GPU memory: export a dmabuf of the range and register exactly the range in it, with
+    /// the range's GPU address as iova. The dmabuf fd is closed afterwards (the MR holds its
+    /// own reference to the dmabuf).
+    fn register_gpu(&self, device: u32, addr: u64, len: u64, flags: AccessFlags) -> Result<Arc<MemoryRegion>, IoError> {
+        let buf = self.dmabuf.export(device, addr, len)?;
+        let a = dmabuf_mr_args(addr, len, buf.start, buf.len, buf.offset)?;
+        // SAFETY: `buf.fd` is a dmabuf covering `a.offset..a.offset+a.len` (checked against
+        // the exporter's window), of memory the engine's caller keeps alive until
+        // deregistration, when on_deregister invalidates the cache entry.
+        let r = unsafe { self.pd.reg_dmabuf_mr(a.offset, a.len, a.iova, buf.fd.as_raw_fd(), flags) };
+        r.map_err(|e| {
+            let (errno, text) = match &e.0 {
+                sideway::ibverbs::memory_region::RegisterMemoryRegionErrorKind::Ibverbs(io) => (io.raw_os_error(), io.to_string()),
+                other => (None, other.to_string()),
+            };
+            reg_dmabuf_error(&self.dev, device, addr, &a, errno, &text)
+        })
+    }
 }
 
 impl Registrar for VerbsRegistrar {
     type Handle = Arc<MemoryRegion>;
     type Error = IoError;
-    fn register(&mut self, addr: u64, len: u64) -> Result<Arc<MemoryRegion>, IoError> {
+    fn register(&mut self, domain: MemDomain, addr: u64, len: u64) -> Result<Arc<MemoryRegion>, IoError> {
         let flags = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
-        // SAFETY: ranges come from engine registrations, whose caller promised validity until
-        // deregistration; on_deregister releases and invalidates the cache entry then.
-        unsafe { self.pd.reg_mr(addr as usize, len as usize, flags) }
-            .map_err(|e| IoError::transport(format!("ibv_reg_mr of {len} bytes at {addr:#x}: {e}")))
+        match domain {
+            // SAFETY: ranges come from engine registrations, whose caller promised validity
+            // until deregistration; on_deregister releases and invalidates the cache entry then.
+            MemDomain::Host => unsafe { self.pd.reg_mr(addr as usize, len as usize, flags) }
+                .map_err(|e| IoError::transport(format!("{}: ibv_reg_mr of {len} bytes at {addr:#x}: {e}", self.dev))),
+            MemDomain::Gpu(device) => self.register_gpu(device, addr, len, flags),
+        }
     }
     fn deregister(&mut self, handle: Arc<MemoryRegion>) {
         drop(handle); // ibv_dereg_mr when the last reference goes
@@ -562,6 +597,29 @@ fn post_recv(ic: &InboundConn, token: u32, qp: usize, buf: usize) -> IoResult<()
     g.post().map_err(|e| IoError::transport(format!("ibv_post_recv: {e}")))
 }
 
+/// The registration-cache domain of an engine memory location.
+fn domain_of(loc: MemLoc) -> MemDomain {
+    match loc {
+        MemLoc::Host { .. } => MemDomain::Host,
+        MemLoc::Gpu { device } => MemDomain::Gpu(device),
+    }
+}
+
+/// A registration-cache error as an engine error: the registrar's own error keeps its code
+/// (e.g. `NotSupported` for a device without dmabuf MRs), budget errors are `InvalidArgs`.
+fn mr_error(dev: &str, e: MrError) -> IoError {
+    match e {
+        MrError::Register { source, .. } => match source.downcast::<IoError>() {
+            Ok(io) => *io,
+            Err(other) => IoError::transport(format!("{dev}: rdma registration: {other}")),
+        },
+        e @ (MrError::TooLarge { .. } | MrError::OverBudget { .. } | MrError::InvalidRange { .. }) => {
+            IoError::invalid(format!("{dev}: rdma registration: {e} (MORI_IO_MR_BUDGET_BYTES)"))
+        }
+        e => IoError::bad_state(format!("{dev}: rdma registration: {e}")),
+    }
+}
+
 fn remote_handle(remote: &MemoryDesc) -> IoResult<RdmaMemHandle> {
     let b = remote.handle(BackendKind::Rdma).ok_or_else(|| {
         IoError::invalid(format!("remote memory {} of engine {:?} carries no rdma key", remote.id, remote.engine_key))
@@ -574,14 +632,14 @@ impl Backend for RdmaBackend {
         BackendKind::Rdma
     }
 
+    fn handles_gpu_memory(&self) -> bool {
+        true // through dmabuf MRs
+    }
+
     fn on_register(&self, desc: &mut MemoryDesc) -> IoResult<()> {
-        if !desc.loc.is_host() {
-            // GPU memory over rdma (dmabuf) is not in this build: no MR; can_serve refuses it.
-            return Ok(());
-        }
         // A range already registered (e.g. the same buffer registered twice) reuses its MR.
         let mut cache = self.inner.mr_cache.lock();
-        let id = cache.acquire(desc.addr, desc.len).map_err(|e| IoError::transport(format!("rdma registration: {e}")))?;
+        let id = cache.acquire(domain_of(desc.loc), desc.addr, desc.len).map_err(|e| mr_error(&self.inner.dev.name, e))?;
         let Some(mr) = cache.handle(id) else {
             return Err(IoError::bad_state(format!("MR cache lost registration {id}")));
         };
@@ -599,15 +657,12 @@ impl Backend for RdmaBackend {
         let mut cache = self.inner.mr_cache.lock();
         cache.release(id).map_err(|e| IoError::bad_state(format!("rdma deregistration: {e}")))?;
         // The memory may be freed and its addresses reused: never keep an MR of it cached.
-        cache.invalidate(desc.addr, desc.len);
+        cache.invalidate(domain_of(desc.loc), desc.addr, desc.len);
         Ok(())
     }
 
     fn can_serve(&self, local: &MemoryDesc, remote: &MemoryDesc, _peer: &EngineDesc) -> Result<(), Refusal> {
         let refuse = |reason: String| Err(Refusal { backend: BackendKind::Rdma, reason });
-        if !local.loc.is_host() || !remote.loc.is_host() {
-            return refuse("GPU memory over rdma needs dmabuf registration (GPU runtime), not in this build".into());
-        }
         if remote.handle(BackendKind::Rdma).is_none() {
             return refuse(format!(
                 "remote memory {} of engine {:?} carries no rdma key (its engine has no rdma backend, or registered it first)",

@@ -2,8 +2,14 @@
 //! at run time: a host without it builds and starts, and `create_backend` says what is
 //! missing).
 //!
-//! - Memory: `ibv_reg_mr` at registration (local write, remote read/write); the rkey travels
-//!   in the `MemoryDesc` handle. GPU memory (dmabuf) is not in this build.
+//! - Memory: host memory through `ibv_reg_mr` at registration (local write, remote
+//!   read/write); GPU memory through a dmabuf of the range exported by the GPU runtime and
+//!   `ibv_reg_dmabuf_mr` (offset of the range inside the page-widened dmabuf, iova = the
+//!   range's GPU address), with `NotSupported` naming the device when it has no dmabuf MRs
+//!   and naming the missing GPU runtime when none loads (never staged through host memory).
+//!   Both kinds live in the `mori-mr` cache; the rkey travels in the `MemoryDesc` handle.
+//!   No machine here has a GPU and an RDMA device together: the GPU path has only run up to
+//!   `ibv_reg_dmabuf_mr` on SoftRoCE (which refuses it) with a memfd as stand-in.
 //! - Connections: `qps_per_transfer` RC QPs per peer, set up through the engine's control
 //!   plane (QPN, PSN, GID, LID, MTU exchange; GID chosen RoCEv2 IPv4-mapped first,
 //!   `MORI_IB_GID_INDEX` overriding).
@@ -19,9 +25,11 @@
 mod config;
 mod conn;
 mod device;
+pub mod dmabuf;
 mod engine;
 
 pub use config::{PollMode, RdmaConfig};
+pub use dmabuf::{DmabufExporter, DmabufSource, RuntimeDmabuf};
 pub use engine::RdmaBackend;
 
 /// The rkey and address a peer needs to address a registered region (the `MemoryDesc`

@@ -242,8 +242,10 @@ impl IoEngine {
     /// touches the same bytes yields unspecified contents, as with DMA.
     ///
     /// Errors: `InvalidArgs` for a null pointer, zero length or a wrapping range;
-    /// `NotSupported` for GPU memory when no backend of this engine moves GPU memory (xgmi);
-    /// a backend's own registration error (IPC export, ibv_reg_mr).
+    /// `NotSupported` for GPU memory when no backend of this engine moves GPU memory (xgmi,
+    /// fabric, rdma); a backend's own registration error (IPC export, ibv_reg_mr, dmabuf
+    /// export or ibv_reg_dmabuf_mr: `NotSupported` naming a missing GPU runtime or an RDMA
+    /// device without dmabuf MRs).
     pub unsafe fn register_memory(&self, ptr: *mut u8, len: usize, loc: MemLoc) -> IoResult<MemoryDesc> {
         if ptr.is_null() {
             return Err(IoError::invalid("register_memory: null pointer"));
@@ -251,7 +253,7 @@ impl IoEngine {
         if let MemLoc::Gpu { device } = loc {
             if !self.inner.backends.read().iter().any(|b| b.handles_gpu_memory()) {
                 return Err(IoError::not_supported(format!(
-                    "register_memory: GPU memory (device {device}) needs a GPU backend; create_backend(BackendConfig::Xgmi(..)) first (it needs a CUDA or HIP runtime)"
+                    "register_memory: GPU memory (device {device}) needs a GPU backend; create_backend(BackendConfig::Xgmi(..)) first (it needs a CUDA or HIP runtime), or Rdma (dmabuf MRs)"
                 )));
             }
         }

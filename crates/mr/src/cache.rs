@@ -1,10 +1,11 @@
 //! The cache itself: an id-keyed table, a start-address index of findable registrations and
 //! an LRU queue of unused ones.
 
-use crate::{MrError, RegId, RegInfo, Registrar};
+use crate::{MemDomain, MrError, RegId, RegInfo, Registrar};
 use std::collections::{BTreeMap, BTreeSet};
 
 struct Entry<H> {
+    domain: MemDomain,
     addr: u64,
     len: u64,
     refs: u32,
@@ -31,8 +32,8 @@ pub struct MrCache<R: Registrar> {
     /// Longest findable registration ever inserted (bounds the lookup scans).
     max_len: u64,
     entries: BTreeMap<RegId, Entry<R::Handle>>,
-    /// (start address, id) of every findable (not stale) registration.
-    by_start: BTreeSet<(u64, RegId)>,
+    /// (domain, start address, id) of every findable (not stale) registration.
+    by_start: BTreeSet<(MemDomain, u64, RegId)>,
     /// tick of release -> id, for registrations with no reference.
     lru: BTreeMap<u64, RegId>,
 }
@@ -54,17 +55,18 @@ impl<R: Registrar> MrCache<R> {
         }
     }
 
-    /// Returns a registration containing `[addr, addr + len)` with one more reference: a
-    /// cached one if any (the one that starts last, the newest on ties), else a new one of
-    /// exactly that range, evicting unused registrations least recently used first to stay
-    /// within the budget.
+    /// Returns a registration of `domain` containing `[addr, addr + len)` with one more
+    /// reference: a cached one if any (the one that starts last, the newest on ties), else a
+    /// new one of exactly that range, evicting unused registrations (of any domain) least
+    /// recently used first to stay within the budget. Registrations of another domain are
+    /// never returned, whatever their addresses.
     ///
     /// Errors: [`MrError::InvalidRange`] (zero length, overflow), [`MrError::TooLarge`],
     /// [`MrError::OverBudget`] (nothing is evicted then), [`MrError::Register`].
-    pub fn acquire(&mut self, addr: u64, len: u64) -> Result<RegId, MrError> {
+    pub fn acquire(&mut self, domain: MemDomain, addr: u64, len: u64) -> Result<RegId, MrError> {
         check_range(addr, len)?;
         self.tick += 1;
-        if let Some(id) = self.lookup(addr, len) {
+        if let Some(id) = self.lookup(domain, addr, len) {
             if let Some(e) = self.entries.get_mut(&id) {
                 if e.refs == 0 {
                     self.lru.remove(&e.tick);
@@ -86,11 +88,11 @@ impl<R: Registrar> MrCache<R> {
             tracing::debug!(%victim, "MR cache: evicting the least recently used registration");
             self.drop_entry(victim);
         }
-        let handle = self.reg.register(addr, len).map_err(|e| MrError::Register { addr, len, source: Box::new(e) })?;
+        let handle = self.reg.register(domain, addr, len).map_err(|e| MrError::Register { domain, addr, len, source: Box::new(e) })?;
         let id = RegId(self.next_id);
         self.next_id += 1;
-        self.entries.insert(id, Entry { addr, len, refs: 1, stale: false, tick: 0, handle });
-        self.by_start.insert((addr, id));
+        self.entries.insert(id, Entry { domain, addr, len, refs: 1, stale: false, tick: 0, handle });
+        self.by_start.insert((domain, addr, id));
         self.used += len;
         self.max_len = self.max_len.max(len);
         Ok(id)
@@ -121,26 +123,27 @@ impl<R: Registrar> MrCache<R> {
         Ok(left)
     }
 
-    /// The memory `[addr, addr + len)` is going away: every registration overlapping it
-    /// becomes unfindable; unused ones are deregistered now, used ones at their last release.
-    /// Returns how many registrations were invalidated (0 for an empty range).
-    pub fn invalidate(&mut self, addr: u64, len: u64) -> usize {
+    /// The memory `[addr, addr + len)` of `domain` is going away: every registration of that
+    /// domain overlapping it becomes unfindable; unused ones are deregistered now, used ones
+    /// at their last release. Returns how many registrations were invalidated (0 for an empty
+    /// range).
+    pub fn invalidate(&mut self, domain: MemDomain, addr: u64, len: u64) -> usize {
         let end = addr.saturating_add(len);
         if len == 0 {
             return 0;
         }
-        let from = (addr.saturating_sub(self.max_len), RegId(0));
-        let hits: Vec<(u64, RegId)> = self
+        let from = (domain, addr.saturating_sub(self.max_len), RegId(0));
+        let hits: Vec<(MemDomain, u64, RegId)> = self
             .by_start
-            .range(from..(end, RegId(0)))
-            .filter(|(_, id)| self.entries.get(id).is_some_and(|e| e.addr + e.len > addr))
+            .range(from..(domain, end, RegId(0)))
+            .filter(|(_, _, id)| self.entries.get(id).is_some_and(|e| e.addr + e.len > addr))
             .copied()
             .collect();
         for key in &hits {
             self.by_start.remove(key);
-            let Some(e) = self.entries.get_mut(&key.1) else { continue };
+            let Some(e) = self.entries.get_mut(&key.2) else { continue };
             if e.refs == 0 {
-                self.drop_entry(key.1);
+                self.drop_entry(key.2);
             } else {
                 e.stale = true;
             }
@@ -157,17 +160,19 @@ impl<R: Registrar> MrCache<R> {
         ids.len()
     }
 
-    /// The findable registration containing `[addr, addr + len)`, if any (same choice as
-    /// [`MrCache::acquire`]); changes nothing.
-    pub fn lookup(&self, addr: u64, len: u64) -> Option<RegId> {
+    /// The findable registration of `domain` containing `[addr, addr + len)`, if any (same
+    /// choice as [`MrCache::acquire`]); changes nothing.
+    pub fn lookup(&self, domain: MemDomain, addr: u64, len: u64) -> Option<RegId> {
         let end = addr.checked_add(len)?;
         let lowest = end.saturating_sub(self.max_len);
+        if lowest > addr {
+            return None; // longer than any registration (and an empty range would panic)
+        }
         self.by_start
-            .range(..=(addr, RegId(u64::MAX)))
+            .range((domain, lowest, RegId(0))..=(domain, addr, RegId(u64::MAX)))
             .rev()
-            .take_while(|(start, _)| *start >= lowest)
-            .find(|(_, id)| self.entries.get(id).is_some_and(|e| e.addr + e.len >= end))
-            .map(|&(_, id)| id)
+            .find(|(_, _, id)| self.entries.get(id).is_some_and(|e| e.addr + e.len >= end))
+            .map(|&(_, _, id)| id)
     }
 
     /// The registrar's handle of `id` (e.g. to read lkey/rkey), while it exists.
@@ -177,7 +182,7 @@ impl<R: Registrar> MrCache<R> {
 
     /// State of `id`, while it exists.
     pub fn info(&self, id: RegId) -> Option<RegInfo> {
-        self.entries.get(&id).map(|e| RegInfo { addr: e.addr, len: e.len, refs: e.refs, stale: e.stale })
+        self.entries.get(&id).map(|e| RegInfo { domain: e.domain, addr: e.addr, len: e.len, refs: e.refs, stale: e.stale })
     }
 
     /// Registered bytes (registrations in use, unused and stale).
@@ -213,7 +218,7 @@ impl<R: Registrar> MrCache<R> {
     /// Removes `id` from every table and deregisters its handle (the only deregister call).
     fn drop_entry(&mut self, id: RegId) {
         let Some(e) = self.entries.remove(&id) else { return };
-        self.by_start.remove(&(e.addr, id));
+        self.by_start.remove(&(e.domain, e.addr, id));
         if e.refs == 0 && !e.stale {
             // Unused: in the LRU queue, unless eviction just popped it.
             self.lru.remove(&e.tick);

@@ -29,10 +29,30 @@ pub trait Registrar {
     type Handle;
     /// Why a registration failed.
     type Error: std::error::Error + Send + Sync + 'static;
-    /// Registers `len` bytes (> 0) at address `addr`.
-    fn register(&mut self, addr: u64, len: u64) -> Result<Self::Handle, Self::Error>;
+    /// Registers `len` bytes (> 0) at address `addr` of `domain` (host memory, or a GPU's
+    /// memory, which a verbs registrar registers through a dmabuf).
+    fn register(&mut self, domain: MemDomain, addr: u64, len: u64) -> Result<Self::Handle, Self::Error>;
     /// Deregisters a handle returned by [`Registrar::register`]; called exactly once per handle.
     fn deregister(&mut self, handle: Self::Handle);
+}
+
+/// Which memory an address belongs to. Registrations of different domains never match each
+/// other's lookups, even where their address ranges coincide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MemDomain {
+    /// Host memory (`ibv_reg_mr`).
+    Host,
+    /// Memory of the GPU with this device ordinal (`ibv_reg_dmabuf_mr`).
+    Gpu(u32),
+}
+
+impl std::fmt::Display for MemDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemDomain::Host => write!(f, "host memory"),
+            MemDomain::Gpu(d) => write!(f, "GPU {d} memory"),
+        }
+    }
 }
 
 /// Identifies one registration of a cache; ids are never reused.
@@ -48,6 +68,8 @@ impl std::fmt::Display for RegId {
 /// State of one registration, as reported by [`MrCache::info`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegInfo {
+    /// Memory the registration is in.
+    pub domain: MemDomain,
     /// First registered address.
     pub addr: u64,
     /// Registered length, bytes.
@@ -99,8 +121,10 @@ pub enum MrError {
         evictable: u64,
     },
     /// The registrar refused (for verbs: `ibv_reg_mr` failed).
-    #[error("registering {len} bytes at {addr:#x} failed: {source}")]
+    #[error("registering {len} bytes of {domain} at {addr:#x} failed: {source}")]
     Register {
+        /// Memory of the request.
+        domain: MemDomain,
         /// Requested address.
         addr: u64,
         /// Requested length, bytes.
