@@ -86,15 +86,18 @@ fn backend_verdicts_and_exit_status() {
     assert!(gpu["reason"].as_str().unwrap().contains("needs a GPU backend"), "{gpu}");
     let gpu_here = gpu_runtime_present();
     for m in ["host", "gpu"] {
-        assert_eq!(verdict(&v, "fabric", m)["serves"], false);
-        assert!(verdict(&v, "fabric", m)["reason"].as_str().unwrap().contains("not part of this build"));
         if !gpu_here {
-            // No GPU runtime on this machine (or CI): xgmi cannot even be created, and says why.
-            assert_eq!(verdict(&v, "xgmi", m)["serves"], false);
-            let reason = verdict(&v, "xgmi", m)["reason"].as_str().unwrap();
-            assert!(reason.contains("no GPU runtime") && reason.contains("libcuda"), "{reason}");
+            // No GPU runtime on this machine (or CI): the GPU backends cannot even be created,
+            // and say why.
+            for b in ["xgmi", "fabric"] {
+                assert_eq!(verdict(&v, b, m)["serves"], false);
+                let reason = verdict(&v, b, m)["reason"].as_str().unwrap();
+                assert!(reason.contains("no GPU runtime") && reason.contains("libcuda"), "{b}: {reason}");
+            }
         }
     }
+    // fabric never serves host memory.
+    assert_eq!(verdict(&v, "fabric", "host")["serves"], false);
     // xgmi never serves host memory; with a runtime it says why in its own words.
     assert_eq!(verdict(&v, "xgmi", "host")["serves"], false);
     // Exit status follows the requested backend.
