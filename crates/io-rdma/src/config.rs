@@ -6,7 +6,10 @@ use std::time::Duration;
 /// How completions are reaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PollMode {
-    /// The completion thread spins on the CQ (with short sleeps once idle for a while).
+    /// The completion thread spins on the CQ while completions come, and for
+    /// [`RdmaConfig::poll_spin`] after the last one; then it arms the CQ and sleeps on its
+    /// completion channel until the next (an idle engine burns no CPU, and on small machines,
+    /// such as SoftRoCE guests, the spinning does not starve the NIC's own work).
     Polling,
     /// The completion thread arms the CQ and sleeps on its completion channel
     /// (`ibv_req_notify_cq` / `ibv_get_cq_event`): no CPU while idle, a wake-up per event.
@@ -27,6 +30,7 @@ pub enum PollMode {
 /// | `gid_index` | auto: RoCEv2 IPv4-mapped first | `MORI_IB_GID_INDEX` |
 /// | device | first with an active port | `MORI_RDMA_DEVICES` (`a,b` or `^a,b`) |
 /// | `sq_timeout` | 10 s | `MORI_IO_SQ_BACKOFF_TIMEOUT_US` |
+/// | `poll_spin` | 200 µs | `MORI_IO_POLL_SPIN_US` |
 /// | `mr_budget` | 1 TiB | `MORI_IO_MR_BUDGET_BYTES` |
 /// | chunking | on, 64 KiB, 64 chunks | (bench `--disable-chunking`, `--chunk-bytes`, `--max-chunks`) |
 /// | `dmabuf` | the GPU runtime | (GPU memory's dmabuf exporter) |
@@ -58,6 +62,10 @@ pub struct RdmaConfig {
     pub max_chunks: usize,
     /// Completion reaping mode.
     pub poll_mode: PollMode,
+    /// Polling mode: how long the completion thread keeps spinning on an empty CQ after the
+    /// last completion before it sleeps on the completion channel (0 = sleep at once; at most
+    /// 10 s). Ignored in event mode.
+    pub poll_spin: Duration,
     /// Budget of the registration cache, bytes (`MORI_IO_MR_BUDGET_BYTES`; default 1 TiB):
     /// registrations beyond it fail with a message naming the budget.
     pub mr_budget: u64,
@@ -86,6 +94,7 @@ impl Default for RdmaConfig {
             chunk_bytes: 65536,
             max_chunks: 64,
             poll_mode: PollMode::Polling,
+            poll_spin: Duration::from_micros(200),
             workers: 1,
             mr_budget: 1 << 40,
             dmabuf: None,
@@ -132,6 +141,9 @@ impl RdmaConfig {
         if let Some(v) = env_num::<u64>("MORI_IO_SQ_BACKOFF_TIMEOUT_US")? {
             c.sq_timeout = Duration::from_micros(v);
         }
+        if let Some(v) = env_num::<u64>("MORI_IO_POLL_SPIN_US")? {
+            c.poll_spin = Duration::from_micros(v);
+        }
         Ok(c)
     }
 
@@ -156,9 +168,31 @@ impl RdmaConfig {
                 self.nics_per_transfer
             )));
         }
+        if self.poll_spin > Duration::from_secs(10) {
+            return Err(IoError::invalid(format!(
+                "rdma poll_spin (MORI_IO_POLL_SPIN_US) = {} µs, allowed 0..=10000000",
+                self.poll_spin.as_micros()
+            )));
+        }
         if self.chunking && (self.chunk_bytes == 0 || self.max_chunks == 0) {
             return Err(IoError::invalid("rdma chunking needs chunk_bytes > 0 and max_chunks > 0"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_spin_defaults_to_200_us_and_is_bounded() {
+        let c = RdmaConfig::default();
+        assert_eq!((c.poll_mode, c.poll_spin), (PollMode::Polling, Duration::from_micros(200)));
+        assert!(c.validate().is_ok());
+        assert!(RdmaConfig { poll_spin: Duration::ZERO, ..c.clone() }.validate().is_ok());
+        let e = RdmaConfig { poll_spin: Duration::from_secs(11), ..c }.validate().unwrap_err();
+        assert_eq!(e.code, mori_io_core::ErrorCode::InvalidArgs);
+        assert!(e.msg.contains("poll_spin (MORI_IO_POLL_SPIN_US) = 11000000 µs, allowed 0..=10000000"), "{e}");
     }
 }

@@ -60,8 +60,9 @@ struct Inner {
     params: QpParams,
     dev: Device,
     cq: Arc<BasicCompletionQueue>,
-    /// Completion channel (event mode only): the reaper sleeps on it when the CQ is empty.
-    channel: Option<Arc<CompletionChannel>>,
+    /// Completion channel: the reaper sleeps on it when the CQ stays empty (at once in event
+    /// mode, after `poll_spin` of spinning in polling mode).
+    channel: Arc<CompletionChannel>,
     /// Engine region id -> (cache registration, lkey).
     mrs: Mutex<HashMap<MemId, (RegId, u32)>>,
     mr_cache: Mutex<MrCache<VerbsRegistrar>>,
@@ -106,19 +107,11 @@ impl RdmaBackend {
             None => Arc::new(RuntimeDmabuf::new()),
         };
         let pd = dev.pd.clone();
-        let channel = match cfg.poll_mode {
-            PollMode::Event => {
-                let ch = CompletionChannel::new(&dev.ctx).map_err(|e| IoError::transport(format!("{}: completion channel: {e}", dev.name)))?;
-                ch.set_nonblocking(true).map_err(|e| IoError::transport(format!("completion channel: {e}")))?;
-                Some(ch)
-            }
-            PollMode::Polling => None,
-        };
+        let channel = CompletionChannel::new(&dev.ctx).map_err(|e| IoError::transport(format!("{}: completion channel: {e}", dev.name)))?;
+        channel.set_nonblocking(true).map_err(|e| IoError::transport(format!("completion channel: {e}")))?;
         let mut cqb = dev.ctx.create_cq_builder();
         cqb.setup_cqe(cqe);
-        if let Some(ch) = &channel {
-            cqb.setup_comp_channel(ch, 0);
-        }
+        cqb.setup_comp_channel(&channel, 0);
         let cq = cqb.build().map_err(|e| IoError::transport(format!("{}: create CQ of {cqe}: {e}", dev.name)))?;
         let mut posters = Vec::new();
         for w in 1..cfg.workers {
@@ -435,6 +428,7 @@ impl Inner {
         let r = {
             let mut q = conn.qps[qp].lock();
             let mut g = q.start_post_send();
+            let mut sges: Vec<ibv_sge> = Vec::with_capacity(self.params.max_sge as usize);
             for wr in wrs {
                 let flags = if wr.signaled || std::ptr::eq(wr, &wrs[wrs.len() - 1]) { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
                 let h = g.construct_wr(key, flags);
@@ -442,7 +436,8 @@ impl Inner {
                     Op::Write => h.setup_write(rh.rkey, rh.addr + wr.remote_off),
                     Op::Read => h.setup_read(rh.rkey, rh.addr + wr.remote_off),
                 };
-                let sges: Vec<ibv_sge> = wr.sges.iter().map(|s| ibv_sge { addr: laddr + s.local_off, length: s.len as u32, lkey }).collect();
+                sges.clear();
+                sges.extend(wr.sges.iter().map(|s| ibv_sge { addr: laddr + s.local_off, length: s.len as u32, lkey }));
                 // SAFETY: every SGE lies inside the local registration (the engine checked the
                 // batch against the region; `xfer` holds the region until completion).
                 unsafe { h.setup_sge_list(&sges) };
@@ -457,25 +452,34 @@ impl Inner {
         Ok(())
     }
 
+    /// The completion thread: reaps while completions come; once the CQ stayed empty for the
+    /// spin budget (none in event mode), sleeps on the completion channel.
     fn reap_loop(&self) {
-        let mut idle = 0u32;
+        let spin = match self.cfg.poll_mode {
+            PollMode::Event => Duration::ZERO,
+            PollMode::Polling => self.cfg.poll_spin,
+        };
+        let mut idle_since: Option<Instant> = None;
+        let mut empty = 0u32;
         while !self.shutdown.load(Ordering::Acquire) {
             let n = self.poll_once();
             self.flush_notes();
             if n > 0 {
-                idle = 0;
+                idle_since = None;
+                empty = 0;
                 continue;
             }
-            idle = idle.saturating_add(1);
-            if let Some(ch) = &self.channel {
-                self.wait_event(ch);
-            } else if idle < 64 {
-                std::hint::spin_loop();
-            } else if idle < 2000 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
+            empty = empty.wrapping_add(1);
+            // The clock is read every 64 empty polls only.
+            if spin.is_zero() || empty.is_multiple_of(64) {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= spin {
+                    self.wait_event(&self.channel);
+                    idle_since = None;
+                    continue;
+                }
             }
+            std::hint::spin_loop();
         }
     }
 
@@ -490,8 +494,8 @@ impl Inner {
         n
     }
 
-    /// Event mode: arm the CQ, re-poll (a completion may have raced the arming), then sleep on
-    /// the completion channel's fd for up to 100 ms (to notice shutdown) and consume the event.
+    /// Arms the CQ, re-polls (a completion may have raced the arming), then sleeps on the
+    /// completion channel's fd for up to 100 ms (to notice shutdown) and consumes the event.
     fn wait_event(&self, ch: &CompletionChannel) {
         // SAFETY: the CQ and channel outlive this call (owned by `self`); the calls take their
         // raw handles and out-pointers to locals.
