@@ -316,9 +316,6 @@ impl Args {
             (BackendArg::Tcp, MemArg::Gpu) => {
                 return Err("--mem-type gpu with --backend tcp: GPU memory over tcp needs host staging, which bench_engine does not do; use --backend xgmi (same node)".into())
             }
-            (BackendArg::Rdma, MemArg::Gpu) => {
-                return Err("--mem-type gpu with --backend rdma: GPU memory over rdma (dmabuf registration) is not in this build yet".into())
-            }
             _ => {}
         }
         if let (Some(g), Some(d), Some(o)) = (self.gpu, self.dst_gpu, self.target_dev_offset) {
@@ -469,5 +466,17 @@ mod tests {
         // --dst-gpu sets the offset for every pair.
         let c = parse(&["--backend", "xgmi", "--mem-type", "gpu", "--num-initiator-dev", "2", "--num-target-dev", "2", "--src-gpu", "0", "--dst-gpu", "2"]);
         assert_eq!((c.device_for(1, 0), c.device_for(1, 1)), (Some(2), Some(3)));
+    }
+
+    #[test]
+    fn rdma_takes_gpu_memory_and_tcp_still_refuses_it() {
+        // GPU memory over rdma goes through dmabuf MRs (the backend refuses at registration
+        // when the NIC cannot); over tcp it would need host staging.
+        let a = parse(&["--backend", "rdma", "--mem-type", "gpu", "--gpu", "1"]);
+        assert_eq!((a.backend, a.mem_type, a.device_for(0, 0)), (BackendArg::Rdma, MemArg::Gpu, Some(1)));
+        let mut v = vec!["bench_engine"];
+        v.extend_from_slice(&["--backend", "tcp", "--mem-type", "gpu"]);
+        let e = Args::parse_from(v).validate().unwrap_err();
+        assert!(e.contains("GPU memory over tcp needs host staging"), "{e}");
     }
 }
