@@ -13,6 +13,8 @@ step() { echo; echo "=== $*"; }
 # same-GPU xgmi sweeps, kernel check), xgmi (scripts/gpu-parts/xgmi.sh), fabric
 # (scripts/gpu-parts/fabric.sh), ep (scripts/gpu-parts/ep.sh). One call stays under the
 # device tool's 10-minute limit with PARTS="base xgmi fabric" or PARTS="ep".
+# PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
+# topology, peer-bw over all pairs, and only the multi-GPU sections of xgmi.sh and ep.sh.
 PARTS=${PARTS:-base xgmi fabric ep}
 has() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 step "machine"
@@ -68,6 +70,15 @@ for mb in (1, 16, 64, 1024):
 PY
 step "scatter/gather kernel check (cubin and PTX against a host reference)"
 python3 kernels/check_on_gpu.py 2>&1 | tee -a "$OUT/bench.txt" | tail -n 25 || rc=1
+fi
+if has multi; then
+  step "topology: nvidia-smi topo -m, read by mori topo; peer-bw over every ordered GPU pair"
+  nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
+  cat "$OUT/topo.txt"
+  "$B/mori" topo --input "$OUT/topo.txt" 2>&1 | tee -a "$OUT/bench.txt" || rc=1
+  "$B/mori" peer-bw --topo "$OUT/topo.txt" 2>&1 | tee -a "$OUT/bench.txt" | tail -n 24 || rc=1
+  export ONLY_MULTI=1
+  PARTS="$PARTS xgmi ep"
 fi
 for part in xgmi fabric ep; do
   if has "$part"; then

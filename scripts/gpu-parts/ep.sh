@@ -32,6 +32,7 @@ ep() {
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 bdc="$B/bench_dispatch_combine"
 
+if [ -z "${ONLY_MULTI:-}" ]; then
 step "EP: GPU tests (routing corners against the oracle, out-of-range ids reported or dropped, short combine input refused)"
 ep "ep_gpu tests" "$B/ep_gpu" --ignored --nocapture --test-threads=1
 
@@ -48,6 +49,8 @@ ep "decode bf16" "$bdc" --num-tokens 128 --dtype bf16 --iters 50 --warmup 5 --l2
 
 step "EP: PyTorch index_select / index_add_ version, 8 logical ranks on GPU 0, same shapes"
 ep "torch single GPU" python3 scripts/ep_torch_baseline.py --mode single --shapes --json "$OUT/ep-torch-single.json"
+
+fi
 
 if [ "$ngpu" -ge 2 ]; then
   step "EP: $ngpu GPUs: one rank per GPU (2 processes, IPC over NVLink)"

@@ -35,6 +35,7 @@ xg() {
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 xg_sweep=(--all --sweep-start 8 --sweep-max 67108864 --iters 200 --warmup-iters 20 --log-level warning)
 
+if [ -z "${ONLY_MULTI:-}" ]; then
 step "xgmi: bare copy baseline on GPU 0 (stop-and-wait latency and back-to-back bandwidth)"
 xg "bare copy GPU 0, 8 B..64 KiB" "$B/bench_copy" --gpu 0 --sweep-start 8 --sweep-max 65536 --iters 2000 --warmup-iters 200
 xg "bare copy GPU 0, 4..64 MiB" "$B/bench_copy" --gpu 0 --sweep-start 4194304 --sweep-max 67108864 --iters 200 --warmup-iters 20
@@ -44,6 +45,8 @@ for op in write read; do
   xg "xgmi $op b1 GPU 0 <-> GPU 0" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op "$op" --enable-sess \
     --transfer-batch-size 1 "${xg_sweep[@]}" --json "$OUT/xgmi-gpu0-$op-b1.json"
 done
+
+fi
 
 if [ "$ngpu" -ge 2 ]; then
   step "xgmi: $ngpu GPUs; bare copy GPU 0 -> GPU 1"
