@@ -37,7 +37,7 @@ step "mori check, mori peer-bw (self pair), and their GPU tests"
 MORI_BIN="$B/mori" "$B/cli_gpu" --ignored --nocapture --test-threads=1 >>"$OUT/tests.log" 2>&1 || rc=1
 grep -E "^test |test result" "$OUT/tests.log" | tail -n 4
 "$B/mori" check 2>&1 | tee -a "$OUT/bench.txt" | tail -n 40
-"$B/mori" peer-bw 2>&1 | tee -a "$OUT/bench.txt" | tail -n 16 || rc=1
+"$B/mori" peer-bw --topo "$OUT/topo.txt" 2>&1 | tee -a "$OUT/bench.txt" | tail -n 16 || rc=1
 step "bench_engine --backend xgmi, two processes on GPU 0 (real IPC), 8 B .. 64 MiB"
 for op in write read; do
   for b in 1 128; do
