@@ -40,6 +40,7 @@
 #define EP_MAX_WORLD 64
 #define EP_MAX_TOPK 32
 #define EP_MASK_CACHE 1024 // tokens per block whose destination masks are kept in shared memory
+#define EP_SLOT_CACHE 2048 // (token, destination) slots per block kept in shared memory
 
 // Status word codes (status[1]); the first error wins, details in status[2..5].
 #define EP_OK 0
@@ -107,6 +108,22 @@ struct EpParams {
 
 #define EP_FLAG_DROP_OUT_OF_RANGE 1u
 #define EP_FLAG_WEIGHTED 2u
+#define EP_FLAG_ONE_DEVICE 4u // every rank's heap is on this launch's GPU: device-scope sync suffices
+
+// Fences, releases, acquires and slot reservations at the narrowest scope that covers every
+// rank: the GPU when all ranks share it, the system otherwise (peers over NVLink/XGMI, IPC).
+MORI_DEVICE void ep_fence(const EpParams& p) {
+    if (p.flags & EP_FLAG_ONE_DEVICE) mori_fence_device(); else mori_fence_system();
+}
+MORI_DEVICE void ep_release(const EpParams& p, uint64_t* f, uint64_t v) {
+    if (p.flags & EP_FLAG_ONE_DEVICE) mori_store_release_device(f, v); else mori_store_release_system(f, v);
+}
+MORI_DEVICE uint64_t ep_acquire(const EpParams& p, const uint64_t* f) {
+    return (p.flags & EP_FLAG_ONE_DEVICE) ? mori_load_acquire_device(f) : mori_load_acquire_system(f);
+}
+MORI_DEVICE uint32_t ep_reserve(const EpParams& p, uint32_t* counter, uint32_t n) {
+    return (p.flags & EP_FLAG_ONE_DEVICE) ? mori_atomic_add_device_u32(counter, n) : mori_atomic_add_system_u32(counter, n);
+}
 
 MORI_DEVICE void ep_error(uint32_t* status, uint32_t code, uint32_t a, uint32_t b, uint32_t c) {
     if (mori_atomic_cas_system_u32(status + 1, EP_OK, code) == EP_OK) {
@@ -159,7 +176,7 @@ MORI_DEVICE uint64_t ep_wait_flags(const EpParams& p, const EpRankArgs& a, uint6
     for (uint32_t i = mori_thread_idx(); i < n; i += mori_block_dim()) {
         uint64_t v;
         for (;;) {
-            v = mori_load_acquire_system(flags + i);
+            v = ep_acquire(p, flags + i);
             if ((high ? (v >> 32) : v) >= want) break;
             if (mori_clock_ns() > deadline) {
                 ep_error((uint32_t*)a.status, EP_ERR_TIMEOUT, phase, i / p.blocks_per_rank, i % p.blocks_per_rank);
@@ -179,6 +196,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     MORI_SHARED uint32_t cursor[EP_MAX_WORLD];
     MORI_SHARED uint32_t total;
     MORI_SHARED uint64_t tok_mask[EP_MASK_CACHE];     // destination masks of the block's first tokens
+    MORI_SHARED int32_t tok_slot[EP_SLOT_CACHE];      // their slots, [token - t0][destination]
     MORI_SHARED uint32_t warp_slot[32][EP_MAX_WORLD]; // compacted: slot per destination
     MORI_SHARED uint8_t warp_dst[32][EP_MAX_WORLD];   // compacted: destination rank
     MORI_SHARED uint32_t warp_n[32];
@@ -217,7 +235,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
         base[d] = 0xffffffffu;
         if (cnt[d] == 0) continue;
         uint32_t* counter = (uint32_t*)(p.heap[d] + p.lay.counters) + parity;
-        const uint32_t got = mori_atomic_add_system_u32(counter, cnt[d]);
+        const uint32_t got = ep_reserve(p, counter, cnt[d]);
         if ((uint64_t)got + cnt[d] > p.max_recv)
             ep_error(status, EP_ERR_RECV_OVERFLOW, d, got + cnt[d], p.max_recv);
         else
@@ -232,6 +250,8 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
             int32_t s = -1;
             if (((m >> d) & 1) && base[d] != 0xffffffffu) s = (int32_t)(base[d] + mori_atomic_add_block_u32(&cursor[d], 1));
             send_map[(uint64_t)t * p.world + d] = s;
+            const uint32_t c = (t - t0) * p.world + d;
+            if (c < EP_SLOT_CACHE) tok_slot[c] = s;
         }
     }
     mori_sync_block();
@@ -250,7 +270,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
         const uint32_t t = t0 + item / cpt, c = item % cpt;
         // The token's send_map row, loaded by all lanes at once, then compacted by lane 0
         // (in place: n <= d).
-        for (uint32_t d = lane; d < p.world; d += 32) warp_slot[warp][d] = (uint32_t)send_map[(uint64_t)t * p.world + d];
+        for (uint32_t d = lane; d < p.world; d += 32) {
+            const uint32_t c = (t - t0) * p.world + d;
+            warp_slot[warp][d] = (uint32_t)(c < EP_SLOT_CACHE ? tok_slot[c] : send_map[(uint64_t)t * p.world + d]);
+        }
         mori_sync_group32();
         if (lane == 0) {
             uint32_t n = 0;
@@ -305,11 +328,11 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     ep_trace(a, b, 1);
     // 4. Everything this block wrote is visible before its signals.
     mori_sync_block();
-    mori_fence_system();
+    ep_fence(p);
     for (uint32_t d = tid; d < p.world; d += nthreads) {
         const uint32_t sent = base[d] == 0xffffffffu ? 0 : cnt[d];
         uint64_t* sig = (uint64_t*)(p.heap[d] + p.lay.signals) + (uint64_t)r * p.blocks_per_rank + b;
-        mori_store_release_system(sig, ((uint64_t)p.seq << 32) | (uint64_t)(sent + 1));
+        ep_release(p, sig, ((uint64_t)p.seq << 32) | (uint64_t)(sent + 1));
     }
     if (b != 0) return;
     // 5. Block 0 receives: all world * B signals, the total, the counter reset.
@@ -394,10 +417,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
     // 2. Cross-rank barrier: my share is staged; wait until every block of every rank's is.
     if (tid == 0) unused_sum = 0;
     mori_sync_block();
-    mori_fence_system();
+    ep_fence(p);
     for (uint32_t d = tid; d < p.world; d += nthreads) {
         uint64_t* f = (uint64_t*)(p.heap[d] + p.lay.comb_flags) + (uint64_t)r * p.blocks_per_rank + b;
-        mori_store_release_system(f, p.seq);
+        ep_release(p, f, p.seq);
     }
     ep_wait_flags(p, a, (uint64_t*)(p.heap[r] + p.lay.comb_flags), p.world * p.blocks_per_rank, p.seq, false, 2,
                   deadline, &unused_sum);

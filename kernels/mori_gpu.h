@@ -54,6 +54,17 @@ MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) {
 MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) {
     __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+// Device-scope (one GPU) variants, for ranks that all live on the same device.
+MORI_DEVICE void mori_fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
+MORI_DEVICE uint32_t mori_atomic_add_device_u32(uint32_t* p, uint32_t v) {
+    return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+MORI_DEVICE uint64_t mori_load_acquire_device(const uint64_t* p) {
+    return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+MORI_DEVICE void mori_store_release_device(uint64_t* p, uint64_t v) {
+    __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
 // Nanoseconds from a constant-rate clock (s_memrealtime runs at 100 MHz).
 MORI_DEVICE uint64_t mori_clock_ns() { return __builtin_amdgcn_s_memrealtime() * 10; }
 // Synchronizes the 32-thread group (a half or whole wavefront) the calling thread is in.
@@ -99,6 +110,19 @@ MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) {
 }
 MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+// Device-scope (one GPU) variants, for ranks that all live on the same device.
+MORI_DEVICE void mori_fence_device() { __threadfence(); }
+MORI_DEVICE uint32_t mori_atomic_add_device_u32(uint32_t* p, uint32_t v) {
+    return atomicAdd((unsigned int*)p, (unsigned int)v);
+}
+MORI_DEVICE uint64_t mori_load_acquire_device(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+MORI_DEVICE void mori_store_release_device(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 // Nanoseconds from the global timer.
 MORI_DEVICE uint64_t mori_clock_ns() {

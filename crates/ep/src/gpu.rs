@@ -177,6 +177,8 @@ struct Params {
 
 const FLAG_DROP_OUT_OF_RANGE: u32 = 1;
 const FLAG_WEIGHTED: u32 = 2;
+/// Every rank's heap is on the one GPU of the launch: the kernels synchronize at device scope.
+const FLAG_ONE_DEVICE: u32 = 4;
 
 /// One rank's dispatch inputs, in device memory of the rank's GPU.
 #[derive(Debug, Clone, Copy)]
@@ -282,6 +284,8 @@ pub struct IntranodeEp {
     /// Set when [`IntranodeEp::sync_status`] saw a fault: the next dispatch clears the status
     /// words first (otherwise the kernels overwrite the count and the fault word stays 0).
     status_dirty: AtomicBool,
+    /// All ranks in this process on one GPU (no IPC peers): device-scope fences suffice.
+    one_device: bool,
 }
 
 impl std::fmt::Debug for IntranodeEp {
@@ -395,6 +399,7 @@ impl IntranodeEp {
                 combine,
             });
         }
+        let one_device = boot.is_none() && groups.len() == 1;
         Ok(IntranodeEp {
             cfg: cfg.clone(),
             heap,
@@ -406,6 +411,7 @@ impl IntranodeEp {
             timeout,
             last_idx_size: 8,
             status_dirty: AtomicBool::new(false),
+            one_device,
         })
     }
 
@@ -507,7 +513,7 @@ impl IntranodeEp {
             max_tokens: c.max_tokens_per_rank as u32,
             max_recv: c.max_recv_tokens as u32,
             seq,
-            flags,
+            flags: flags | if self.one_device { FLAG_ONE_DEVICE } else { 0 },
             comb_in_elem: 2,
             comb_out_elem: 2,
             pad: 0,
