@@ -100,7 +100,7 @@ impl HeapLayout {
     pub fn new(cfg: &EpConfig) -> GpuResult<Self> {
         let n = cfg.max_recv_tokens as u64;
         let row = (cfg.hidden * cfg.max_token_type_size) as u64;
-        let flags = (cfg.world_size * cfg.block_num * 8) as u64;
+        let flags = (cfg.world_size as u64).checked_mul(cfg.block_num as u64).and_then(|v| v.checked_mul(8));
         let sizes = [
             n.checked_mul(row),
             n.checked_mul(cfg.top_k as u64 * 4),
@@ -110,8 +110,8 @@ impl HeapLayout {
             n.checked_mul(row),
             n.checked_mul(cfg.top_k as u64 * 4),
             Some(16),
-            Some(flags),
-            Some(flags),
+            flags,
+            flags,
         ];
         let mut offs = [0u64; 11];
         let mut at = 0u64;
@@ -351,7 +351,7 @@ impl IntranodeEp {
             let send_map = rt.alloc(device, (cfg.max_tokens_per_rank * cfg.world_size * 4).max(4))?;
             rt.memset(&send_map.slice(), 0xff)?;
             let trace = if trace {
-                let t = rt.alloc(device, cfg.block_num * 64)?;
+                let t = rt.alloc(device, cfg.block_num.checked_mul(64).ok_or(EpError::SizeOverflow { what: "trace bytes", limit: "usize" })?)?;
                 rt.memset(&t.slice(), 0)?;
                 Some(t)
             } else {
@@ -366,7 +366,7 @@ impl IntranodeEp {
         for device in devs {
             let members: Vec<usize> = (0..ranks.len()).filter(|&i| ranks[i].device == device).collect();
             let sms = rt.device_properties(device)?.multiprocessors as usize;
-            let blocks = members.len() * cfg.block_num;
+            let blocks = members.len().saturating_mul(cfg.block_num);
             if sms > 0 && blocks > sms {
                 return Err(bad(
                     "block_num",
@@ -500,7 +500,9 @@ impl IntranodeEp {
             heap,
             lay: [l.recv_x, l.recv_w, l.recv_idx, l.recv_scales, l.recv_src, l.comb_x, l.comb_w, l.counters, l.signals, l.comb_flags],
             rank_args: group.args[which].ptr(),
-            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            // The kernels compute `clock + timeout_ns`: capped at 2^62 ns (~146 years) so that a
+            // huge timeout means "no deadline" instead of wrapping into an immediate timeout.
+            timeout_ns: self.timeout.as_nanos().min(1u128 << 62) as u64,
             num_local: group.ranks.len() as u32,
             world: c.world_size as u32,
             blocks_per_rank: c.block_num as u32,
@@ -891,6 +893,13 @@ mod tests {
         }
         assert_eq!(l.recv_x, 0);
         assert!(l.total < 1_200_000_000, "{}", l.total);
+    }
+
+    #[test]
+    fn layout_refuses_overflowing_flag_arrays() {
+        let mut cfg = EpConfig::new(8, 7168, 256, 8, 16).unwrap();
+        cfg.block_num = usize::MAX / 4;
+        assert!(matches!(HeapLayout::new(&cfg), Err(EpGpuError::Ep(EpError::SizeOverflow { .. }))));
     }
 
     #[test]

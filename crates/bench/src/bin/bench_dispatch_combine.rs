@@ -224,6 +224,9 @@ fn config(a: &Args) -> AnyResult<EpConfig> {
             a.procs, a.num_gpus
         )));
     }
+    if a.top_k > a.num_experts {
+        return Err(err(format!("--top-k {} exceeds --num-experts {}: a token picks top-k distinct experts", a.top_k, a.num_experts)));
+    }
     let mut cfg = EpConfig::new(w, a.hidden, a.num_experts, a.top_k, a.num_tokens)?;
     cfg.max_token_type_size = a.dtype.size().max(match a.combine_dtype {
         CombDType::Bf16 => 2,
