@@ -23,6 +23,11 @@ fn shape_and_launch_errors_name_the_flag_and_the_limit() {
         (&["--num-experts", "100"], "100"),
         (&["--hidden", "100", "--dtype", "fp8", "--combine-dtype", "bf16"], "hidden"),
         (&["--warps-per-block", "40"], "warps_per_block"),
+        (&["--procs", "2", "--num-gpus", "4"], "--num-gpus must equal --procs"),
+        (&["--num-tokens", "0"], "--num-tokens 0: must be in 1..=1048576"),
+        (&["--iters", "0"], "--iters 0"),
+        (&["--timeout-ms", "0"], "--timeout-ms 0"),
+        (&["--json", "/nonexistent-dir/x.json"], "--json /nonexistent-dir/x.json: cannot be written"),
     ];
     for (args, want) in cases {
         let (code, text) = run(args);

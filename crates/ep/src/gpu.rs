@@ -141,6 +141,7 @@ struct RankArgs {
     idx: u64,
     scales: u64,
     send_map: u64,
+    slot_mask: u64,
     comb_in: u64,
     comb_w_in: u64,
     out: u64,
@@ -241,11 +242,13 @@ struct LocalRank {
     rank: usize,
     device: Device,
     send_map: DeviceBuffer,
+    /// `[max_tokens, world]` u32: the token's top-k slots each destination owns (weighted
+    /// combine reads this instead of the caller's indices, which may be gone by then).
+    slot_mask: DeviceBuffer,
     /// Address of this rank's 8 status words inside its group's status buffer.
     status: u64,
     trace: Option<DeviceBuffer>,
     num_tokens: usize,
-    idx_ptr: u64,
 }
 
 struct DeviceGroup {
@@ -357,7 +360,8 @@ impl IntranodeEp {
             } else {
                 None
             };
-            ranks.push(LocalRank { rank, device, send_map, status: 0, trace, num_tokens: 0, idx_ptr: 0 });
+            let slot_mask = rt.alloc(device, (cfg.max_tokens_per_rank * cfg.world_size * 4).max(4))?;
+            ranks.push(LocalRank { rank, device, send_map, slot_mask, status: 0, trace, num_tokens: 0 });
         }
         let mut devs: Vec<Device> = local.iter().map(|&(_, d)| d).collect();
         devs.sort_by_key(|d| d.0);
@@ -613,7 +617,6 @@ impl IntranodeEp {
         for (i, inp) in inputs.iter().enumerate() {
             let l = &mut self.local[i];
             l.num_tokens = inp.num_tokens;
-            l.idx_ptr = inp.indices.ptr();
         }
         if self.status_dirty.swap(false, Ordering::AcqRel) {
             for (g, stream) in self.groups.iter().zip(streams) {
@@ -638,6 +641,7 @@ impl IntranodeEp {
                             idx: inp.indices.ptr(),
                             scales: inp.scales.map_or(0, |s| s.ptr()),
                             send_map: l.send_map.ptr(),
+                            slot_mask: l.slot_mask.ptr(),
                             status: l.status,
                             trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
                             ..RankArgs::default()
@@ -689,6 +693,9 @@ impl IntranodeEp {
                 return Err(EpError::WeightsRequired { weighting: "RankSlotSum" }.into());
             }
             need("combine out", rank, inp.out.len(), t * c.hidden * spec.out_elem)?;
+            if inp.out_weights.is_some() && inp.weights.is_none() && !inp.weights_in_heap {
+                return Err(bad("combine out weights", rank, "need combine weights (a buffer or weights_in_heap) to sum"));
+            }
             if let Some(w) = &inp.out_weights {
                 need("combine out weights", rank, w.len(), t * c.top_k * 4)?;
             }
@@ -708,8 +715,8 @@ impl IntranodeEp {
                         num_tokens: l.num_tokens as u32,
                         comb_in_rows: rows(inp.x, c.hidden * spec.in_elem),
                         comb_w_rows: rows(inp.weights, c.top_k * 4),
-                        idx: l.idx_ptr,
                         send_map: l.send_map.ptr(),
+                        slot_mask: l.slot_mask.ptr(),
                         comb_in: inp.x.map_or(self.heap.addr(l.rank)? + comb_x, |x| x.ptr()),
                         comb_w_in: match (inp.weights, inp.weights_in_heap) {
                             (Some(w), _) => w.ptr(),
@@ -874,7 +881,7 @@ mod tests {
     #[test]
     fn abi_sizes_match_the_kernel() {
         assert_eq!(std::mem::size_of::<Params>(), 672);
-        assert_eq!(std::mem::size_of::<RankArgs>(), 104);
+        assert_eq!(std::mem::size_of::<RankArgs>(), 112);
     }
 
     #[test]

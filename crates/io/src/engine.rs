@@ -253,7 +253,7 @@ impl IoEngine {
         if let MemLoc::Gpu { device } = loc {
             if !self.inner.backends.read().iter().any(|b| b.handles_gpu_memory()) {
                 return Err(IoError::not_supported(format!(
-                    "register_memory: GPU memory (device {device}) needs a GPU backend; create_backend(BackendConfig::Xgmi(..)) first (it needs a CUDA or HIP runtime), or Rdma (dmabuf MRs)"
+                    "register_memory: GPU memory (device {device}) needs a GPU backend; create_backend(BackendConfig::Xgmi(..)) or BackendConfig::Fabric(..) first (both need a CUDA or HIP runtime), or Rdma (dmabuf MRs)"
                 )));
             }
         }

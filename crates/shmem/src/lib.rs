@@ -200,6 +200,15 @@ impl SymmetricHeap {
             maps[p.pe] = Some(Mapping::Local(i));
         }
         if let Some(boot) = boot {
+            if devs.len() > 1 && boot.world_size() > 1 {
+                // IPC mappings are opened once per process, on one device; kernels on this
+                // process's other devices could not reach them (no peer access to a mapping).
+                return Err(invalid(format!(
+                    "this process hosts PEs on {} devices and shares the heap with other processes over IPC: \
+                     use one device per process, or one process for all PEs",
+                    devs.len()
+                )));
+            }
             let mut mine = Vec::new();
             for p in &pes {
                 mine.extend(encode_record(p.pe, p.buf.ptr(), &rt.ipc_export(&p.buf.slice())?));

@@ -224,6 +224,24 @@ fn config(a: &Args) -> AnyResult<EpConfig> {
             a.procs, a.num_gpus
         )));
     }
+    if a.procs > 1 && a.procs != a.num_gpus {
+        return Err(err(format!(
+            "--procs {} with --num-gpus {}: with several processes each hosts exactly one GPU (--num-gpus must equal --procs)",
+            a.procs, a.num_gpus
+        )));
+    }
+    if a.proc_index >= a.procs {
+        return Err(err(format!("--proc-index {} is not below --procs {}", a.proc_index, a.procs)));
+    }
+    if a.num_tokens == 0 || a.num_tokens > 1 << 20 {
+        return Err(err(format!("--num-tokens {}: must be in 1..=1048576 tokens per rank", a.num_tokens)));
+    }
+    if a.iters == 0 {
+        return Err(err("--iters 0: at least one timed iteration"));
+    }
+    if a.timeout_ms == 0 {
+        return Err(err("--timeout-ms 0: every in-kernel wait would fail at once; give at least 1 ms"));
+    }
     if a.top_k > a.num_experts {
         return Err(err(format!("--top-k {} exceeds --num-experts {}: a token picks top-k distinct experts", a.top_k, a.num_experts)));
     }
@@ -393,6 +411,14 @@ fn host_images_and_oracle(
 
 fn run(a: &Args) -> AnyResult<bool> {
     let cfg = config(a)?;
+    // Output files are created before the GPU work, so an unwritable path fails first.
+    if a.proc_index == 0 {
+        for (flag, path) in [("--json", &a.json), ("--trace", &a.trace)] {
+            if let Some(path) = path {
+                std::fs::File::create(path).map_err(|e| err(format!("{flag} {path}: cannot be written: {e}")))?;
+            }
+        }
+    }
     let rt: Arc<dyn Runtime> = mori_gpu::detect()?;
     let ndev = rt.device_count()? as usize;
     if a.num_gpus > ndev {
