@@ -33,8 +33,7 @@
 // when the caller wrote it there), fences, stores s in every peer's combine flag [r * B + b],
 // waits for all world * B flags addressed to it, then one warp per original token sums, in
 // f32, the rows the token's destinations hold (slot from send_map), optionally weighted by
-// the sum of the receiving rank's weights over the token's top-k slots that rank owns (the
-// slot_mask dispatch recorded), and
+// the sum of the receiving rank's weights over the token's top-k slots that rank owns, and
 // writes the row as bf16 or f32 (and, with weights, the per-slot sum of the weights).
 #include "mori_gpu.h"
 
@@ -76,7 +75,6 @@ struct EpRankArgs {
     uint64_t idx;      // [T, top_k] i32 / i64
     uint64_t scales;   // [T, scale_bytes] or 0
     uint64_t send_map; // [max_tokens, world] i32
-    uint64_t slot_mask;// [max_tokens, world] u32: bit k set when the token's slot k is an expert of that rank
     uint64_t comb_in;  // [N_recv, hidden] combine input (== heap + comb_x: nothing to stage)
     uint64_t comb_w_in;// [N_recv, top_k] f32 combine weights or 0
     uint64_t out;      // [T, hidden] combine output
@@ -252,16 +250,6 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
             int32_t s = -1;
             if (((m >> d) & 1) && base[d] != 0xffffffffu) s = (int32_t)(base[d] + mori_atomic_add_block_u32(&cursor[d], 1));
             send_map[(uint64_t)t * p.world + d] = s;
-            // The token's top-k slots owned by d (for weighted combine, which then needs
-            // nothing of the caller's dispatch inputs).
-            uint32_t km = 0;
-            if (s >= 0) {
-                for (uint32_t k = 0; k < p.top_k; k++) {
-                    const int64_t e = ep_load_idx(p, (const uint8_t*)a.idx, (uint64_t)t * p.top_k + k);
-                    if (e >= 0 && e < (int64_t)p.experts_per_rank * p.world && (uint32_t)(e / p.experts_per_rank) == d) km |= 1u << k;
-                }
-            }
-            ((uint32_t*)a.slot_mask)[(uint64_t)t * p.world + d] = km;
             const uint32_t c = (t - t0) * p.world + d;
             if (c < EP_SLOT_CACHE) tok_slot[c] = s;
         }
@@ -445,7 +433,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
     const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank);
     const uint32_t t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
     const int32_t* send_map = (const int32_t*)a.send_map;
-    const uint32_t* slot_mask = (const uint32_t*)a.slot_mask;
+    const uint8_t* idx = (const uint8_t*)a.idx;
     const uint64_t out_row = (uint64_t)p.hidden * p.comb_out_elem;
     for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
         for (uint32_t d = lane; d < p.world; d += 32) {
@@ -455,9 +443,11 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
             if (s >= 0 && weighted) {
                 const float* w = (const float*)(p.heap[d] + p.lay.comb_w) + (uint64_t)s * p.top_k;
                 f = 0.0f;
-                const uint32_t km = slot_mask[(uint64_t)t * p.world + d];
-                for (uint32_t k = 0; k < p.top_k; k++)
-                    if ((km >> k) & 1) f += w[k];
+                for (uint32_t k = 0; k < p.top_k; k++) {
+                    const int64_t e = ep_load_idx(p, idx, (uint64_t)t * p.top_k + k);
+                    if (e >= 0 && e < (int64_t)p.experts_per_rank * p.world && (uint32_t)(e / p.experts_per_rank) == d)
+                        f += w[k];
+                }
             }
             warp_factor[warp][d] = f;
         }

@@ -141,7 +141,6 @@ struct RankArgs {
     idx: u64,
     scales: u64,
     send_map: u64,
-    slot_mask: u64,
     comb_in: u64,
     comb_w_in: u64,
     out: u64,
@@ -242,9 +241,6 @@ struct LocalRank {
     rank: usize,
     device: Device,
     send_map: DeviceBuffer,
-    /// `[max_tokens, world]` u32: the token's top-k slots each destination owns (weighted
-    /// combine reads this instead of the caller's indices, which may be gone by then).
-    slot_mask: DeviceBuffer,
     /// Address of this rank's 8 status words inside its group's status buffer.
     status: u64,
     trace: Option<DeviceBuffer>,
@@ -262,6 +258,16 @@ struct DeviceGroup {
     _module: Module,
     dispatch: Function,
     combine: Function,
+}
+
+/// Returned by [`IntranodeEp::dispatch`] and passed to [`IntranodeEp::combine`]: names the
+/// dispatch and borrows its inputs (lifetime `'a`), whose expert ids the combine kernel reads
+/// for weighted combine.
+#[derive(Debug)]
+pub struct DispatchTicket<'a> {
+    seq: u32,
+    indices: Vec<u64>,
+    _borrow: std::marker::PhantomData<&'a ()>,
 }
 
 /// What one rank's status word says after an operation.
@@ -360,8 +366,7 @@ impl IntranodeEp {
             } else {
                 None
             };
-            let slot_mask = rt.alloc(device, (cfg.max_tokens_per_rank * cfg.world_size * 4).max(4))?;
-            ranks.push(LocalRank { rank, device, send_map, slot_mask, status: 0, trace, num_tokens: 0 });
+            ranks.push(LocalRank { rank, device, send_map, status: 0, trace, num_tokens: 0 });
         }
         let mut devs: Vec<Device> = local.iter().map(|&(_, d)| d).collect();
         devs.sort_by_key(|d| d.0);
@@ -568,10 +573,19 @@ impl IntranodeEp {
     /// `streams` (one per entry of [`IntranodeEp::devices`]). Every process must call it.
     /// Read the outcome with [`IntranodeEp::sync_status`] after the streams ran it.
     ///
+    /// Returns the [`DispatchTicket`] that [`IntranodeEp::combine`] takes: it borrows the
+    /// inputs' expert ids (weighted combine reads them on the GPU), so they cannot be freed
+    /// before the combine is queued.
+    ///
     /// Errors: [`EpError::InvalidConfig`] / [`EpError::TooManyTokens`] for a wrong number of
     /// inputs, element sizes, token counts above `max_tokens_per_rank`, or buffers shorter than
     /// their shape (each names the input); GPU errors.
-    pub fn dispatch(&mut self, inputs: &[DispatchInput<'_>], spec: DispatchSpec, streams: &[&Stream]) -> GpuResult<()> {
+    pub fn dispatch<'a>(
+        &mut self,
+        inputs: &[DispatchInput<'a>],
+        spec: DispatchSpec,
+        streams: &[&Stream],
+    ) -> GpuResult<DispatchTicket<'a>> {
         self.check_stream(streams)?;
         let c = self.cfg.clone();
         if inputs.len() != self.local.len() {
@@ -626,7 +640,7 @@ impl IntranodeEp {
             }
         }
         let mut groups = std::mem::take(&mut self.groups);
-        let result = (|| {
+        let result: GpuResult<()> = (|| {
             for (g, stream) in groups.iter_mut().zip(streams) {
                 let args: Vec<RankArgs> = g
                     .ranks
@@ -641,7 +655,6 @@ impl IntranodeEp {
                             idx: inp.indices.ptr(),
                             scales: inp.scales.map_or(0, |s| s.ptr()),
                             send_map: l.send_map.ptr(),
-                            slot_mask: l.slot_mask.ptr(),
                             status: l.status,
                             trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
                             ..RankArgs::default()
@@ -657,16 +670,35 @@ impl IntranodeEp {
             Ok(())
         })();
         self.groups = groups;
-        result
+        result?;
+        Ok(DispatchTicket {
+            seq: self.dispatch_seq,
+            indices: inputs.iter().map(|inp| inp.indices.ptr()).collect(),
+            _borrow: std::marker::PhantomData,
+        })
     }
 
     /// Queues a combine of every local rank (`inputs[i]` for `local_ranks()[i]`), after the
-    /// dispatch whose send maps it uses. Every process must call it.
+    /// dispatch whose `ticket` it gets (the last one: its send maps are the ones kept). Every
+    /// process must call it.
     ///
-    /// Errors: [`EpError::InvalidConfig`] for element sizes, missing weights for a weighted
-    /// combine, or buffers shorter than their shape; GPU errors.
-    pub fn combine(&mut self, inputs: &[CombineInput<'_>], spec: CombineSpec, streams: &[&Stream]) -> GpuResult<()> {
+    /// Errors: [`EpError::InvalidConfig`] for a ticket of an earlier dispatch, element sizes,
+    /// missing weights for a weighted combine, or buffers shorter than their shape; GPU errors.
+    pub fn combine(
+        &mut self,
+        ticket: &DispatchTicket<'_>,
+        inputs: &[CombineInput<'_>],
+        spec: CombineSpec,
+        streams: &[&Stream],
+    ) -> GpuResult<()> {
         self.check_stream(streams)?;
+        if ticket.seq != self.dispatch_seq || ticket.indices.len() != self.local.len() {
+            return Err(bad(
+                "combine ticket",
+                ticket.seq,
+                format!("is not from the last dispatch ({}): combine must follow its own dispatch", self.dispatch_seq),
+            ));
+        }
         let c = self.cfg.clone();
         if inputs.len() != self.local.len() {
             return Err(bad("combine inputs", inputs.len(), format!("one per local rank ({})", self.local.len())));
@@ -715,8 +747,8 @@ impl IntranodeEp {
                         num_tokens: l.num_tokens as u32,
                         comb_in_rows: rows(inp.x, c.hidden * spec.in_elem),
                         comb_w_rows: rows(inp.weights, c.top_k * 4),
+                        idx: ticket.indices[i],
                         send_map: l.send_map.ptr(),
-                        slot_mask: l.slot_mask.ptr(),
                         comb_in: inp.x.map_or(self.heap.addr(l.rank)? + comb_x, |x| x.ptr()),
                         comb_w_in: match (inp.weights, inp.weights_in_heap) {
                             (Some(w), _) => w.ptr(),
@@ -881,7 +913,7 @@ mod tests {
     #[test]
     fn abi_sizes_match_the_kernel() {
         assert_eq!(std::mem::size_of::<Params>(), 672);
-        assert_eq!(std::mem::size_of::<RankArgs>(), 112);
+        assert_eq!(std::mem::size_of::<RankArgs>(), 104);
     }
 
     #[test]

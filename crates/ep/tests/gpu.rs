@@ -2,7 +2,7 @@
 //! routing corner cases against the host reference, and the faults the kernels report.
 //! 4 ranks share GPU 0 in this process; f32 rows, i32 ids.
 
-use mori_ep::gpu::{CombineInput, CombineSpec, DispatchInput, DispatchSpec, EpGpuError, IntranodeEp};
+use mori_ep::gpu::{CombineInput, CombineSpec, DispatchInput, DispatchSpec, DispatchTicket, EpGpuError, IntranodeEp};
 use mori_ep::{dispatch, DispatchOptions, EpConfig, OutOfRange, RankInput, Tensor2};
 use mori_gpu::{Device, DeviceBuffer, Runtime};
 use std::sync::Arc;
@@ -65,7 +65,12 @@ fn inputs(rt: &Arc<dyn Runtime>, ids: &[Vec<i32>]) -> Inputs {
     Inputs { host, dev }
 }
 
-fn run_dispatch(ep: &mut IntranodeEp, rt: &Arc<dyn Runtime>, inp: &Inputs, drop: bool) -> Result<Vec<usize>, EpGpuError> {
+fn run_dispatch<'a>(
+    ep: &mut IntranodeEp,
+    rt: &Arc<dyn Runtime>,
+    inp: &'a Inputs,
+    drop: bool,
+) -> Result<(Vec<usize>, DispatchTicket<'a>), EpGpuError> {
     let s = rt.stream(Device(0)).unwrap();
     let d: Vec<DispatchInput<'_>> = inp
         .dev
@@ -79,12 +84,13 @@ fn run_dispatch(ep: &mut IntranodeEp, rt: &Arc<dyn Runtime>, inp: &Inputs, drop:
             num_tokens: h.x.rows(),
         })
         .collect();
-    ep.dispatch(&d, DispatchSpec { elem_size: 4, idx_size: 4, drop_out_of_range: drop }, &[&s])?;
+    let ticket = ep.dispatch(&d, DispatchSpec { elem_size: 4, idx_size: 4, drop_out_of_range: drop }, &[&s])?;
     s.synchronize().unwrap();
-    Ok(ep.sync_status()?.iter().map(|s| s.recv_count).collect())
+    Ok((ep.sync_status()?.iter().map(|s| s.recv_count).collect(), ticket))
 }
 
 /// Received (source flat index, row) pairs of every rank, sorted by source, against the oracle.
+#[allow(clippy::needless_range_loop)] // r indexes several per-rank arrays
 fn check_against_oracle(ep: &IntranodeEp, rt: &Arc<dyn Runtime>, inp: &Inputs, counts: &[usize], policy: OutOfRange) {
     let want = dispatch(&config(), &inp.host, DispatchOptions { out_of_range: policy }).unwrap();
     for r in 0..W {
@@ -112,6 +118,7 @@ fn check_against_oracle(ep: &IntranodeEp, rt: &Arc<dyn Runtime>, inp: &Inputs, c
 
 #[test]
 #[ignore = "needs a GPU (run on the GPU machine)"]
+#[allow(clippy::needless_range_loop)] // r indexes several per-rank arrays
 fn gpu_routing_corners_match_the_oracle() {
     let rt = runtime();
     let mut ep = ep(&rt);
@@ -124,11 +131,11 @@ fn gpu_routing_corners_match_the_oracle() {
         vec![0, 7, 4, 1, 1, 1, 6, 5, -1, 3, 0, 7, 4, 4, 4],
     ];
     let inp = inputs(&rt, &ids);
-    let counts = run_dispatch(&mut ep, &rt, &inp, false).unwrap();
+    let (counts, _) = run_dispatch(&mut ep, &rt, &inp, false).unwrap();
     println!("received per rank: {counts:?}");
     check_against_oracle(&ep, &rt, &inp, &counts, OutOfRange::Error);
     // Twice in a row (sequence numbers, counter parity): the same result.
-    let again = run_dispatch(&mut ep, &rt, &inp, false).unwrap();
+    let (again, ticket) = run_dispatch(&mut ep, &rt, &inp, false).unwrap();
     assert_eq!(again, counts);
     check_against_oracle(&ep, &rt, &inp, &again, OutOfRange::Error);
 
@@ -147,7 +154,7 @@ fn gpu_routing_corners_match_the_oracle() {
         .iter()
         .map(|o| CombineInput { x: None, weights: None, weights_in_heap: false, out: o.slice(), out_weights: None })
         .collect();
-    ep.combine(&ci, CombineSpec { in_elem: 4, out_elem: 4, weighted: false, idx_size: 4 }, &[&s]).unwrap();
+    ep.combine(&ticket, &ci, CombineSpec { in_elem: 4, out_elem: 4, weighted: false, idx_size: 4 }, &[&s]).unwrap();
     s.synchronize().unwrap();
     ep.sync_status().unwrap();
     for (r, host) in inp.host.iter().enumerate() {
@@ -181,7 +188,7 @@ fn gpu_out_of_range_ids_are_reported_or_dropped() {
     assert!(e.contains("is outside 0..8"), "{e}");
     assert!(e.starts_with("rank 0:") || e.starts_with("rank 3:"), "{e}");
     // The fault is cleared for the next call; with dropping, the valid slots still route.
-    let counts = run_dispatch(&mut ep, &rt, &inp, true).unwrap();
+    let (counts, _) = run_dispatch(&mut ep, &rt, &inp, true).unwrap();
     check_against_oracle(&ep, &rt, &inp, &counts, OutOfRange::Drop);
 }
 
@@ -192,7 +199,7 @@ fn gpu_combine_input_shorter_than_received_is_refused() {
     let mut ep = ep(&rt);
     let ids = vec![vec![0, 2, 4, 1, 3, 5], vec![6, 7, 0], vec![], vec![]];
     let inp = inputs(&rt, &ids);
-    let counts = run_dispatch(&mut ep, &rt, &inp, false).unwrap();
+    let (counts, ticket) = run_dispatch(&mut ep, &rt, &inp, false).unwrap();
     assert!(counts[0] >= 2, "{counts:?}");
     let s = rt.stream(Device(0)).unwrap();
     let short = rt.alloc(Device(0), H * 4).unwrap(); // one row
@@ -208,7 +215,7 @@ fn gpu_combine_input_shorter_than_received_is_refused() {
             out_weights: None,
         })
         .collect();
-    ep.combine(&ci, CombineSpec { in_elem: 4, out_elem: 4, weighted: false, idx_size: 4 }, &[&s]).unwrap();
+    ep.combine(&ticket, &ci, CombineSpec { in_elem: 4, out_elem: 4, weighted: false, idx_size: 4 }, &[&s]).unwrap();
     s.synchronize().unwrap();
     let e = ep.sync_status().unwrap_err().to_string();
     println!("short combine input: {e}");

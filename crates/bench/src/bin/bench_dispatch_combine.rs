@@ -554,7 +554,7 @@ fn run_ranks(
         for (i, s) in streams.iter().enumerate() {
             ev[i][0].record(s)?;
         }
-        ep.dispatch(&dispatch_inputs, dspec, &sref)?;
+        let ticket = ep.dispatch(&dispatch_inputs, dspec, &sref)?;
         for (i, s) in streams.iter().enumerate() {
             ev[i][1].record(s)?;
         }
@@ -618,7 +618,7 @@ fn run_ranks(
         for (i, s) in streams.iter().enumerate() {
             ev[i][2].record(s)?;
         }
-        ep.combine(&comb_inputs, cspec, &sref)?;
+        ep.combine(&ticket, &comb_inputs, cspec, &sref)?;
         for (i, s) in streams.iter().enumerate() {
             ev[i][3].record(s)?;
         }
