@@ -75,17 +75,32 @@ impl Drop for FdServer {
     }
 }
 
+/// Most handle requests served at once; connections beyond it are closed unanswered (the
+/// requester sees its read fail at once), so a flood of local connections cannot pile up
+/// threads.
+pub const MAX_CONCURRENT_REQUESTS: usize = 64;
+
 fn accept_loop(listener: UnixListener, name: &str, stop: &AtomicBool, timeout: Duration, grant: Arc<GrantFn>) {
+    let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
             Ok((s, _)) => {
+                if in_flight.fetch_add(1, Ordering::AcqRel) >= MAX_CONCURRENT_REQUESTS {
+                    in_flight.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(socket = name, limit = MAX_CONCURRENT_REQUESTS, "fabric socket: too many requests at once; one refused");
+                    drop(s);
+                    continue;
+                }
                 let g = grant.clone();
+                let count = in_flight.clone();
                 let spawned = std::thread::Builder::new().name("mori-fabric-fd".into()).spawn(move || {
                     if let Err(e) = serve(s, timeout, &*g) {
                         tracing::warn!(error = %e, "fabric handle request failed");
                     }
+                    count.fetch_sub(1, Ordering::AcqRel);
                 });
                 if let Err(e) = spawned {
+                    in_flight.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!(error = %e, "fabric socket: cannot spawn a request thread");
                 }
             }

@@ -155,3 +155,27 @@ fn malformed_requests_are_refused_with_a_reason() {
     std::io::Read::read_exact(&mut s, &mut body).unwrap();
     assert_eq!(String::from_utf8_lossy(&body), "fabric handle request: bad magic");
 }
+
+#[test]
+fn a_flood_of_silent_connections_is_capped() {
+    use mori_io_fabric::uds::MAX_CONCURRENT_REQUESTS;
+    use std::os::linux::net::SocketAddrExt;
+    use std::io::Read;
+    let server = FdServer::start("flood", Duration::from_secs(3), Arc::new(|_: &str, _: u64| Err(IoError::bad_state("unused")))).unwrap();
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(server.name().as_bytes()).unwrap();
+    // MAX_CONCURRENT_REQUESTS silent requesters occupy every request thread (each waits for a
+    // request that never comes, until its deadline)...
+    let held: Vec<_> = (0..MAX_CONCURRENT_REQUESTS)
+        .map(|_| std::os::unix::net::UnixStream::connect_addr(&addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // ...so one more connection is closed at once, unanswered, instead of a new thread.
+    let mut extra = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut b = [0u8; 1];
+    let n = extra.read(&mut b).unwrap_or(usize::MAX);
+    assert_eq!(n, 0, "the extra connection is closed (EOF), not served");
+    assert!(t0.elapsed() < Duration::from_secs(1), "closed at once, took {:?}", t0.elapsed());
+    drop(held);
+}
