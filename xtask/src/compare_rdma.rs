@@ -23,7 +23,9 @@
 //! - `--batch-bytes N` bytes per bench_engine iteration (default 4 MiB).
 //! - `--variant 'FLAGS'` (repeatable) extra bench_engine flags of one variant; the default is
 //!   one variant with no extra flags (4 QPs, chunking on, polling). `NAME=VALUE` words are
-//!   set in bench_engine's environment instead (e.g. `MORI_IO_QP_MAX_SEND_WR=256`).
+//!   set in bench_engine's environment instead (e.g. `MORI_IO_QP_MAX_SEND_WR=256`), and
+//!   `--exe=PATH` runs that bench_engine for this variant (an A/B of two builds in one guest
+//!   run: e.g. one built from a worktree of the previous commit).
 //! - `--bench-exe PATH` a bench_engine built elsewhere (e.g. from a patched copy of the tree,
 //!   to A/B a change in the same guest run) instead of building this tree's.
 //! - `--ib-args 'FLAGS'` extra perftest flags (both sides).
@@ -110,13 +112,13 @@ ib() {{  # op size pass
     echo "RESULT ib $1 $2 $3 $line"
     IB=$(echo $line | cut -d' ' -f1)
 }}
-bench() {{  # op size batch variant-index 'NAME=VALUE ...' flags...
-    local op=$1 size=$2 batch=$3 v=$4 envs=$5 f=/tmp/mori-compare-rdma.json iters warm rc gbps val
-    shift 5
+bench() {{  # op size batch variant-index 'NAME=VALUE ...' exe flags...
+    local op=$1 size=$2 batch=$3 v=$4 envs=$5 exe=$6 f=/tmp/mori-compare-rdma.json iters warm rc gbps val
+    shift 6
     iters=$(awk -v mib=$IB -v s=$size -v b=$batch -v t=$SECS 'BEGIN {{ i = int(t * mib * 1048576 / (s * b)); if (i < 3) i = 3; if (i > 100000) i = 100000; print i }}')
     warm=$((iters / 10 + 2))
     rm -f $f
-    env $envs timeout $((SECS * 20 + 120)) "$BENCH" --local --backend rdma --op $op --enable-sess --buffer-size $size \
+    env $envs timeout $((SECS * 20 + 120)) "$exe" --local --backend rdma --op $op --enable-sess --buffer-size $size \
         --transfer-batch-size $batch --iters $iters --warmup-iters $warm --log-level warning --json $f "$@" \
         > /tmp/bench.log 2>&1
     rc=$?
@@ -138,9 +140,10 @@ bench() {{  # op size batch variant-index 'NAME=VALUE ...' flags...
                     w.split_once('=')
                         .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
                 };
+                let exe = words.split_whitespace().find_map(|w| w.strip_prefix("--exe=")).unwrap_or(bench);
                 let envs: Vec<&str> = words.split_whitespace().filter(is_env).collect();
-                let flags: Vec<&str> = words.split_whitespace().filter(|w| !is_env(w)).collect();
-                s.push_str(&format!("bench {op} {size} {batch} {v} '{}' {}\n", envs.join(" "), flags.join(" ")));
+                let flags: Vec<&str> = words.split_whitespace().filter(|w| !is_env(w) && !w.starts_with("--exe=")).collect();
+                s.push_str(&format!("bench {op} {size} {batch} {v} '{}' '{exe}' {}\n", envs.join(" "), flags.join(" ")));
             }
             s.push_str(&format!("ib {op} {size} 2\n"));
         }
@@ -276,9 +279,11 @@ mod tests {
         let o = parse(&a).unwrap();
         assert_eq!((o.secs, o.sizes.clone(), o.variants.len()), (3, vec![4096, 8192], 1));
         let s = script(&o, "/x/bench_engine");
-        assert!(s.contains("bench write 4096 1024 0 '' --num-qp-per-transfer 1"));
+        assert!(s.contains("bench write 4096 1024 0 '' '/x/bench_engine' --num-qp-per-transfer 1"));
         let o = parse(&["--variant".to_string(), "A_B=1 --x C=2".to_string()]).unwrap();
-        assert!(script(&o, "/x/b").contains("bench read 65536 64 0 'A_B=1 C=2' --x"));
+        assert!(script(&o, "/x/b").contains("bench read 65536 64 0 'A_B=1 C=2' '/x/b' --x"));
+        let o = parse(&["--variant".to_string(), "--exe=/y/old --x".to_string()]).unwrap();
+        assert!(script(&o, "/x/b").contains("bench read 65536 64 0 '' '/y/old' --x\n"));
         assert!(parse(&["--variant".to_string(), "a;b".to_string()]).is_err());
     }
 }
