@@ -17,7 +17,7 @@
 
 use crate::config::{EpConfig, Quantization};
 use crate::error::EpError;
-use mori_gpu::{Device, DeviceBuffer, DeviceSlice, Function, GpuError, KernelArgs, LaunchConfig, Module, ModuleImage, Runtime, RuntimeKind, Stream};
+use mori_gpu::{Device, DeviceBuffer, DeviceSlice, Function, GpuError, KernelArgs, KernelImages, LaunchConfig, Module, Runtime, Stream};
 use mori_shmem::{ShmemError, SymmetricHeap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -892,18 +892,7 @@ fn need(what: &'static str, rank: usize, got: usize, want: usize) -> GpuResult<(
 }
 
 fn load_module(rt: &dyn Runtime, dev: Device) -> GpuResult<Module> {
-    let images: &[ModuleImage<'_>] = match rt.kind() {
-        RuntimeKind::Cuda => &[ModuleImage::Cubin(CUBIN), ModuleImage::Ptx(PTX)],
-        RuntimeKind::Hip => &[ModuleImage::HipCodeObject(GFX942)],
-    };
-    let mut last = None;
-    for img in images {
-        match rt.load_module(dev, *img) {
-            Ok(m) => return Ok(m),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.map_or_else(|| bad("kernel image", "none", "no image for this runtime"), EpGpuError::Gpu))
+    Ok(KernelImages { cubin: CUBIN, ptx: PTX, hsaco: GFX942 }.load(rt, dev)?)
 }
 
 #[cfg(test)]

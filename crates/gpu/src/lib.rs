@@ -46,7 +46,7 @@ pub use handles::{
     RAW_HANDLE_LEN,
 };
 pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, VmmAllocation};
-pub use module::{Function, KernelArgs, Module, ModuleImage};
+pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
 pub use pool::{CopyDone, CopyPool, CopyPoolConfig, CopySeg};
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};

@@ -325,3 +325,34 @@ impl KernelArgs {
             .collect()
     }
 }
+
+/// The prebuilt images of one kernel source (kernels/prebuilt): sm_90 cubin and PTX for CUDA,
+/// a gfx942 code object for HIP.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelImages<'a> {
+    /// `<name>.sm_90.cubin`.
+    pub cubin: &'a [u8],
+    /// `<name>.sm_90.ptx` (JIT-compiled when the cubin does not load).
+    pub ptx: &'a str,
+    /// `<name>.gfx942.hsaco`.
+    pub hsaco: &'a [u8],
+}
+
+impl KernelImages<'_> {
+    /// Loads the images of `rt`'s kind on `dev`, first that loads wins (CUDA: cubin, then PTX).
+    /// Errors: the last load error (which names the image and the driver's code).
+    pub fn load(&self, rt: &dyn crate::Runtime, dev: Device) -> Result<Module> {
+        let images: &[ModuleImage<'_>] = match rt.kind() {
+            RuntimeKind::Cuda => &[ModuleImage::Cubin(self.cubin), ModuleImage::Ptx(self.ptx)],
+            RuntimeKind::Hip => &[ModuleImage::HipCodeObject(self.hsaco)],
+        };
+        let mut last = None;
+        for img in images {
+            match rt.load_module(dev, *img) {
+                Ok(m) => return Ok(m),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| GpuError::invalid("no kernel image for this runtime")))
+    }
+}

@@ -21,8 +21,8 @@
 
 use mori_bootstrap::Bootstrap;
 use mori_gpu::{
-    Device, DeviceBuffer, DeviceSlice, Function, GpuError, IpcHandle, IpcMapping, KernelArgs, LaunchConfig, Module,
-    ModuleImage, Runtime, RuntimeKind, Stream,
+    Device, DeviceBuffer, DeviceSlice, Function, GpuError, IpcHandle, IpcMapping, KernelArgs, KernelImages, LaunchConfig,
+    Module, Runtime, Stream,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -429,18 +429,7 @@ impl SymmetricHeap {
 }
 
 fn load_module(rt: &dyn Runtime, dev: Device) -> Result<Module> {
-    let images: &[ModuleImage<'_>] = match rt.kind() {
-        RuntimeKind::Cuda => &[ModuleImage::Cubin(CUBIN), ModuleImage::Ptx(PTX)],
-        RuntimeKind::Hip => &[ModuleImage::HipCodeObject(GFX942)],
-    };
-    let mut last = None;
-    for img in images {
-        match rt.load_module(dev, *img) {
-            Ok(m) => return Ok(m),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.map_or_else(|| invalid("no kernel image for this runtime"), ShmemError::Gpu))
+    Ok(KernelImages { cubin: CUBIN, ptx: PTX, hsaco: GFX942 }.load(rt, dev)?)
 }
 
 #[cfg(test)]
@@ -449,7 +438,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_reject_ragged_input() {
-        let h = IpcHandle::new(RuntimeKind::Cuda, [7u8; 64], 4096, 1 << 20, 1234);
+        let h = IpcHandle::new(mori_gpu::RuntimeKind::Cuda, [7u8; 64], 4096, 1 << 20, 1234);
         let mut b = encode_record(3, 0xdead_0000, &h);
         b.extend(encode_record(5, 0xbeef_0000, &h));
         let recs = decode_records(&b).unwrap();
