@@ -333,6 +333,10 @@ fn run_rdma(a: RdmaArgs) -> CliResult<i32> {
 }
 
 fn main() {
+    // Like other Unix tools, end quietly when the reader of stdout goes away
+    // (`mori ... --json | head`): Rust ignores SIGPIPE, which turned that into a panic.
+    // SAFETY: restoring a signal's default disposition before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let (name, res) = match cli.cmd {
         Cmd::Check(a) => ("check", run_check(a)),

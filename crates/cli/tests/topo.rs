@@ -208,3 +208,21 @@ fn unparseable_inputs() {
     mori(&["topo", "--input", &data("nvidia_4gpu_pcie.txt"), "--group", "0,1", "--max-class", "fast"])
         .assert_one_line_error(2, "unknown link class");
 }
+
+#[test]
+fn a_reader_that_goes_away_ends_mori_quietly_not_in_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/nvidia_8gpu_nvswitch.txt");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mori"))
+        .args(["topo", "--input", fixture, "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before mori writes a byte
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "ended by SIGPIPE like other tools: {:?} {err}", out.status);
+}
