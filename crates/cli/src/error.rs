@@ -54,6 +54,17 @@ pub fn read_input(path: &std::path::Path) -> CliResult<String> {
     String::from_utf8(bytes).map_err(|_| CliError::input(format!("{}: not UTF-8 text", path.display())))
 }
 
+/// `v` when `lo <= v <= hi` (and finite), else an input error naming `name`, the range and
+/// `unit`. The models bound their inputs so that no result overflows to inf or NaN.
+pub fn in_range(name: &str, v: f64, lo: f64, hi: f64, unit: &str) -> CliResult<f64> {
+    if v.is_finite() && (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        let shown = if v.is_finite() && (v == 0.0 || (1e-3..1e9).contains(&v.abs())) { format!("{v}") } else { format!("{v:e}") };
+        Err(CliError::input(format!("{name} must be in {lo:e}..={hi:e} {unit}, got {shown}")))
+    }
+}
+
 /// Checks that `v` is a finite number above zero, naming the flag in the error.
 pub fn positive(name: &str, v: f64) -> CliResult<f64> {
     if v.is_finite() && v > 0.0 {

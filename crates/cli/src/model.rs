@@ -8,7 +8,12 @@
 //! segments; the pipelined bound is the busiest single resource (one side's PCIe carries
 //! 2m when staged, m when direct; the wire carries m).
 
-use crate::error::{positive, CliError, CliResult};
+use crate::error::{in_range, CliError, CliResult};
+
+/// Bandwidths the models accept, GB/s: 1 KB/s to 1 PB/s (bounds keep every result finite).
+pub const BW_MIN: f64 = 1e-6;
+/// See [`BW_MIN`].
+pub const BW_MAX: f64 = 1e6;
 use serde::Serialize;
 
 /// Banner every model output carries.
@@ -54,9 +59,9 @@ pub struct Staging {
 /// Staged and direct cost of moving `bytes` with `pcie_gbs` per PCIe side and `net_gbs` on
 /// the wire (GB = 1e9). Errors: a non-positive or non-finite input.
 pub fn staging(bytes: f64, pcie_gbs: f64, net_gbs: f64) -> CliResult<Staging> {
-    let m = positive("--bytes", bytes)?;
-    let pcie = positive("--pcie-gbs", pcie_gbs)? * 1e9;
-    let net = positive("--net-gbs", net_gbs)? * 1e9;
+    let m = in_range("--bytes", bytes, 1.0, 1e18, "bytes")?;
+    let pcie = in_range("--pcie-gbs", pcie_gbs, BW_MIN, BW_MAX, "GB/s")? * 1e9;
+    let net = in_range("--net-gbs", net_gbs, BW_MIN, BW_MAX, "GB/s")? * 1e9;
     let (p, w) = (m / pcie, m / net);
     let pick = |pcie_busy: f64| if pcie_busy > w { ("pcie", pcie_busy) } else { ("network", w) };
     let (sb, sp) = pick(2.0 * p);
@@ -108,14 +113,14 @@ pub fn per_gpu_injection(n_nic: u32, nic_gbs: f64, n_gpu: u32) -> CliResult<f64>
     if n_gpu == 0 {
         return Err(CliError::input("--gpus-per-node must be at least 1"));
     }
-    Ok(f64::from(n_nic) * positive("--nic-gbs", nic_gbs)? / f64::from(n_gpu))
+    Ok(f64::from(n_nic) * in_range("--nic-gbs", nic_gbs, BW_MIN, BW_MAX, "GB/s")? / f64::from(n_gpu))
 }
 
 /// Fewest adapters whose per-GPU share reaches `target x scaleup_gbs`:
 /// `ceil(target x scaleup x n_gpu / nic_gbs)` (at least 1). Errors: non-positive inputs.
 pub fn min_nics_for_ratio(target: f64, scaleup_gbs: f64, n_gpu: u32, nic_gbs: f64) -> CliResult<u64> {
-    let need = positive("--target-ratio", target)? * positive("--scaleup-gbs", scaleup_gbs)? * f64::from(n_gpu)
-        / positive("--nic-gbs", nic_gbs)?;
+    let need = in_range("--target-ratio", target, 1e-6, 1e6, "")? * in_range("--scaleup-gbs", scaleup_gbs, BW_MIN, BW_MAX, "GB/s")? * f64::from(n_gpu)
+        / in_range("--nic-gbs", nic_gbs, BW_MIN, BW_MAX, "GB/s")?;
     // A hair of tolerance so that exact ratios (8 x 25 / 8 / 400 = 0.0625) are not rounded up.
     let n = (need * (1.0 - 1e-12)).ceil().max(1.0);
     if n > 1e12 {
@@ -127,7 +132,7 @@ pub fn min_nics_for_ratio(target: f64, scaleup_gbs: f64, n_gpu: u32, nic_gbs: f6
 /// The whole injection report. Errors as [`per_gpu_injection`] and [`min_nics_for_ratio`].
 pub fn injection(gpus: u32, nics: u32, nic_gbs: f64, scaleup_gbs: f64, target: Option<f64>) -> CliResult<Injection> {
     let per_gpu = per_gpu_injection(nics, nic_gbs, gpus)?;
-    let scaleup = positive("--scaleup-gbs", scaleup_gbs)?;
+    let scaleup = in_range("--scaleup-gbs", scaleup_gbs, BW_MIN, BW_MAX, "GB/s")?;
     let min = target.map(|t| min_nics_for_ratio(t, scaleup, gpus, nic_gbs)).transpose()?;
     Ok(Injection {
         gpus,
@@ -177,6 +182,30 @@ mod tests {
         for (b, p, n) in [(0.0, 20.0, 10.0), (1e9, -1.0, 10.0), (1e9, 20.0, 0.0), (f64::NAN, 1.0, 1.0)] {
             assert!(staging(b, p, n).is_err(), "{b} {p} {n}");
         }
+    }
+
+    #[test]
+    fn inputs_that_would_overflow_are_refused_and_the_extremes_stay_finite() {
+        let e = staging(1e308, 1e-300, 1.0).unwrap_err().to_string();
+        assert!(e.contains("--bytes must be in 1e0..=1e18 bytes, got 1e308"), "{e}");
+        let e = injection(8, 8, 1e308, 1.0, None).unwrap_err().to_string();
+        assert!(e.contains("--nic-gbs must be in 1e-6..=1e6 GB/s"), "{e}");
+        let e = injection(8, 8, 1.0, 1e-308, None).unwrap_err().to_string();
+        assert!(e.contains("--scaleup-gbs"), "{e}");
+        // The corners of the accepted ranges give finite figures everywhere.
+        for (b, p, n) in [(1.0, BW_MIN, BW_MAX), (1e18, BW_MIN, BW_MIN), (1e18, BW_MAX, BW_MIN)] {
+            let m = staging(b, p, n).unwrap();
+            for v in [m.serial_ratio, m.pipelined_ratio, m.staged.serial_s, m.staged.pipelined_s, m.direct.serial_s] {
+                assert!(v.is_finite(), "{b} {p} {n}: {v}");
+            }
+        }
+        for (nic, up, target) in [(BW_MAX, BW_MIN, Some(1e6)), (BW_MIN, BW_MAX, None)] {
+            let m = injection(u32::MAX, u32::MAX, nic, up, target).unwrap();
+            assert!(m.per_gpu_gbs.is_finite() && m.ratio_to_scaleup.is_finite() && m.node_gbs.is_finite(), "{m:?}");
+        }
+        // A target no adapter count can reach is a defined error, not a huge number.
+        let e = injection(u32::MAX, 1, BW_MIN, BW_MAX, Some(1e6)).unwrap_err().to_string();
+        assert!(e.contains("needs more than 1e12 adapters"), "{e}");
     }
 
     /// Primer Lab 4: 8 GPUs, 25 GB/s adapters, 400 GB/s scale-up; 1 adapter then 8.
