@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Environment variables the workspace reads, with what reads them.
-pub const KNOWN_ENV: [(&str, &str); 21] = [
+pub const KNOWN_ENV: [(&str, &str); 25] = [
     ("MORI_GPU_RUNTIME", "GPU runtime to load: cuda, hip or auto (mori-gpu)"),
     ("MORI_RDMA_DEVICES", "RDMA devices the rdma backend may use: a,b or ^a,b (mori-topo, mori-io-rdma)"),
     ("MORI_IB_GID_INDEX", "GID index override (mori-io-rdma)"),
@@ -22,6 +22,10 @@ pub const KNOWN_ENV: [(&str, &str); 21] = [
     ("MORI_IO_SL", "service level (mori-io-rdma)"),
     ("MORI_IO_MR_BUDGET_BYTES", "registration-cache budget (mori-io-rdma)"),
     ("MORI_IO_SQ_BACKOFF_TIMEOUT_US", "send-queue admission deadline (mori-io-rdma)"),
+    ("MORI_IO_POLL_SPIN_US", "completion-thread spin after the last completion, polling mode (mori-io-rdma)"),
+    ("MORI_IO_FABRIC_HANDLE", "fabric handle type: posix-fd or fabric (mori-io-fabric)"),
+    ("MORI_IO_FABRIC_TIMEOUT_MS", "fabric handle-exchange deadline (mori-io-fabric)"),
+    ("MORI_FABRIC_DOMAIN", "FABRIC domain <cluster uuid>:<clique id> (mori-io-fabric)"),
     ("MORI_IO_CONTROL_TIMEOUT_MS", "control-plane deadline (mori-io, mori-io-tcp)"),
     ("MORI_IO_TCP_TIMEOUT_MS", "TCP data deadline (mori-io-tcp)"),
     ("MORI_MASTER_ADDR", "bootstrap rendezvous address (mori-bootstrap)"),
@@ -295,17 +299,51 @@ fn vendor(v: Option<u16>) -> String {
     }
 }
 
+/// Numeric variables and the values their readers accept (inclusive).
+const NUMERIC_ENV: [(&str, u64, u64); 14] = [
+    ("MORI_IB_GID_INDEX", 0, 255),
+    ("MORI_IO_NUM_NICS_PER_TRANSFER", 1, 1),
+    ("MORI_IO_QP_MAX_SEND_WR", 2, u32::MAX as u64),
+    ("MORI_IO_QP_MAX_CQE", 16, u32::MAX as u64),
+    ("MORI_IO_QP_MAX_MSG_SGE", 1, u32::MAX as u64),
+    ("MORI_IO_TC", 0, 255),
+    ("MORI_IO_SL", 0, 15),
+    ("MORI_IO_MR_BUDGET_BYTES", 1, u64::MAX),
+    ("MORI_IO_SQ_BACKOFF_TIMEOUT_US", 1, u64::MAX),
+    ("MORI_IO_POLL_SPIN_US", 0, u64::MAX),
+    ("MORI_IO_CONTROL_TIMEOUT_MS", 1, u64::MAX),
+    ("MORI_IO_TCP_TIMEOUT_MS", 1, u64::MAX),
+    ("MORI_IO_FABRIC_TIMEOUT_MS", 1, u64::MAX),
+    ("MORI_BOOTSTRAP_TIMEOUT", 1, u64::MAX),
+];
+
+/// Why a known variable's value would be refused by its reader, if it would.
+fn invalid_value(name: &str, value: &str) -> Option<String> {
+    if let Some(&(_, lo, hi)) = NUMERIC_ENV.iter().find(|(k, _, _)| *k == name) {
+        return match value.trim().parse::<u64>() {
+            Ok(v) if (lo..=hi).contains(&v) => None,
+            Ok(v) => Some(format!("{v} is outside {lo}..={hi}")),
+            Err(_) => Some(format!("{value:?} is not a non-negative integer")),
+        };
+    }
+    match name {
+        mori_topo::RDMA_DEVICES_ENV => mori_topo::DeviceFilter::parse(value).err().map(|e| e.to_string()),
+        mori_io_fabric::HANDLE_ENV => mori_io_fabric::HandleType::parse(value).err().map(|e| e.msg),
+        mori_io_fabric::DOMAIN_ENV => mori_io_fabric::FabricDomain::parse_fabric(value).err().map(|e| e.msg),
+        _ => None,
+    }
+}
+
 /// Variables in effect: every `MORI_*` (unknown ones flagged) and the GPU visibility ones.
 pub fn env_in_effect(vars: impl Iterator<Item = (String, String)>) -> Vec<EnvVar> {
     let mut out: Vec<EnvVar> = Vec::new();
     for (name, value) in vars {
         let known = KNOWN_ENV.iter().chain(OTHER_ENV.iter()).find(|(k, _)| *k == name).map(|(_, n)| n.to_string());
         let note = match known {
-            Some(n) if name == mori_topo::RDMA_DEVICES_ENV => match mori_topo::DeviceFilter::parse(&value) {
-                Ok(_) => n,
-                Err(e) => format!("INVALID: {e}"),
+            Some(n) => match invalid_value(&name, &value) {
+                None => n,
+                Some(why) => format!("INVALID: {why}"),
             },
-            Some(n) => n,
             None if name.starts_with("MORI_") => "not read by any mori-rs crate (typo?)".into(),
             None => continue,
         };

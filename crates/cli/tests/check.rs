@@ -121,3 +121,29 @@ fn backend_verdicts_and_exit_status() {
     assert!(verdict(&bv, "rdma", "host")["reason"].as_str().unwrap().contains("device name 2 is empty"));
     mori(&["check", "--sysfs-root", "/nonexistent-root-for-mori-test"]).assert_one_line_error(2, "no sysfs under");
 }
+
+#[test]
+fn env_values_are_checked_against_what_their_readers_accept() {
+    let vars = [
+        ("MORI_IB_GID_INDEX", "abc"),
+        ("MORI_IO_SL", "20"),
+        ("MORI_IO_TC", "106"),
+        ("MORI_IO_FABRIC_HANDLE", "bogus"),
+        ("MORI_FABRIC_DOMAIN", "nocolon"),
+        ("MORI_FABRIC_DOMAIN_TYPO", "x"),
+        ("MORI_IO_POLL_SPIN_US", "100"),
+        ("MORI_RDMA_DEVICES", "^mlx5_0,mlx5_1"),
+        ("HOME", "/root"),
+    ];
+    let env = mori_cli::check::env_in_effect(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let note = |name: &str| env.iter().find(|e| e.name == name).map(|e| e.note.clone()).unwrap_or_default();
+    assert_eq!(note("MORI_IB_GID_INDEX"), "INVALID: \"abc\" is not a non-negative integer");
+    assert_eq!(note("MORI_IO_SL"), "INVALID: 20 is outside 0..=15");
+    assert!(!note("MORI_IO_TC").starts_with("INVALID"), "{}", note("MORI_IO_TC"));
+    assert!(note("MORI_IO_FABRIC_HANDLE").contains("INVALID") && note("MORI_IO_FABRIC_HANDLE").contains("posix-fd or fabric"));
+    assert!(note("MORI_FABRIC_DOMAIN").contains("INVALID") && note("MORI_FABRIC_DOMAIN").contains("<cluster uuid>:<clique id>"));
+    assert_eq!(note("MORI_FABRIC_DOMAIN_TYPO"), "not read by any mori-rs crate (typo?)");
+    assert!(note("MORI_IO_POLL_SPIN_US").contains("mori-io-rdma"));
+    assert!(!note("MORI_RDMA_DEVICES").starts_with("INVALID"));
+    assert!(env.iter().all(|e| e.name != "HOME"));
+}
