@@ -24,6 +24,8 @@ fn shape_and_launch_errors_name_the_flag_and_the_limit() {
         (&["--hidden", "100", "--dtype", "fp8", "--combine-dtype", "bf16"], "hidden"),
         (&["--warps-per-block", "40"], "warps_per_block"),
         (&["--procs", "2", "--num-gpus", "4"], "--num-gpus must equal --procs"),
+        (&["--ranks-per-gpu", "3"], "--ranks-per-gpu 3 must divide --world-size 8"),
+        (&["--ranks-per-gpu", "4", "--procs", "4"], "--procs 4 above --num-gpus 2"),
         (&["--num-tokens", "0"], "--num-tokens 0: must be in 1..=1048576"),
         (&["--iters", "0"], "--iters 0"),
         (&["--timeout-ms", "0"], "--timeout-ms 0"),

@@ -99,8 +99,11 @@ struct Args {
     #[arg(long = "world-size", default_value_t = 8)]
     world_size: usize,
     /// GPUs used (rank r on GPU r / (W / G)).
-    #[arg(long = "num-gpus", default_value_t = 1)]
+    #[arg(long = "num-gpus", default_value_t = 1, conflicts_with = "ranks_per_gpu")]
     num_gpus: usize,
+    /// Ranks sharing each GPU (the other way to say --num-gpus: G = W / this).
+    #[arg(long = "ranks-per-gpu")]
+    ranks_per_gpu: Option<usize>,
     /// Processes (this one and P-1 spawned); each hosts W/P consecutive ranks.
     #[arg(long, default_value_t = 1)]
     procs: usize,
@@ -188,7 +191,14 @@ struct ProcFigures {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if let Some(r) = args.ranks_per_gpu {
+        if r == 0 || !args.world_size.is_multiple_of(r) {
+            eprintln!("bench_dispatch_combine: error: --ranks-per-gpu {r} must divide --world-size {}", args.world_size);
+            return ExitCode::FAILURE;
+        }
+        args.num_gpus = args.world_size / r;
+    }
     match run(&args) {
         Ok(ok) => {
             if ok {
