@@ -131,16 +131,26 @@ pub trait Backend: Send + Sync {
     /// Whether this backend can move data between `local` and `remote` owned by `peer`.
     fn can_serve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> Result<(), Refusal>;
 
-    /// Sets up connections to `peer` ahead of the first transfer (sessions call it).
-    fn connect(&self, peer: &EngineDesc) -> IoResult<()>;
+    /// Sets up connections to `peer` ahead of the first transfer (sessions call it). Default:
+    /// nothing to set up (backends whose connections are made lazily or need none).
+    fn connect(&self, _peer: &EngineDesc) -> IoResult<()> {
+        Ok(())
+    }
 
     /// Posts a request; the backend completes `status` (which the engine created with one
     /// piece; the backend may `add_pieces`). Errors are reported through `status`.
     fn post(&self, req: TransferRequest, status: TransferStatus);
 
     /// Takes over an inbound data connection whose hello named this backend, sent by the
-    /// engine `from`. The backend owns the stream from now on.
-    fn accept(&self, stream: TcpStream, from: EngineDesc, lane: u32) -> IoResult<()>;
+    /// engine `from`. The backend owns the stream from now on. Default: `NotSupported` (the
+    /// backend moves data without engine data connections).
+    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
+        Err(crate::IoError::not_supported(format!(
+            "the {} backend takes no data connections (from engine {:?})",
+            self.kind(),
+            from.key
+        )))
+    }
 
     /// Forgets connections to a peer (the engine deregistered it).
     fn disconnect(&self, _peer_key: &str) {}

@@ -13,7 +13,6 @@ use mori_io_core::{
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::net::TcpStream;
 use std::os::fd::OwnedFd;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock, Weak};
@@ -354,18 +353,10 @@ impl Backend for FabricBackend {
         }
     }
 
-    fn connect(&self, _peer: &EngineDesc) -> IoResult<()> {
-        Ok(())
-    }
-
     fn post(&self, req: TransferRequest, status: TransferStatus) {
         if let Err(e) = self.inner.post(&req, &status) {
             status.complete_piece(Err(e));
         }
-    }
-
-    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
-        Err(IoError::not_supported(format!("the fabric backend takes no data connections (from engine {:?})", from.key)))
     }
 
     fn disconnect(&self, peer_key: &str) {

@@ -19,7 +19,6 @@ use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::queue_pair::{PostSendGuard, QueuePair, SetInlineData, SetScatterGatherEntry, WorkRequestFlags};
 use sideway::ibverbs::AccessFlags;
 use std::collections::{HashMap, VecDeque};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -689,10 +688,6 @@ impl Backend for RdmaBackend {
         if let Err(e) = self.inner.post(req, &status) {
             status.complete_piece(Err(e));
         }
-    }
-
-    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
-        Err(IoError::not_supported(format!("the rdma backend takes no data connections (from engine {:?})", from.key)))
     }
 
     fn disconnect(&self, peer_key: &str) {

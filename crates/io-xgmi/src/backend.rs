@@ -8,7 +8,6 @@ use mori_io_core::{
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -527,18 +526,10 @@ impl Backend for XgmiBackend {
         }
     }
 
-    fn connect(&self, _peer: &EngineDesc) -> IoResult<()> {
-        Ok(())
-    }
-
     fn post(&self, req: TransferRequest, status: TransferStatus) {
         if let Err(e) = self.inner.post(&req, &status) {
             status.complete_piece(Err(e));
         }
-    }
-
-    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
-        Err(IoError::not_supported(format!("the xgmi backend takes no data connections (from engine {:?})", from.key)))
     }
 
     fn disconnect(&self, peer_key: &str) {
