@@ -9,6 +9,8 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 rc=0
 step() { echo; echo "=== $*"; }
+# shellcheck source=scripts/gpu-parts/lib.sh
+. scripts/gpu-parts/lib.sh
 # PARTS picks sections (default all): base (GPU crate, xgmi, cli tests, topology, peer-bw,
 # same-GPU xgmi sweeps, kernel check), xgmi (scripts/gpu-parts/xgmi.sh), fabric
 # (scripts/gpu-parts/fabric.sh), ep (scripts/gpu-parts/ep.sh). One call stays under the

@@ -15,20 +15,8 @@
 #   torchrun (NCCL_NVLS_ENABLE=0).
 
 ep_log="$OUT/ep.txt"
-ep() {
-  local name=$1 r
-  shift
-  echo "--- $name: $*" | tee -a "$ep_log"
-  timeout 150 "$@" >"$OUT/.ep.tmp" 2>&1
-  r=$?
-  cat "$OUT/.ep.tmp" >>"$ep_log"
-  grep -vE "^rank [0-9]+ recv|^│ [0-9]+ +[0-9]+ +[0-9]+ " "$OUT/.ep.tmp" | tail -n 16 || true
-  rm -f "$OUT/.ep.tmp"
-  if [ "$r" -ne 0 ]; then
-    echo "FAILED (exit $r): $name" | tee -a "$ep_log"
-    rc=1
-  fi
-}
+# ep NAME CMD...: see logged (scripts/gpu-parts/lib.sh); per-rank rows are left to the log.
+ep() { logged "$ep_log" 150 16 "^rank [0-9]+ recv|^│ [0-9]+ +[0-9]+ +[0-9]+ " "$@"; }
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 bdc="$B/bench_dispatch_combine"
 

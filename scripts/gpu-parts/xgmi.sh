@@ -17,20 +17,7 @@
 xg_log="$OUT/xgmi.txt"
 # xg NAME CMD...: runs CMD (2 minutes at most), appends its output to $xg_log, shows the
 # table part, and sets rc=1 when it fails.
-xg() {
-  local name=$1 r
-  shift
-  echo "--- $name: $*" | tee -a "$xg_log"
-  timeout 120 "$@" >"$OUT/.xg.tmp" 2>&1
-  r=$?
-  cat "$OUT/.xg.tmp" >>"$xg_log"
-  grep -vE "^[0-9T:.-]+Z |^bench_engine: op|^note:" "$OUT/.xg.tmp" | tail -n 40
-  rm -f "$OUT/.xg.tmp"
-  if [ "$r" -ne 0 ]; then
-    echo "FAILED (exit $r): $name" | tee -a "$xg_log"
-    rc=1
-  fi
-}
+xg() { logged "$xg_log" 120 40 "^[0-9T:.-]+Z |^bench_engine: op|^note:" "$@"; }
 
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 xg_sweep=(--all --sweep-start 8 --sweep-max 67108864 --iters 200 --warmup-iters 20 --log-level warning)
