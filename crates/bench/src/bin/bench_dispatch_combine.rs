@@ -299,34 +299,21 @@ fn comb_value(src: SrcPos, h: usize) -> f32 {
     ((src.rank * 5 + src.token * 3 + h) % 11) as f32 - 5.0
 }
 
+/// Little-endian bytes of an element, as the GPU buffers hold it.
 trait RowBytes {
     fn put(&self, out: &mut Vec<u8>);
 }
-impl RowBytes for f32 {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes())
-    }
+macro_rules! le_bytes {
+    ($($t:ty => |$v:ident| $bits:expr),* $(,)?) => {$(
+        impl RowBytes for $t {
+            fn put(&self, out: &mut Vec<u8>) {
+                let $v = self;
+                out.extend_from_slice(&$bits.to_le_bytes())
+            }
+        }
+    )*};
 }
-impl RowBytes for bf16 {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_bits().to_le_bytes())
-    }
-}
-impl RowBytes for Fp8E4m3 {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.push(self.0)
-    }
-}
-impl RowBytes for i64 {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes())
-    }
-}
-impl RowBytes for i32 {
-    fn put(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes())
-    }
-}
+le_bytes!(f32 => |v| v, i32 => |v| v, i64 => |v| v, bf16 => |v| v.to_bits(), Fp8E4m3 => |v| v.0);
 
 fn bytes_of<T: RowBytes>(t: &Tensor2<T>) -> Vec<u8> {
     let mut v = Vec::new();
@@ -963,4 +950,19 @@ fn report(a: &Args, cfg: &EpConfig, all: &[ProcFigures], host_s: f64) -> AnyResu
         std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_bytes_are_little_endian_as_on_the_gpu() {
+        let t = |v: Vec<u8>| v;
+        assert_eq!(bytes_of(&Tensor2::new(1, 2, vec![1.0f32, -2.0]).unwrap()), t(vec![0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 1, vec![bf16::from_f32(1.0)]).unwrap()), t(vec![0x80, 0x3f]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 2, vec![Fp8E4m3(0x38), Fp8E4m3(0xb8)]).unwrap()), t(vec![0x38, 0xb8]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 1, vec![-1i32]).unwrap()), t(vec![0xff; 4]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 1, vec![258i64]).unwrap()), t(vec![2, 1, 0, 0, 0, 0, 0, 0]));
+    }
 }
