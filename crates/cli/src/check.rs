@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Environment variables the workspace reads, with what reads them.
-pub const KNOWN_ENV: [(&str, &str); 25] = [
+pub const KNOWN_ENV: [(&str, &str); 26] = [
     ("MORI_GPU_RUNTIME", "GPU runtime to load: cuda, hip or auto (mori-gpu)"),
     ("MORI_RDMA_DEVICES", "RDMA devices the rdma backend may use: a,b or ^a,b (mori-topo, mori-io-rdma)"),
     ("MORI_IB_GID_INDEX", "GID index override (mori-io-rdma)"),
@@ -23,6 +23,7 @@ pub const KNOWN_ENV: [(&str, &str); 25] = [
     ("MORI_IO_MR_BUDGET_BYTES", "registration-cache budget (mori-io-rdma)"),
     ("MORI_IO_SQ_BACKOFF_TIMEOUT_US", "send-queue admission deadline (mori-io-rdma)"),
     ("MORI_IO_POLL_SPIN_US", "completion-thread spin after the last completion, polling mode (mori-io-rdma)"),
+    ("MORI_IO_CALLER_PROGRESS", "waiters poll completions themselves: 1 (default) or 0 (mori-io-core; xgmi, rdma)"),
     ("MORI_IO_FABRIC_HANDLE", "fabric handle type: posix-fd or fabric (mori-io-fabric)"),
     ("MORI_IO_FABRIC_TIMEOUT_MS", "fabric handle-exchange deadline (mori-io-fabric)"),
     ("MORI_FABRIC_DOMAIN", "FABRIC domain <cluster uuid>:<clique id> (mori-io-fabric)"),
@@ -329,6 +330,10 @@ fn invalid_value(name: &str, value: &str) -> Option<String> {
     match name {
         mori_topo::RDMA_DEVICES_ENV => mori_topo::DeviceFilter::parse(value).err().map(|e| e.to_string()),
         mori_io_fabric::HANDLE_ENV => mori_io_fabric::HandleType::parse(value).err().map(|e| e.msg),
+        mori_io_core::CALLER_PROGRESS_ENV => match mori_io_core::status::parse_switch(value) {
+            Some(_) => None,
+            None => Some(format!("{value:?} is not one of 1, 0, true, false, on, off, yes, no")),
+        },
         mori_io_fabric::DOMAIN_ENV => mori_io_fabric::FabricDomain::parse_fabric(value).err().map(|e| e.msg),
         _ => None,
     }

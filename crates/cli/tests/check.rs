@@ -133,6 +133,7 @@ fn env_values_are_checked_against_what_their_readers_accept() {
         ("MORI_FABRIC_DOMAIN_TYPO", "x"),
         ("MORI_IO_POLL_SPIN_US", "100"),
         ("MORI_RDMA_DEVICES", "^mlx5_0,mlx5_1"),
+        ("MORI_IO_CALLER_PROGRESS", "maybe"),
         ("HOME", "/root"),
     ];
     let env = mori_cli::check::env_in_effect(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
@@ -145,5 +146,8 @@ fn env_values_are_checked_against_what_their_readers_accept() {
     assert_eq!(note("MORI_FABRIC_DOMAIN_TYPO"), "not read by any mori-rs crate (typo?)");
     assert!(note("MORI_IO_POLL_SPIN_US").contains("mori-io-rdma"));
     assert!(!note("MORI_RDMA_DEVICES").starts_with("INVALID"));
+    assert_eq!(note("MORI_IO_CALLER_PROGRESS"), "INVALID: \"maybe\" is not one of 1, 0, true, false, on, off, yes, no");
+    let ok = mori_cli::check::env_in_effect(std::iter::once(("MORI_IO_CALLER_PROGRESS".to_string(), "0".to_string())));
+    assert!(ok[0].note.contains("waiters poll completions themselves"), "{}", ok[0].note);
     assert!(env.iter().all(|e| e.name != "HOME"));
 }

@@ -23,7 +23,7 @@ pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
 pub use plan::{Piece, Seg};
 pub use registry::{MemRegistry, Region};
-pub use status::{TransferId, TransferStatus};
+pub use status::{Progress, TransferId, TransferStatus, CALLER_PROGRESS_ENV};
 
 /// Reads a duration in milliseconds from environment variable `var`, else `default`.
 /// Errors: `InvalidArgs` naming the variable and its value when it does not parse.

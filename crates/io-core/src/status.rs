@@ -3,7 +3,7 @@
 use crate::error::{ErrorCode, IoError};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 const IN_PROGRESS: u8 = 0;
@@ -20,6 +20,50 @@ struct Inner {
     waiters: AtomicU32,
     lock: Mutex<()>,
     cv: Condvar,
+    /// The backend's completion step, run by a waiting thread itself (see [`Progress`]).
+    driver: OnceLock<Weak<dyn Progress>>,
+}
+
+/// A backend's non-blocking completion step, which a thread waiting on a transfer may run
+/// itself instead of waiting for the backend's completion thread to run it and hand the
+/// result over.
+///
+/// This is the progress model of NIXL's `getXferStatus` and UCX's `ucp_worker_progress`: the
+/// thread that polls does the completion work, so a stop-and-wait caller pays no cross-thread
+/// hand-off (measured on the H200 xgmi path: docs/PERFORMANCE.md). Backends attach it with
+/// [`TransferStatus::set_progress`]; [`TransferStatus::spin_for`] calls it between polls
+/// ([`TransferStatus::wait_for`], which sleeps, does not). Turned off process-wide with
+/// `MORI_IO_CALLER_PROGRESS=0` (then only the backend's threads complete transfers).
+pub trait Progress: Send + Sync {
+    /// Completes whatever already finished, without blocking (a step already running in
+    /// another thread is skipped, not waited for). Returns true when it completed anything.
+    fn progress(&self) -> bool;
+}
+
+/// Name of the switch of waiter-driven completion.
+pub const CALLER_PROGRESS_ENV: &str = "MORI_IO_CALLER_PROGRESS";
+
+/// Whether waiters drive completions (`MORI_IO_CALLER_PROGRESS`: unset or `1`/`true`/`on`/
+/// `yes` on, `0`/`false`/`off`/`no` off). Read once per process; any other value is
+/// reported (WARN) and leaves it on.
+pub fn caller_progress_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| match std::env::var(CALLER_PROGRESS_ENV) {
+        Err(_) => true,
+        Ok(v) => parse_switch(&v).unwrap_or_else(|| {
+            tracing::warn!("{CALLER_PROGRESS_ENV}={v:?} is not one of 1, 0, true, false, on, off, yes, no: left on");
+            true
+        }),
+    })
+}
+
+/// `1`/`true`/`on`/`yes` → on, `0`/`false`/`off`/`no` → off (any case, trimmed), else `None`.
+pub fn parse_switch(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "on" | "yes" => Some(true),
+        "0" | "false" | "off" | "no" => Some(false),
+        _ => None,
+    }
 }
 
 /// Shared completion state of a transfer that was split into `pieces` (one per connection,
@@ -28,7 +72,9 @@ struct Inner {
 /// - It becomes `Success` when every piece completed without error.
 /// - The first error sticks: the status turns `Failed` at once with that error, and later
 ///   pieces (successful or not) change nothing.
-/// - [`TransferStatus::poll`] never blocks; [`TransferStatus::wait_for`] blocks with a deadline.
+/// - [`TransferStatus::poll`] never blocks; [`TransferStatus::spin_for`] spin-polls (running
+///   the backend's completion step, see [`Progress`]) and [`TransferStatus::wait_for`] blocks,
+///   both with a deadline.
 #[derive(Clone)]
 pub struct TransferStatus {
     inner: Arc<Inner>,
@@ -51,8 +97,23 @@ impl TransferStatus {
                 waiters: AtomicU32::new(0),
                 lock: Mutex::new(()),
                 cv: Condvar::new(),
+                driver: OnceLock::new(),
             }),
         }
+    }
+
+    /// Lets waiters of this status run `p` (the backend's completion step) while they spin.
+    /// Held weakly: a status outliving its backend just stops driving. Only the first call
+    /// takes effect; a no-op when `MORI_IO_CALLER_PROGRESS=0`.
+    pub fn set_progress(&self, p: Weak<dyn Progress>) {
+        if caller_progress_enabled() {
+            let _ = self.inner.driver.set(p);
+        }
+    }
+
+    /// Runs the attached completion step once, if any. True when it completed anything.
+    fn drive(&self) -> bool {
+        self.inner.driver.get().and_then(Weak::upgrade).is_some_and(|p| p.progress())
     }
 
     /// A status that already failed with `err`.
@@ -140,13 +201,18 @@ impl TransferStatus {
     }
 
     /// Spin-polls (no sleeping, as nixlbench's `getXferStatus` loop does) until done or until
-    /// `timeout` passes. On expiry returns `Timeout`; the transfer itself stays in progress.
+    /// `timeout` passes, running the backend's completion step itself between polls when the
+    /// backend attached one ([`Progress`]). On expiry returns `Timeout`; the transfer itself
+    /// stays in progress.
     pub fn spin_for(&self, timeout: Duration) -> Result<(), IoError> {
         let deadline = Instant::now() + timeout;
         let mut n: u32 = 0;
         loop {
             if let Some(r) = self.poll() {
                 return r;
+            }
+            if self.drive() {
+                continue;
             }
             n = n.wrapping_add(1);
             if n.is_multiple_of(64) {
@@ -162,7 +228,9 @@ impl TransferStatus {
     }
 
     /// Blocks until done or until `timeout` passes (then `Timeout`; the transfer stays in
-    /// progress and can be waited on again).
+    /// progress and can be waited on again). Spins briefly first, then sleeps until the
+    /// backend's thread completes it; never runs the backend's completion step itself (the
+    /// blocking counterpart of [`TransferStatus::spin_for`], for `--poll_cq_mode event`).
     pub fn wait_for(&self, timeout: Duration) -> Result<(), IoError> {
         let deadline = Instant::now() + timeout;
         for _ in 0..256 {
@@ -239,5 +307,54 @@ mod tests {
         });
         assert_eq!(s.wait_for(Duration::from_secs(5)), Ok(()));
         h.join().unwrap();
+    }
+
+    /// Completes `st` on its `after`-th call; counts calls.
+    struct CountDown {
+        st: TransferStatus,
+        after: u32,
+        calls: AtomicU32,
+    }
+
+    impl Progress for CountDown {
+        fn progress(&self) -> bool {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == self.after {
+                self.st.complete_piece(Ok(()));
+                return true;
+            }
+            false
+        }
+    }
+
+    #[test]
+    fn spinning_waiter_drives_completion_itself_and_a_sleeping_one_does_not() {
+        // No other thread exists: only the waiter's own calls can complete the transfer.
+        let s = TransferStatus::new(1);
+        let p = Arc::new(CountDown { st: s.clone(), after: 100, calls: AtomicU32::new(0) });
+        let weak: Weak<dyn Progress> = Arc::downgrade(&p) as Weak<dyn Progress>;
+        s.set_progress(weak);
+        assert_eq!(s.wait_for(Duration::from_millis(30)).unwrap_err().code, ErrorCode::Timeout);
+        assert_eq!(p.calls.load(Ordering::SeqCst), 0, "wait_for leaves completion to the backend's thread");
+        assert_eq!(s.spin_for(Duration::from_secs(5)), Ok(()));
+        assert_eq!(p.calls.load(Ordering::SeqCst), 100, "the waiter stops driving once done");
+    }
+
+    #[test]
+    fn dropped_driver_is_not_called_and_the_wait_times_out() {
+        let s = TransferStatus::new(1);
+        let p = Arc::new(CountDown { st: s.clone(), after: 1, calls: AtomicU32::new(0) });
+        let weak: Weak<dyn Progress> = Arc::downgrade(&p) as Weak<dyn Progress>;
+        drop(p);
+        s.set_progress(weak);
+        assert_eq!(s.spin_for(Duration::from_millis(20)).unwrap_err().code, ErrorCode::Timeout);
+        assert!(s.poll().is_none());
+    }
+
+    #[test]
+    fn caller_progress_switch() {
+        for (v, on) in [("1", Some(true)), (" OFF ", Some(false)), ("0", Some(false)), ("no", Some(false)), ("False", Some(false)), ("yes", Some(true)), ("2", None), ("", None)] {
+            assert_eq!(parse_switch(v), on, "{v:?}");
+        }
     }
 }
