@@ -8,7 +8,7 @@ use mori_io_core::{
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,11 @@ static GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_
 /// Settings of the xgmi backend.
 #[derive(Debug, Clone)]
 pub struct XgmiConfig {
-    /// Streams per device the copies rotate over (bench `--num-streams`, default 64).
+    /// Streams per device (bench `--num-streams`, default 64). A transfer takes the first
+    /// stream with no transfer in flight, so stop-and-wait traffic stays on one stream
+    /// (rotating over all 64 cost about 1.3 µs per batch-1 transfer on the H200:
+    /// docs/PERFORMANCE.md), and concurrent transfers spread out; with every stream busy the
+    /// next one in turn is shared.
     pub num_streams: usize,
     /// Most transfers in flight per device, each with its event (bench `--num-events`, 64).
     pub num_events: usize,
@@ -90,6 +94,8 @@ struct Slot {
 struct DevState {
     device: Device,
     streams: Vec<Stream>,
+    /// Transfers in flight per stream.
+    busy: Vec<AtomicUsize>,
     next: AtomicUsize,
     kernel: Option<Function>,
     /// Multiprocessors (sizes the kernel's grid), read once.
@@ -102,6 +108,8 @@ struct DevState {
 struct Pending {
     dev: Arc<DevState>,
     slot: usize,
+    /// Index of the stream the copies went on (its busy count drops at completion).
+    stream: usize,
     status: TransferStatus,
     peer: Arc<EngineDesc>,
     id: u64,
@@ -122,9 +130,17 @@ struct Inner {
     maps: Mutex<HashMap<String, HashMap<MemId, RemoteRegion>>>,
     devs: Mutex<HashMap<u32, Arc<DevState>>>,
     pending: Mutex<Vec<Pending>>,
-    /// Completed transfers whose target still has to be told (sent by the notifier thread,
-    /// so a control-plane round trip never delays the next completion).
+    /// The transfers being reaped, owned by whichever thread runs the completion step (the
+    /// completion thread, or a waiter through [`mori_io_core::Progress`]).
+    reap: Mutex<Vec<Pending>>,
+    /// Completed transfers whose target still has to be told: filled by the completion step
+    /// (no system call there), handed to the notifier thread by the completion thread, so
+    /// neither a control-plane round trip nor a thread wake-up delays a completion.
+    outbox: Mutex<Vec<(Arc<EngineDesc>, u64)>>,
     notify_tx: Mutex<std::sync::mpsc::Sender<(Arc<EngineDesc>, u64)>>,
+    /// Bumped by every waiter-driven completion step: while it moves, a waiter is doing the
+    /// completion work and the completion thread stands back.
+    driven: AtomicU64,
     shutdown: AtomicBool,
 }
 
@@ -161,6 +177,9 @@ impl XgmiBackend {
             maps: Mutex::new(HashMap::new()),
             devs: Mutex::new(HashMap::new()),
             pending: Mutex::new(Vec::new()),
+            reap: Mutex::new(Vec::new()),
+            outbox: Mutex::new(Vec::new()),
+            driven: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
         });
         let i2 = inner.clone();
@@ -210,6 +229,21 @@ fn gpu_of(d: &MemoryDesc) -> Option<u32> {
     }
 }
 
+impl DevState {
+    /// Index of the stream for a new transfer, counted busy: the first idle one, else the
+    /// next in turn.
+    fn claim_stream(&self) -> usize {
+        for (i, b) in self.busy.iter().enumerate() {
+            if b.load(Ordering::Relaxed) == 0 && b.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                return i;
+            }
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.streams.len();
+        self.busy[i].fetch_add(1, Ordering::AcqRel);
+        i
+    }
+}
+
 impl Inner {
     fn dev_state(&self, dev: Device) -> IoResult<Arc<DevState>> {
         if let Some(s) = self.devs.lock().get(&dev.0) {
@@ -227,7 +261,8 @@ impl Inner {
         let kernel = if self.cfg.kernel_threshold > 0 { self.load_kernel(dev) } else { None };
         let sms = self.rt.device_properties(dev).map_err(|e| gpu_err("device properties", e))?.multiprocessors.max(1);
         let free = Mutex::new((0..slots.len()).rev().collect());
-        let s = Arc::new(DevState { device: dev, streams, next: AtomicUsize::new(0), kernel, sms, slots, free });
+        let busy = streams.iter().map(|_| AtomicUsize::new(0)).collect();
+        let s = Arc::new(DevState { device: dev, streams, busy, next: AtomicUsize::new(0), kernel, sms, slots, free });
         Ok(self.devs.lock().entry(dev.0).or_insert(s).clone())
     }
 
@@ -307,7 +342,8 @@ impl Inner {
         }
         let ds = self.dev_state(dev)?;
         let slot = self.take_slot(&ds)?;
-        let stream = &ds.streams[ds.next.fetch_add(1, Ordering::Relaxed) % ds.streams.len()];
+        let si = ds.claim_stream();
+        let stream = &ds.streams[si];
         let (host_table, failed) = match self.queue(req, &ds, stream, slot, laddr, rbase) {
             Ok(t) => (t, None),
             Err(e) => {
@@ -316,6 +352,7 @@ impl Inner {
                 // fails when it fires. If even that fails, the slot is retired.
                 if let Err(e2) = ds.slots[slot].event.record(stream) {
                     tracing::warn!(device = dev.0, error = %e2, "xgmi: an event slot is retired after a failed record");
+                    ds.busy[si].fetch_sub(1, Ordering::AcqRel);
                     return Err(e);
                 }
                 (None, Some(e))
@@ -324,6 +361,7 @@ impl Inner {
         self.pending.lock().push(Pending {
             dev: ds.clone(),
             slot,
+            stream: si,
             status: status.clone(),
             peer: req.peer.clone(),
             id: req.id,
@@ -412,53 +450,88 @@ impl Inner {
         Ok(host_table)
     }
 
-    /// Completes transfers whose event fired. The pending list is taken out of its lock while
-    /// the events are queried, so posting never waits for a driver call of this thread.
-    /// Spins while copies are in flight (with a short pause between rounds, to leave the
-    /// driver to the posting threads); backs off to sleeps when idle.
-    fn reap_loop(&self) {
-        let mut idle = 0u32;
-        let mut mine: Vec<Pending> = Vec::new();
-        let mut done: Vec<(Pending, Result<(), IoError>)> = Vec::new();
-        while !self.shutdown.load(Ordering::Acquire) {
-            mine.append(&mut self.pending.lock());
-            let mut i = 0;
-            while i < mine.len() {
-                match mine[i].dev.slots[mine[i].slot].event.query() {
-                    Ok(false) => i += 1,
-                    Ok(true) => {
-                        let mut p = mine.swap_remove(i);
-                        let r = p.failed.take().map_or(Ok(()), Err);
-                        done.push((p, r));
-                    }
-                    Err(e) => done.push((mine.swap_remove(i), Err(gpu_err("xgmi copy", e)))),
-                }
-            }
-            if done.is_empty() {
-                if !mine.is_empty() {
-                    for _ in 0..8 {
-                        std::hint::spin_loop();
-                    }
+    /// One completion step: completes every transfer whose event fired (slot freed, status
+    /// set, target notification queued in the outbox). `mine` is the step's own list (the
+    /// `reap` lock); the posting threads' list is taken over first, so posting never waits
+    /// for a driver call made here. Returns (completed, still in flight).
+    fn reap_once(&self, mine: &mut Vec<Pending>) -> (usize, usize) {
+        mine.append(&mut self.pending.lock());
+        let mut done = 0;
+        let mut i = 0;
+        while i < mine.len() {
+            let r = match mine[i].dev.slots[mine[i].slot].event.query() {
+                Ok(false) => {
+                    i += 1;
                     continue;
                 }
+                Ok(true) => mine[i].failed.take().map_or(Ok(()), Err),
+                Err(e) => Err(gpu_err("xgmi copy", e)),
+            };
+            let p = mine.swap_remove(i);
+            p.dev.busy[p.stream].fetch_sub(1, Ordering::AcqRel);
+            p.dev.free.lock().push(p.slot);
+            let ok = r.is_ok();
+            p.status.complete_piece(r);
+            if ok {
+                self.outbox.lock().push((p.peer.clone(), p.id));
+            }
+            done += 1;
+        }
+        (done, mine.len())
+    }
+
+    /// Hands queued completion notifications to the notifier thread.
+    fn flush_outbox(&self) {
+        let notes = std::mem::take(&mut *self.outbox.lock());
+        if !notes.is_empty() {
+            let tx = self.notify_tx.lock();
+            for n in notes {
+                let _ = tx.send(n);
+            }
+        }
+    }
+
+    /// The completion thread. While waiters drive completions themselves (`driven` moves) it
+    /// only forwards their notifications, every 50 µs. Otherwise it runs the completion step:
+    /// spinning while copies are in flight (a short pause between rounds leaves the driver
+    /// to the posting threads), backing off to sleeps when idle.
+    fn reap_loop(&self) {
+        let mut idle = 0u32;
+        let mut seen = self.driven.load(Ordering::Acquire);
+        while !self.shutdown.load(Ordering::Acquire) {
+            let d = self.driven.load(Ordering::Acquire);
+            if d != seen {
+                seen = d;
+                self.flush_outbox();
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            let (done, in_flight) = self.reap_once(&mut self.reap.lock());
+            self.flush_outbox();
+            if done > 0 {
+                idle = 0;
+            } else if in_flight > 0 {
+                for _ in 0..8 {
+                    std::hint::spin_loop();
+                }
+            } else {
                 idle = idle.saturating_add(1);
                 if idle < 256 {
                     std::thread::yield_now();
                 } else {
                     std::thread::sleep(Duration::from_micros(20));
                 }
-                continue;
-            }
-            idle = 0;
-            for (p, r) in done.drain(..) {
-                let ok = r.is_ok();
-                p.status.complete_piece(r);
-                if ok {
-                    let _ = self.notify_tx.lock().send((p.peer.clone(), p.id));
-                }
-                p.dev.free.lock().push(p.slot);
             }
         }
+        self.flush_outbox();
+    }
+}
+
+impl mori_io_core::Progress for Inner {
+    /// A waiter's completion step (skipped while another thread runs one).
+    fn progress(&self) -> bool {
+        self.driven.fetch_add(1, Ordering::AcqRel);
+        self.reap.try_lock().is_some_and(|mut mine| self.reap_once(&mut mine).0 > 0)
     }
 }
 
@@ -527,6 +600,8 @@ impl Backend for XgmiBackend {
     }
 
     fn post(&self, req: TransferRequest, status: TransferStatus) {
+        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        status.set_progress(me);
         if let Err(e) = self.inner.post(&req, &status) {
             status.complete_piece(Err(e));
         }
