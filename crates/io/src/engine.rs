@@ -97,9 +97,11 @@ pub(crate) struct EngineInner {
 /// A MORI-IO transfer engine: one control-plane listener, the backends created on it, the
 /// memory registered with it, and the remote engines it knows.
 ///
-/// Dropping it stops the listener and the backends' threads (within ~200 ms) but does not wait
-/// for transfers in flight: deregister memory first (`deregister_memory` waits for the
-/// operations using it), and only then free it.
+/// Dropping it releases the backends in the dropping thread (their threads stopped and
+/// joined, streams, events and mappings freed, unless a [`Session`](crate::Session) still holds
+/// one) and stops the listener within ~100 ms, but does not wait for transfers in flight:
+/// deregister memory first (`deregister_memory` waits for the operations using it), and only
+/// then free it.
 pub struct IoEngine {
     inner: Arc<EngineInner>,
 }
@@ -422,6 +424,13 @@ impl IoEngine {
 impl Drop for IoEngine {
     fn drop(&mut self) {
         self.inner.shutdown.store(true, Ordering::Release);
+        // The listener and connection threads hold the engine's state for up to their poll
+        // interval. Backends own device resources: were the last reference dropped there, a
+        // process returning from main could see the GPU driver torn down first
+        // (CUDA_ERROR_DEINITIALIZED when destroying streams). So they go now, here.
+        self.inner.choice.lock().clear();
+        let backends = std::mem::take(&mut *self.inner.backends.write());
+        drop(backends);
     }
 }
 
