@@ -9,7 +9,19 @@
 //! - back-to-back: `--iters` copies queued, then one event waited for: bandwidth — the
 //!   roofline of a pipelined copy.
 //!
-//! The destination is checked against the source once after each size (exit 1 on a mismatch).
+//! With `--batch N` every "copy" above is N copies of the message size, laid out as
+//! bench_engine lays out a batch of N (slots `stride` apart: a 64-byte gap after each
+//! message rounded up to 64 B, or back to back with `--batch-contiguous`), queued on the one
+//! stream: the like-for-like baseline of `bench_engine --transfer-batch-size N`. Bandwidth
+//! counts N x message bytes per copy.
+//!
+//! With `--ipc` the destination belongs to a child process (this binary again), which
+//! allocates it with `cuMemAlloc` and exports a CUDA/HIP IPC handle; the copies go through the
+//! mapping opened from that handle, as the xgmi backend's do between two processes: the
+//! like-for-like baseline of `bench_engine --local --backend xgmi`.
+//!
+//! The destination slots are checked against the source once after each size (exit 1 on a
+//! mismatch).
 
 use clap::Parser;
 use mori_gpu::{Device, Runtime};
@@ -39,6 +51,95 @@ struct Args {
     /// Untimed copies before each timed loop.
     #[arg(long, default_value_t = 20)]
     warmup_iters: u32,
+    /// Copies per timed unit (bench_engine's --transfer-batch-size), 1..=65536.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    batch: u32,
+    /// Slots of a batch back to back, as bench_engine --batch-contiguous.
+    #[arg(long)]
+    batch_contiguous: bool,
+    /// The destination is another process's memory, reached through an IPC handle.
+    #[arg(long)]
+    ipc: bool,
+    /// Internal: run as the --ipc child owning a destination of this many bytes on --dst-gpu.
+    #[arg(long, hide = true)]
+    ipc_child_bytes: Option<u64>,
+}
+
+/// The destination of the copies: this process's memory, or a child's through IPC (the child
+/// keeps it allocated until its stdin closes, when this is dropped).
+enum Dst {
+    Local(mori_gpu::DeviceBuffer),
+    Ipc(mori_gpu::IpcMapping, std::process::Child),
+}
+
+impl Dst {
+    fn slice(&self) -> mori_gpu::DeviceSlice<'_> {
+        match self {
+            Dst::Local(b) => b.slice(),
+            Dst::Ipc(m, _) => m.slice(),
+        }
+    }
+}
+
+impl Drop for Dst {
+    fn drop(&mut self) {
+        if let Dst::Ipc(_, child) = self {
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts the --ipc child for `len` bytes on `dev` and maps its buffer into `via`'s context
+/// (the GPU whose stream runs the copies).
+fn ipc_destination(rt: &Arc<dyn Runtime>, via: Device, dev: Device, len: usize) -> Result<Dst, String> {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().map_err(|e| format!("--ipc: this executable's path: {e}"))?;
+    let mut child = Command::new(exe)
+        .args(["--dst-gpu", &dev.0.to_string(), "--ipc-child-bytes", &len.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("--ipc: start the child process: {e}"))?;
+    let mut line = String::new();
+    let read = child.stdout.take().map(|o| std::io::BufReader::new(o).read_line(&mut line));
+    let bytes = match read {
+        Some(Ok(_)) => (0..line.trim().len() / 2)
+            .map(|i| u8::from_str_radix(&line.trim()[2 * i..2 * i + 2], 16))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|e| format!("--ipc: the child's handle {line:?}: {e}")),
+        Some(Err(e)) => Err(format!("--ipc: read the child's handle: {e}")),
+        None => Err("--ipc: the child has no stdout".to_string()),
+    };
+    let mapped = bytes.and_then(|b| {
+        let h = mori_gpu::IpcHandle::from_bytes(&b).map_err(|e| format!("--ipc: the child's handle: {e}"))?;
+        rt.ipc_import(via, &h).map_err(|e| format!("--ipc: open the child's IPC handle: {e}"))
+    });
+    match mapped {
+        Ok(m) => Ok(Dst::Ipc(m, child)),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e)
+        }
+    }
+}
+
+/// The --ipc child: allocates, prints the IPC handle as hex, holds the memory until stdin closes.
+fn ipc_child(a: &Args, len: u64) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let rt = mori_gpu::detect().map_err(|e| e.to_string())?;
+    let len = usize::try_from(len).map_err(|_| format!("--ipc-child-bytes {len}: exceeds the address space"))?;
+    let buf = rt.alloc(Device(a.dst_gpu.unwrap_or(a.gpu)), len).map_err(|e| format!("--ipc child: allocate {len} bytes: {e}"))?;
+    let h = rt.ipc_export(&buf.slice()).map_err(|e| format!("--ipc child: export: {e}"))?;
+    let hex: String = h.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{hex}").and_then(|()| out.flush()).map_err(|e| format!("--ipc child: write the handle: {e}"))?;
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    drop(buf);
+    Ok(())
 }
 
 /// Longest a single event wait may spin before the run stops with an error.
@@ -63,16 +164,35 @@ struct Point {
 }
 
 fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) -> Result<Point, String> {
-    let len = usize::try_from(msg).map_err(|_| format!("size {msg} exceeds the address space"))?;
-    let at = |what: &str| format!("{msg} B, GPU {} -> GPU {}: {what}", src.0, dst.0);
+    let at = |what: &str| format!("{msg} B x {}, GPU {} -> GPU {}: {what}", a.batch, src.0, dst.0);
+    let stride = mori_bench::sweep::stride(msg, a.batch_contiguous);
+    let span = stride.checked_mul(u64::from(a.batch) - 1).and_then(|x| x.checked_add(msg));
+    let len = span.and_then(|x| usize::try_from(x).ok()).ok_or_else(|| at("the batch's span exceeds the address space"))?;
     let s = rt.alloc(src, len).map_err(|e| format!("{}: {e}", at("allocate the source")))?;
-    let d = rt.alloc(dst, len).map_err(|e| format!("{}: {e}", at("allocate the destination")))?;
+    let d = if a.ipc {
+        ipc_destination(rt, src, dst, len).map_err(|e| format!("{}: {e}", at("destination")))?
+    } else {
+        Dst::Local(rt.alloc(dst, len).map_err(|e| format!("{}: {e}", at("allocate the destination")))?)
+    };
     let pattern: Vec<u8> = (0..len).map(|i| (i as u64).wrapping_mul(0x9e37_79b9).wrapping_add(msg) as u8).collect();
     rt.copy_htod(&s.slice(), &pattern).map_err(|e| format!("{}: {e}", at("fill the source")))?;
     rt.memset(&d.slice(), !pattern[0]).map_err(|e| format!("{}: {e}", at("clear the destination")))?;
     let stream = rt.stream(src).map_err(|e| format!("{}: {e}", at("stream")))?;
     let ev = rt.event(src, false).map_err(|e| format!("{}: {e}", at("event")))?;
-    let copy = || rt.copy_dtod_async(&d.slice(), &s.slice(), &stream).map_err(|e| format!("{}: {e}", at("copy")));
+    let slots: Vec<usize> = (0..u64::from(a.batch)).map(|i| (i * stride) as usize).collect();
+    let m = msg as usize;
+    let mut views = Vec::with_capacity(slots.len());
+    for &o in &slots {
+        let dv = d.slice().sub(o, m).map_err(|e| format!("{}: {e}", at("destination slot")))?;
+        let sv = s.sub(o, m).map_err(|e| format!("{}: {e}", at("source slot")))?;
+        views.push((dv, sv));
+    }
+    let copy = || -> Result<(), String> {
+        for (dv, sv) in &views {
+            rt.copy_dtod_async(dv, sv, &stream).map_err(|e| format!("{}: {e}", at("copy")))?;
+        }
+        Ok(())
+    };
     let once = || -> Result<(), String> {
         copy()?;
         ev.record(&stream).map_err(|e| format!("{}: {e}", at("record")))?;
@@ -100,8 +220,10 @@ fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) 
     let b2b_total = t0.elapsed();
     let mut got = vec![0u8; len];
     rt.copy_dtoh(&mut got, &d.slice()).map_err(|e| format!("{}: {e}", at("read back")))?;
-    if let Some(i) = got.iter().zip(&pattern).position(|(x, y)| x != y) {
-        return Err(format!("{}: byte {i} differs after the copies", at("check")));
+    for &o in &slots {
+        if let Some(i) = got[o..o + m].iter().zip(&pattern[o..o + m]).position(|(x, y)| x != y) {
+            return Err(format!("{}: byte {} differs after the copies", at("check"), o + i));
+        }
     }
     Ok(Point { msg, saw_total, b2b_total })
 }
@@ -129,13 +251,24 @@ fn run(a: &Args) -> Result<(), String> {
         rt.enable_peer_access(src, dst).map_err(|e| e.to_string())?;
     }
     let props = rt.device_properties(src).map_err(|e| e.to_string())?;
-    eprintln!("bench_copy: {} ({}), GPU {} -> GPU {}, iters {} + warmup {}", props.name, rt.library(), src.0, dst.0, a.iters, a.warmup_iters);
+    eprintln!(
+        "bench_copy: {} ({}), GPU {} -> GPU {}{}, iters {} + warmup {}, batch {}{}",
+        props.name,
+        rt.library(),
+        src.0,
+        dst.0,
+        if a.ipc { " (another process's memory, through IPC)" } else { "" },
+        a.iters,
+        a.warmup_iters,
+        a.batch,
+        if a.batch_contiguous { " (contiguous)" } else { "" }
+    );
     println!("{:>12} {:>7} {:>14} {:>14} {:>14}", "MsgSize(B)", "Iters", "SawLat(us)", "SawBW(GB/s)", "B2bBW(GB/s)");
     let mut msg = a.sweep_start;
     while msg <= a.sweep_max {
         let p = measure(&rt, a, src, dst, msg)?;
         let it = f64::from(a.iters);
-        let gbps = |t: Duration| (p.msg as f64 * it) / 1e9 / t.as_secs_f64();
+        let gbps = |t: Duration| (p.msg as f64 * f64::from(a.batch) * it) / 1e9 / t.as_secs_f64();
         println!(
             "{:>12} {:>7} {:>14.2} {:>14.3} {:>14.3}",
             p.msg,
@@ -155,7 +288,11 @@ fn run(a: &Args) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    match run(&a) {
+    let r = match a.ipc_child_bytes {
+        Some(len) => ipc_child(&a, len),
+        None => run(&a),
+    };
+    match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
