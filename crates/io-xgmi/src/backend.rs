@@ -230,18 +230,24 @@ fn gpu_of(d: &MemoryDesc) -> Option<u32> {
 }
 
 impl DevState {
-    /// Index of the stream for a new transfer, counted busy: the first idle one, else the
-    /// next in turn.
+    /// Index of the stream for a new transfer, counted busy (see [`claim_lane`]).
     fn claim_stream(&self) -> usize {
-        for (i, b) in self.busy.iter().enumerate() {
-            if b.load(Ordering::Relaxed) == 0 && b.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
-                return i;
-            }
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.streams.len();
-        self.busy[i].fetch_add(1, Ordering::AcqRel);
-        i
+        claim_lane(&self.busy, &self.next)
     }
+}
+
+/// Claims a lane (a stream) for one more transfer and returns its index: the first lane with
+/// nothing in flight, else the next in turn (`next` counts the turns); its count is raised by
+/// one either way. `busy` must not be empty.
+fn claim_lane(busy: &[AtomicUsize], next: &AtomicUsize) -> usize {
+    for (i, b) in busy.iter().enumerate() {
+        if b.load(Ordering::Relaxed) == 0 && b.compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return i;
+        }
+    }
+    let i = next.fetch_add(1, Ordering::Relaxed) % busy.len();
+    busy[i].fetch_add(1, Ordering::AcqRel);
+    i
 }
 
 impl Inner {
@@ -632,5 +638,29 @@ impl Backend for XgmiBackend {
             }
             Err(e) => Err(IoError::invalid(format!("malformed xgmi control message from {:?}: {e}", from.key))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_first_idle_then_in_turn() {
+        let busy: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+        let next = AtomicUsize::new(0);
+        // Stop-and-wait: claim, complete, claim again -> always lane 0.
+        for _ in 0..5 {
+            assert_eq!(claim_lane(&busy, &next), 0);
+            busy[0].fetch_sub(1, Ordering::AcqRel);
+        }
+        // Concurrent transfers spread over the idle lanes first.
+        assert_eq!([claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next)], [0, 1, 2]);
+        // All busy: shared in turn.
+        assert_eq!([claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next)], [0, 1, 2, 0]);
+        assert_eq!(busy.iter().map(|b| b.load(Ordering::Relaxed)).collect::<Vec<_>>(), vec![3, 2, 2]);
+        // Lane 1 drains: it is the first idle one again.
+        busy[1].store(0, Ordering::Relaxed);
+        assert_eq!(claim_lane(&busy, &next), 1);
     }
 }
