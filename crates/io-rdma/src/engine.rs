@@ -75,8 +75,17 @@ struct Inner {
     next_piece: AtomicU64,
     next_token: AtomicU32,
     next_conn: AtomicU64,
+    /// Held while the CQ is polled: by the completion thread, or by one waiter at a time
+    /// (through [`mori_io_core::Progress`]).
+    poll_lock: Mutex<()>,
+    /// Bumped by every waiter-driven poll: while it moves, a waiter reaps the CQ itself and
+    /// the completion thread stands back (one thread spinning on the CQ, not two).
+    driven: AtomicU64,
     shutdown: AtomicBool,
 }
+
+/// How long the completion thread sleeps between looks while a waiter drives completions.
+const STAND_BACK: Duration = Duration::from_micros(200);
 
 /// The RDMA transport (see the crate docs).
 pub struct RdmaBackend {
@@ -143,6 +152,8 @@ impl RdmaBackend {
             next_piece: AtomicU64::new(1),
             next_token: AtomicU32::new(1),
             next_conn: AtomicU64::new(1),
+            poll_lock: Mutex::new(()),
+            driven: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
         });
         let i2 = inner.clone();
@@ -452,7 +463,8 @@ impl Inner {
     }
 
     /// The completion thread: reaps while completions come; once the CQ stayed empty for the
-    /// spin budget (none in event mode), sleeps on the completion channel.
+    /// spin budget (none in event mode), sleeps on the completion channel. While a waiter
+    /// polls the CQ itself (`driven` moves) it only looks again every [`STAND_BACK`].
     fn reap_loop(&self) {
         let spin = match self.cfg.poll_mode {
             PollMode::Event => Duration::ZERO,
@@ -460,8 +472,19 @@ impl Inner {
         };
         let mut idle_since: Option<Instant> = None;
         let mut empty = 0u32;
+        let mut seen = self.driven.load(Ordering::Acquire);
         while !self.shutdown.load(Ordering::Acquire) {
-            let n = self.poll_once();
+            let d = self.driven.load(Ordering::Acquire);
+            if d != seen {
+                seen = d;
+                idle_since = None;
+                std::thread::sleep(STAND_BACK);
+                continue;
+            }
+            let n = {
+                let _g = self.poll_lock.lock();
+                self.poll_once()
+            };
             self.flush_notes();
             if n > 0 {
                 idle_since = None;
@@ -484,6 +507,13 @@ impl Inner {
         }
     }
 
+    /// [`Self::poll_once`] under the poll lock.
+    fn poll_locked(&self) -> usize {
+        let _g = self.poll_lock.lock();
+        self.poll_once()
+    }
+
+    /// Reaps what the CQ holds (the caller holds `poll_lock`).
     fn poll_once(&self) -> usize {
         let mut n = 0;
         if let Ok(p) = self.cq.start_poll() {
@@ -506,7 +536,7 @@ impl Inner {
                 std::thread::sleep(Duration::from_micros(200));
                 return;
             }
-            if self.poll_once() > 0 {
+            if self.poll_locked() > 0 {
                 return;
             }
             let mut p = libc::pollfd { fd: ch.as_raw_fd(), events: libc::POLLIN, revents: 0 };
@@ -589,6 +619,21 @@ impl Inner {
             }
         }
         *q = keep;
+    }
+}
+
+impl mori_io_core::Progress for Inner {
+    /// A waiter's poll of the CQ (skipped while another thread polls it).
+    fn progress(&self) -> bool {
+        self.driven.fetch_add(1, Ordering::AcqRel);
+        let n = match self.poll_lock.try_lock() {
+            Some(_g) => self.poll_once(),
+            None => return false,
+        };
+        if n > 0 {
+            self.flush_notes();
+        }
+        n > 0
     }
 }
 
@@ -685,6 +730,8 @@ impl Backend for RdmaBackend {
     }
 
     fn post(&self, req: TransferRequest, status: TransferStatus) {
+        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        status.set_progress(me);
         if let Err(e) = self.inner.post(req, &status) {
             status.complete_piece(Err(e));
         }
