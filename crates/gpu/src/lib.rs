@@ -47,7 +47,7 @@ pub use handles::{
 };
 pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, VmmAllocation};
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
-pub use pool::{CopyDone, CopyPool, CopyPoolConfig, CopySeg};
+pub use pool::{CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane};
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};
 pub use types::{

@@ -8,13 +8,12 @@ use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHand
 use mori_io_core::registry::check_range;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op,
-    Refusal, TransferRequest, TransferStatus,
+    Outbox, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -63,7 +62,13 @@ enum FabricCtrl {
     Lookup(MemId),
     /// Owner -> importer: region `id` was deregistered; drop its mapping.
     Forget(MemId),
+    /// Initiator -> target: these transfers completed (every completion queued while the
+    /// previous message was on the wire goes in one message).
+    DoneMany(Vec<u64>),
 }
+
+/// Most transfer ids in one `DoneMany` (keeps the frame far below the control-plane limit).
+const MAX_IDS_PER_NOTE: usize = 4096;
 
 struct LocalReg {
     mem: Arc<Exported>,
@@ -93,8 +98,9 @@ struct Inner {
     pool: CopyPool,
     local: Mutex<HashMap<MemId, Arc<LocalReg>>>,
     maps: Mutex<HashMap<(String, MemId), Arc<RemoteMap>>>,
-    /// Control messages sent by the notifier thread (completion must not wait on them).
-    notify: Mutex<Sender<Notice>>,
+    /// Control messages sent by the notifier thread (completion must not wait on them):
+    /// completions push here, the pool's completion thread flushes (its idle hook).
+    outbox: Arc<Outbox<Notice>>,
 }
 
 /// The fabric transport (see the crate docs).
@@ -138,15 +144,13 @@ impl FabricBackend {
         let ctrl = ctx.ctrl.clone();
         std::thread::Builder::new()
             .name("mori-fabric-notify".into())
-            .spawn(move || {
-                while let Ok((peer, msg)) = rx.recv() {
-                    let bytes = postcard::to_allocvec(&msg).unwrap_or_default();
-                    if let Err(e) = ctrl.request(&peer, BackendKind::Fabric, bytes) {
-                        tracing::warn!(peer = %peer.key, error = %e, "fabric notification failed");
-                    }
-                }
-            })
+            .spawn(move || notify_loop(&*ctrl, &rx))
             .map_err(|e| IoError::transport(format!("spawn fabric notifier thread: {e}")))?;
+        let outbox = Arc::new(Outbox::new(tx));
+        let o2 = outbox.clone();
+        pool.set_idle_hook(Box::new(move || {
+            o2.flush();
+        }));
         tracing::info!(engine = %ctx.local.key, handle = %cfg.handle, domain = %domain, "fabric backend ready");
         let inner = Arc::new(Inner {
             ctx,
@@ -157,7 +161,7 @@ impl FabricBackend {
             pool,
             local: Mutex::new(HashMap::new()),
             maps: Mutex::new(HashMap::new()),
-            notify: Mutex::new(tx),
+            outbox,
         });
         let server = match inner.cfg.handle {
             HandleType::Fabric => None,
@@ -190,6 +194,35 @@ impl FabricBackend {
     }
 }
 
+/// Sends control messages until the backend is dropped: waits for one, takes every other one
+/// already queued, sends the `Done` notes per peer as one `DoneMany` (a single `Done` when
+/// alone), then the other messages in their order.
+fn notify_loop(ctrl: &dyn mori_io_core::ControlClient, rx: &std::sync::mpsc::Receiver<Notice>) {
+    let send = |peer: &EngineDesc, msg: &FabricCtrl| {
+        let bytes = postcard::to_allocvec(msg).unwrap_or_default();
+        if let Err(e) = ctrl.request(peer, BackendKind::Fabric, bytes) {
+            tracing::warn!(peer = %peer.key, error = %e, "fabric notification failed");
+        }
+    };
+    while let Ok(first) = rx.recv() {
+        let mut done = Vec::new();
+        let mut other = Vec::new();
+        for (peer, msg) in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match msg {
+                FabricCtrl::Done(id) => done.push((peer, id)),
+                m => other.push((peer, m)),
+            }
+        }
+        for (peer, ids) in mori_io_core::outbox::group_by_peer(done, MAX_IDS_PER_NOTE) {
+            let msg = if ids.len() == 1 { FabricCtrl::Done(ids[0]) } else { FabricCtrl::DoneMany(ids) };
+            send(&peer, &msg);
+        }
+        for (peer, msg) in other {
+            send(&peer, &msg);
+        }
+    }
+}
+
 fn gpu_of(d: &MemoryDesc) -> Option<u32> {
     match d.loc {
         MemLoc::Gpu { device } => Some(device),
@@ -207,7 +240,7 @@ impl Inner {
     }
 
     fn send(&self, peer: Arc<EngineDesc>, msg: FabricCtrl) {
-        let _ = self.notify.lock().send((peer, msg));
+        self.outbox.send((peer, msg));
     }
 
     /// The remote region mapped here: granted by its owner, imported once, then cached.
@@ -261,20 +294,27 @@ impl Inner {
                 Op::Read => CopySeg { src: rp, dst: lp, len: s.len },
             });
         }
-        let (st, peer, id, tx) = (status.clone(), req.peer.clone(), req.id, self.notify.lock().clone());
+        let (st, peer, id, outbox) = (status.clone(), req.peer.clone(), req.id, self.outbox.clone());
         let keep = (rm, l.clone());
         let done = Box::new(move |r: mori_gpu::Result<()>| {
             let _keep = keep; // both mappings stay alive until the copies finished
             let ok = r.is_ok();
             st.complete_piece(r.map_err(|e| gpu_err("fabric copy", e)));
             if ok {
-                let _ = tx.send((peer, FabricCtrl::Done(id)));
+                outbox.push((peer, FabricCtrl::Done(id)));
             }
         });
         // SAFETY: every segment was bounds-checked against the local registration (memory this
         // backend holds via `LocalReg`) and the owner-granted remote range (mapped by `RemoteMap`);
         // both are kept alive by `done` until the copies finished.
         unsafe { self.pool.copy(l.device, &segs, done) }.map_err(|e| gpu_err("queue fabric copies", e))
+    }
+}
+
+impl mori_io_core::Progress for Inner {
+    /// A waiter's completion step (skipped while another thread runs one).
+    fn progress(&self) -> bool {
+        self.pool.progress()
     }
 }
 
@@ -354,6 +394,8 @@ impl Backend for FabricBackend {
     }
 
     fn post(&self, req: TransferRequest, status: TransferStatus) {
+        let me: Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        status.set_progress(me);
         if let Err(e) = self.inner.post(&req, &status) {
             status.complete_piece(Err(e));
         }
@@ -367,6 +409,12 @@ impl Backend for FabricBackend {
         match postcard::from_bytes::<FabricCtrl>(payload) {
             Ok(FabricCtrl::Done(id)) => {
                 self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
+                Ok(Vec::new())
+            }
+            Ok(FabricCtrl::DoneMany(ids)) => {
+                for id in ids {
+                    self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
+                }
                 Ok(Vec::new())
             }
             Ok(FabricCtrl::Lookup(id)) => {

@@ -17,7 +17,8 @@
 //!   session creation fails naming why. Creating the backend proves the handle type works
 //!   (FABRIC without an IMEX channel: `NotSupported` with that diagnosis). No fallback to
 //!   another handle type or backend.
-//! - Copies: `mori_gpu::CopyPool` (streams and events per device, completion thread); the
+//! - Copies: `mori_gpu::CopyPool` (streams and reused event slots per device; a waiter
+//!   spinning on a transfer completes it itself, else the pool's completion thread); the
 //!   target learns of a finished transfer through a control-plane notification.
 //!
 //! Handle decoding, domain rules and the Unix-socket FD passing are tested on the CPU
