@@ -1,0 +1,25 @@
+# Batch-1 latency, 8 B..64 KiB, in alternating rounds: bench_copy stop-and-wait, then
+# bench_engine --local --backend xgmi and fabric, write and read (two processes on GPU 0),
+# LAT_ROUNDS rounds (default 2), then the bare copy once more. A fragment sourced by
+# scripts/gpu-machine.sh (B, OUT, step, logged, rc); about 10 s a round. Everything goes to
+# $OUT/lat.txt; the console shows each run's rows on one line (size, iterations, GB/s, µs).
+lat_log="$OUT/lat.txt"
+lat_run() {
+  local name=$1
+  shift
+  echo "== $name"
+  logged "$lat_log" 120 16 "^[0-9T:.-]+Z |^bench_engine: op|^bench_copy: |^note:|MsgSize" "$name" "$@" |
+    grep -E "^ +[0-9]+ |FAILED" | awk '{print $1, $3, $4, $5}' | tr '\n' ';'
+  echo
+}
+lat_sweep=(--all --sweep-start 8 --sweep-max 65536 --iters 1000 --warmup-iters 100 --log-level warning)
+for r in $(seq 1 "${LAT_ROUNDS:-2}"); do
+  step "batch-1 latency, round $r"
+  lat_run "bare copy r$r" "$B/bench_copy" --gpu 0 --sweep-start 8 --sweep-max 65536 --iters 2000 --warmup-iters 200
+  for be in xgmi fabric; do
+    for op in write read; do
+      lat_run "$be $op b1 r$r" "$B/bench_engine" --local --backend "$be" --mem-type gpu --op "$op" --enable-sess --transfer-batch-size 1 "${lat_sweep[@]}"
+    done
+  done
+done
+lat_run "bare copy closing" "$B/bench_copy" --gpu 0 --sweep-start 8 --sweep-max 65536 --iters 2000 --warmup-iters 200
