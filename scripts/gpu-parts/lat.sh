@@ -8,9 +8,12 @@ lat_run() {
   local name=$1
   shift
   echo "== $name"
-  logged "$lat_log" 120 16 "^[0-9T:.-]+Z |^bench_engine: op|^bench_copy: |^note:|MsgSize" "$name" "$@" |
-    grep -E "^ +[0-9]+ |FAILED" | awk '{print $1, $3, $4, $5}' | tr '\n' ';'
+  # Not in a pipe: logged must run in this shell to set rc.
+  logged "$lat_log" 120 16 "^[0-9T:.-]+Z |^bench_engine: op|^bench_copy: |^note:|MsgSize" "$name" "$@" >"$OUT/.lat.rows"
+  grep -E "^ +[0-9]+ " "$OUT/.lat.rows" | awk '{print $1, $3, $4, $5}' | tr '\n' ';'
   echo
+  grep -E "^FAILED" "$OUT/.lat.rows" || true
+  rm -f "$OUT/.lat.rows"
 }
 lat_sweep=(--all --sweep-start 8 --sweep-max 65536 --iters 1000 --warmup-iters 100 --log-level warning)
 for r in $(seq 1 "${LAT_ROUNDS:-2}"); do
