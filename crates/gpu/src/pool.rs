@@ -7,7 +7,10 @@
 //! Choices measured on an H200 (docs/PERFORMANCE.md, xgmi section): a submission takes the
 //! first stream with nothing in flight (rotating over 64 streams cost about 1–1.5 µs per
 //! stop-and-wait transfer); events are created once per slot and reused; a waiter that runs
-//! the completion step itself saves the hand-off from the completion thread (0.6–1.7 µs).
+//! the completion step itself saves the hand-off from the completion thread (0.6–1.7 µs);
+//! batches of many small segments go through the scatter/gather kernel
+//! (`kernels/scatter_gather_copy.cu`: 0.15 µs per 4 KiB descriptor at batch 128 against
+//! about 6 µs as separate copies).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -16,11 +19,19 @@ use std::time::{Duration, Instant};
 
 use crate::error::{GpuError, Result};
 use crate::memory::{DeviceBuffer, DeviceSlice};
+use crate::module::{Function, KernelArgs, KernelImages};
+use crate::LaunchConfig;
 use crate::stream::{Event, Stream};
 use crate::types::Device;
 use crate::Runtime;
 
-/// One copy: `len` bytes from device address `src` to device address `dst`.
+static SG_CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.cubin");
+static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
+static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
+
+/// One copy: `len` bytes from device address `src` to device address `dst`. Laid out as the
+/// scatter/gather kernel's 24-byte descriptor (kernels/README.md).
+#[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CopySeg {
     /// Source device address.
@@ -41,6 +52,16 @@ pub struct CopyPoolConfig {
     pub num_events: usize,
     /// How long a submission waits for a free slot before it gives up.
     pub admission_timeout: Duration,
+    /// [`CopyPool::copy`] batches with at least this many segments use the scatter/gather
+    /// kernel (default 32; 0 disables the kernel) ...
+    pub kernel_threshold: usize,
+    /// ... unless their segments average at least this many bytes (default 48 MiB): then one
+    /// async copy per segment, each streaming through its own range, does not spread the
+    /// kernel's threads over the whole batch at once (which thrashed the TLB on gigabyte IPC
+    /// mappings). Measured on the H200, two processes, batch 128 (docs/PERFORMANCE.md): the
+    /// kernel gave 1165-1510 GB/s for 4-32 MiB segments but 411-620 at 64 MiB; copies gave
+    /// 533-616 GB/s at 4 MiB and 1402-1500 at 64 MiB.
+    pub kernel_max_mean_bytes: u64,
 }
 
 impl Default for CopyPoolConfig {
@@ -49,6 +70,8 @@ impl Default for CopyPoolConfig {
             num_streams: 64,
             num_events: 64,
             admission_timeout: Duration::from_secs(30),
+            kernel_threshold: 32,
+            kernel_max_mean_bytes: 48 << 20,
         }
     }
 }
@@ -103,6 +126,10 @@ struct Slot {
 
 struct DevPool {
     device: Device,
+    /// The scatter/gather kernel (none when disabled or when no image loads) and the
+    /// multiprocessor count that sizes its grid.
+    kernel: Option<Function>,
+    sms: u32,
     streams: Vec<Stream>,
     /// Submissions in flight per stream.
     busy: Vec<AtomicUsize>,
@@ -119,6 +146,9 @@ struct Pending {
     done: CopyDone,
     /// Enqueueing failed part-way: the submission fails with this once the event fired.
     failed: Option<GpuError>,
+    /// The host descriptor table of a kernel launch, read by its async upload: kept until
+    /// the event fired.
+    _host_table: Option<Vec<CopySeg>>,
 }
 
 /// Called by the completion thread between rounds (see [`CopyPool::set_idle_hook`]).
@@ -230,9 +260,22 @@ impl CopyPool {
     where
         F: FnOnce(&mut Lane<'_>) -> Result<()>,
     {
+        let dp = self.shared.dev_pool(dev)?;
+        // SAFETY: forwarded contract.
+        unsafe { self.submit_on(&dp, enqueue, done, None) }
+    }
+
+    /// [`CopyPool::submit`] on a device's pool, keeping `host_table` until the event fired.
+    ///
+    /// # Safety
+    /// As [`CopyPool::submit`].
+    unsafe fn submit_on<F>(&self, dp: &Arc<DevPool>, enqueue: F, done: CopyDone, host_table: Option<Vec<CopySeg>>) -> Result<()>
+    where
+        F: FnOnce(&mut Lane<'_>) -> Result<()>,
+    {
         let s = &self.shared;
-        let dp = s.dev_pool(dev)?;
-        let slot = s.take_slot(&dp)?;
+        let dev = dp.device;
+        let slot = s.take_slot(dp)?;
         let si = claim_lane(&dp.busy, &dp.next);
         let stream = &dp.streams[si];
         let failed = {
@@ -245,20 +288,58 @@ impl CopyPool {
             tracing::warn!(device = dev.0, error = %e, "copy pool: an event slot is retired after a failed record");
             return Err(failed.unwrap_or(e));
         }
-        lock(&s.pending).push(Pending { dev: dp.clone(), slot, stream: si, done, failed });
+        lock(&s.pending).push(Pending { dev: dp.clone(), slot, stream: si, done, failed, _host_table: host_table });
         Ok(())
     }
 
-    /// Queues `segs` (empty ones skipped) as one submission of `cuMemcpyDtoDAsync` (or HIP's)
-    /// calls; see [`CopyPool::submit`] for slots, errors and `done`.
+    /// Queues `segs` (empty ones skipped) as one submission: through the scatter/gather
+    /// kernel when there are at least `kernel_threshold` segments averaging under
+    /// `kernel_max_mean_bytes` (descriptor table uploaded to the slot's scratch buffer on the
+    /// same stream), else as one `cuMemcpyDtoDAsync` (or HIP's) per segment. See
+    /// [`CopyPool::submit`] for slots, errors and `done`; more than `u32::MAX` segments on the
+    /// kernel path is `InvalidArgument`.
     ///
     /// # Safety
     /// Every segment's `src..src+len` and `dst..dst+len` must be device memory mapped in this
     /// process and accessible from `dev`, and must stay mapped until `done` has been called.
     pub unsafe fn copy(&self, dev: Device, segs: &[CopySeg], done: CopyDone) -> Result<()> {
-        let rt = &self.shared.rt;
+        let s = &self.shared;
+        let dp = s.dev_pool(dev)?;
+        let segs: Vec<CopySeg> = segs.iter().filter(|g| g.len > 0).copied().collect();
+        let n = segs.len();
+        let total: u64 = segs.iter().map(|g| g.len).sum();
+        let kernel = dp
+            .kernel
+            .as_ref()
+            .filter(|_| s.cfg.kernel_threshold > 0 && n >= s.cfg.kernel_threshold && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes);
+        if let Some(f) = kernel {
+            let n32 = u32::try_from(n).map_err(|_| GpuError::invalid(format!("{n} segments in one scatter/gather batch: at most {}", u32::MAX)))?;
+            let need = n * std::mem::size_of::<CopySeg>();
+            // SAFETY: CopySeg is plain old data (three u64, repr(C)); the byte view covers exactly
+            // the vector's initialized elements; the vector's heap buffer does not move when the
+            // vector is handed to the pending entry, which keeps it until the event fired.
+            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(segs.as_ptr() as *const u8, need) };
+            let grid = (128 * dp.sms).min((n as u64).max(total.div_ceil(16 << 10)).min(u32::MAX as u64) as u32).max(1);
+            let rt = &s.rt;
+            let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
+                let stream = lane.stream();
+                let table = lane.scratch(need)?;
+                // SAFETY: `bytes` outlives the upload (see above); the table is this slot's
+                // scratch buffer, used by no other submission until the event fires.
+                unsafe { rt.copy_htod_async(&table, bytes, stream) }?;
+                let mut args = KernelArgs::new();
+                args.push_ptr(&table).push(n32);
+                let cfg = LaunchConfig { grid: (grid, 1, 1), block: (64, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: the kernel's ABI is (const CopySeg*, uint32_t) (kernels/README.md);
+                // every descriptor's ranges are mapped device memory (forwarded contract).
+                unsafe { rt.launch(f, stream, &cfg, &args.params()) }
+            };
+            // SAFETY: forwarded contract.
+            return unsafe { self.submit_on(&dp, enqueue, done, Some(segs)) };
+        }
+        let rt = &s.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
-            for seg in segs.iter().filter(|g| g.len > 0) {
+            for seg in &segs {
                 let len = usize::try_from(seg.len)
                     .map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
                 // SAFETY: forwarded contract: both ranges are mapped device memory of this process.
@@ -268,7 +349,7 @@ impl CopyPool {
             Ok(())
         };
         // SAFETY: forwarded contract.
-        unsafe { self.submit(dev, enqueue, done) }
+        unsafe { self.submit_on(&dp, enqueue, done, None) }
     }
 
     /// One completion step, run by the calling thread: completes every submission whose
@@ -305,8 +386,12 @@ impl Shared {
         for _ in 0..self.cfg.num_events {
             slots.push(Slot { event: self.rt.event(dev, false)?, scratch: Mutex::new(None) });
         }
+        let kernel = if self.cfg.kernel_threshold > 0 { self.load_kernel(dev) } else { None };
+        let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
         let p = Arc::new(DevPool {
             device: dev,
+            kernel,
+            sms,
             busy: streams.iter().map(|_| AtomicUsize::new(0)).collect(),
             streams,
             next: AtomicUsize::new(0),
@@ -314,6 +399,19 @@ impl Shared {
             slots,
         });
         Ok(lock(&self.devs).entry(dev.0).or_insert(p).clone())
+    }
+
+    /// The scatter/gather kernel on `dev`; `None` (logged) if no image loads, and batches
+    /// then use one copy per segment.
+    fn load_kernel(&self, dev: Device) -> Option<Function> {
+        let images = KernelImages { cubin: SG_CUBIN, ptx: SG_PTX, hsaco: SG_GFX942 };
+        match images.load(&*self.rt, dev).and_then(|m| m.function("mori_scatter_gather_copy")) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(device = dev.0, error = %e, "no scatter/gather kernel: batches use one copy per segment");
+                None
+            }
+        }
     }
 
     /// A free slot of `dp`; waits (`admission_timeout` at most) while all are in flight,

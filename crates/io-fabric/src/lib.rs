@@ -17,9 +17,10 @@
 //!   session creation fails naming why. Creating the backend proves the handle type works
 //!   (FABRIC without an IMEX channel: `NotSupported` with that diagnosis). No fallback to
 //!   another handle type or backend.
-//! - Copies: `mori_gpu::CopyPool` (streams and reused event slots per device; a waiter
-//!   spinning on a transfer completes it itself, else the pool's completion thread); the
-//!   target learns of a finished transfer through a control-plane notification.
+//! - Copies: `mori_gpu::CopyPool` (streams and reused event slots per device; batches of many
+//!   small segments through the scatter/gather kernel; a waiter spinning on a transfer
+//!   completes it itself, else the pool's completion thread); the target learns of a
+//!   finished transfer through a control-plane notification.
 //!
 //! Handle decoding, domain rules and the Unix-socket FD passing are tested on the CPU
 //! (`tests/fd_passing.rs` with memfd stand-ins); `tests/fabric_gpu.rs` holds the GPU tests

@@ -1,6 +1,6 @@
 //! The xgmi backend proper.
 
-use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, Function, IpcHandle, IpcMapping, KernelArgs, LaunchConfig, ModuleImage, Runtime};
+use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op,
     Outbox, Refusal, TransferRequest, TransferStatus,
@@ -9,10 +9,6 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
-
-static CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.cubin");
-static PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
-static GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
 /// Settings of the xgmi backend.
 #[derive(Debug, Clone)]
@@ -25,15 +21,10 @@ pub struct XgmiConfig {
     /// Most transfers in flight per device, each with its event (bench `--num-events`, 64).
     pub num_events: usize,
     /// Batches with at least this many segments use the scatter/gather kernel (default 32;
-    /// 0 disables the kernel).
+    /// 0 disables the kernel): `mori_gpu::CopyPoolConfig::kernel_threshold`.
     pub kernel_threshold: usize,
-    /// ... unless their segments average at least this many bytes (default 48 MiB): then one
-    /// async copy per segment, each streaming through its own range, does not spread the
-    /// kernel's threads over the whole batch at once (which thrashed the TLB on gigabyte IPC
-    /// mappings). Measured on the H200, two processes, batch 128 (docs/PERFORMANCE.md): the
-    /// kernel gave 1165-1510 GB/s for 4-32 MiB segments but 411-620 at 64 MiB; one copy per
-    /// segment gave 533-616 GB/s at 4 MiB (host-bound: 128 submissions of a few µs each) and
-    /// 1402-1500 at 64 MiB.
+    /// ... unless their segments average at least this many bytes (default 48 MiB):
+    /// `mori_gpu::CopyPoolConfig::kernel_max_mean_bytes`, which gives the measurements.
     pub kernel_max_mean_bytes: u64,
 }
 
@@ -41,15 +32,6 @@ impl Default for XgmiConfig {
     fn default() -> Self {
         XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32, kernel_max_mean_bytes: 48 << 20 }
     }
-}
-
-/// The 24-byte descriptor of the scatter/gather kernel (kernels/README.md).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct CopyDesc {
-    src: u64,
-    dst: u64,
-    len: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -80,26 +62,16 @@ struct LocalGpu {
     len: u64,
 }
 
-/// Per device: the scatter/gather kernel (none if no image loads) and the multiprocessor
-/// count that sizes its grid, read once.
-#[derive(Clone)]
-struct DevKernel {
-    kernel: Option<Arc<Function>>,
-    sms: u32,
-}
-
 struct Inner {
     /// Streams, in-flight slots (event + descriptor table each) and completion; first, so
     /// it is dropped (its thread joined) before the mappings and the kernel below.
     pool: CopyPool,
     ctx: BackendContext,
-    cfg: XgmiConfig,
     rt: Arc<dyn Runtime>,
     local: Mutex<HashMap<MemId, LocalGpu>>,
     /// Remote regions in use: engine -> region -> (owner-confirmed length, device address as
     /// seen here, the IPC mapping keeping it mapped; none for the same process).
     maps: Mutex<HashMap<String, HashMap<MemId, RemoteRegion>>>,
-    kernels: Mutex<HashMap<u32, DevKernel>>,
     /// Completed transfers whose target still has to be told: filled on the completion path,
     /// flushed to the notifier thread by the pool's completion thread (its idle hook).
     outbox: Arc<Outbox<Note>>,
@@ -132,7 +104,13 @@ impl XgmiBackend {
             .name("mori-xgmi-notify".into())
             .spawn(move || notify_loop(&*ctrl, &notify_rx))
             .map_err(|e| IoError::transport(format!("spawn xgmi notifier thread: {e}")))?;
-        let pool_cfg = CopyPoolConfig { num_streams: cfg.num_streams, num_events: cfg.num_events, ..CopyPoolConfig::default() };
+        let pool_cfg = CopyPoolConfig {
+            num_streams: cfg.num_streams,
+            num_events: cfg.num_events,
+            kernel_threshold: cfg.kernel_threshold,
+            kernel_max_mean_bytes: cfg.kernel_max_mean_bytes,
+            ..CopyPoolConfig::default()
+        };
         let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-xgmi-events").map_err(|e| gpu_err("xgmi copy pool", e))?;
         let outbox = Arc::new(Outbox::new(notify_tx));
         let o2 = outbox.clone();
@@ -141,11 +119,9 @@ impl XgmiBackend {
         }));
         let inner = Arc::new(Inner {
             ctx,
-            cfg,
             rt,
             local: Mutex::new(HashMap::new()),
             maps: Mutex::new(HashMap::new()),
-            kernels: Mutex::new(HashMap::new()),
             pool,
             outbox,
         });
@@ -177,33 +153,6 @@ fn gpu_of(d: &MemoryDesc) -> Option<u32> {
 }
 
 impl Inner {
-    /// The kernel and multiprocessor count of `dev`, looked up once.
-    fn dev_kernel(&self, dev: Device) -> IoResult<DevKernel> {
-        if let Some(k) = self.kernels.lock().get(&dev.0) {
-            return Ok(k.clone());
-        }
-        let kernel = if self.cfg.kernel_threshold > 0 { self.load_kernel(dev).map(Arc::new) } else { None };
-        let sms = self.rt.device_properties(dev).map_err(|e| gpu_err("device properties", e))?.multiprocessors.max(1);
-        Ok(self.kernels.lock().entry(dev.0).or_insert(DevKernel { kernel, sms }).clone())
-    }
-
-    /// The scatter/gather kernel for `dev` (cubin, then PTX, or the gfx942 object on HIP);
-    /// `None` (logged) if none loads, and batches then use one copy per segment.
-    fn load_kernel(&self, dev: Device) -> Option<Function> {
-        let images: &[ModuleImage<'_>] = match self.rt.kind() {
-            mori_gpu::RuntimeKind::Cuda => &[ModuleImage::Cubin(CUBIN), ModuleImage::Ptx(PTX)],
-            mori_gpu::RuntimeKind::Hip => &[ModuleImage::HipCodeObject(GFX942)],
-        };
-        for img in images {
-            match self.rt.load_module(dev, *img).and_then(|m| m.function("mori_scatter_gather_copy")) {
-                Ok(f) => return Some(f),
-                Err(e) => tracing::info!(device = dev.0, error = %e, "scatter/gather kernel image not usable"),
-            }
-        }
-        tracing::warn!(device = dev.0, "no scatter/gather kernel: batches use one copy per descriptor");
-        None
-    }
-
     /// The remote region as the owner registered it: its confirmed length and the device
     /// address of its first byte as seen from `dev` (mapped through IPC once, then cached).
     fn remote_region(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<RemoteRegion> {
@@ -261,7 +210,6 @@ impl Inner {
             mori_io_core::registry::check_range(req.remote.id, rr.len, s.remote_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
         }
-        let dk = self.dev_kernel(dev)?;
         let segs: Vec<CopySeg> = req
             .segs
             .iter()
@@ -270,61 +218,17 @@ impl Inner {
                 CopySeg { src, dst, len: s.len }
             })
             .collect();
-        let total: u64 = segs.iter().map(|s| s.len).sum();
-        let n = segs.len();
-        let (st, peer, id, outbox) = (status.clone(), req.peer.clone(), req.id, self.outbox.clone());
-        let kernel = dk.kernel.as_ref().filter(|_| n >= self.cfg.kernel_threshold && total / (n as u64).max(1) < self.cfg.kernel_max_mean_bytes);
-        let r = match kernel {
-            Some(f) => {
-                let n32 = u32::try_from(n).map_err(|_| IoError::invalid(format!("{n} segments in one xgmi batch: at most {}", u32::MAX)))?;
-                // The host descriptor table is read by the async upload: `done` keeps it (and the
-                // remote mapping) until the slot's event fired.
-                let descs: Vec<CopyDesc> = segs.iter().map(|s| CopyDesc { src: s.src, dst: s.dst, len: s.len }).collect();
-                let need = n * std::mem::size_of::<CopyDesc>();
-                // SAFETY: CopyDesc is plain old data (three u64, repr(C)); the byte view covers
-                // exactly the vector's initialized elements, and the vector's heap buffer does
-                // not move when the vector is moved into `done`.
-                let bytes: &[u8] = unsafe { std::slice::from_raw_parts(descs.as_ptr() as *const u8, need) };
-                let grid = (128 * dk.sms).min((n as u64).max(total.div_ceil(16 << 10)).min(u32::MAX as u64) as u32).max(1);
-                let rt = &self.rt;
-                let enqueue = |lane: &mut mori_gpu::Lane<'_>| -> mori_gpu::Result<()> {
-                    let stream = lane.stream();
-                    let table = lane.scratch(need)?;
-                    // SAFETY: `bytes` (owned by `done`) outlives the upload, see above; the
-                    // table is this slot's scratch buffer, used by no other transfer until the
-                    // event fires.
-                    unsafe { rt.copy_htod_async(&table, bytes, stream) }?;
-                    let mut args = KernelArgs::new();
-                    args.push_ptr(&table).push(n32);
-                    let cfg = LaunchConfig { grid: (grid, 1, 1), block: (64, 1, 1), shared_mem_bytes: 0 };
-                    // SAFETY: the kernel's ABI is (const CopyDesc*, uint32_t) (kernels/README.md);
-                    // every descriptor was bounds-checked against both registrations.
-                    unsafe { rt.launch(f, stream, &cfg, &args.params()) }
-                };
-                let done = done_fn(st, peer, id, outbox, (rr, descs));
-                // SAFETY: every descriptor lies inside the local registration and the remote
-                // region (owner-confirmed length), both mapped for as long as `done` lives.
-                unsafe { self.pool.submit(dev, enqueue, done) }
-            }
-            None => {
-                let done = done_fn(st, peer, id, outbox, (rr, Vec::new()));
-                // SAFETY: as above.
-                unsafe { self.pool.copy(dev, &segs, done) }
-            }
-        };
-        r.map_err(|e| gpu_err("queue xgmi transfer", e))
+        let done = done_fn(status.clone(), req.peer.clone(), req.id, self.outbox.clone(), rr);
+        // SAFETY: every segment lies inside the local registration and the remote region
+        // (owner-confirmed length), both mapped for as long as `done` lives (it holds the
+        // remote mapping; the local one is the caller's until deregistration).
+        unsafe { self.pool.copy(dev, &segs, done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
     }
 }
 
 /// The completion of one transfer: sets the status, queues the target's notification, and
-/// drops `keep` (the remote mapping and the host descriptor table) only then.
-fn done_fn(
-    st: TransferStatus,
-    peer: Arc<EngineDesc>,
-    id: u64,
-    outbox: Arc<Outbox<Note>>,
-    keep: (RemoteRegion, Vec<CopyDesc>),
-) -> mori_gpu::CopyDone {
+/// drops `keep` (the remote mapping) only then.
+fn done_fn(st: TransferStatus, peer: Arc<EngineDesc>, id: u64, outbox: Arc<Outbox<Note>>, keep: RemoteRegion) -> mori_gpu::CopyDone {
     Box::new(move |r: mori_gpu::Result<()>| {
         let ok = r.is_ok();
         st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
