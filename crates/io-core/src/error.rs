@@ -118,6 +118,9 @@ impl IoError {
             WouldBlock | TimedOut => ErrorCode::Timeout,
             _ => ErrorCode::Transport,
         };
+        if e.kind() == UnexpectedEof {
+            return IoError::new(code, format!("{context}: the peer closed the connection (its engine shut down or exited): {e}"));
+        }
         IoError::new(code, format!("{context}: {e}"))
     }
 }
