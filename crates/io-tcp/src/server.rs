@@ -16,7 +16,8 @@ use std::time::Duration;
 const IDLE_POLL: Duration = Duration::from_millis(200);
 
 /// Serves one inbound data connection until the peer closes it, a protocol error occurs, or
-/// `shutdown` is set. `from` is the initiator's engine key.
+/// `shutdown` is set (checked before every request, and every [`IDLE_POLL`] while idle).
+/// `from` is the initiator's engine key.
 pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdown: Arc<AtomicBool>) {
     loop {
         match wait_readable(s.as_raw_fd(), IDLE_POLL) {
@@ -25,6 +26,12 @@ pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdow
                     return;
                 }
                 continue;
+            }
+            // A backend that was dropped (its engine too) serves nothing more: the memory it
+            // would write into may be freed by now. The initiator sees the connection close.
+            Ok(true) if shutdown.load(Ordering::Acquire) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                return;
             }
             Ok(true) => {}
             Err(_) => return,

@@ -111,3 +111,37 @@ fn re_registering_a_key_with_a_new_engine_drops_the_old_connections() {
         e.deregister_memory(m).unwrap();
     }
 }
+
+#[test]
+fn a_dropped_target_engine_takes_no_more_writes() {
+    // Dropping an engine must stop its tcp backend from writing into memory the owner may
+    // free next, even while an initiator keeps sending over already-open connections.
+    let mk = |key: &str| {
+        let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 2, min_lane_bytes: 1024, ..TcpConfig::default() })).unwrap();
+        e
+    };
+    let (c, b) = (mk("C-drop"), mk("B-drop"));
+    let mut src = vec![0x5au8; 4096];
+    let mut dst = vec![0u8; 4096];
+    let ms = unsafe { c.register_memory(src.as_mut_ptr(), src.len(), MemLoc::Host { numa: None }) }.unwrap();
+    let mb = unsafe { b.register_memory(dst.as_mut_ptr(), dst.len(), MemLoc::Host { numa: None }) }.unwrap();
+    c.register_remote_engine(b.desc().clone()).unwrap();
+    c.write(&ms, 0, &mb, 0, 4096, 1).wait_for(T).unwrap();
+    assert!(dst.iter().all(|&x| x == 0x5a), "the write before the drop landed");
+    dst.fill(0);
+    drop(b);
+    let mut first_err = None;
+    for i in 0..50u64 {
+        let r = c.write(&ms, 0, &mb, 0, 4096, 100 + i).wait_for(T);
+        let e = r.expect_err("a write to a dropped engine must fail");
+        first_err.get_or_insert(e);
+    }
+    assert!(dst.iter().all(|&x| x == 0), "nothing was written after the drop");
+    let e = first_err.unwrap();
+    assert!(
+        e.code == ErrorCode::RemoteDisconnect || e.code == ErrorCode::NotSupported || e.code == ErrorCode::Transport,
+        "{e}"
+    );
+    c.deregister_memory(&ms).unwrap();
+}
