@@ -137,6 +137,8 @@ struct DevPool {
     slots: Vec<Slot>,
     /// Indices of the free slots.
     free: Mutex<Vec<usize>>,
+    /// Slots retired for good after a failed event record.
+    retired: AtomicUsize,
 }
 
 struct Pending {
@@ -171,6 +173,16 @@ struct Shared {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `try_lock` that takes a poisoned lock too (a panic elsewhere leaves the data consistent
+/// here: every holder only moves whole entries); `None` only while another thread holds it.
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 /// Streams, slots and a completion thread per pool (see the module docs). Dropping it stops
@@ -285,6 +297,7 @@ impl CopyPool {
         if let Err(e) = dp.slots[slot].event.record(stream) {
             // Work may be queued with no event after it: this slot is retired for good.
             dp.busy[si].fetch_sub(1, Ordering::AcqRel);
+            dp.retired.fetch_add(1, Ordering::AcqRel);
             tracing::warn!(device = dev.0, error = %e, "copy pool: an event slot is retired after a failed record");
             return Err(failed.unwrap_or(e));
         }
@@ -360,9 +373,9 @@ impl CopyPool {
     pub fn progress(&self) -> bool {
         let s = &self.shared;
         s.driven.fetch_add(1, Ordering::AcqRel);
-        match s.reap.try_lock() {
-            Ok(mut mine) => s.reap_once(&mut mine).0 > 0,
-            Err(_) => false,
+        match try_lock(&s.reap) {
+            Some(mut mine) => s.reap_once(&mut mine).0 > 0,
+            None => false,
         }
     }
 }
@@ -396,6 +409,7 @@ impl Shared {
             streams,
             next: AtomicUsize::new(0),
             free: Mutex::new((0..slots.len()).rev().collect()),
+            retired: AtomicUsize::new(0),
             slots,
         });
         Ok(lock(&self.devs).entry(dev.0).or_insert(p).clone())
@@ -422,23 +436,25 @@ impl Shared {
         }
         let t0 = Instant::now();
         loop {
-            if let Ok(mut mine) = self.reap.try_lock() {
+            if let Some(mut mine) = try_lock(&self.reap) {
                 self.reap_once(&mut mine);
             }
             if let Some(i) = lock(&dp.free).pop() {
                 return Ok(i);
             }
-            if t0.elapsed() > self.cfg.admission_timeout {
-                return Err(GpuError::io(
-                    "copy pool admission",
-                    std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "{} submissions still in flight on {} after {:?}",
-                            self.cfg.num_events, dp.device, self.cfg.admission_timeout
-                        ),
-                    ),
-                ));
+            let retired = dp.retired.load(Ordering::Acquire);
+            if retired >= dp.slots.len() || t0.elapsed() > self.cfg.admission_timeout {
+                let why = if retired >= dp.slots.len() {
+                    format!("all {retired} event slots of {} were retired after failed event records", dp.device)
+                } else {
+                    format!(
+                        "{} submissions still in flight on {} after {:?} ({retired} slot(s) retired after failed event records)",
+                        dp.slots.len() - retired,
+                        dp.device,
+                        self.cfg.admission_timeout
+                    )
+                };
+                return Err(GpuError::io("copy pool admission", std::io::Error::new(std::io::ErrorKind::TimedOut, why)));
             }
             std::thread::yield_now();
         }
@@ -464,7 +480,12 @@ impl Shared {
             let p = mine.swap_remove(i);
             p.dev.busy[p.stream].fetch_sub(1, Ordering::AcqRel);
             lock(&p.dev.free).push(p.slot);
-            (p.done)(r);
+            // A panicking callback must not take the completion thread (or a waiter's step)
+            // down with it: every later submission would then never complete.
+            let done_fn = p.done;
+            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done_fn(r))).is_err() {
+                tracing::error!(device = p.dev.device.0, "copy pool: a completion callback panicked");
+            }
             done += 1;
         }
         (done, mine.len())

@@ -76,7 +76,7 @@ fn gpu_tests_pass_against_the_fake_driver() {
         "the fake driver was not loaded"
     );
     assert!(
-        stdout.contains("test result: ok. 10 passed; 0 failed"),
-        "not all 10 GPU tests ran"
+        stdout.contains("test result: ok. 11 passed; 0 failed"),
+        "not all 11 GPU tests ran"
     );
 }

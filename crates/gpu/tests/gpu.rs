@@ -755,3 +755,49 @@ fn module_load_and_launch() -> R {
     assert_eq!(e.call(), Some("cuModuleLoadDataEx"));
     Ok(())
 }
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_copies_and_survives_a_panicking_callback() -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    let rt = rt()?;
+    // Two slots, so the twelve copies below also pass through admission (waiting for slots).
+    let cfg = CopyPoolConfig { num_streams: 3, num_events: 2, kernel_threshold: 0, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-copy-pool")?;
+    let len = 12 * 4096;
+    let a = rt.alloc(DEV, len)?;
+    let b = rt.alloc(DEV, len)?;
+    rt.copy_htod(&a.slice(), &pattern(len, 0x33))?;
+    rt.memset(&b.slice(), 0)?;
+    let (src, dst) = (a.slice().ptr(), b.slice().ptr());
+    // A callback that panics must not take the completion path down with it.
+    let seg0 = [CopySeg { src, dst, len: 4096 }];
+    // SAFETY: both ranges lie inside `a` and `b`, which outlive the pool's work (the pool is
+    // dropped, and every copy waited for, before them).
+    unsafe { pool.copy(DEV, &seg0, Box::new(|_| panic!("test: a panicking completion callback"))) }?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for k in 1..12u64 {
+        let tx = tx.clone();
+        let seg = [CopySeg { src: src + k * 4096, dst: dst + k * 4096, len: 4096 }];
+        // SAFETY: as above.
+        unsafe { pool.copy(DEV, &seg, Box::new(move |r| drop(tx.send((k, r.is_ok()))))) }?;
+    }
+    // This thread drives completion itself (as a spinning waiter does).
+    let t = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < 11 {
+        pool.progress();
+        got.extend(rx.try_iter());
+        if t.elapsed() > WAIT_TIMEOUT {
+            return fail(format!("copy pool: {} of 11 callbacks after {WAIT_TIMEOUT:?}", got.len()));
+        }
+    }
+    if let Some((k, _)) = got.iter().find(|(_, ok)| !ok) {
+        return fail(format!("copy pool: copy {k} failed"));
+    }
+    let mut back = vec![0u8; len];
+    rt.copy_dtoh(&mut back, &b.slice())?;
+    check("copy pool: 12 copies of 4 KiB", &back, |i| pat(i, 0x33))?;
+    println!("copy pool: 12 copies through 2 slots, a panicking callback survived, {:?}", t.elapsed());
+    Ok(())
+}
