@@ -87,7 +87,8 @@ pub fn self_ip(args: &Args, master: SocketAddr) -> Result<String, Failure> {
     Ok(s.local_addr().map_err(|e| usage(format!("local address: {e}; pass --self-ip")))?.ip().to_string())
 }
 
-fn mem_available() -> Option<u64> {
+/// `MemAvailable` of /proc/meminfo, bytes; `None` where it cannot be read.
+pub fn mem_available() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)

@@ -346,6 +346,10 @@ pub fn env_in_effect(vars: impl Iterator<Item = (String, String)>) -> Vec<EnvVar
         let known = KNOWN_ENV.iter().chain(OTHER_ENV.iter()).find(|(k, _)| *k == name).map(|(_, n)| n.to_string());
         let note = match known {
             Some(n) => match invalid_value(&name, &value) {
+                None if name == mori_io_core::CALLER_PROGRESS_ENV => {
+                    let on = mori_io_core::status::parse_switch(&value).unwrap_or(true);
+                    format!("{n}; {} here", if on { "on" } else { "off" })
+                }
                 None => n,
                 Some(why) => format!("INVALID: {why}"),
             },

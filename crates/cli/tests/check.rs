@@ -148,6 +148,6 @@ fn env_values_are_checked_against_what_their_readers_accept() {
     assert!(!note("MORI_RDMA_DEVICES").starts_with("INVALID"));
     assert_eq!(note("MORI_IO_CALLER_PROGRESS"), "INVALID: \"maybe\" is not one of 1, 0, true, false, on, off, yes, no");
     let ok = mori_cli::check::env_in_effect(std::iter::once(("MORI_IO_CALLER_PROGRESS".to_string(), "0".to_string())));
-    assert!(ok[0].note.contains("waiters poll completions themselves"), "{}", ok[0].note);
+    assert!(ok[0].note.contains("waiters poll completions themselves") && ok[0].note.ends_with("off here"), "{}", ok[0].note);
     assert!(env.iter().all(|e| e.name != "HOME"));
 }

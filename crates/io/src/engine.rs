@@ -129,6 +129,8 @@ impl IoEngine {
     /// loopback and fail with "connection refused"), or an unresolvable host; `BadState`
     /// naming the port when it is already in use.
     pub fn new(key: &str, cfg: EngineConfig) -> IoResult<Self> {
+        // Read (and, if malformed, reported) once per process whatever the backends.
+        let _ = mori_io_core::status::caller_progress_enabled();
         if key.is_empty() {
             return Err(IoError::invalid("engine key is empty"));
         }

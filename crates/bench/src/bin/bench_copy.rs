@@ -168,6 +168,15 @@ fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) 
     let stride = mori_bench::sweep::stride(msg, a.batch_contiguous);
     let span = stride.checked_mul(u64::from(a.batch) - 1).and_then(|x| x.checked_add(msg));
     let len = span.and_then(|x| usize::try_from(x).ok()).ok_or_else(|| at("the batch's span exceeds the address space"))?;
+    // The host keeps a source pattern and a read-back copy of the span: refuse before
+    // allocating what would not fit (80 % of MemAvailable), rather than abort.
+    if let Some(avail) = mori_bench::run::mem_available() {
+        if (len as u64).saturating_mul(2) > avail / 10 * 8 {
+            return Err(at(&format!(
+                "the batch spans {len} bytes, and checking it needs twice that in host memory, but MemAvailable is {avail} bytes; lower --batch or --sweep-max"
+            )));
+        }
+    }
     let s = rt.alloc(src, len).map_err(|e| format!("{}: {e}", at("allocate the source")))?;
     let d = if a.ipc {
         ipc_destination(rt, src, dst, len).map_err(|e| format!("{}: {e}", at("destination")))?
