@@ -18,7 +18,8 @@
 //! With `--ipc` the destination belongs to a child process (this binary again), which
 //! allocates it with `cuMemAlloc` and exports a CUDA/HIP IPC handle; the copies go through the
 //! mapping opened from that handle, as the xgmi backend's do between two processes: the
-//! like-for-like baseline of `bench_engine --local --backend xgmi`.
+//! like-for-like baseline of `bench_engine --local --backend xgmi --op write`; `--ipc-src`
+//! puts the source there instead (the baseline of `--op read`).
 //!
 //! The destination slots are checked against the source once after each size (exit 1 on a
 //! mismatch).
@@ -60,13 +61,16 @@ struct Args {
     /// The destination is another process's memory, reached through an IPC handle.
     #[arg(long)]
     ipc: bool,
-    /// Internal: run as the --ipc child owning a destination of this many bytes on --dst-gpu.
+    /// The source is another process's memory, reached through an IPC handle.
+    #[arg(long, conflicts_with = "ipc")]
+    ipc_src: bool,
+    /// Internal: run as the --ipc/--ipc-src child owning this many bytes on --dst-gpu.
     #[arg(long, hide = true)]
     ipc_child_bytes: Option<u64>,
 }
 
-/// The destination of the copies: this process's memory, or a child's through IPC (the child
-/// keeps it allocated until its stdin closes, when this is dropped).
+/// One side of the copies: this process's memory, or a child's through IPC (the child keeps
+/// it allocated until its stdin closes, when this is dropped).
 enum Dst {
     Local(mori_gpu::DeviceBuffer),
     Ipc(mori_gpu::IpcMapping, std::process::Child),
@@ -177,7 +181,11 @@ fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) 
             )));
         }
     }
-    let s = rt.alloc(src, len).map_err(|e| format!("{}: {e}", at("allocate the source")))?;
+    let s = if a.ipc_src {
+        ipc_destination(rt, src, src, len).map_err(|e| format!("{}: {e}", at("source")))?
+    } else {
+        Dst::Local(rt.alloc(src, len).map_err(|e| format!("{}: {e}", at("allocate the source")))?)
+    };
     let d = if a.ipc {
         ipc_destination(rt, src, dst, len).map_err(|e| format!("{}: {e}", at("destination")))?
     } else {
@@ -193,7 +201,7 @@ fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) 
     let mut views = Vec::with_capacity(slots.len());
     for &o in &slots {
         let dv = d.slice().sub(o, m).map_err(|e| format!("{}: {e}", at("destination slot")))?;
-        let sv = s.sub(o, m).map_err(|e| format!("{}: {e}", at("source slot")))?;
+        let sv = s.slice().sub(o, m).map_err(|e| format!("{}: {e}", at("source slot")))?;
         views.push((dv, sv));
     }
     let copy = || -> Result<(), String> {
@@ -266,7 +274,13 @@ fn run(a: &Args) -> Result<(), String> {
         rt.library(),
         src.0,
         dst.0,
-        if a.ipc { " (another process's memory, through IPC)" } else { "" },
+        if a.ipc {
+            " (another process's memory, through IPC)"
+        } else if a.ipc_src {
+            " (from another process's memory, through IPC)"
+        } else {
+            ""
+        },
         a.iters,
         a.warmup_iters,
         a.batch,
