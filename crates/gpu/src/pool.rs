@@ -305,7 +305,7 @@ impl CopyPool {
         Ok(())
     }
 
-    /// Queues `segs` (empty ones skipped) as one submission: through the scatter/gather
+    /// Queues `segs` (empty ones dropped) as one submission: through the scatter/gather
     /// kernel when there are at least `kernel_threshold` segments averaging under
     /// `kernel_max_mean_bytes` (descriptor table uploaded to the slot's scratch buffer on the
     /// same stream), else as one `cuMemcpyDtoDAsync` (or HIP's) per segment. See
@@ -315,10 +315,11 @@ impl CopyPool {
     /// # Safety
     /// Every segment's `src..src+len` and `dst..dst+len` must be device memory mapped in this
     /// process and accessible from `dev`, and must stay mapped until `done` has been called.
-    pub unsafe fn copy(&self, dev: Device, segs: &[CopySeg], done: CopyDone) -> Result<()> {
+    pub unsafe fn copy(&self, dev: Device, mut segs: Vec<CopySeg>, done: CopyDone) -> Result<()> {
         let s = &self.shared;
         let dp = s.dev_pool(dev)?;
-        let segs: Vec<CopySeg> = segs.iter().filter(|g| g.len > 0).copied().collect();
+        // Taken by value: on the kernel path this vector is the host descriptor table itself.
+        segs.retain(|g| g.len > 0);
         let n = segs.len();
         let total: u64 = segs.iter().map(|g| g.len).sum();
         let kernel = dp

@@ -30,6 +30,14 @@ impl InboundTable {
         Self::default()
     }
 
+    /// Records that transfers `ids` from engine `from`, each of one piece, completed (a
+    /// backend's packed completion message).
+    pub fn transfers_done(&self, from: &str, ids: impl IntoIterator<Item = TransferId>) {
+        for id in ids {
+            self.piece_done(from, id, 1, Ok(()));
+        }
+    }
+
     /// Records that one of `total` pieces of transfer `id` from engine `from` was applied
     /// (`Ok`) or refused (`Err`; the first error sticks). Call only after the data is in place.
     pub fn piece_done(&self, from: &str, id: TransferId, total: u32, r: Result<(), IoError>) {

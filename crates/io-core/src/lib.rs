@@ -22,7 +22,7 @@ pub use backend::{Backend, BackendContext, BackendKind, ControlClient, Op, Refus
 pub use desc::{BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
-pub use outbox::Outbox;
+pub use outbox::{Notifier, Outbox};
 pub use plan::{Piece, Seg};
 pub use registry::{MemRegistry, Region};
 pub use status::{Progress, TransferId, TransferStatus, CALLER_PROGRESS_ENV};

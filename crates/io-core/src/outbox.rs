@@ -1,14 +1,18 @@
 //! [`Outbox`]: messages queued on a hot path with no system call, handed to a sender
-//! thread's channel later by a thread that can afford the wake-up.
+//! thread's channel later by a thread that can afford the wake-up; [`Notifier`]: a backend's
+//! notification thread built on it (completion notes packed per peer and burst).
 //!
 //! A completion path that sends on a channel directly wakes the blocked receiver (a futex
 //! system call, about a microsecond) before the waiter it completes can go on. The xgmi and
 //! fabric backends instead push their target notifications here and let their copy pool's
 //! completion thread flush them (`mori_gpu::CopyPool::set_idle_hook`).
 
+use crate::backend::{BackendKind, ControlClient};
 use crate::desc::EngineDesc;
+use crate::error::{IoError, IoResult};
 use parking_lot::Mutex;
-use std::sync::mpsc::Sender;
+use serde::Serialize;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
 /// A queue in front of a channel (see the module docs). Order is kept: flushes and
@@ -68,6 +72,82 @@ pub fn group_by_peer(notes: impl IntoIterator<Item = (Arc<EngineDesc>, u64)>, ma
     out
 }
 
+/// Most transfer ids in one packed completion message (keeps the frame far below the
+/// control-plane limit).
+pub const MAX_IDS_PER_NOTE: usize = 4096;
+
+/// What a [`Notifier`] carries: the completion of transfer `id` for `peer`, or another control
+/// message of the backend.
+pub enum Notice<M> {
+    /// Transfer `id` (an id of `peer`'s inbound table) completed: all its data is in place.
+    Done(Arc<EngineDesc>, u64),
+    /// Any other message, sent as it is.
+    Other(Arc<EngineDesc>, M),
+}
+
+/// A backend's notification thread: completions are queued with no system call
+/// ([`Notifier::push_done`]) and sent when the backend flushes (its copy pool's idle hook) or
+/// sends another message. The thread takes everything queued, sends the completions per peer as
+/// one message per burst (`encode_done(ids)`, at most [`MAX_IDS_PER_NOTE`] ids each), then the
+/// other messages in their order; a failed request is logged (WARN) and dropped. It ends when
+/// the notifier is dropped.
+pub struct Notifier<M> {
+    outbox: Outbox<Notice<M>>,
+}
+
+impl<M: Serialize + Send + 'static> Notifier<M> {
+    /// Starts the thread (`thread` names it) sending to the peers' `kind` backend through
+    /// `ctrl`. Errors: `Transport` if the thread cannot be spawned.
+    pub fn spawn(thread: &str, ctrl: Arc<dyn ControlClient>, kind: BackendKind, encode_done: fn(Vec<u64>) -> M) -> IoResult<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Notice<M>>();
+        std::thread::Builder::new()
+            .name(thread.to_string())
+            .spawn(move || notify_loop(&*ctrl, kind, encode_done, &rx))
+            .map_err(|e| IoError::transport(format!("spawn {thread} thread: {e}")))?;
+        Ok(Notifier { outbox: Outbox::new(tx) })
+    }
+
+    /// Queues the completion of transfer `id` for `peer` (a mutex push, no system call).
+    pub fn push_done(&self, peer: Arc<EngineDesc>, id: u64) {
+        self.outbox.push(Notice::Done(peer, id));
+    }
+
+    /// Hands everything queued to the thread.
+    pub fn flush(&self) {
+        self.outbox.flush();
+    }
+
+    /// Sends `msg` to `peer` now, after whatever is queued.
+    pub fn send(&self, peer: Arc<EngineDesc>, msg: M) {
+        self.outbox.send(Notice::Other(peer, msg));
+    }
+}
+
+fn notify_loop<M: Serialize>(ctrl: &dyn ControlClient, kind: BackendKind, encode_done: fn(Vec<u64>) -> M, rx: &Receiver<Notice<M>>) {
+    let send = |peer: &EngineDesc, msg: &M| {
+        let bytes = postcard::to_allocvec(msg).unwrap_or_default();
+        if let Err(e) = ctrl.request(peer, kind, bytes) {
+            tracing::warn!(peer = %peer.key, backend = %kind, error = %e, "notification failed");
+        }
+    };
+    while let Ok(first) = rx.recv() {
+        let mut done = Vec::new();
+        let mut other = Vec::new();
+        for n in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match n {
+                Notice::Done(peer, id) => done.push((peer, id)),
+                Notice::Other(peer, m) => other.push((peer, m)),
+            }
+        }
+        for (peer, ids) in group_by_peer(done, MAX_IDS_PER_NOTE) {
+            send(&peer, &encode_done(ids));
+        }
+        for (peer, m) in other {
+            send(&peer, &m);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +192,78 @@ mod tests {
         drop(rx);
         o.push(5);
         assert_eq!(o.flush(), 1, "a gone receiver drops the message without panicking");
+    }
+
+    /// Records the requests a notifier makes (the engine's control plane cannot route to a
+    /// GPU backend on a host without one, so the packing is checked here).
+    struct Recorder(Mutex<Vec<(String, BackendKind, Vec<u8>)>>);
+
+    impl ControlClient for Recorder {
+        fn request(&self, peer: &EngineDesc, backend: BackendKind, payload: Vec<u8>) -> IoResult<Vec<u8>> {
+            self.0.lock().push((peer.key.clone(), backend, payload));
+            Ok(Vec::new())
+        }
+    }
+
+    #[derive(Serialize, serde::Deserialize, Debug, PartialEq)]
+    enum Msg {
+        Done(u64),
+        Many(Vec<u64>),
+        Forget(u32),
+    }
+
+    #[test]
+    fn notifier_packs_a_burst_per_peer_then_sends_the_rest_in_order() {
+        let rec = Arc::new(Recorder(Mutex::new(Vec::new())));
+        let n = Notifier::spawn("test-notify", rec.clone(), BackendKind::Xgmi, |ids| {
+            if ids.len() == 1 { Msg::Done(ids[0]) } else { Msg::Many(ids) }
+        })
+        .unwrap();
+        let (a, b) = (peer("a"), peer("b"));
+        for (p, id) in [(&a, 1), (&b, 2), (&a, 3)] {
+            n.push_done(p.clone(), id);
+        }
+        assert!(rec.0.lock().is_empty(), "nothing leaves before a flush");
+        n.send(b.clone(), Msg::Forget(9));
+        let t = std::time::Instant::now();
+        let ids_of = |key: &str, got: &[(String, BackendKind, Msg)]| -> Vec<u64> {
+            got.iter()
+                .filter(|(k, _, _)| k == key)
+                .flat_map(|(_, _, m)| match m {
+                    Msg::Done(i) => vec![*i],
+                    Msg::Many(v) => v.clone(),
+                    Msg::Forget(_) => vec![],
+                })
+                .collect()
+        };
+        let decode = || -> Vec<(String, BackendKind, Msg)> {
+            rec.0.lock().iter().map(|(k, kind, b)| (k.clone(), *kind, postcard::from_bytes(b).unwrap())).collect()
+        };
+        loop {
+            let got = decode();
+            if got.iter().any(|(_, _, m)| *m == Msg::Forget(9)) {
+                break;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "notifier sent {got:?}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let got = decode();
+        // The thread may wake before the whole burst is in its channel, so a burst can be
+        // split; what must hold: every id reaches its peer once, in order, completions before
+        // the message sent after them, all to the xgmi backend.
+        assert_eq!(ids_of("a", &got), vec![1, 3], "{got:?}");
+        assert_eq!(ids_of("b", &got), vec![2], "{got:?}");
+        assert_eq!(got.last().map(|(k, _, m)| (k.as_str(), m)), Some(("b", &Msg::Forget(9))), "{got:?}");
+        assert!(got.len() <= 4 && got.iter().all(|(_, kind, _)| *kind == BackendKind::Xgmi), "{got:?}");
+        // Within one burst, a peer's completions travel in one message.
+        n.push_done(a.clone(), 4);
+        n.push_done(a.clone(), 5);
+        n.send(a.clone(), Msg::Forget(10));
+        while !decode().iter().any(|(_, _, m)| *m == Msg::Forget(10)) {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "notifier sent {:?}", decode());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let tail: Vec<Msg> = decode().into_iter().skip(got.len()).map(|(_, _, m)| m).collect();
+        assert!(tail == vec![Msg::Many(vec![4, 5]), Msg::Forget(10)] || tail == vec![Msg::Done(4), Msg::Done(5), Msg::Forget(10)], "{tail:?}");
     }
 }

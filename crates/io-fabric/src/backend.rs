@@ -8,7 +8,7 @@ use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHand
 use mori_io_core::registry::check_range;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op,
-    Outbox, Refusal, TransferRequest, TransferStatus,
+    Notifier, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -67,8 +67,6 @@ enum FabricCtrl {
     DoneMany(Vec<u64>),
 }
 
-/// Most transfer ids in one `DoneMany` (keeps the frame far below the control-plane limit).
-const MAX_IDS_PER_NOTE: usize = 4096;
 
 struct LocalReg {
     mem: Arc<Exported>,
@@ -87,7 +85,6 @@ struct RemoteMap {
     _alloc: VmmAllocation,
 }
 
-type Notice = (Arc<EngineDesc>, FabricCtrl);
 
 struct Inner {
     ctx: BackendContext,
@@ -99,8 +96,8 @@ struct Inner {
     local: Mutex<HashMap<MemId, Arc<LocalReg>>>,
     maps: Mutex<HashMap<(String, MemId), Arc<RemoteMap>>>,
     /// Control messages sent by the notifier thread (completion must not wait on them):
-    /// completions push here, the pool's completion thread flushes (its idle hook).
-    outbox: Arc<Outbox<Notice>>,
+    /// completions are queued, the pool's completion thread flushes (its idle hook).
+    notifier: Arc<Notifier<FabricCtrl>>,
 }
 
 /// The fabric transport (see the crate docs).
@@ -140,17 +137,11 @@ impl FabricBackend {
         };
         let pool_cfg = CopyPoolConfig { num_streams: cfg.num_streams, num_events: cfg.num_events, ..CopyPoolConfig::default() };
         let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-fabric-events").map_err(|e| gpu_err("fabric copy pool", e))?;
-        let (tx, rx) = std::sync::mpsc::channel::<Notice>();
-        let ctrl = ctx.ctrl.clone();
-        std::thread::Builder::new()
-            .name("mori-fabric-notify".into())
-            .spawn(move || notify_loop(&*ctrl, &rx))
-            .map_err(|e| IoError::transport(format!("spawn fabric notifier thread: {e}")))?;
-        let outbox = Arc::new(Outbox::new(tx));
-        let o2 = outbox.clone();
-        pool.set_idle_hook(Box::new(move || {
-            o2.flush();
-        }));
+        let notifier = Arc::new(Notifier::spawn("mori-fabric-notify", ctx.ctrl.clone(), BackendKind::Fabric, |ids| {
+            if ids.len() == 1 { FabricCtrl::Done(ids[0]) } else { FabricCtrl::DoneMany(ids) }
+        })?);
+        let n2 = notifier.clone();
+        pool.set_idle_hook(Box::new(move || n2.flush()));
         tracing::info!(engine = %ctx.local.key, handle = %cfg.handle, domain = %domain, "fabric backend ready");
         let inner = Arc::new(Inner {
             ctx,
@@ -161,7 +152,7 @@ impl FabricBackend {
             pool,
             local: Mutex::new(HashMap::new()),
             maps: Mutex::new(HashMap::new()),
-            outbox,
+            notifier,
         });
         let server = match inner.cfg.handle {
             HandleType::Fabric => None,
@@ -194,35 +185,6 @@ impl FabricBackend {
     }
 }
 
-/// Sends control messages until the backend is dropped: waits for one, takes every other one
-/// already queued, sends the `Done` notes per peer as one `DoneMany` (a single `Done` when
-/// alone), then the other messages in their order.
-fn notify_loop(ctrl: &dyn mori_io_core::ControlClient, rx: &std::sync::mpsc::Receiver<Notice>) {
-    let send = |peer: &EngineDesc, msg: &FabricCtrl| {
-        let bytes = postcard::to_allocvec(msg).unwrap_or_default();
-        if let Err(e) = ctrl.request(peer, BackendKind::Fabric, bytes) {
-            tracing::warn!(peer = %peer.key, error = %e, "fabric notification failed");
-        }
-    };
-    while let Ok(first) = rx.recv() {
-        let mut done = Vec::new();
-        let mut other = Vec::new();
-        for (peer, msg) in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
-            match msg {
-                FabricCtrl::Done(id) => done.push((peer, id)),
-                m => other.push((peer, m)),
-            }
-        }
-        for (peer, ids) in mori_io_core::outbox::group_by_peer(done, MAX_IDS_PER_NOTE) {
-            let msg = if ids.len() == 1 { FabricCtrl::Done(ids[0]) } else { FabricCtrl::DoneMany(ids) };
-            send(&peer, &msg);
-        }
-        for (peer, msg) in other {
-            send(&peer, &msg);
-        }
-    }
-}
-
 fn gpu_of(d: &MemoryDesc) -> Option<u32> {
     match d.loc {
         MemLoc::Gpu { device } => Some(device),
@@ -240,7 +202,7 @@ impl Inner {
     }
 
     fn send(&self, peer: Arc<EngineDesc>, msg: FabricCtrl) {
-        self.outbox.send((peer, msg));
+        self.notifier.send(peer, msg);
     }
 
     /// The remote region mapped here: granted by its owner, imported once, then cached.
@@ -294,20 +256,20 @@ impl Inner {
                 Op::Read => CopySeg { src: rp, dst: lp, len: s.len },
             });
         }
-        let (st, peer, id, outbox) = (status.clone(), req.peer.clone(), req.id, self.outbox.clone());
+        let (st, peer, id, notifier) = (status.clone(), req.peer.clone(), req.id, self.notifier.clone());
         let keep = (rm, l.clone());
         let done = Box::new(move |r: mori_gpu::Result<()>| {
             let _keep = keep; // both mappings stay alive until the copies finished
             let ok = r.is_ok();
             st.complete_piece(r.map_err(|e| gpu_err("fabric copy", e)));
             if ok {
-                outbox.push((peer, FabricCtrl::Done(id)));
+                notifier.push_done(peer, id);
             }
         });
         // SAFETY: every segment was bounds-checked against the local registration (memory this
         // backend holds via `LocalReg`) and the owner-granted remote range (mapped by `RemoteMap`);
         // both are kept alive by `done` until the copies finished.
-        unsafe { self.pool.copy(l.device, &segs, done) }.map_err(|e| gpu_err("queue fabric copies", e))
+        unsafe { self.pool.copy(l.device, segs, done) }.map_err(|e| gpu_err("queue fabric copies", e))
     }
 }
 
@@ -408,13 +370,11 @@ impl Backend for FabricBackend {
     fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {
         match postcard::from_bytes::<FabricCtrl>(payload) {
             Ok(FabricCtrl::Done(id)) => {
-                self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
+                self.inner.ctx.inbound.transfers_done(&from.key, [id]);
                 Ok(Vec::new())
             }
             Ok(FabricCtrl::DoneMany(ids)) => {
-                for id in ids {
-                    self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
-                }
+                self.inner.ctx.inbound.transfers_done(&from.key, ids);
                 Ok(Vec::new())
             }
             Ok(FabricCtrl::Lookup(id)) => {

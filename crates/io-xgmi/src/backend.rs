@@ -3,7 +3,7 @@
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op,
-    Outbox, Refusal, TransferRequest, TransferStatus,
+    Notifier, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -46,8 +46,6 @@ enum XgmiCtrl {
     DoneMany(Vec<u64>),
 }
 
-/// Most transfer ids in one `DoneMany` (keeps the frame far below the control-plane limit).
-const MAX_IDS_PER_NOTE: usize = 4096;
 
 #[derive(Clone)]
 struct RemoteRegion {
@@ -72,13 +70,10 @@ struct Inner {
     /// Remote regions in use: engine -> region -> (owner-confirmed length, device address as
     /// seen here, the IPC mapping keeping it mapped; none for the same process).
     maps: Mutex<HashMap<String, HashMap<MemId, RemoteRegion>>>,
-    /// Completed transfers whose target still has to be told: filled on the completion path,
-    /// flushed to the notifier thread by the pool's completion thread (its idle hook).
-    outbox: Arc<Outbox<Note>>,
+    /// Tells targets of completed transfers: queued on the completion path, flushed by the
+    /// pool's completion thread (its idle hook), packed per burst (`DoneMany`).
+    notifier: Arc<Notifier<XgmiCtrl>>,
 }
-
-/// A target notification: (peer, transfer id).
-type Note = (Arc<EngineDesc>, u64);
 
 /// The xgmi transport (see the crate docs).
 pub struct XgmiBackend {
@@ -98,12 +93,9 @@ impl XgmiBackend {
             return Err(IoError::invalid("xgmi num_streams and num_events must be at least 1"));
         }
         let rt = mori_gpu::detect().map_err(|e| IoError::not_supported(format!("xgmi backend: {e}")))?;
-        let (notify_tx, notify_rx) = std::sync::mpsc::channel::<(Arc<EngineDesc>, u64)>();
-        let ctrl = ctx.ctrl.clone();
-        std::thread::Builder::new()
-            .name("mori-xgmi-notify".into())
-            .spawn(move || notify_loop(&*ctrl, &notify_rx))
-            .map_err(|e| IoError::transport(format!("spawn xgmi notifier thread: {e}")))?;
+        let notifier = Arc::new(Notifier::spawn("mori-xgmi-notify", ctx.ctrl.clone(), BackendKind::Xgmi, |ids| {
+            if ids.len() == 1 { XgmiCtrl::Done(ids[0]) } else { XgmiCtrl::DoneMany(ids) }
+        })?);
         let pool_cfg = CopyPoolConfig {
             num_streams: cfg.num_streams,
             num_events: cfg.num_events,
@@ -112,36 +104,17 @@ impl XgmiBackend {
             ..CopyPoolConfig::default()
         };
         let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-xgmi-events").map_err(|e| gpu_err("xgmi copy pool", e))?;
-        let outbox = Arc::new(Outbox::new(notify_tx));
-        let o2 = outbox.clone();
-        pool.set_idle_hook(Box::new(move || {
-            o2.flush();
-        }));
+        let n2 = notifier.clone();
+        pool.set_idle_hook(Box::new(move || n2.flush()));
         let inner = Arc::new(Inner {
             ctx,
             rt,
             local: Mutex::new(HashMap::new()),
             maps: Mutex::new(HashMap::new()),
             pool,
-            outbox,
+            notifier,
         });
         Ok(XgmiBackend { inner })
-    }
-}
-
-/// Sends completion notifications until the backend is dropped: waits for one, then takes
-/// every other one already queued and sends them per peer in one `DoneMany` (a single `Done`
-/// when alone), so the control plane carries one round trip per burst, not per transfer.
-fn notify_loop(ctrl: &dyn mori_io_core::ControlClient, rx: &std::sync::mpsc::Receiver<(Arc<EngineDesc>, u64)>) {
-    while let Ok(first) = rx.recv() {
-        let by_peer = mori_io_core::outbox::group_by_peer(std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())), MAX_IDS_PER_NOTE);
-        for (peer, ids) in by_peer {
-            let note = if ids.len() == 1 { XgmiCtrl::Done(ids[0]) } else { XgmiCtrl::DoneMany(ids) };
-            let msg = postcard::to_allocvec(&note).unwrap_or_default();
-            if let Err(e) = ctrl.request(&peer, BackendKind::Xgmi, msg) {
-                tracing::warn!(peer = %peer.key, error = %e, "xgmi completion notification failed");
-            }
-        }
     }
 }
 
@@ -218,22 +191,22 @@ impl Inner {
                 CopySeg { src, dst, len: s.len }
             })
             .collect();
-        let done = done_fn(status.clone(), req.peer.clone(), req.id, self.outbox.clone(), rr);
+        let done = done_fn(status.clone(), req.peer.clone(), req.id, self.notifier.clone(), rr);
         // SAFETY: every segment lies inside the local registration and the remote region
         // (owner-confirmed length), both mapped for as long as `done` lives (it holds the
         // remote mapping; the local one is the caller's until deregistration).
-        unsafe { self.pool.copy(dev, &segs, done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
+        unsafe { self.pool.copy(dev, segs, done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
     }
 }
 
 /// The completion of one transfer: sets the status, queues the target's notification, and
 /// drops `keep` (the remote mapping) only then.
-fn done_fn(st: TransferStatus, peer: Arc<EngineDesc>, id: u64, outbox: Arc<Outbox<Note>>, keep: RemoteRegion) -> mori_gpu::CopyDone {
+fn done_fn(st: TransferStatus, peer: Arc<EngineDesc>, id: u64, notifier: Arc<Notifier<XgmiCtrl>>, keep: RemoteRegion) -> mori_gpu::CopyDone {
     Box::new(move |r: mori_gpu::Result<()>| {
         let ok = r.is_ok();
         st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
         if ok {
-            outbox.push((peer, id));
+            notifier.push_done(peer, id);
         }
         drop(keep);
     })
@@ -325,13 +298,11 @@ impl Backend for XgmiBackend {
     fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {
         match postcard::from_bytes::<XgmiCtrl>(payload) {
             Ok(XgmiCtrl::Done(id)) => {
-                self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
+                self.inner.ctx.inbound.transfers_done(&from.key, [id]);
                 Ok(Vec::new())
             }
             Ok(XgmiCtrl::DoneMany(ids)) => {
-                for id in ids {
-                    self.inner.ctx.inbound.piece_done(&from.key, id, 1, Ok(()));
-                }
+                self.inner.ctx.inbound.transfers_done(&from.key, ids);
                 Ok(Vec::new())
             }
             Ok(XgmiCtrl::Lookup(id)) => {
