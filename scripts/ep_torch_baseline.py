@@ -208,6 +208,20 @@ def measure_copy(nbytes, device, timer, warmup, iters):
 # Single GPU, W logical ranks
 # --------------------------------------------------------------------------------------
 
+
+def copy_rooflines(n_recv, H, dtype, device, timer, args):
+    """Bytes moved by dispatch (n_recv rows of `dtype`, scales included) and combine (bf16
+    rows), and the same-run device copy time of each (one copy measured when they are equal).
+    Frees the caching allocator's blocks first, so the copies get fresh memory."""
+    disp_bytes = n_recv * bytes_per_token(H, dtype)
+    comb_bytes = n_recv * H * 2
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    t_copy_d = measure_copy(disp_bytes, device, timer, args.warmup, args.iters)
+    t_copy_c = t_copy_d if comb_bytes == disp_bytes else measure_copy(
+        comb_bytes, device, timer, args.warmup, args.iters)
+    return disp_bytes, comb_bytes, t_copy_d, t_copy_c
+
 def run_single_shape(args, device, timer, T, H, E, K, dtype):
     W = args.world
     if E % W:
@@ -321,14 +335,8 @@ def run_single_shape(args, device, timer, T, H, E, K, dtype):
     prepare_expert()
     t_comb = stats(timer.time(combine, args.warmup, args.iters))
 
-    disp_bytes = total_recv * bytes_per_token(H, dtype)
-    comb_bytes = total_recv * H * 2
     del recv, recv_sc, acc, out, expert_out, xs, scs, xb, idx
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    t_copy_d = measure_copy(disp_bytes, device, timer, args.warmup, args.iters)
-    t_copy_c = t_copy_d if comb_bytes == disp_bytes else measure_copy(
-        comb_bytes, device, timer, args.warmup, args.iters)
+    disp_bytes, comb_bytes, t_copy_d, t_copy_c = copy_rooflines(total_recv, H, dtype, device, timer, args)
 
     row = {
         "mode": "single", "world": W, "tokens": T, "hidden": H, "experts": E, "topk": K,
@@ -544,14 +552,8 @@ def run_nccl_shape(args, device, timer, dist, rank, W, T, H, E, K, dtype):
     t_comb = stats(timer.time(combine, args.warmup, args.iters))
     dist.barrier()
 
-    disp_bytes = n_recv * bytes_per_token(H, dtype)
-    comb_bytes = n_recv * H * 2
     del send, recv, back, acc, out, holder
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    t_copy_d = measure_copy(disp_bytes, device, timer, args.warmup, args.iters)
-    t_copy_c = t_copy_d if comb_bytes == disp_bytes else measure_copy(
-        comb_bytes, device, timer, args.warmup, args.iters)
+    disp_bytes, comb_bytes, t_copy_d, t_copy_c = copy_rooflines(n_recv, H, dtype, device, timer, args)
     row = {
         "mode": "nccl", "rank": rank, "world": W, "tokens": T, "hidden": H, "experts": E,
         "topk": K, "dtype": dtype, "check": check,
