@@ -71,32 +71,32 @@ struct Args {
 
 /// One side of the copies: this process's memory, or a child's through IPC (the child keeps
 /// it allocated until its stdin closes, when this is dropped).
-enum Dst {
+enum Mem {
     Local(mori_gpu::DeviceBuffer),
     Ipc(mori_gpu::IpcMapping, std::process::Child),
 }
 
-impl Dst {
+impl Mem {
     fn slice(&self) -> mori_gpu::DeviceSlice<'_> {
         match self {
-            Dst::Local(b) => b.slice(),
-            Dst::Ipc(m, _) => m.slice(),
+            Mem::Local(b) => b.slice(),
+            Mem::Ipc(m, _) => m.slice(),
         }
     }
 }
 
-impl Drop for Dst {
+impl Drop for Mem {
     fn drop(&mut self) {
-        if let Dst::Ipc(_, child) = self {
+        if let Mem::Ipc(_, child) = self {
             drop(child.stdin.take());
             let _ = child.wait();
         }
     }
 }
 
-/// Starts the --ipc child for `len` bytes on `dev` and maps its buffer into `via`'s context
+/// Starts the --ipc/--ipc-src child for `len` bytes on `dev` and maps its buffer into `via`'s context
 /// (the GPU whose stream runs the copies).
-fn ipc_destination(rt: &Arc<dyn Runtime>, via: Device, dev: Device, len: usize) -> Result<Dst, String> {
+fn ipc_memory(rt: &Arc<dyn Runtime>, via: Device, dev: Device, len: usize) -> Result<Mem, String> {
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     let exe = std::env::current_exe().map_err(|e| format!("--ipc: this executable's path: {e}"))?;
@@ -121,7 +121,7 @@ fn ipc_destination(rt: &Arc<dyn Runtime>, via: Device, dev: Device, len: usize) 
         rt.ipc_import(via, &h).map_err(|e| format!("--ipc: open the child's IPC handle: {e}"))
     });
     match mapped {
-        Ok(m) => Ok(Dst::Ipc(m, child)),
+        Ok(m) => Ok(Mem::Ipc(m, child)),
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
@@ -130,7 +130,7 @@ fn ipc_destination(rt: &Arc<dyn Runtime>, via: Device, dev: Device, len: usize) 
     }
 }
 
-/// The --ipc child: allocates, prints the IPC handle as hex, holds the memory until stdin closes.
+/// The --ipc/--ipc-src child: allocates, prints the IPC handle as hex, holds the memory until stdin closes.
 fn ipc_child(a: &Args, len: u64) -> Result<(), String> {
     use std::io::{Read, Write};
     let rt = mori_gpu::detect().map_err(|e| e.to_string())?;
@@ -182,14 +182,14 @@ fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) 
         }
     }
     let s = if a.ipc_src {
-        ipc_destination(rt, src, src, len).map_err(|e| format!("{}: {e}", at("source")))?
+        ipc_memory(rt, src, src, len).map_err(|e| format!("{}: {e}", at("source")))?
     } else {
-        Dst::Local(rt.alloc(src, len).map_err(|e| format!("{}: {e}", at("allocate the source")))?)
+        Mem::Local(rt.alloc(src, len).map_err(|e| format!("{}: {e}", at("allocate the source")))?)
     };
     let d = if a.ipc {
-        ipc_destination(rt, src, dst, len).map_err(|e| format!("{}: {e}", at("destination")))?
+        ipc_memory(rt, src, dst, len).map_err(|e| format!("{}: {e}", at("destination")))?
     } else {
-        Dst::Local(rt.alloc(dst, len).map_err(|e| format!("{}: {e}", at("allocate the destination")))?)
+        Mem::Local(rt.alloc(dst, len).map_err(|e| format!("{}: {e}", at("allocate the destination")))?)
     };
     let pattern: Vec<u8> = (0..len).map(|i| (i as u64).wrapping_mul(0x9e37_79b9).wrapping_add(msg) as u8).collect();
     rt.copy_htod(&s.slice(), &pattern).map_err(|e| format!("{}: {e}", at("fill the source")))?;
