@@ -66,6 +66,17 @@ pub enum Op {
     Write,
 }
 
+impl Op {
+    /// (source, destination) of a segment at local address `local` and remote address
+    /// `remote` (both already offset by the segment's own offsets).
+    pub fn endpoints(self, local: u64, remote: u64) -> (u64, u64) {
+        match self {
+            Op::Write => (local, remote),
+            Op::Read => (remote, local),
+        }
+    }
+}
+
 /// A checked, merged batch ready for a backend. The engine has verified every segment
 /// against both regions' sizes; the backend still checks the local region is registered
 /// (and the target checks its side again) before touching memory.
@@ -162,5 +173,19 @@ pub trait Backend: Send + Sync {
             self.kind(),
             from.key
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemLoc;
+
+    #[test]
+    fn endpoints_and_gpu_ordinal() {
+        assert_eq!(Op::Write.endpoints(10, 20), (10, 20));
+        assert_eq!(Op::Read.endpoints(10, 20), (20, 10));
+        assert_eq!(MemLoc::Gpu { device: 3 }.gpu(), Some(3));
+        assert_eq!(MemLoc::Host { numa: Some(1) }.gpu(), None);
     }
 }

@@ -46,6 +46,14 @@ impl MemLoc {
     pub fn is_host(&self) -> bool {
         matches!(self, MemLoc::Host { .. })
     }
+
+    /// The device ordinal of GPU memory; `None` for host memory.
+    pub fn gpu(&self) -> Option<u32> {
+        match *self {
+            MemLoc::Gpu { device } => Some(device),
+            MemLoc::Host { .. } => None,
+        }
+    }
 }
 
 /// Identifier of a registered region, unique within its engine.

@@ -7,7 +7,7 @@ use crate::uds::{self, FdServer};
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHandle, VmmAllocation};
 use mori_io_core::registry::check_range;
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
     Notifier, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
@@ -185,13 +185,6 @@ impl FabricBackend {
     }
 }
 
-fn gpu_of(d: &MemoryDesc) -> Option<u32> {
-    match d.loc {
-        MemLoc::Gpu { device } => Some(device),
-        MemLoc::Host { .. } => None,
-    }
-}
-
 impl Inner {
     fn grant(&self, id: MemId) -> IoResult<(Grant, Arc<LocalReg>)> {
         let reg = self.local.lock().get(&id).cloned().ok_or_else(|| {
@@ -251,10 +244,8 @@ impl Inner {
             check_range(req.local.id, l.len, s.local_off, s.len).map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
             check_range(req.remote.id, rm.len, s.remote_off, s.len).map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
             let (lp, rp) = (l.addr + s.local_off, rm.base + s.remote_off);
-            segs.push(match req.op {
-                Op::Write => CopySeg { src: lp, dst: rp, len: s.len },
-                Op::Read => CopySeg { src: rp, dst: lp, len: s.len },
-            });
+            let (src, dst) = req.op.endpoints(lp, rp);
+            segs.push(CopySeg { src, dst, len: s.len });
         }
         let (st, peer, id, notifier) = (status.clone(), req.peer.clone(), req.id, self.notifier.clone());
         let keep = (rm, l.clone());
@@ -290,7 +281,7 @@ impl Backend for FabricBackend {
     }
 
     fn on_register(&self, desc: &mut MemoryDesc) -> IoResult<()> {
-        let Some(d) = gpu_of(desc) else { return Ok(()) };
+        let Some(d) = desc.loc.gpu() else { return Ok(()) };
         let i = &self.inner;
         let Some((mem, offset)) = crate::memory::find(d, desc.addr, desc.len) else {
             tracing::info!(id = desc.id, device = d, "GPU memory not allocated by FabricMemory::alloc: the fabric backend will not serve it");
@@ -322,7 +313,7 @@ impl Backend for FabricBackend {
 
     fn can_serve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> Result<(), Refusal> {
         let refuse = |reason: String| Err(Refusal { backend: BackendKind::Fabric, reason });
-        let (Some(ld), Some(_)) = (gpu_of(local), gpu_of(remote)) else {
+        let (Some(ld), Some(_)) = (local.loc.gpu(), remote.loc.gpu()) else {
             return refuse("fabric moves GPU memory only (--mem-type gpu); one side is host memory".into());
         };
         let i = &self.inner;

@@ -2,7 +2,7 @@
 
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
     Notifier, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
@@ -118,13 +118,6 @@ impl XgmiBackend {
     }
 }
 
-fn gpu_of(d: &MemoryDesc) -> Option<u32> {
-    match d.loc {
-        MemLoc::Gpu { device } => Some(device),
-        MemLoc::Host { .. } => None,
-    }
-}
-
 impl Inner {
     /// The remote region as the owner registered it: its confirmed length and the device
     /// address of its first byte as seen from `dev` (mapped through IPC once, then cached).
@@ -139,7 +132,7 @@ impl Inner {
         let r = if peer.pid == self.ctx.local.pid && peer.node_id == self.ctx.local.node_id {
             // Same process: same address space. Another device's memory needs peer access
             // (an IPC mapping enables it lazily; a raw pointer does not).
-            if let Some(rdev) = gpu_of(remote).filter(|&r| r != dev.0) {
+            if let Some(rdev) = remote.loc.gpu().filter(|&r| r != dev.0) {
                 self.rt
                     .enable_peer_access(dev, Device(rdev))
                     .map_err(|e| gpu_err(&format!("enable peer access GPU {} -> GPU {rdev}", dev.0), e))?;
@@ -187,7 +180,7 @@ impl Inner {
             .segs
             .iter()
             .map(|s| {
-                let (src, dst) = endpoints(req.op, laddr, rbase, s);
+                let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);
                 CopySeg { src, dst, len: s.len }
             })
             .collect();
@@ -219,14 +212,6 @@ impl mori_io_core::Progress for Inner {
     }
 }
 
-/// (source, destination) device addresses of a segment.
-fn endpoints(op: Op, laddr: u64, rbase: u64, s: &mori_io_core::Seg) -> (u64, u64) {
-    match op {
-        Op::Write => (laddr + s.local_off, rbase + s.remote_off),
-        Op::Read => (rbase + s.remote_off, laddr + s.local_off),
-    }
-}
-
 impl Backend for XgmiBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Xgmi
@@ -237,7 +222,7 @@ impl Backend for XgmiBackend {
     }
 
     fn on_register(&self, desc: &mut MemoryDesc) -> IoResult<()> {
-        let Some(d) = gpu_of(desc) else { return Ok(()) };
+        let Some(d) = desc.loc.gpu() else { return Ok(()) };
         let dev = Device(d);
         let rt = &self.inner.rt;
         // SAFETY: the engine's caller promised the range is valid device memory of `dev`
@@ -260,7 +245,7 @@ impl Backend for XgmiBackend {
 
     fn can_serve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> Result<(), Refusal> {
         let refuse = |reason: String| Err(Refusal { backend: BackendKind::Xgmi, reason });
-        let (Some(ld), Some(rd)) = (gpu_of(local), gpu_of(remote)) else {
+        let (Some(ld), Some(rd)) = (local.loc.gpu(), remote.loc.gpu()) else {
             return refuse("xgmi moves GPU memory to GPU memory; one side is host memory".into());
         };
         if peer.node_id != self.inner.ctx.local.node_id {
