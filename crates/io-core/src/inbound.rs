@@ -3,22 +3,34 @@
 use crate::error::IoError;
 use crate::status::TransferId;
 use parking_lot::Mutex;
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Most finished entries kept for popping; older ones are dropped (with a warning) so a
 /// target that never pops cannot grow without bound.
 pub const MAX_FINISHED: usize = 1 << 16;
 
+/// One initiator's records.
+struct Peer {
+    /// The initiator's key, shared with `Table::order`.
+    key: Arc<str>,
+    partial: FxHashMap<TransferId, (u32, Option<IoError>)>,
+    finished: FxHashMap<TransferId, Result<(), IoError>>,
+}
+
 #[derive(Default)]
 struct Table {
     warned: bool,
-    partial: HashMap<(String, TransferId), (u32, Option<IoError>)>,
-    finished: HashMap<(String, TransferId), Result<(), IoError>>,
-    order: VecDeque<(String, TransferId)>,
+    peers: FxHashMap<String, Peer>,
+    /// Finished entries, oldest first (entries popped since are skipped when trimming).
+    order: VecDeque<(Arc<str>, TransferId)>,
 }
 
 /// Counts the pieces of each inbound transfer `(initiator key, transfer id)`; once all
-/// `total` pieces were applied the transfer is finished and can be popped once.
+/// `total` pieces were applied the transfer is finished and can be popped once. A
+/// single-piece completion (the GPU backends' notifications) costs one hash insert and no
+/// allocation.
 #[derive(Default)]
 pub struct InboundTable {
     t: Mutex<Table>,
@@ -33,44 +45,60 @@ impl InboundTable {
     /// Records that transfers `ids` from engine `from`, each of one piece, completed (a
     /// backend's packed completion message).
     pub fn transfers_done(&self, from: &str, ids: impl IntoIterator<Item = TransferId>) {
+        let mut t = self.t.lock();
         for id in ids {
-            self.piece_done(from, id, 1, Ok(()));
+            t.piece_done(from, id, 1, Ok(()));
         }
     }
 
     /// Records that one of `total` pieces of transfer `id` from engine `from` was applied
     /// (`Ok`) or refused (`Err`; the first error sticks). Call only after the data is in place.
     pub fn piece_done(&self, from: &str, id: TransferId, total: u32, r: Result<(), IoError>) {
-        let mut t = self.t.lock();
-        let key = (from.to_string(), id);
-        let entry = t.partial.entry(key.clone()).or_insert((0, None));
-        entry.0 += 1;
-        if let Err(e) = r {
-            entry.1.get_or_insert(e);
-        }
-        if entry.0 >= total.max(1) {
-            let (_, err) = t.partial.remove(&key).unwrap_or((0, None));
-            t.finished.insert(key.clone(), err.map_or(Ok(()), Err));
-            t.order.push_back(key);
-            while t.order.len() > MAX_FINISHED {
-                if let Some(old) = t.order.pop_front() {
-                    if t.finished.remove(&old).is_some() && !t.warned {
-                        t.warned = true;
-                        tracing::warn!(
-                            engine = %old.0, id = old.1, kept = MAX_FINISHED,
-                            "inbound statuses are not being popped; dropping the oldest (warned once)"
-                        );
-                    }
-                }
-            }
-        }
+        self.t.lock().piece_done(from, id, total, r);
     }
 
     /// Takes the final status of a finished inbound transfer; `None` while unknown or partial.
     pub fn pop(&self, from: &str, id: TransferId) -> Option<Result<(), IoError>> {
-        let mut t = self.t.lock();
         // `order` keeps the key; trimming skips keys already popped.
-        t.finished.remove(&(from.to_string(), id))
+        self.t.lock().peers.get_mut(from)?.finished.remove(&id)
+    }
+}
+
+impl Table {
+    fn piece_done(&mut self, from: &str, id: TransferId, total: u32, r: Result<(), IoError>) {
+        if !self.peers.contains_key(from) {
+            let key: Arc<str> = Arc::from(from);
+            self.peers.insert(from.to_string(), Peer { key, partial: FxHashMap::default(), finished: FxHashMap::default() });
+        }
+        let Some(p) = self.peers.get_mut(from) else { return };
+        let r = if total <= 1 && p.partial.is_empty() {
+            r
+        } else {
+            let entry = p.partial.entry(id).or_insert((0, None));
+            entry.0 += 1;
+            if let Err(e) = r {
+                entry.1.get_or_insert(e);
+            }
+            if entry.0 < total.max(1) {
+                return;
+            }
+            let (_, err) = p.partial.remove(&id).unwrap_or((0, None));
+            err.map_or(Ok(()), Err)
+        };
+        p.finished.insert(id, r);
+        let key = p.key.clone();
+        self.order.push_back((key, id));
+        while self.order.len() > MAX_FINISHED {
+            let Some((engine, old)) = self.order.pop_front() else { break };
+            let dropped = self.peers.get_mut(&*engine).and_then(|p| p.finished.remove(&old)).is_some();
+            if dropped && !self.warned {
+                self.warned = true;
+                tracing::warn!(
+                    engine = %engine, id = old, kept = MAX_FINISHED,
+                    "inbound statuses are not being popped; dropping the oldest (warned once)"
+                );
+            }
+        }
     }
 }
 
@@ -91,5 +119,20 @@ mod tests {
         t.piece_done("a", 8, 2, Err(IoError::invalid("x")));
         t.piece_done("a", 8, 2, Ok(()));
         assert_eq!(t.pop("a", 8).unwrap().unwrap_err().msg, "x");
+    }
+
+    #[test]
+    fn keeps_the_newest_finished_entries_across_peers() {
+        let t = InboundTable::new();
+        t.transfers_done("a", 0..(MAX_FINISHED as u64));
+        assert_eq!(t.pop("a", 1), Some(Ok(())), "popped before trimming");
+        t.transfers_done("b", [7, 8, 9]);
+        // Three more than the cap, one of which was popped: ids 0 and 2 of "a" are dropped.
+        assert_eq!(t.pop("a", 0), None);
+        assert_eq!(t.pop("a", 2), None);
+        assert_eq!(t.pop("a", 3), Some(Ok(())));
+        assert_eq!(t.pop("a", MAX_FINISHED as u64 - 1), Some(Ok(())));
+        assert_eq!([t.pop("b", 7), t.pop("b", 8), t.pop("b", 9)], [Some(Ok(())), Some(Ok(())), Some(Ok(()))]);
+        assert_eq!(t.pop("c", 7), None);
     }
 }

@@ -5,13 +5,15 @@
 //! - [`IoError`] / [`ErrorCode`]: codes compatible with upstream MORI-IO's `StatusCode`.
 //! - [`Backend`]: the transport trait; [`Refusal`] says why a backend will not serve a pair.
 //! - Sans-IO pieces: [`wire`] (control-plane framing), [`plan`] (batch checks and striping),
-//!   [`registry`] (bounds checks), [`inbound`] (target-side completion records).
+//!   [`registry`] (bounds checks), [`inbound`] (target-side completion records), [`peer_map`]
+//!   (a backend's per-peer cache of remote regions).
 
 pub mod backend;
 pub mod desc;
 pub mod error;
 pub mod inbound;
 pub mod outbox;
+pub mod peer_map;
 pub mod plan;
 pub mod registry;
 pub mod status;
@@ -23,6 +25,7 @@ pub use desc::{BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, DESC_VERSIO
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
 pub use outbox::{Notifier, Outbox};
+pub use peer_map::PeerMap;
 pub use plan::{Piece, Seg};
 pub use registry::{MemRegistry, Region};
 pub use status::{Progress, TransferId, TransferStatus, CALLER_PROGRESS_ENV};

@@ -55,6 +55,15 @@ impl<T> Outbox<T> {
         }
         let _ = tx.send(m);
     }
+
+    /// Flushes, then disconnects from the channel (its receiver sees the end once it took
+    /// what was sent); later pushes and sends are dropped. Returns how many were flushed.
+    pub fn close(&self) -> usize {
+        let n = self.flush();
+        let (gone, _) = std::sync::mpsc::channel();
+        drop(std::mem::replace(&mut *self.tx.lock(), gone));
+        n
+    }
 }
 
 /// Groups a burst of completion notes (peer, transfer id) per peer, in arrival order, at
@@ -91,20 +100,33 @@ pub enum Notice<M> {
 /// one message per burst (`encode_done(ids)`, at most [`MAX_IDS_PER_NOTE`] ids each), then the
 /// other messages in their order; a failed request is logged (WARN) and dropped. It ends when
 /// the notifier is dropped.
+///
+/// Dropping it delivers what is still queued: it waits until the thread sent everything, at
+/// most [`NOTIFIER_DRAIN`] (then warns and leaves the thread to finish alone), so a target
+/// hears of every transfer completed before its initiator's engine went away.
 pub struct Notifier<M> {
     outbox: Outbox<Notice<M>>,
+    /// Signalled by the thread when it ended (in a mutex: a receiver is not `Sync`).
+    ended: Mutex<Receiver<()>>,
 }
+
+/// Longest a dropped [`Notifier`] waits for its queued notifications to be sent.
+pub const NOTIFIER_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl<M: Serialize + Send + 'static> Notifier<M> {
     /// Starts the thread (`thread` names it) sending to the peers' `kind` backend through
     /// `ctrl`. Errors: `Transport` if the thread cannot be spawned.
     pub fn spawn(thread: &str, ctrl: Arc<dyn ControlClient>, kind: BackendKind, encode_done: fn(Vec<u64>) -> M) -> IoResult<Self> {
         let (tx, rx) = std::sync::mpsc::channel::<Notice<M>>();
+        let (ended_tx, ended) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name(thread.to_string())
-            .spawn(move || notify_loop(&*ctrl, kind, encode_done, &rx))
+            .spawn(move || {
+                notify_loop(&*ctrl, kind, encode_done, &rx);
+                let _ = ended_tx.send(());
+            })
             .map_err(|e| IoError::transport(format!("spawn {thread} thread: {e}")))?;
-        Ok(Notifier { outbox: Outbox::new(tx) })
+        Ok(Notifier { outbox: Outbox::new(tx), ended: Mutex::new(ended) })
     }
 
     /// Queues the completion of transfer `id` for `peer` (a mutex push, no system call).
@@ -120,6 +142,15 @@ impl<M: Serialize + Send + 'static> Notifier<M> {
     /// Sends `msg` to `peer` now, after whatever is queued.
     pub fn send(&self, peer: Arc<EngineDesc>, msg: M) {
         self.outbox.send(Notice::Other(peer, msg));
+    }
+}
+
+impl<M> Drop for Notifier<M> {
+    fn drop(&mut self) {
+        self.outbox.close();
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = self.ended.get_mut().recv_timeout(NOTIFIER_DRAIN) {
+            tracing::warn!(waited = ?NOTIFIER_DRAIN, "notifications still being sent after the backend was dropped; not waiting longer");
+        }
     }
 }
 
@@ -151,6 +182,7 @@ fn notify_loop<M: Serialize>(ctrl: &dyn ControlClient, kind: BackendKind, encode
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
     fn peer(key: &str) -> Arc<EngineDesc> {
         Arc::new(EngineDesc {
@@ -265,5 +297,38 @@ mod tests {
         }
         let tail: Vec<Msg> = decode().into_iter().skip(got.len()).map(|(_, _, m)| m).collect();
         assert!(tail == vec![Msg::Many(vec![4, 5]), Msg::Forget(10)] || tail == vec![Msg::Done(4), Msg::Done(5), Msg::Forget(10)], "{tail:?}");
+    }
+
+    /// A peer that answers after `delay`.
+    struct Slow(Duration, Mutex<Vec<u8>>);
+
+    impl ControlClient for Slow {
+        fn request(&self, _peer: &EngineDesc, _backend: BackendKind, payload: Vec<u8>) -> IoResult<Vec<u8>> {
+            std::thread::sleep(self.0);
+            self.1.lock().push(payload.len() as u8);
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn a_dropped_notifier_delivers_what_is_queued_within_its_bound() {
+        // Queued, never flushed: the drop sends it (the peer answers after 50 ms).
+        let slow = Arc::new(Slow(Duration::from_millis(50), Mutex::new(Vec::new())));
+        let n = Notifier::spawn("test-drain", slow.clone(), BackendKind::Xgmi, Msg::Many).unwrap();
+        n.push_done(peer("a"), 1);
+        n.push_done(peer("b"), 2);
+        let t = Instant::now();
+        drop(n);
+        assert_eq!(slow.1.lock().len(), 2, "both peers' notes were sent before drop returned");
+        assert!(t.elapsed() >= Duration::from_millis(100), "{:?}", t.elapsed());
+        // A peer slower than the bound: drop gives up after NOTIFIER_DRAIN.
+        let stuck = Arc::new(Slow(NOTIFIER_DRAIN * 3, Mutex::new(Vec::new())));
+        let n = Notifier::spawn("test-drain-stuck", stuck.clone(), BackendKind::Xgmi, Msg::Many).unwrap();
+        n.push_done(peer("a"), 1);
+        let t = Instant::now();
+        drop(n);
+        let waited = t.elapsed();
+        assert!(waited >= NOTIFIER_DRAIN && waited < NOTIFIER_DRAIN * 2, "{waited:?}");
+        assert!(stuck.1.lock().is_empty());
     }
 }

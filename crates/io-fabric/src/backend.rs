@@ -8,9 +8,10 @@ use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHand
 use mori_io_core::registry::check_range;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
-    Notifier, Refusal, TransferRequest, TransferStatus,
+    Notifier, PeerMap, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -93,8 +94,8 @@ struct Inner {
     domain: FabricDomain,
     socket: OnceLock<String>,
     pool: CopyPool,
-    local: Mutex<HashMap<MemId, Arc<LocalReg>>>,
-    maps: Mutex<HashMap<(String, MemId), Arc<RemoteMap>>>,
+    local: Mutex<FxHashMap<MemId, Arc<LocalReg>>>,
+    maps: PeerMap<Arc<RemoteMap>>,
     /// Control messages sent by the notifier thread (completion must not wait on them):
     /// completions are queued, the pool's completion thread flushes (its idle hook).
     notifier: Arc<Notifier<FabricCtrl>>,
@@ -150,8 +151,8 @@ impl FabricBackend {
             domain,
             socket: OnceLock::new(),
             pool,
-            local: Mutex::new(HashMap::new()),
-            maps: Mutex::new(HashMap::new()),
+            local: Mutex::new(FxHashMap::default()),
+            maps: PeerMap::new(),
             notifier,
         });
         let server = match inner.cfg.handle {
@@ -200,9 +201,8 @@ impl Inner {
 
     /// The remote region mapped here: granted by its owner, imported once, then cached.
     fn remote_region(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<Arc<RemoteMap>> {
-        let key = (remote.engine_key.clone(), remote.id);
-        if let Some(m) = self.maps.lock().get(&key) {
-            return Ok(m.clone());
+        if let Some(m) = self.maps.get(&remote.engine_key, remote.id) {
+            return Ok(m);
         }
         let what = format!("memory {} of engine {:?}", remote.id, remote.engine_key);
         let h = FabricHandle::from_bytes(
@@ -230,7 +230,7 @@ impl Inner {
         let alloc = self.rt.vmm_import(dev, &sh).map_err(|e| gpu_err(&format!("import {what} on GPU {}", dev.0), e))?;
         let m = Arc::new(RemoteMap { base: alloc.ptr() + grant.offset, len: grant.len, _alloc: alloc });
         tracing::debug!(remote = %remote.engine_key, id = remote.id, len = grant.len, "fabric memory mapped");
-        self.maps.lock().insert(key, m.clone());
+        self.maps.insert(&remote.engine_key, remote.id, m.clone());
         Ok(m)
     }
 
@@ -355,7 +355,7 @@ impl Backend for FabricBackend {
     }
 
     fn disconnect(&self, peer_key: &str) {
-        self.inner.maps.lock().retain(|k, _| k.0 != peer_key);
+        drop(self.inner.maps.remove_engine(peer_key));
     }
 
     fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {
@@ -374,7 +374,7 @@ impl Backend for FabricBackend {
                 Ok(g.to_bytes())
             }
             Ok(FabricCtrl::Forget(id)) => {
-                self.inner.maps.lock().remove(&(from.key.clone(), id));
+                drop(self.inner.maps.remove(&from.key, id));
                 Ok(Vec::new())
             }
             Err(e) => Err(IoError::invalid(format!("malformed fabric control message from {:?}: {e}", from.key))),

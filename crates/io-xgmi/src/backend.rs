@@ -3,11 +3,11 @@
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
-    Notifier, Refusal, TransferRequest, TransferStatus,
+    Notifier, PeerMap, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 /// Settings of the xgmi backend.
@@ -66,10 +66,10 @@ struct Inner {
     pool: CopyPool,
     ctx: BackendContext,
     rt: Arc<dyn Runtime>,
-    local: Mutex<HashMap<MemId, LocalGpu>>,
+    local: Mutex<FxHashMap<MemId, LocalGpu>>,
     /// Remote regions in use: engine -> region -> (owner-confirmed length, device address as
     /// seen here, the IPC mapping keeping it mapped; none for the same process).
-    maps: Mutex<HashMap<String, HashMap<MemId, RemoteRegion>>>,
+    maps: PeerMap<RemoteRegion>,
     /// Tells targets of completed transfers: queued on the completion path, flushed by the
     /// pool's completion thread (its idle hook), packed per burst (`DoneMany`).
     notifier: Arc<Notifier<XgmiCtrl>>,
@@ -109,8 +109,8 @@ impl XgmiBackend {
         let inner = Arc::new(Inner {
             ctx,
             rt,
-            local: Mutex::new(HashMap::new()),
-            maps: Mutex::new(HashMap::new()),
+            local: Mutex::new(FxHashMap::default()),
+            maps: PeerMap::new(),
             pool,
             notifier,
         });
@@ -122,8 +122,8 @@ impl Inner {
     /// The remote region as the owner registered it: its confirmed length and the device
     /// address of its first byte as seen from `dev` (mapped through IPC once, then cached).
     fn remote_region(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<RemoteRegion> {
-        if let Some(r) = self.maps.lock().get(&remote.engine_key).and_then(|m| m.get(&remote.id)) {
-            return Ok(r.clone());
+        if let Some(r) = self.maps.get(&remote.engine_key, remote.id) {
+            return Ok(r);
         }
         let ask = postcard::to_allocvec(&XgmiCtrl::Lookup(remote.id)).map_err(|e| IoError::invalid(e.to_string()))?;
         let rep = self.ctx.ctrl.request(peer, BackendKind::Xgmi, ask)?;
@@ -157,7 +157,7 @@ impl Inner {
                 .map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
             RemoteRegion { len, base: m.slice().ptr(), _map: Some(Arc::new(m)) }
         };
-        self.maps.lock().entry(remote.engine_key.clone()).or_default().insert(remote.id, r.clone());
+        self.maps.insert(&remote.engine_key, remote.id, r.clone());
         Ok(r)
     }
 
@@ -277,7 +277,7 @@ impl Backend for XgmiBackend {
     }
 
     fn disconnect(&self, peer_key: &str) {
-        self.inner.maps.lock().remove(peer_key);
+        drop(self.inner.maps.remove_engine(peer_key));
     }
 
     fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {
