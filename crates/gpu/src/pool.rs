@@ -12,7 +12,6 @@
 //! (`kernels/scatter_gather_copy.cu`: 0.15 µs per 4 KiB descriptor at batch 128 against
 //! about 6 µs as separate copies).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -142,7 +141,8 @@ struct DevPool {
 }
 
 struct Pending {
-    dev: Arc<DevPool>,
+    /// Device ordinal: the index of its pool in `Shared::devs`.
+    dev: u32,
     slot: usize,
     stream: usize,
     done: CopyDone,
@@ -159,7 +159,10 @@ type Hook = Box<dyn Fn() + Send + Sync>;
 struct Shared {
     rt: Arc<dyn Runtime>,
     cfg: CopyPoolConfig,
-    devs: Mutex<HashMap<u32, Arc<DevPool>>>,
+    /// Per device ordinal, created on first use (no lock and no hashing on the hot path).
+    devs: Vec<OnceLock<DevPool>>,
+    /// Held while a device's pool is created.
+    dev_init: Mutex<()>,
     /// Submissions not yet seen by a completion step.
     pending: Mutex<Vec<Pending>>,
     /// The submissions being reaped, owned by whichever thread runs the completion step.
@@ -226,10 +229,12 @@ impl CopyPool {
                 cfg.num_streams, cfg.num_events
             )));
         }
+        let n_dev = rt.device_count()?;
         let shared = Arc::new(Shared {
             rt,
             cfg,
-            devs: Mutex::new(HashMap::new()),
+            devs: (0..n_dev).map(|_| OnceLock::new()).collect(),
+            dev_init: Mutex::new(()),
             pending: Mutex::new(Vec::new()),
             reap: Mutex::new(Vec::new()),
             driven: AtomicU64::new(0),
@@ -274,14 +279,14 @@ impl CopyPool {
     {
         let dp = self.shared.dev_pool(dev)?;
         // SAFETY: forwarded contract.
-        unsafe { self.submit_on(&dp, enqueue, done, None) }
+        unsafe { self.submit_on(dp, enqueue, done, None) }
     }
 
     /// [`CopyPool::submit`] on a device's pool, keeping `host_table` until the event fired.
     ///
     /// # Safety
     /// As [`CopyPool::submit`].
-    unsafe fn submit_on<F>(&self, dp: &Arc<DevPool>, enqueue: F, done: CopyDone, host_table: Option<Vec<CopySeg>>) -> Result<()>
+    unsafe fn submit_on<F>(&self, dp: &DevPool, enqueue: F, done: CopyDone, host_table: Option<Vec<CopySeg>>) -> Result<()>
     where
         F: FnOnce(&mut Lane<'_>) -> Result<()>,
     {
@@ -301,7 +306,7 @@ impl CopyPool {
             tracing::warn!(device = dev.0, error = %e, "copy pool: an event slot is retired after a failed record");
             return Err(failed.unwrap_or(e));
         }
-        lock(&s.pending).push(Pending { dev: dp.clone(), slot, stream: si, done, failed, _host_table: host_table });
+        lock(&s.pending).push(Pending { dev: dev.0, slot, stream: si, done, failed, _host_table: host_table });
         Ok(())
     }
 
@@ -349,7 +354,7 @@ impl CopyPool {
                 unsafe { rt.launch(f, stream, &cfg, &args.params()) }
             };
             // SAFETY: forwarded contract.
-            return unsafe { self.submit_on(&dp, enqueue, done, Some(segs)) };
+            return unsafe { self.submit_on(dp, enqueue, done, Some(segs)) };
         }
         let rt = &s.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
@@ -363,7 +368,7 @@ impl CopyPool {
             Ok(())
         };
         // SAFETY: forwarded contract.
-        unsafe { self.submit_on(&dp, enqueue, done, None) }
+        unsafe { self.submit_on(dp, enqueue, done, None) }
     }
 
     /// One completion step, run by the calling thread: completes every submission whose
@@ -391,9 +396,16 @@ impl Drop for CopyPool {
 }
 
 impl Shared {
-    fn dev_pool(&self, dev: Device) -> Result<Arc<DevPool>> {
-        if let Some(p) = lock(&self.devs).get(&dev.0) {
-            return Ok(p.clone());
+    fn dev_pool(&self, dev: Device) -> Result<&DevPool> {
+        let cell = self.devs.get(dev.0 as usize).ok_or_else(|| {
+            GpuError::invalid(format!("copy pool: {dev} does not exist ({} device(s) present)", self.devs.len()))
+        })?;
+        if let Some(p) = cell.get() {
+            return Ok(p);
+        }
+        let _creating = lock(&self.dev_init);
+        if let Some(p) = cell.get() {
+            return Ok(p);
         }
         let streams = (0..self.cfg.num_streams).map(|_| self.rt.stream(dev)).collect::<Result<Vec<_>>>()?;
         let mut slots = Vec::with_capacity(self.cfg.num_events);
@@ -402,7 +414,7 @@ impl Shared {
         }
         let kernel = if self.cfg.kernel_threshold > 0 { self.load_kernel(dev) } else { None };
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
-        let p = Arc::new(DevPool {
+        Ok(cell.get_or_init(|| DevPool {
             device: dev,
             kernel,
             sms,
@@ -412,8 +424,7 @@ impl Shared {
             free: Mutex::new((0..slots.len()).rev().collect()),
             retired: AtomicUsize::new(0),
             slots,
-        });
-        Ok(lock(&self.devs).entry(dev.0).or_insert(p).clone())
+        }))
     }
 
     /// The scatter/gather kernel on `dev`; `None` (logged) if no image loads, and batches
@@ -470,7 +481,12 @@ impl Shared {
         let mut done = 0;
         let mut i = 0;
         while i < mine.len() {
-            let r = match mine[i].dev.slots[mine[i].slot].event.query() {
+            let Some(dp) = self.devs.get(mine[i].dev as usize).and_then(OnceLock::get) else {
+                // Unreachable: a pending entry's device pool was created before it was queued.
+                i += 1;
+                continue;
+            };
+            let r = match dp.slots[mine[i].slot].event.query() {
                 Ok(false) => {
                     i += 1;
                     continue;
@@ -479,13 +495,13 @@ impl Shared {
                 Err(e) => Err(e),
             };
             let p = mine.swap_remove(i);
-            p.dev.busy[p.stream].fetch_sub(1, Ordering::AcqRel);
-            lock(&p.dev.free).push(p.slot);
+            dp.busy[p.stream].fetch_sub(1, Ordering::AcqRel);
+            lock(&dp.free).push(p.slot);
             // A panicking callback must not take the completion thread (or a waiter's step)
             // down with it: every later submission would then never complete.
             let done_fn = p.done;
             if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || done_fn(r))).is_err() {
-                tracing::error!(device = p.dev.device.0, "copy pool: a completion callback panicked");
+                tracing::error!(device = p.dev, "copy pool: a completion callback panicked");
             }
             done += 1;
         }
