@@ -191,6 +191,14 @@ pub struct Args {
     #[arg(long, help_heading = "Backend tuning")]
     pub xgmi_multiprocess: bool,
 
+    // ---- mori-rs extension
+    /// Also time the bare-copy floor in this run (xgmi only; a mori-rs extension): one
+    /// cuMemcpyDtoDAsync/hipMemcpyDtoDAsync per segment plus one event, spun on, between the
+    /// same two buffers, in blocks alternating with the engine's timed iterations; adds the
+    /// columns CopyLat(us) and Lat/Copy.
+    #[arg(long, help_heading = "Output")]
+    pub copy_baseline: bool,
+
     // ---- output
     /// Skip validation on this rank (the run then reports `validation: skipped`).
     #[arg(long, help_heading = "Output")]
@@ -344,6 +352,12 @@ impl Args {
         }
         if !(1..=MAX_PAIRS).contains(&self.num_initiator_dev) {
             return Err(format!("--num-initiator-dev {}: allowed 1..={MAX_PAIRS}", self.num_initiator_dev));
+        }
+        if self.copy_baseline && self.backend != BackendArg::Xgmi {
+            return Err("--copy-baseline times bare GPU copies between the xgmi backend's buffers: add --backend xgmi --mem-type gpu".into());
+        }
+        if self.copy_baseline && self.num_initiator_dev > 1 {
+            return Err("--copy-baseline measures one pair: drop --num-initiator-dev/--num-target-dev".into());
         }
         if self.num_initiator_dev > 1 && self.xgmi_single_process {
             return Err("--xgmi-single-process runs one pair in one process: drop --num-initiator-dev/--num-target-dev".into());

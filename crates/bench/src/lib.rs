@@ -8,6 +8,7 @@
 //! awaited, as the Python benchmark does); warm-up iterations excluded.
 
 pub mod args;
+pub mod baseline;
 pub mod membuf;
 pub mod report;
 pub mod run;

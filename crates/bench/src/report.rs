@@ -18,6 +18,11 @@ pub struct Row {
     pub avg_lat_us: f64,
     /// Whole timed loop, µs.
     pub total_us: f64,
+    /// With `--copy-baseline`: the bare copies' `total / (iters × batch)`, µs, timed in the
+    /// same run between the same buffers (`mori_bench::baseline`); `null` in JSON otherwise.
+    /// (Always serialized: rows also travel between ranks as postcard, which has no field
+    /// names to skip by.)
+    pub copy_lat_us: Option<f64>,
 }
 
 impl Row {
@@ -31,6 +36,7 @@ impl Row {
             avg_bw_gbps: (msg * batch * iters) as f64 / 1e9 / (total_us / 1e6),
             avg_lat_us: total_us / (iters * batch) as f64,
             total_us,
+            copy_lat_us: None,
         }
     }
 }
@@ -38,22 +44,36 @@ impl Row {
 /// The header line of the seed: `MsgSize(B)  Batch  Iters  AvgBW(GB/s)  AvgLat(us)  TotalDur(us)`.
 pub const HEADER: [&str; 6] = ["MsgSize(B)", "Batch", "Iters", "AvgBW(GB/s)", "AvgLat(us)", "TotalDur(us)"];
 
-/// Renders rows as the seed's whitespace-aligned table.
+/// The columns `--copy-baseline` adds: the bare copy's latency and the engine's ratio to it.
+pub const BASELINE_HEADER: [&str; 2] = ["CopyLat(us)", "Lat/Copy"];
+
+/// Renders rows as the seed's whitespace-aligned table (plus [`BASELINE_HEADER`] when the
+/// rows carry a copy baseline).
 pub fn table(rows: &[Row]) -> String {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
-    t.set_header(HEADER);
+    let baseline = rows.iter().any(|r| r.copy_lat_us.is_some());
+    let mut header = HEADER.to_vec();
+    if baseline {
+        header.extend(BASELINE_HEADER);
+    }
+    t.set_header(&header);
     for r in rows {
-        t.add_row(vec![
+        let mut cells = vec![
             r.msg_size.to_string(),
             r.batch.to_string(),
             r.iters.to_string(),
             format!("{:.3}", r.avg_bw_gbps),
             format!("{:.2}", r.avg_lat_us),
             format!("{:.1}", r.total_us),
-        ]);
+        ];
+        if baseline {
+            let c = r.copy_lat_us.unwrap_or(f64::NAN);
+            cells.extend([format!("{c:.2}"), format!("{:.3}", r.avg_lat_us / c)]);
+        }
+        t.add_row(cells);
     }
-    for i in 0..HEADER.len() {
+    for i in 0..header.len() {
         if let Some(c) = t.column_mut(i) {
             c.set_cell_alignment(comfy_table::CellAlignment::Right);
         }

@@ -1,12 +1,13 @@
 //! One rank of bench_engine: rendezvous, engine, sweep, validation.
 
 use crate::args::{workload_diff, Args, BackendArg, MemArg, OpArg, PollArg};
+use crate::baseline::CopyBaseline;
 use crate::report::Row;
 use crate::sweep::{buffer_bytes, offsets, points, Point};
 use crate::membuf::Buffer;
 use crate::validate::first_mismatch;
 use mori_bootstrap::{Bootstrap, SocketBootstrap, SocketBootstrapConfig};
-use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, IoError, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig, TransferStatus, XgmiConfig};
+use mori_io::{BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig, TransferStatus, XgmiConfig};
 use mori_io::FabricConfig;
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
@@ -51,6 +52,7 @@ pub fn aggregate(pairs: &[PairOutcome]) -> Vec<Row> {
                 avg_bw_gbps: rs.iter().map(|r| r.avg_bw_gbps).sum(),
                 avg_lat_us: rs.iter().map(|r| r.avg_lat_us).sum::<f64>() / n,
                 total_us: rs.iter().map(|r| r.total_us).fold(0.0, f64::max),
+                copy_lat_us: None,
             }
         })
         .collect()
@@ -143,6 +145,7 @@ pub fn run_single_process(args: &Args) -> Result<Outcome, Failure> {
 
 fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Bootstrap>>) -> Result<Outcome, Failure> {
     let rank = args.rank;
+    let same_process = local.is_some();
     let n = args.pairs() as usize;
     let (me, world) = if local.is_some() { (rank, 2) } else { (args.global_rank(), 2 * n) };
     let peer_rank = (me + world / 2) % world;
@@ -245,6 +248,13 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     } else {
         None
     };
+    let baseline = if rank == 0 && args.copy_baseline {
+        let (ptr, len, _) = buf.region();
+        let dev = args.device_for(0, args.local_index).unwrap_or(0);
+        Some(CopyBaseline::new(dev, ptr as u64, len as u64, &remote, same_process).map_err(fail)?)
+    } else {
+        None
+    };
     if me == 0 {
         let b = eng.backend_for(&mem, &remote).map_err(|e| fail(e.to_string()))?;
         eprintln!(
@@ -273,7 +283,7 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
             if let Some(b) = &bar {
                 b.set_message(format!("msg {} B, batch {}", p.msg, p.batch));
             }
-            Some(measure(args, &eng, sess.as_ref(), &mem, &remote, p, &offs, deadline))
+            Some(measure(args, &eng, sess.as_ref(), &mem, &remote, p, &offs, deadline, baseline.as_ref()))
         } else {
             None
         };
@@ -330,11 +340,27 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    // Initiators end first, while the targets still hold their memory: their engines deliver
+    // the last completion notifications and close their IPC mappings (the engine's and the
+    // copy baseline's) before a target frees the buffer behind them; targets end after the
+    // final barrier.
+    type Parts = Option<(Option<Session>, Option<CopyBaseline>, IoEngine)>;
+    let end = |parts: &mut Parts| -> Result<(), Failure> {
+        if let Some((sess, baseline, eng)) = parts.take() {
+            drop(sess);
+            drop(baseline);
+            // Deregister before the engine goes: waits for anything still using the buffer.
+            eng.deregister_memory(&mem).map_err(|e| fail(format!("deregister the buffer: {e}")))?;
+            drop(eng);
+        }
+        Ok(())
+    };
+    let mut parts: Parts = Some((sess, baseline, eng));
+    if rank == 0 {
+        end(&mut parts)?;
+    }
     boot.barrier().map_err(|e| fail(format!("final barrier: {e}")))?;
-    drop(sess);
-    // Deregister before the engine goes: waits for anything still using the buffer.
-    eng.deregister_memory(&mem).map_err(|e| fail(format!("deregister the buffer: {e}")))?;
-    drop(eng);
+    end(&mut parts)?;
     drop(buf);
     let validation = if skipped { "skipped".to_string() } else { validation.unwrap_or_else(|| "OK".into()) };
     if world == 2 {
@@ -414,6 +440,7 @@ fn measure(
     p: Point,
     offs: &[u64],
     deadline: Duration,
+    baseline: Option<&CopyBaseline>,
 ) -> Result<Row, IoError> {
     let sizes = vec![p.msg; offs.len()];
     let write = args.op == OpArg::Write;
@@ -444,9 +471,39 @@ fn measure(
     for _ in 0..args.warmup_iters {
         iter()?;
     }
-    let t0 = Instant::now();
-    for _ in 0..args.iters {
-        iter()?;
+    let Some(b) = baseline else {
+        let t0 = Instant::now();
+        for _ in 0..args.iters {
+            iter()?;
+        }
+        return Ok(Row::new(p.msg, p.batch, args.iters, t0.elapsed()));
+    };
+    // --copy-baseline: the timed iterations in blocks, each followed by as many bare copies
+    // of the same slots (their own warm-up first); each side's time is the sum of its blocks.
+    let gpu_err = |e: String| IoError::new(ErrorCode::GpuOp, e);
+    let views = b.views(offs, p.msg, write).map_err(gpu_err)?;
+    for _ in 0..args.warmup_iters {
+        b.once(&views).map_err(gpu_err)?;
     }
-    Ok(Row::new(p.msg, p.batch, args.iters, t0.elapsed()))
+    let blocks = BASELINE_BLOCKS.min(args.iters).max(1);
+    let (mut engine, mut copies) = (Duration::ZERO, Duration::ZERO);
+    for k in 0..blocks {
+        let n = args.iters / blocks + u64::from(k < args.iters % blocks);
+        let t0 = Instant::now();
+        for _ in 0..n {
+            iter()?;
+        }
+        engine += t0.elapsed();
+        let t0 = Instant::now();
+        for _ in 0..n {
+            b.once(&views).map_err(gpu_err)?;
+        }
+        copies += t0.elapsed();
+    }
+    let mut row = Row::new(p.msg, p.batch, args.iters, engine);
+    row.copy_lat_us = Some(copies.as_secs_f64() * 1e6 / (args.iters * p.batch).max(1) as f64);
+    Ok(row)
 }
+
+/// Blocks per point with `--copy-baseline` (engine and bare copies alternate this often).
+pub const BASELINE_BLOCKS: u64 = 20;

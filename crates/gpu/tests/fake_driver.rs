@@ -8,50 +8,14 @@
 #[path = "gpu.rs"]
 mod gpu_tests;
 
-use std::path::PathBuf;
 use std::process::Command;
 
-/// Builds the fake driver with the system C compiler; `None` (and a note) without one.
-fn build_fake() -> Option<PathBuf> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_cuda/fake_cuda.c");
-    let dir = std::env::temp_dir().join(format!("mori-gpu-fake-cuda-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let lib = dir.join("libcuda.so.1");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let out = match Command::new(&cc)
-        .args([
-            "-shared",
-            "-fPIC",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-fvisibility=hidden",
-            "-o",
-        ])
-        .arg(&lib)
-        .arg(&src)
-        .arg("-lpthread")
-        .output()
-    {
-        Ok(out) => out,
-        Err(e) => {
-            println!("no C compiler ({cc}: {e}): the fake-driver run is skipped");
-            return None;
-        }
-    };
-    assert!(
-        out.status.success(),
-        "building the fake libcuda failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
-    Some(dir)
-}
+#[path = "fake_cuda/build_fake.rs"]
+mod fake_build;
 
 #[test]
 fn gpu_tests_pass_against_the_fake_driver() {
-    let Some(dir) = build_fake() else { return };
+    let Some(dir) = fake_build::build_fake("gpu") else { return };
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "gpu_tests::",

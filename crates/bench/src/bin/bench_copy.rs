@@ -146,20 +146,7 @@ fn ipc_child(a: &Args, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Longest a single event wait may spin before the run stops with an error.
-const EVENT_DEADLINE: Duration = Duration::from_secs(30);
-
-fn spin(ev: &mori_gpu::Event, what: &str) -> Result<(), String> {
-    let t0 = Instant::now();
-    loop {
-        match ev.query() {
-            Ok(true) => return Ok(()),
-            Ok(false) if t0.elapsed() < EVENT_DEADLINE => std::hint::spin_loop(),
-            Ok(false) => return Err(format!("{what}: the event did not fire within {EVENT_DEADLINE:?}")),
-            Err(e) => return Err(format!("{what}: {e}")),
-        }
-    }
-}
+use mori_bench::baseline::spin_event as spin;
 
 struct Point {
     msg: u64,
@@ -213,7 +200,7 @@ fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) 
     let once = || -> Result<(), String> {
         copy()?;
         ev.record(&stream).map_err(|e| format!("{}: {e}", at("record")))?;
-        spin(&ev, &at("stop-and-wait copy"))
+        spin(&ev, || at("stop-and-wait copy"))
     };
     for _ in 0..a.warmup_iters {
         once()?;
@@ -227,13 +214,13 @@ fn measure(rt: &Arc<dyn Runtime>, a: &Args, src: Device, dst: Device, msg: u64) 
         copy()?;
     }
     ev.record(&stream).map_err(|e| format!("{}: {e}", at("record")))?;
-    spin(&ev, &at("warm-up"))?;
+    spin(&ev, || at("warm-up"))?;
     let t0 = Instant::now();
     for _ in 0..a.iters {
         copy()?;
     }
     ev.record(&stream).map_err(|e| format!("{}: {e}", at("record")))?;
-    spin(&ev, &at("back-to-back copies"))?;
+    spin(&ev, || at("back-to-back copies"))?;
     let b2b_total = t0.elapsed();
     let mut got = vec![0u8; len];
     rt.copy_dtoh(&mut got, &d.slice()).map_err(|e| format!("{}: {e}", at("read back")))?;

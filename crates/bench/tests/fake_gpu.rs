@@ -1,0 +1,59 @@
+//! bench_engine's xgmi paths against the stand-in libcuda of mori-gpu (CPU copies; see
+//! crates/gpu/tests/fake_cuda/fake_cuda.c): two processes through IPC and one process, with
+//! `--copy-baseline`, so CI runs the backend, the baseline's columns and the initiator-first
+//! teardown. The numbers mean nothing here (the H200 runs are in docs/PERFORMANCE.md); the
+//! checks are on the table's shape, the ratio column and clean ends.
+
+#[path = "../../gpu/tests/fake_cuda/build_fake.rs"]
+mod fake_build;
+
+use std::process::Command;
+
+/// Runs bench_engine with the fake driver; returns (exit code, stdout, stderr).
+fn bench(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_bench_engine"))
+        .args(args)
+        .env("LD_LIBRARY_PATH", dir)
+        .env("MORI_GPU_RUNTIME", "cuda")
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn copy_baseline_columns_on_both_xgmi_paths() {
+    let Some(dir) = fake_build::build_fake("bench") else { return };
+    let common = [
+        "--backend", "xgmi", "--mem-type", "gpu", "--all", "--sweep-start", "64", "--sweep-max", "4096", "--iters", "40",
+        "--warmup-iters", "4", "--log-level", "warning", "--copy-baseline",
+    ];
+    for (mode, op, batch) in [("--local", "read", "1"), ("--local", "write", "3"), ("--xgmi-single-process", "write", "1")] {
+        let mut args = vec![mode, "--op", op, "--transfer-batch-size", batch];
+        args.extend(common);
+        let (code, out, err) = bench(&dir, &args);
+        let what = format!("{args:?}\n--- stdout\n{out}\n--- stderr\n{err}");
+        assert_eq!(code, Some(0), "{what}");
+        assert!(out.contains("validation: OK"), "{what}");
+        assert!(out.contains("CopyLat(us)") && out.contains("Lat/Copy"), "{what}");
+        // Initiator-first teardown: every notification reached a live target.
+        assert!(!err.contains("WARN") && !err.contains("ERROR"), "{what}");
+        let rows: Vec<Vec<f64>> = out
+            .lines()
+            .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+            .map(|l| l.split_whitespace().map(|x| x.parse::<f64>().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), 7, "64 B..4 KiB: {what}");
+        for r in &rows {
+            let (lat, copy, ratio) = (r[4], r[6], r[7]);
+            assert_eq!(r[1], batch.parse::<f64>().unwrap(), "{what}");
+            assert!(copy > 0.0 && lat > 0.0, "{r:?}: {what}");
+            // Both printed rounded (2 decimals): the ratio agrees within that rounding.
+            assert!((ratio - lat / copy).abs() <= 0.01 * ratio + 0.006 / copy, "{r:?}: {what}");
+        }
+    }
+    // Refused with a clear message where it cannot apply.
+    let (code, _, err) = bench(&dir, &["--local", "--backend", "tcp", "--copy-baseline"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--copy-baseline") && err.contains("--backend xgmi"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
