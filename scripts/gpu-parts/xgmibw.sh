@@ -1,6 +1,8 @@
 # xgmi batch-1 bandwidth at 4..64 MiB, the issue-7 target, measured as alternating rounds: in
 # each round the bare copies (bench_copy stop-and-wait, local and --ipc), then bench_engine
-# --backend xgmi write and read (two processes on GPU 0), then the bare copies once more
+# --backend xgmi write and read (two processes on GPU 0; with --copy-baseline, so each row
+# also carries the bare copy between the same buffers, timed in alternating blocks, and the
+# engine's ratio to it), then the bare copies once more
 # after the last round. A fragment sourced by scripts/gpu-machine.sh (B, OUT, step, logged,
 # rc); ROUNDS (default 3) rounds, about 20 s each. Everything goes to $OUT/xgmi-bw.txt; the
 # console shows the table rows only.
@@ -15,7 +17,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
   xb_bare "round $r"
   for op in write read; do
     xb "xgmi $op b1 4..64 MiB (round $r)" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op "$op" --enable-sess \
-      --transfer-batch-size 1 --all --sweep-start 4194304 --sweep-max 67108864 --iters 2000 --warmup-iters 100 --log-level warning
+      --transfer-batch-size 1 --all --sweep-start 4194304 --sweep-max 67108864 --iters 2000 --warmup-iters 100 --log-level warning --copy-baseline
   done
 done
 step "xgmi batch-1 bandwidth, closing bare copies"
