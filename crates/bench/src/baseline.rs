@@ -92,6 +92,20 @@ impl CopyBaseline {
 
     /// One iteration: every copy of `v` queued, the event recorded, then spun on.
     pub fn once(&self, v: &Views) -> Result<(), String> {
+        self.post(v)?;
+        spin_event(&self.event, || "--copy-baseline: stop-and-wait copy".to_string())
+    }
+
+    /// [`CopyBaseline::once`], returning the time spent queueing and the time spent waiting.
+    pub fn once_split(&self, v: &Views) -> Result<(Duration, Duration), String> {
+        let t0 = Instant::now();
+        self.post(v)?;
+        let t1 = Instant::now();
+        spin_event(&self.event, || "--copy-baseline: stop-and-wait copy".to_string())?;
+        Ok((t1 - t0, t1.elapsed()))
+    }
+
+    fn post(&self, v: &Views) -> Result<(), String> {
         for &(dst, src, len) in &v.pairs {
             // SAFETY: `views` checked both ranges against the buffers' lengths; the local
             // buffer lives as long as the run, the remote one is mapped by `_map` (or lives in
@@ -99,7 +113,6 @@ impl CopyBaseline {
             let (d, s) = unsafe { (DeviceSlice::from_raw(dst, len, self.dev), DeviceSlice::from_raw(src, len, self.dev)) };
             self.rt.copy_dtod_async(&d, &s, &self.stream).map_err(|e| format!("--copy-baseline: copy: {e}"))?;
         }
-        self.event.record(&self.stream).map_err(|e| format!("--copy-baseline: event record: {e}"))?;
-        spin_event(&self.event, || "--copy-baseline: stop-and-wait copy".to_string())
+        self.event.record(&self.stream).map_err(|e| format!("--copy-baseline: event record: {e}"))
     }
 }

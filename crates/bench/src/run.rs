@@ -502,8 +502,34 @@ fn measure(
     }
     let mut row = Row::new(p.msg, p.batch, args.iters, engine);
     row.copy_lat_us = Some(copies.as_secs_f64() * 1e6 / (args.iters * p.batch).max(1) as f64);
+    if std::env::var_os(SPLIT_ENV).is_some() && args.batch_transfer() {
+        // Diagnostic: where each side's time goes, posting (the call that queues the work)
+        // against waiting (until the spin saw it done), over as many more iterations.
+        let (mut ep, mut ew, mut cp, mut cw) = (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        for _ in 0..args.iters {
+            let t0 = Instant::now();
+            let st = batch(eng.allocate_transfer_uid());
+            let t1 = Instant::now();
+            wait(st)?;
+            let t2 = Instant::now();
+            let (q, w) = b.once_split(&views).map_err(gpu_err)?;
+            ep += t1 - t0;
+            ew += t2 - t1;
+            cp += q;
+            cw += w;
+        }
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / args.iters.max(1) as f64;
+        eprintln!(
+            "split {} B x {}: engine post {:.2} + wait {:.2} us; copy post {:.2} + wait {:.2} us",
+            p.msg, p.batch, us(ep), us(ew), us(cp), us(cw)
+        );
+    }
     Ok(row)
 }
+
+/// With `--copy-baseline`, setting this variable prints per point how each side's time
+/// splits into posting and waiting (a diagnostic; more iterations, not in the table).
+pub const SPLIT_ENV: &str = "MORI_BENCH_SPLIT";
 
 /// Blocks per point with `--copy-baseline` (engine and bare copies alternate this often).
 pub const BASELINE_BLOCKS: u64 = 20;

@@ -85,7 +85,9 @@ pub struct Lane<'a> {
     rt: &'a Arc<dyn Runtime>,
     device: Device,
     stream: &'a Stream,
-    scratch: MutexGuard<'a, Option<DeviceBuffer>>,
+    /// The slot's scratch buffer, locked on first use (copies never touch it).
+    slot_scratch: &'a Mutex<Option<DeviceBuffer>>,
+    scratch: Option<MutexGuard<'a, Option<DeviceBuffer>>>,
 }
 
 impl<'a> Lane<'a> {
@@ -104,12 +106,14 @@ impl<'a> Lane<'a> {
     /// when smaller, so a slot reallocates O(log n) times in its life; no other submission
     /// uses it until this one completed. Errors: the allocation's.
     pub fn scratch(&mut self, len: usize) -> Result<DeviceSlice<'_>> {
-        if self.scratch.as_ref().is_none_or(|b| b.len() < len) {
-            *self.scratch = None;
+        let slot = self.slot_scratch;
+        let buf = self.scratch.get_or_insert_with(|| lock(slot));
+        if buf.as_ref().is_none_or(|b| b.len() < len) {
+            **buf = None;
             let cap = len.checked_next_power_of_two().unwrap_or(len).max(4096);
-            *self.scratch = Some(self.rt.alloc(self.device, cap)?);
+            **buf = Some(self.rt.alloc(self.device, cap)?);
         }
-        match self.scratch.as_ref() {
+        match buf.as_ref() {
             Some(b) => b.sub(0, len),
             None => Err(GpuError::invalid("copy pool: scratch buffer missing")),
         }
@@ -273,9 +277,10 @@ impl CopyPool {
     /// # Safety
     /// All device memory the enqueued work touches must be mapped in this process and
     /// accessible from `dev`, and must stay mapped until `done` has been called.
-    pub unsafe fn submit<F>(&self, dev: Device, enqueue: F, done: CopyDone) -> Result<()>
+    pub unsafe fn submit<F, D>(&self, dev: Device, enqueue: F, done: D) -> Result<()>
     where
         F: FnOnce(&mut Lane<'_>) -> Result<()>,
+        D: FnOnce(Result<()>) + Send + 'static,
     {
         let dp = self.shared.dev_pool(dev)?;
         // SAFETY: forwarded contract.
@@ -286,9 +291,10 @@ impl CopyPool {
     ///
     /// # Safety
     /// As [`CopyPool::submit`].
-    unsafe fn submit_on<F>(&self, dp: &DevPool, enqueue: F, done: CopyDone, host_table: Option<Vec<CopySeg>>) -> Result<()>
+    unsafe fn submit_on<F, D>(&self, dp: &DevPool, enqueue: F, done: D, host_table: Option<Vec<CopySeg>>) -> Result<()>
     where
         F: FnOnce(&mut Lane<'_>) -> Result<()>,
+        D: FnOnce(Result<()>) + Send + 'static,
     {
         let s = &self.shared;
         let dev = dp.device;
@@ -296,7 +302,7 @@ impl CopyPool {
         let si = claim_lane(&dp.busy, &dp.next);
         let stream = &dp.streams[si];
         let failed = {
-            let mut lane = Lane { rt: &s.rt, device: dev, stream, scratch: lock(&dp.slots[slot].scratch) };
+            let mut lane = Lane { rt: &s.rt, device: dev, stream, slot_scratch: &dp.slots[slot].scratch, scratch: None };
             enqueue(&mut lane).err()
         };
         if let Err(e) = dp.slots[slot].event.record(stream) {
@@ -306,32 +312,36 @@ impl CopyPool {
             tracing::warn!(device = dev.0, error = %e, "copy pool: an event slot is retired after a failed record");
             return Err(failed.unwrap_or(e));
         }
+        // Boxed only now: the device work is already queued, so the allocation overlaps it.
+        let done: CopyDone = Box::new(done);
         lock(&s.pending).push(Pending { dev: dev.0, slot, stream: si, done, failed, _host_table: host_table });
         Ok(())
     }
 
-    /// Queues `segs` (empty ones dropped) as one submission: through the scatter/gather
+    /// Queues `segs` (empty ones skipped) as one submission: through the scatter/gather
     /// kernel when there are at least `kernel_threshold` segments averaging under
-    /// `kernel_max_mean_bytes` (descriptor table uploaded to the slot's scratch buffer on the
-    /// same stream), else as one `cuMemcpyDtoDAsync` (or HIP's) per segment. See
+    /// `kernel_max_mean_bytes` (a host copy of the descriptor table, kept until the event
+    /// fired, uploaded to the slot's scratch buffer on the same stream), else as one
+    /// `cuMemcpyDtoDAsync` (or HIP's) per segment, with no allocation before the copies. See
     /// [`CopyPool::submit`] for slots, errors and `done`; more than `u32::MAX` segments on the
     /// kernel path is `InvalidArgument`.
     ///
     /// # Safety
     /// Every segment's `src..src+len` and `dst..dst+len` must be device memory mapped in this
     /// process and accessible from `dev`, and must stay mapped until `done` has been called.
-    pub unsafe fn copy(&self, dev: Device, mut segs: Vec<CopySeg>, done: CopyDone) -> Result<()> {
+    pub unsafe fn copy<D>(&self, dev: Device, segs: &[CopySeg], done: D) -> Result<()>
+    where
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
         let s = &self.shared;
         let dp = s.dev_pool(dev)?;
-        // Taken by value: on the kernel path this vector is the host descriptor table itself.
-        segs.retain(|g| g.len > 0);
-        let n = segs.len();
-        let total: u64 = segs.iter().map(|g| g.len).sum();
+        let (n, total) = segs.iter().filter(|g| g.len > 0).fold((0usize, 0u64), |(n, t), g| (n + 1, t + g.len));
         let kernel = dp
             .kernel
             .as_ref()
             .filter(|_| s.cfg.kernel_threshold > 0 && n >= s.cfg.kernel_threshold && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes);
         if let Some(f) = kernel {
+            let segs: Vec<CopySeg> = segs.iter().filter(|g| g.len > 0).copied().collect();
             let n32 = u32::try_from(n).map_err(|_| GpuError::invalid(format!("{n} segments in one scatter/gather batch: at most {}", u32::MAX)))?;
             let need = n * std::mem::size_of::<CopySeg>();
             // SAFETY: CopySeg is plain old data (three u64, repr(C)); the byte view covers exactly
@@ -358,7 +368,7 @@ impl CopyPool {
         }
         let rt = &s.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
-            for seg in &segs {
+            for seg in segs.iter().filter(|g| g.len > 0) {
                 let len = usize::try_from(seg.len)
                     .map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
                 // SAFETY: forwarded contract: both ranges are mapped device memory of this process.

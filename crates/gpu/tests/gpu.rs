@@ -774,15 +774,15 @@ fn copy_pool_copies_and_survives_a_panicking_callback() -> R {
     let seg0 = [CopySeg { src, dst, len: 4096 }];
     // SAFETY: both ranges lie inside `a` and `b`, which outlive the pool's work (the pool is
     // dropped, and every copy waited for, before them).
-    unsafe { pool.copy(DEV, seg0.to_vec(), Box::new(|_| panic!("test: a panicking completion callback"))) }?;
+    unsafe { pool.copy(DEV, &seg0, |_| panic!("test: a panicking completion callback")) }?;
     let (tx, rx) = std::sync::mpsc::channel();
     for k in 1..12u64 {
         let tx = tx.clone();
         let seg = [CopySeg { src: src + k * 4096, dst: dst + k * 4096, len: 4096 }];
         // SAFETY: as above.
-        unsafe { pool.copy(DEV, seg.to_vec(), Box::new(move |r| {
+        unsafe { pool.copy(DEV, &seg, move |r| {
             let _ = tx.send((k, r.is_ok()));
-        })) }?;
+        }) }?;
     }
     // This thread drives completion itself (as a spinning waiter does).
     let t = Instant::now();

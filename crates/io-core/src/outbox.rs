@@ -19,13 +19,15 @@ use std::sync::Arc;
 /// [`Outbox::send`] deliver in push order.
 pub struct Outbox<T> {
     queued: Mutex<Vec<T>>,
-    tx: Mutex<Sender<T>>,
+    /// The flushers' side: swapped with `queued` (both keep their capacity, so a push does
+    /// not allocate once the queue has grown to its usual burst).
+    tx: Mutex<(Sender<T>, Vec<T>)>,
 }
 
 impl<T> Outbox<T> {
     /// An outbox in front of `tx`.
     pub fn new(tx: Sender<T>) -> Self {
-        Outbox { queued: Mutex::new(Vec::new()), tx: Mutex::new(tx) }
+        Outbox { queued: Mutex::new(Vec::new()), tx: Mutex::new((tx, Vec::new())) }
     }
 
     /// Queues `m` (a mutex push, no system call).
@@ -36,21 +38,22 @@ impl<T> Outbox<T> {
     /// Hands everything queued to the channel, in order; returns how many. Messages to a
     /// receiver that is gone are dropped.
     pub fn flush(&self) -> usize {
-        let q = std::mem::take(&mut *self.queued.lock());
-        let n = q.len();
-        if n > 0 {
-            let tx = self.tx.lock();
-            for m in q {
-                let _ = tx.send(m);
-            }
+        let mut g = self.tx.lock();
+        let (tx, spare) = &mut *g;
+        std::mem::swap(&mut *self.queued.lock(), spare);
+        let n = spare.len();
+        for m in spare.drain(..) {
+            let _ = tx.send(m);
         }
         n
     }
 
     /// Sends `m` now, after whatever is queued.
     pub fn send(&self, m: T) {
-        let tx = self.tx.lock();
-        for q in std::mem::take(&mut *self.queued.lock()) {
+        let mut g = self.tx.lock();
+        let (tx, spare) = &mut *g;
+        std::mem::swap(&mut *self.queued.lock(), spare);
+        for q in spare.drain(..) {
             let _ = tx.send(q);
         }
         let _ = tx.send(m);
@@ -61,7 +64,7 @@ impl<T> Outbox<T> {
     pub fn close(&self) -> usize {
         let n = self.flush();
         let (gone, _) = std::sync::mpsc::channel();
-        drop(std::mem::replace(&mut *self.tx.lock(), gone));
+        drop(std::mem::replace(&mut self.tx.lock().0, gone));
         n
     }
 }

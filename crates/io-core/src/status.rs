@@ -111,10 +111,6 @@ impl TransferStatus {
         }
     }
 
-    /// Runs the attached completion step once, if any. True when it completed anything.
-    fn drive(&self) -> bool {
-        self.inner.driver.get().and_then(Weak::upgrade).is_some_and(|p| p.progress())
-    }
 
     /// A status that already failed with `err`.
     pub fn failed(err: IoError) -> Self {
@@ -206,6 +202,9 @@ impl TransferStatus {
     /// stays in progress.
     pub fn spin_for(&self, timeout: Duration) -> Result<(), IoError> {
         let deadline = Instant::now() + timeout;
+        // Held for the spin (a status outliving its backend just does not drive); taken once,
+        // not per round.
+        let driver = self.inner.driver.get().and_then(Weak::upgrade);
         let mut n: u32 = 0;
         loop {
             if let Some(r) = self.poll() {
@@ -213,7 +212,7 @@ impl TransferStatus {
             }
             // The deadline is checked every 64 rounds whatever the completion step returns:
             // a waiter that keeps completing other transfers must still see its own expire.
-            let drove = self.drive();
+            let drove = driver.as_ref().is_some_and(|p| p.progress());
             n = n.wrapping_add(1);
             if drove && !n.is_multiple_of(64) {
                 continue;

@@ -249,18 +249,18 @@ impl Inner {
         }
         let (st, peer, id, notifier) = (status.clone(), req.peer.clone(), req.id, self.notifier.clone());
         let keep = (rm, l.clone());
-        let done = Box::new(move |r: mori_gpu::Result<()>| {
+        let done = move |r: mori_gpu::Result<()>| {
             let _keep = keep; // both mappings stay alive until the copies finished
             let ok = r.is_ok();
             st.complete_piece(r.map_err(|e| gpu_err("fabric copy", e)));
             if ok {
                 notifier.push_done(peer, id);
             }
-        });
+        };
         // SAFETY: every segment was bounds-checked against the local registration (memory this
         // backend holds via `LocalReg`) and the owner-granted remote range (mapped by `RemoteMap`);
         // both are kept alive by `done` until the copies finished.
-        unsafe { self.pool.copy(l.device, segs, done) }.map_err(|e| gpu_err("queue fabric copies", e))
+        unsafe { self.pool.copy(l.device, &segs, done) }.map_err(|e| gpu_err("queue fabric copies", e))
     }
 }
 
@@ -347,11 +347,12 @@ impl Backend for FabricBackend {
     }
 
     fn post(&self, req: TransferRequest, status: TransferStatus) {
-        let me: Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
-        status.set_progress(me);
         if let Err(e) = self.inner.post(&req, &status) {
             status.complete_piece(Err(e));
         }
+        // After the copies are queued (nobody waits on the status before this returns).
+        let me: Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        status.set_progress(me);
     }
 
     fn disconnect(&self, peer_key: &str) {

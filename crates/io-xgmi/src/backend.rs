@@ -168,41 +168,40 @@ impl Inner {
             (l.device, l.addr, l.len)
         };
         let rr = self.remote_region(&req.remote, &req.peer, dev)?;
-        let rbase = rr.base;
+        let (rbase, rlen) = (rr.base, rr.len);
         // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued.
         for (i, s) in req.segs.iter().enumerate() {
             mori_io_core::registry::check_range(req.local.id, llen, s.local_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
-            mori_io_core::registry::check_range(req.remote.id, rr.len, s.remote_off, s.len)
+            mori_io_core::registry::check_range(req.remote.id, rlen, s.remote_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
         }
-        let segs: Vec<CopySeg> = req
-            .segs
-            .iter()
-            .map(|s| {
-                let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);
-                CopySeg { src, dst, len: s.len }
-            })
-            .collect();
-        let done = done_fn(status.clone(), req.peer.clone(), req.id, self.notifier.clone(), rr);
+        let seg = |s: &mori_io_core::Seg| {
+            let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);
+            CopySeg { src, dst, len: s.len }
+        };
+        // A single segment (batch 1, the latency case) needs no allocation before the copy.
+        let (one, many): ([CopySeg; 1], Vec<CopySeg>) = match req.segs.as_slice() {
+            [s] => ([seg(s)], Vec::new()),
+            all => ([CopySeg { src: 0, dst: 0, len: 0 }], all.iter().map(seg).collect()),
+        };
+        let segs: &[CopySeg] = if many.is_empty() { &one } else { &many };
+        let (st, peer, id, notifier) = (status.clone(), req.peer.clone(), req.id, self.notifier.clone());
+        // The completion: sets the status, queues the target's notification, and drops the
+        // remote mapping's reference only then.
+        let done = move |r: mori_gpu::Result<()>| {
+            let ok = r.is_ok();
+            st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
+            if ok {
+                notifier.push_done(peer, id);
+            }
+            drop(rr);
+        };
         // SAFETY: every segment lies inside the local registration and the remote region
         // (owner-confirmed length), both mapped for as long as `done` lives (it holds the
         // remote mapping; the local one is the caller's until deregistration).
         unsafe { self.pool.copy(dev, segs, done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
     }
-}
-
-/// The completion of one transfer: sets the status, queues the target's notification, and
-/// drops `keep` (the remote mapping) only then.
-fn done_fn(st: TransferStatus, peer: Arc<EngineDesc>, id: u64, notifier: Arc<Notifier<XgmiCtrl>>, keep: RemoteRegion) -> mori_gpu::CopyDone {
-    Box::new(move |r: mori_gpu::Result<()>| {
-        let ok = r.is_ok();
-        st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
-        if ok {
-            notifier.push_done(peer, id);
-        }
-        drop(keep);
-    })
 }
 
 impl mori_io_core::Progress for Inner {
@@ -269,11 +268,12 @@ impl Backend for XgmiBackend {
     }
 
     fn post(&self, req: TransferRequest, status: TransferStatus) {
-        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
-        status.set_progress(me);
         if let Err(e) = self.inner.post(&req, &status) {
             status.complete_piece(Err(e));
         }
+        // After the copy is queued (nobody waits on the status before this returns).
+        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        status.set_progress(me);
     }
 
     fn disconnect(&self, peer_key: &str) {
