@@ -27,8 +27,17 @@ fn copy_baseline_columns_on_both_xgmi_paths() {
         "--backend", "xgmi", "--mem-type", "gpu", "--all", "--sweep-start", "64", "--sweep-max", "4096", "--iters", "40",
         "--warmup-iters", "4", "--log-level", "warning", "--copy-baseline",
     ];
-    for (mode, op, batch) in [("--local", "read", "1"), ("--local", "write", "3"), ("--xgmi-single-process", "write", "1")] {
+    // Sessions (a prepared route) and one-shot calls, two processes and one.
+    for (mode, op, batch, sess) in [
+        ("--local", "read", "1", true),
+        ("--local", "write", "3", false),
+        ("--xgmi-single-process", "write", "1", true),
+        ("--xgmi-single-process", "read", "2", false),
+    ] {
         let mut args = vec![mode, "--op", op, "--transfer-batch-size", batch];
+        if sess {
+            args.push("--enable-sess");
+        }
         args.extend(common);
         let (code, out, err) = bench(&dir, &args);
         let what = format!("{args:?}\n--- stdout\n{out}\n--- stderr\n{err}");

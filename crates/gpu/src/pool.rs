@@ -284,16 +284,18 @@ impl CopyPool {
     {
         let dp = self.shared.dev_pool(dev)?;
         // SAFETY: forwarded contract.
-        unsafe { self.submit_on(dp, enqueue, done, None) }
+        unsafe { self.submit_on(dp, enqueue, || done, None) }
     }
 
-    /// [`CopyPool::submit`] on a device's pool, keeping `host_table` until the event fired.
+    /// [`CopyPool::submit`] on a device's pool, keeping `host_table` until the event fired;
+    /// the completion is made by `make_done` once the work and the event are queued.
     ///
     /// # Safety
     /// As [`CopyPool::submit`].
-    unsafe fn submit_on<F, D>(&self, dp: &DevPool, enqueue: F, done: D, host_table: Option<Vec<CopySeg>>) -> Result<()>
+    unsafe fn submit_on<F, M, D>(&self, dp: &DevPool, enqueue: F, make_done: M, host_table: Option<Vec<CopySeg>>) -> Result<()>
     where
         F: FnOnce(&mut Lane<'_>) -> Result<()>,
+        M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
         let s = &self.shared;
@@ -312,8 +314,8 @@ impl CopyPool {
             tracing::warn!(device = dev.0, error = %e, "copy pool: an event slot is retired after a failed record");
             return Err(failed.unwrap_or(e));
         }
-        // Boxed only now: the device work is already queued, so the allocation overlaps it.
-        let done: CopyDone = Box::new(done);
+        // Made and boxed only now: the device work is already queued, so this overlaps it.
+        let done: CopyDone = Box::new(make_done());
         lock(&s.pending).push(Pending { dev: dev.0, slot, stream: si, done, failed, _host_table: host_table });
         Ok(())
     }
@@ -331,6 +333,21 @@ impl CopyPool {
     /// process and accessible from `dev`, and must stay mapped until `done` has been called.
     pub unsafe fn copy<D>(&self, dev: Device, segs: &[CopySeg], done: D) -> Result<()>
     where
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_with(dev, segs, || done) }
+    }
+
+    /// [`CopyPool::copy`] whose completion is made by `make_done` only after the copies and
+    /// the event are queued (so whatever it allocates or clones is off the latency path: the
+    /// device already runs the copies). `make_done` is called exactly when `Ok` is returned.
+    ///
+    /// # Safety
+    /// As [`CopyPool::copy`].
+    pub unsafe fn copy_with<M, D>(&self, dev: Device, segs: &[CopySeg], make_done: M) -> Result<()>
+    where
+        M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
         let s = &self.shared;
@@ -364,7 +381,7 @@ impl CopyPool {
                 unsafe { rt.launch(f, stream, &cfg, &args.params()) }
             };
             // SAFETY: forwarded contract.
-            return unsafe { self.submit_on(dp, enqueue, done, Some(segs)) };
+            return unsafe { self.submit_on(dp, enqueue, make_done, Some(segs)) };
         }
         let rt = &s.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
@@ -378,7 +395,7 @@ impl CopyPool {
             Ok(())
         };
         // SAFETY: forwarded contract.
-        unsafe { self.submit_on(dp, enqueue, done, None) }
+        unsafe { self.submit_on(dp, enqueue, make_done, None) }
     }
 
     /// One completion step, run by the calling thread: completes every submission whose

@@ -119,6 +119,18 @@ pub struct BackendContext {
 
 /// A transport. Implementations never block the caller without a deadline, never complete a
 /// write before its data is at the target, and never touch memory outside a registration.
+/// A path a backend prepared for one session (one local and one remote region, resolved and
+/// mapped once): it posts without the per-transfer lookups of [`Backend::post`] (the idea of
+/// NIXL's prepared descriptor lists). Sessions use it when the backend offers one
+/// ([`Backend::route`]); a route whose regions went away (deregistered, peer disconnected)
+/// falls back to the backend's own path, which then reports why.
+pub trait Route: Send + Sync {
+    /// Posts `op` over `segs` (already checked by the session against both descriptors'
+    /// lengths) as transfer `id` and returns its status (one piece; the route creates it, so
+    /// it may do so after the work is queued); errors are reported through the status.
+    fn post(&self, op: Op, id: TransferId, segs: &[Seg]) -> TransferStatus;
+}
+
 pub trait Backend: Send + Sync {
     /// Which transport this is.
     fn kind(&self) -> BackendKind;
@@ -151,6 +163,13 @@ pub trait Backend: Send + Sync {
     /// Posts a request; the backend completes `status` (which the engine created with one
     /// piece; the backend may `add_pieces`). Errors are reported through `status`.
     fn post(&self, req: TransferRequest, status: TransferStatus);
+
+    /// A prepared [`Route`] between `local` and `remote` (owned by `peer`) for a session, or
+    /// `None` (the default) to have the session call [`Backend::post`]. Errors: as the first
+    /// transfer's would be (the session is then refused).
+    fn route(&self, _local: &Arc<MemoryDesc>, _remote: &Arc<MemoryDesc>, _peer: &Arc<EngineDesc>) -> IoResult<Option<Arc<dyn Route>>> {
+        Ok(None)
+    }
 
     /// Takes over an inbound data connection whose hello named this backend, sent by the
     /// engine `from`. The backend owns the stream from now on. Default: `NotSupported` (the

@@ -20,7 +20,7 @@ pub mod status;
 pub mod wire;
 pub mod wr_plan;
 
-pub use backend::{Backend, BackendContext, BackendKind, ControlClient, Op, Refusal, TransferRequest};
+pub use backend::{Backend, BackendContext, BackendKind, ControlClient, Op, Refusal, Route, TransferRequest};
 pub use desc::{BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;

@@ -56,8 +56,7 @@ pub fn check_batch(
     }
     let mut out: Vec<Seg> = Vec::with_capacity(sizes.len().min(1 << 16));
     for (i, ((&lo, &ro), &n)) in local_offs.iter().zip(remote_offs).zip(sizes).enumerate() {
-        check_range(lid, llen, lo, n).map_err(|e| IoError::invalid(format!("entry {i}: local {}", e.msg)))?;
-        check_range(rid, rlen, ro, n).map_err(|e| IoError::invalid(format!("entry {i}: remote {}", e.msg)))?;
+        check_entry(i, (lid, llen), (rid, rlen), lo, ro, n)?;
         if n == 0 {
             continue;
         }
@@ -67,6 +66,13 @@ pub fn check_batch(
         }
     }
     Ok(out)
+}
+
+/// The checks of one entry `i` of [`check_batch`] (both ranges inside their regions), with its
+/// error text.
+pub fn check_entry(i: usize, local: (u64, u64), remote: (u64, u64), lo: u64, ro: u64, n: u64) -> IoResult<()> {
+    check_range(local.0, local.1, lo, n).map_err(|e| IoError::invalid(format!("entry {i}: local {}", e.msg)))?;
+    check_range(remote.0, remote.1, ro, n).map_err(|e| IoError::invalid(format!("entry {i}: remote {}", e.msg)))
 }
 
 /// Cuts `segs` into pieces over at most `lanes` lanes.

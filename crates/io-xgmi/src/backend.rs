@@ -3,11 +3,12 @@
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
-    Notifier, PeerMap, Refusal, TransferRequest, TransferStatus,
+    Notifier, Op, PeerMap, Refusal, Seg, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Settings of the xgmi backend.
@@ -52,12 +53,27 @@ struct RemoteRegion {
     len: u64,
     base: u64,
     _map: Option<Arc<IpcMapping>>,
+    /// Cleared when the peer is disconnected (the cache entry dropped): routes holding this
+    /// region then take the looked-up path again.
+    live: Arc<AtomicBool>,
 }
 
 struct LocalGpu {
     device: Device,
     addr: u64,
     len: u64,
+    /// Cleared on deregistration: routes holding this region then take the looked-up path
+    /// (which reports it as not registered).
+    live: Arc<AtomicBool>,
+}
+
+/// Where a transfer's bytes are, resolved: the local registration and the remote region as
+/// mapped here.
+struct Resolved {
+    dev: Device,
+    laddr: u64,
+    llen: u64,
+    region: RemoteRegion,
 }
 
 struct Inner {
@@ -137,7 +153,7 @@ impl Inner {
                     .enable_peer_access(dev, Device(rdev))
                     .map_err(|e| gpu_err(&format!("enable peer access GPU {} -> GPU {rdev}", dev.0), e))?;
             }
-            RemoteRegion { len, base: addr, _map: None }
+            RemoteRegion { len, base: addr, _map: None, live: Arc::new(AtomicBool::new(true)) }
         } else {
             let bytes = remote.handle(BackendKind::Xgmi).ok_or_else(|| {
                 IoError::invalid(format!("remote memory {} of engine {:?} carries no IPC handle", remote.id, remote.engine_key))
@@ -155,52 +171,103 @@ impl Inner {
                 .rt
                 .ipc_import(dev, &h)
                 .map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
-            RemoteRegion { len, base: m.slice().ptr(), _map: Some(Arc::new(m)) }
+            RemoteRegion { len, base: m.slice().ptr(), _map: Some(Arc::new(m)), live: Arc::new(AtomicBool::new(true)) }
         };
         self.maps.insert(&remote.engine_key, remote.id, r.clone());
         Ok(r)
     }
 
-    fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
+    /// The local registration and the remote region (mapped once, then cached) of a request.
+    fn resolve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<Resolved> {
         let (dev, laddr, llen) = {
             let g = self.local.lock();
-            let l = g.get(&req.local.id).ok_or_else(|| IoError::not_found(format!("local memory {} is not xgmi-registered", req.local.id)))?;
+            let l = g.get(&local.id).ok_or_else(|| IoError::not_found(format!("local memory {} is not xgmi-registered", local.id)))?;
             (l.device, l.addr, l.len)
         };
-        let rr = self.remote_region(&req.remote, &req.peer, dev)?;
-        let (rbase, rlen) = (rr.base, rr.len);
+        let region = self.remote_region(remote, peer, dev)?;
+        Ok(Resolved { dev, laddr, llen, region })
+    }
+
+    fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
+        let r = self.resolve(&req.local, &req.remote, &req.peer)?;
+        self.submit(&r, req.op, req.id, &req.peer, (req.local.id, req.remote.id), &req.segs, &mut Some(status.clone()))
+    }
+
+    /// Queues `segs` between the resolved regions `r` (ids `ids`, for messages) as transfer
+    /// `id` of `peer`, completing `status`; when `status` is `None`, a status is created once
+    /// the copies are queued and left there.
+    #[allow(clippy::too_many_arguments)]
+    fn submit(&self, r: &Resolved, op: Op, id: u64, peer: &Arc<EngineDesc>, ids: (MemId, MemId), segs: &[Seg], status: &mut Option<TransferStatus>) -> IoResult<()> {
+        let (laddr, rbase) = (r.laddr, r.region.base);
         // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued.
-        for (i, s) in req.segs.iter().enumerate() {
-            mori_io_core::registry::check_range(req.local.id, llen, s.local_off, s.len)
+        for (i, s) in segs.iter().enumerate() {
+            mori_io_core::registry::check_range(ids.0, r.llen, s.local_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
-            mori_io_core::registry::check_range(req.remote.id, rlen, s.remote_off, s.len)
+            mori_io_core::registry::check_range(ids.1, r.region.len, s.remote_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
         }
-        let seg = |s: &mori_io_core::Seg| {
-            let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);
+        let seg = |s: &Seg| {
+            let (src, dst) = op.endpoints(laddr + s.local_off, rbase + s.remote_off);
             CopySeg { src, dst, len: s.len }
         };
         // A single segment (batch 1, the latency case) needs no allocation before the copy.
-        let (one, many): ([CopySeg; 1], Vec<CopySeg>) = match req.segs.as_slice() {
+        let (one, many): ([CopySeg; 1], Vec<CopySeg>) = match segs {
             [s] => ([seg(s)], Vec::new()),
             all => ([CopySeg { src: 0, dst: 0, len: 0 }], all.iter().map(seg).collect()),
         };
-        let segs: &[CopySeg] = if many.is_empty() { &one } else { &many };
-        let (st, peer, id, notifier) = (status.clone(), req.peer.clone(), req.id, self.notifier.clone());
-        // The completion: sets the status, queues the target's notification, and drops the
-        // remote mapping's reference only then.
-        let done = move |r: mori_gpu::Result<()>| {
-            let ok = r.is_ok();
-            st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
-            if ok {
-                notifier.push_done(peer, id);
+        let copies: &[CopySeg] = if many.is_empty() { &one } else { &many };
+        // The completion, made once the copies are queued: sets the status, queues the
+        // target's notification, and drops the remote mapping's reference only then.
+        let make_done = || {
+            let st = status.get_or_insert_with(|| TransferStatus::new(1)).clone();
+            let (peer, notifier, rr) = (peer.clone(), self.notifier.clone(), r.region.clone());
+            move |r: mori_gpu::Result<()>| {
+                let ok = r.is_ok();
+                st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
+                if ok {
+                    notifier.push_done(peer, id);
+                }
+                drop(rr);
             }
-            drop(rr);
         };
         // SAFETY: every segment lies inside the local registration and the remote region
-        // (owner-confirmed length), both mapped for as long as `done` lives (it holds the
-        // remote mapping; the local one is the caller's until deregistration).
-        unsafe { self.pool.copy(dev, segs, done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
+        // (owner-confirmed length), both mapped for as long as the completion lives (it holds
+        // the remote mapping; the local one is the caller's until deregistration).
+        unsafe { self.pool.copy_with(r.dev, copies, make_done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
+    }
+}
+
+/// A session's prepared path (see [`mori_io_core::Route`]): the regions resolved once.
+struct XgmiRoute {
+    inner: Arc<Inner>,
+    local: Arc<MemoryDesc>,
+    remote: Arc<MemoryDesc>,
+    peer: Arc<EngineDesc>,
+    resolved: Resolved,
+    /// The local registration's flag (see `LocalGpu::live`).
+    local_live: Arc<AtomicBool>,
+}
+
+impl mori_io_core::Route for XgmiRoute {
+    fn post(&self, op: Op, id: u64, segs: &[Seg]) -> TransferStatus {
+        let mut status = None;
+        let r = if self.local_live.load(Ordering::Acquire) && self.resolved.region.live.load(Ordering::Acquire) {
+            self.inner.submit(&self.resolved, op, id, &self.peer, (self.local.id, self.remote.id), segs, &mut status)
+        } else {
+            // A region went away since the session was opened: the looked-up path says why
+            // (or maps the remote region again after a reconnect).
+            let st = status.insert(TransferStatus::new(1));
+            let req = TransferRequest { op, id, peer: self.peer.clone(), local: self.local.clone(), remote: self.remote.clone(), segs: segs.to_vec() };
+            self.inner.post(&req, st)
+        };
+        // No status yet: the submission failed before anything was queued.
+        let status = status.unwrap_or_else(|| TransferStatus::new(1));
+        if let Err(e) = r {
+            status.complete_piece(Err(e));
+        }
+        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        status.set_progress(me);
+        status
     }
 }
 
@@ -233,12 +300,15 @@ impl Backend for XgmiBackend {
         }
         desc.handles.retain(|x| x.backend != BackendKind::Xgmi);
         desc.handles.push(BackendHandle { backend: BackendKind::Xgmi, bytes: h.to_bytes().to_vec() });
-        self.inner.local.lock().insert(desc.id, LocalGpu { device: dev, addr: desc.addr, len: desc.len });
+        let live = Arc::new(AtomicBool::new(true));
+        self.inner.local.lock().insert(desc.id, LocalGpu { device: dev, addr: desc.addr, len: desc.len, live });
         Ok(())
     }
 
     fn on_deregister(&self, desc: &MemoryDesc) -> IoResult<()> {
-        self.inner.local.lock().remove(&desc.id);
+        if let Some(l) = self.inner.local.lock().remove(&desc.id) {
+            l.live.store(false, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -276,8 +346,25 @@ impl Backend for XgmiBackend {
         status.set_progress(me);
     }
 
+    fn route(&self, local: &Arc<MemoryDesc>, remote: &Arc<MemoryDesc>, peer: &Arc<EngineDesc>) -> IoResult<Option<Arc<dyn mori_io_core::Route>>> {
+        let resolved = self.inner.resolve(local, remote, peer)?;
+        let local_live = self.inner.local.lock().get(&local.id).map(|l| l.live.clone()).ok_or_else(|| {
+            IoError::not_found(format!("local memory {} is not xgmi-registered", local.id))
+        })?;
+        Ok(Some(Arc::new(XgmiRoute {
+            inner: self.inner.clone(),
+            local: local.clone(),
+            remote: remote.clone(),
+            peer: peer.clone(),
+            resolved,
+            local_live,
+        })))
+    }
+
     fn disconnect(&self, peer_key: &str) {
-        drop(self.inner.maps.remove_engine(peer_key));
+        for r in self.inner.maps.remove_engine(peer_key) {
+            r.live.store(false, Ordering::Release);
+        }
     }
 
     fn control(&self, from: &EngineDesc, payload: &[u8]) -> IoResult<Vec<u8>> {

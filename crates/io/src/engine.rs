@@ -403,7 +403,7 @@ impl IoEngine {
         }
         let b = self.inner.choose(local, remote, &peer)?;
         b.connect(&peer)?;
-        Ok(Session::new(Arc::new(local.clone()), Arc::new(remote.clone()), peer, b))
+        Session::new(Arc::new(local.clone()), Arc::new(remote.clone()), peer, b)
     }
 
     /// The backend that would serve this pair (creating the cache entry), for diagnostics.

@@ -1,22 +1,25 @@
 //! [`Session`]: a pre-resolved (local region, remote region, backend) triple.
 
-use mori_io_core::plan::check_batch;
-use mori_io_core::{Backend, BackendKind, EngineDesc, MemoryDesc, Op, TransferId, TransferRequest, TransferStatus};
+use mori_io_core::plan::{check_batch, check_entry};
+use mori_io_core::{Backend, BackendKind, EngineDesc, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus};
 use std::sync::Arc;
 
 /// Transfers between one local and one remote region over a backend chosen once, with the
 /// remote region verified and connections open (see `IoEngine::create_session`). Cheaper per
-/// call than the engine's one-shot methods.
+/// call than the engine's one-shot methods: no backend choice, and with a backend that
+/// prepares a [`Route`] (xgmi) no per-transfer lookups either.
 pub struct Session {
     local: Arc<MemoryDesc>,
     remote: Arc<MemoryDesc>,
     peer: Arc<EngineDesc>,
     backend: Arc<dyn Backend>,
+    route: Option<Arc<dyn Route>>,
 }
 
 impl Session {
-    pub(crate) fn new(local: Arc<MemoryDesc>, remote: Arc<MemoryDesc>, peer: Arc<EngineDesc>, backend: Arc<dyn Backend>) -> Self {
-        Session { local, remote, peer, backend }
+    pub(crate) fn new(local: Arc<MemoryDesc>, remote: Arc<MemoryDesc>, peer: Arc<EngineDesc>, backend: Arc<dyn Backend>) -> IoResult<Self> {
+        let route = backend.route(&local, &remote, &peer)?;
+        Ok(Session { local, remote, peer, backend, route })
     }
 
     /// The backend serving this session.
@@ -26,12 +29,12 @@ impl Session {
 
     /// Reads `size` bytes at `remote_off` into `local_off`.
     pub fn read(&self, local_off: u64, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
-        self.batch(Op::Read, &[local_off], &[remote_off], &[size], id)
+        self.one(Op::Read, local_off, remote_off, size, id)
     }
 
     /// Writes `size` bytes at `local_off` to `remote_off`.
     pub fn write(&self, local_off: u64, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
-        self.batch(Op::Write, &[local_off], &[remote_off], &[size], id)
+        self.one(Op::Write, local_off, remote_off, size, id)
     }
 
     /// Batch read (parallel arrays; rules of `mori_io_core::plan::check_batch`).
@@ -44,22 +47,35 @@ impl Session {
         self.batch(Op::Write, local_offs, remote_offs, sizes, id)
     }
 
+    /// One entry: as a batch of one, without building a vector when the backend has a route.
+    fn one(&self, op: Op, lo: u64, ro: u64, size: u64, id: TransferId) -> TransferStatus {
+        let Some(r) = &self.route else { return self.batch(op, &[lo], &[ro], &[size], id) };
+        if let Err(e) = check_entry(0, (self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, size) {
+            return TransferStatus::failed(e);
+        }
+        let seg = [Seg { local_off: lo, remote_off: ro, len: size }];
+        r.post(op, id, if size == 0 { &[] } else { &seg })
+    }
+
     fn batch(&self, op: Op, lo: &[u64], ro: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
         match check_batch((self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, sizes) {
             Err(e) => TransferStatus::failed(e),
-            Ok(segs) => {
-                let st = TransferStatus::new(1);
-                let req = TransferRequest {
-                    op,
-                    id,
-                    peer: self.peer.clone(),
-                    local: self.local.clone(),
-                    remote: self.remote.clone(),
-                    segs,
-                };
-                self.backend.post(req, st.clone());
-                st
-            }
+            Ok(segs) => match &self.route {
+                Some(r) => r.post(op, id, &segs),
+                None => {
+                    let st = TransferStatus::new(1);
+                    let req = TransferRequest {
+                        op,
+                        id,
+                        peer: self.peer.clone(),
+                        local: self.local.clone(),
+                        remote: self.remote.clone(),
+                        segs,
+                    };
+                    self.backend.post(req, st.clone());
+                    st
+                }
+            },
         }
     }
 }

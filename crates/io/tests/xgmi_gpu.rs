@@ -371,6 +371,49 @@ fn many_descriptors_use_the_kernel_and_are_exact() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 2b. A session's prepared route: batch-1 transfers, then the regions going away
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn session_route_moves_bytes_and_notices_deregistration() {
+    let rt = rt();
+    let len = MIB;
+    let a = gpu_side(&rt, "xgmi-t2b-a", vec![xgmi(32)], len, (0, len), 0x2b);
+    let b = gpu_side(&rt, "xgmi-t2b-b", vec![xgmi(32)], len, (0, len), 0xb2);
+    connect(&a, &b);
+    let sess = a.eng.create_session(&a.mem, &b.mem).unwrap();
+    // Many single transfers through the route (the batch-1 path), alternating direction.
+    let mut want_a = a.init.clone();
+    let mut want_b = b.init.clone();
+    for k in 0..64u64 {
+        let (lo, ro, n) = (k * 4099 % 900_000, (k * 7919 + 13) % 900_000, 1 + k * 37);
+        let id = a.eng.allocate_transfer_uid();
+        if k % 2 == 0 {
+            sess.write(lo, ro, n, id).spin_for(T).unwrap_or_else(|e| panic!("route write {k}: {e}"));
+            apply(&mut want_b, &[ro], &want_a, &[lo], &[n]);
+        } else {
+            sess.read(lo, ro, n, id).spin_for(T).unwrap_or_else(|e| panic!("route read {k}: {e}"));
+            apply(&mut want_a, &[lo], &want_b, &[ro], &[n]);
+        }
+        assert_eq!(pop_inbound(&b.eng, a.key(), id, INBOUND_WAIT), Some(Ok(())), "inbound status of transfer {k}");
+    }
+    assert_bytes("initiator after 32 route reads", &snapshot(&rt, &a.buf), &want_a);
+    assert_bytes("target after 32 route writes", &snapshot(&rt, &b.buf), &want_b);
+    // Past the end: refused before anything is queued, naming the entry.
+    let r = sess.write(len as u64 - 10, 0, 20, a.eng.allocate_transfer_uid()).spin_for(T);
+    expect_invalid("route write past the local end", r, &["entry 0: local range offset"]);
+    // The local region deregistered: the route notices and the transfer fails as NotFound,
+    // with nothing written.
+    a.eng.deregister_memory(&a.mem).unwrap();
+    let e = sess.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+    assert!(e.msg.contains("not xgmi-registered"), "{e}");
+    assert_bytes("target untouched after the deregistration", &snapshot(&rt, &b.buf), &want_b);
+    eprintln!("session route: 64 single transfers exact, bounds refused, deregistration reported: {e}");
+}
+
+// ---------------------------------------------------------------------------------------------
 // 3. Bounds and errors
 // ---------------------------------------------------------------------------------------------
 
