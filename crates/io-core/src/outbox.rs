@@ -9,7 +9,7 @@
 
 use crate::backend::{BackendKind, ControlClient};
 use crate::desc::EngineDesc;
-use crate::error::{IoError, IoResult};
+use crate::error::{ErrorCode, IoError, IoResult};
 use parking_lot::Mutex;
 use serde::Serialize;
 use std::sync::mpsc::{Receiver, Sender};
@@ -95,6 +95,9 @@ pub enum Notice<M> {
     Done(Arc<EngineDesc>, u64),
     /// Any other message, sent as it is.
     Other(Arc<EngineDesc>, M),
+    /// A message that only matters while `peer` is alive (e.g. "drop your mapping of my
+    /// memory"): if the peer has gone, its failure is logged at DEBUG, not WARN.
+    IfAlive(Arc<EngineDesc>, M),
 }
 
 /// A backend's notification thread: completions are queued with no system call
@@ -146,6 +149,13 @@ impl<M: Serialize + Send + 'static> Notifier<M> {
     pub fn send(&self, peer: Arc<EngineDesc>, msg: M) {
         self.outbox.send(Notice::Other(peer, msg));
     }
+
+    /// [`Notifier::send`] for a message that only matters to a live peer: a peer that closed
+    /// its connection (`RemoteDisconnect`) or no longer accepts one (`Transport`) is not
+    /// warned about (DEBUG).
+    pub fn send_if_alive(&self, peer: Arc<EngineDesc>, msg: M) {
+        self.outbox.send(Notice::IfAlive(peer, msg));
+    }
 }
 
 impl<M> Drop for Notifier<M> {
@@ -158,10 +168,14 @@ impl<M> Drop for Notifier<M> {
 }
 
 fn notify_loop<M: Serialize>(ctrl: &dyn ControlClient, kind: BackendKind, encode_done: fn(Vec<u64>) -> M, rx: &Receiver<Notice<M>>) {
-    let send = |peer: &EngineDesc, msg: &M| {
+    let send = |peer: &EngineDesc, msg: &M, if_alive: bool| {
         let bytes = postcard::to_allocvec(msg).unwrap_or_default();
-        if let Err(e) = ctrl.request(peer, kind, bytes) {
-            tracing::warn!(peer = %peer.key, backend = %kind, error = %e, "notification failed");
+        match ctrl.request(peer, kind, bytes) {
+            Ok(_) => {}
+            Err(e) if if_alive && matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Transport) => {
+                tracing::debug!(peer = %peer.key, backend = %kind, error = %e, "peer gone; its notification is moot");
+            }
+            Err(e) => tracing::warn!(peer = %peer.key, backend = %kind, error = %e, "notification failed"),
         }
     };
     while let Ok(first) = rx.recv() {
@@ -170,14 +184,15 @@ fn notify_loop<M: Serialize>(ctrl: &dyn ControlClient, kind: BackendKind, encode
         for n in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match n {
                 Notice::Done(peer, id) => done.push((peer, id)),
-                Notice::Other(peer, m) => other.push((peer, m)),
+                Notice::Other(peer, m) => other.push((peer, m, false)),
+                Notice::IfAlive(peer, m) => other.push((peer, m, true)),
             }
         }
         for (peer, ids) in group_by_peer(done, MAX_IDS_PER_NOTE) {
-            send(&peer, &encode_done(ids));
+            send(&peer, &encode_done(ids), false);
         }
-        for (peer, m) in other {
-            send(&peer, &m);
+        for (peer, m, if_alive) in other {
+            send(&peer, &m, if_alive);
         }
     }
 }
@@ -300,6 +315,16 @@ mod tests {
         }
         let tail: Vec<Msg> = decode().into_iter().skip(got.len()).map(|(_, _, m)| m).collect();
         assert!(tail == vec![Msg::Many(vec![4, 5]), Msg::Forget(10)] || tail == vec![Msg::Done(4), Msg::Done(5), Msg::Forget(10)], "{tail:?}");
+        // A message for a live peer only travels the same way, after what was queued.
+        let before = decode().len();
+        n.push_done(b.clone(), 6);
+        n.send_if_alive(b.clone(), Msg::Forget(11));
+        while !decode().iter().any(|(_, _, m)| *m == Msg::Forget(11)) {
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "notifier sent {:?}", decode());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let tail: Vec<(String, Msg)> = decode().into_iter().skip(before).map(|(k, _, m)| (k, m)).collect();
+        assert_eq!(tail, vec![("b".to_string(), Msg::Done(6)), ("b".to_string(), Msg::Forget(11))]);
     }
 
     /// A peer that answers after `delay`.

@@ -195,10 +195,6 @@ impl Inner {
         Ok((g, reg))
     }
 
-    fn send(&self, peer: Arc<EngineDesc>, msg: FabricCtrl) {
-        self.notifier.send(peer, msg);
-    }
-
     /// The remote region mapped here: granted by its owner, imported once, then cached.
     fn remote_region(&self, remote: &MemoryDesc, peer: &EngineDesc, dev: Device) -> IoResult<Arc<RemoteMap>> {
         if let Some(m) = self.maps.get(&remote.engine_key, remote.id) {
@@ -305,7 +301,8 @@ impl Backend for FabricBackend {
     fn on_deregister(&self, desc: &MemoryDesc) -> IoResult<()> {
         if let Some(reg) = self.inner.local.lock().remove(&desc.id) {
             for (_, peer) in reg.grantees.lock().drain() {
-                self.inner.send(peer, FabricCtrl::Forget(desc.id));
+                // A grantee that has gone holds no mapping any more: nothing to warn about.
+                self.inner.notifier.send_if_alive(peer, FabricCtrl::Forget(desc.id));
             }
         }
         Ok(())
