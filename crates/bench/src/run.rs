@@ -531,5 +531,9 @@ fn measure(
 /// splits into posting and waiting (a diagnostic; more iterations, not in the table).
 pub const SPLIT_ENV: &str = "MORI_BENCH_SPLIT";
 
-/// Blocks per point with `--copy-baseline` (engine and bare copies alternate this often).
-pub const BASELINE_BLOCKS: u64 = 20;
+/// Blocks per point with `--copy-baseline` (engine and bare copies alternate this often). The
+/// H200 machine's copy submission cost drifts between two levels (about 4.2 and 5.5 µs per
+/// `cuMemcpyDtoDAsync` call) over time, on every stream alike: fine alternation puts both sides
+/// in the same windows (20 blocks let one run in call 10 land 1.096 at 4 MiB; see
+/// docs/PERFORMANCE.md).
+pub const BASELINE_BLOCKS: u64 = 100;
