@@ -117,13 +117,12 @@ pub struct BackendContext {
     pub inbound: Arc<InboundTable>,
 }
 
-/// A transport. Implementations never block the caller without a deadline, never complete a
-/// write before its data is at the target, and never touch memory outside a registration.
 /// A path a backend prepared for one session (one local and one remote region, resolved and
 /// mapped once): it posts without the per-transfer lookups of [`Backend::post`] (the idea of
 /// NIXL's prepared descriptor lists). Sessions use it when the backend offers one
-/// ([`Backend::route`]); a route whose regions went away (deregistered, peer disconnected)
-/// falls back to the backend's own path, which then reports why.
+/// ([`Backend::route`]). A route must not outlive what it refers to: once its local region is
+/// deregistered, its peer is deregistered here, or the owner deregistered the remote region
+/// (and said so), its transfers fail with `NotFound` as the one-shot calls do.
 pub trait Route: Send + Sync {
     /// Posts `op` over `segs` (already checked by the session against both descriptors'
     /// lengths) as transfer `id` and returns its status (one piece; the route creates it, so
@@ -131,6 +130,8 @@ pub trait Route: Send + Sync {
     fn post(&self, op: Op, id: TransferId, segs: &[Seg]) -> TransferStatus;
 }
 
+/// A transport. Implementations never block the caller without a deadline, never complete a
+/// write before its data is at the target, and never touch memory outside a registration.
 pub trait Backend: Send + Sync {
     /// Which transport this is.
     fn kind(&self) -> BackendKind;

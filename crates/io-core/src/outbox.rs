@@ -96,7 +96,7 @@ pub enum Notice<M> {
     /// Any other message, sent as it is.
     Other(Arc<EngineDesc>, M),
     /// A message that only matters while `peer` is alive (e.g. "drop your mapping of my
-    /// memory"): if the peer has gone, its failure is logged at DEBUG, not WARN.
+    /// memory"): if the peer closed its connection, the failure is logged at DEBUG, not WARN.
     IfAlive(Arc<EngineDesc>, M),
 }
 
@@ -151,8 +151,7 @@ impl<M: Serialize + Send + 'static> Notifier<M> {
     }
 
     /// [`Notifier::send`] for a message that only matters to a live peer: a peer that closed
-    /// its connection (`RemoteDisconnect`) or no longer accepts one (`Transport`) is not
-    /// warned about (DEBUG).
+    /// its connection (`RemoteDisconnect`) is not warned about (DEBUG); any other failure is.
     pub fn send_if_alive(&self, peer: Arc<EngineDesc>, msg: M) {
         self.outbox.send(Notice::IfAlive(peer, msg));
     }
@@ -172,7 +171,7 @@ fn notify_loop<M: Serialize>(ctrl: &dyn ControlClient, kind: BackendKind, encode
         let bytes = postcard::to_allocvec(msg).unwrap_or_default();
         match ctrl.request(peer, kind, bytes) {
             Ok(_) => {}
-            Err(e) if if_alive && matches!(e.code, ErrorCode::RemoteDisconnect | ErrorCode::Transport) => {
+            Err(e) if if_alive && e.code == ErrorCode::RemoteDisconnect => {
                 tracing::debug!(peer = %peer.key, backend = %kind, error = %e, "peer gone; its notification is moot");
             }
             Err(e) => tracing::warn!(peer = %peer.key, backend = %kind, error = %e, "notification failed"),

@@ -40,6 +40,16 @@ impl<V: Clone> PeerMap<V> {
         }
     }
 
+    /// The value of `(engine, id)`: the one already there, else `v` (inserted). Two threads
+    /// resolving the same key at once thus end up with one value.
+    pub fn get_or_insert(&self, engine: &str, id: MemId, v: V) -> V {
+        let mut m = self.m.lock();
+        if let Some(p) = m.get_mut(engine) {
+            return p.entry(id).or_insert(v).clone();
+        }
+        m.entry(engine.to_string()).or_default().entry(id).or_insert(v).clone()
+    }
+
     /// Removes and returns the value of `(engine, id)`.
     pub fn remove(&self, engine: &str, id: MemId) -> Option<V> {
         let mut m = self.m.lock();
@@ -76,6 +86,7 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Step {
         Insert(u8, MemId, u32),
+        GetOrInsert(u8, MemId, u32),
         Remove(u8, MemId),
         RemoveEngine(u8),
         Get(u8, MemId),
@@ -86,6 +97,7 @@ mod tests {
         let id = 0u64..6;
         prop_oneof![
             (e.clone(), id.clone(), any::<u32>()).prop_map(|(e, i, v)| Step::Insert(e, i, v)),
+            (e.clone(), id.clone(), any::<u32>()).prop_map(|(e, i, v)| Step::GetOrInsert(e, i, v)),
             (e.clone(), id.clone()).prop_map(|(e, i)| Step::Remove(e, i)),
             e.clone().prop_map(Step::RemoveEngine),
             (e, id).prop_map(|(e, i)| Step::Get(e, i)),
@@ -103,6 +115,7 @@ mod tests {
             for s in steps {
                 match s {
                     Step::Insert(e, i, v) => prop_assert_eq!(m.insert(&name(e), i, v), oracle.insert((name(e), i), v)),
+                    Step::GetOrInsert(e, i, v) => prop_assert_eq!(m.get_or_insert(&name(e), i, v), *oracle.entry((name(e), i)).or_insert(v)),
                     Step::Remove(e, i) => prop_assert_eq!(m.remove(&name(e), i), oracle.remove(&(name(e), i))),
                     Step::RemoveEngine(e) => {
                         let mut got = m.remove_engine(&name(e));

@@ -1,6 +1,7 @@
 //! The xgmi backend proper.
 
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
+use mori_io_core::registry::Region;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
     Notifier, Op, PeerMap, Refusal, Seg, TransferRequest, TransferStatus,
@@ -9,7 +10,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// Settings of the xgmi backend.
 #[derive(Debug, Clone)]
@@ -45,16 +46,22 @@ enum XgmiCtrl {
     /// Initiator -> target: these transfers completed (every completion queued while the
     /// previous notification was on the wire goes in one message).
     DoneMany(Vec<u64>),
+    /// Owner -> every engine that looked region `id` up: it was deregistered; drop the
+    /// mapping (sessions using it then fail with `NotFound`). Delivered asynchronously: the
+    /// owner must still not free memory a transfer may be writing (as with NIXL).
+    Forget(MemId),
 }
-
 
 #[derive(Clone)]
 struct RemoteRegion {
     len: u64,
     base: u64,
-    _map: Option<Arc<IpcMapping>>,
-    /// Cleared when the peer is disconnected (the cache entry dropped): routes holding this
-    /// region then take the looked-up path again.
+    /// The IPC mapping (none in the same process). The cache holds it; transfers in flight
+    /// hold it; sessions' routes only refer to it, so it closes once the cache entry is gone
+    /// (Forget, disconnect) and the last transfer using it completed.
+    map: Option<Arc<IpcMapping>>,
+    /// Cleared when the cache entry is dropped (Forget from the owner, or the peer
+    /// deregistered here): routes referring to it then fail with `NotFound`.
     live: Arc<AtomicBool>,
 }
 
@@ -62,17 +69,17 @@ struct LocalGpu {
     device: Device,
     addr: u64,
     len: u64,
-    /// Cleared on deregistration: routes holding this region then take the looked-up path
-    /// (which reports it as not registered).
-    live: Arc<AtomicBool>,
+    /// Engines that looked this region up (told `Forget` when it is deregistered).
+    lookers: Vec<Arc<EngineDesc>>,
 }
 
-/// Where a transfer's bytes are, resolved: the local registration and the remote region as
-/// mapped here.
+/// Where a transfer's bytes are, resolved: the local registration (and the engine registry's
+/// handle on it, which deregistration waits for) and the remote region as mapped here.
 struct Resolved {
     dev: Device,
     laddr: u64,
     llen: u64,
+    hold: Arc<Region>,
     region: RemoteRegion,
 }
 
@@ -84,7 +91,8 @@ struct Inner {
     rt: Arc<dyn Runtime>,
     local: Mutex<FxHashMap<MemId, LocalGpu>>,
     /// Remote regions in use: engine -> region -> (owner-confirmed length, device address as
-    /// seen here, the IPC mapping keeping it mapped; none for the same process).
+    /// seen here, the IPC mapping keeping it mapped; none for the same process). An entry goes
+    /// on Forget from the owner or when the peer is deregistered here.
     maps: PeerMap<RemoteRegion>,
     /// Tells targets of completed transfers: queued on the completion path, flushed by the
     /// pool's completion thread (its idle hook), packed per burst (`DoneMany`).
@@ -153,7 +161,7 @@ impl Inner {
                     .enable_peer_access(dev, Device(rdev))
                     .map_err(|e| gpu_err(&format!("enable peer access GPU {} -> GPU {rdev}", dev.0), e))?;
             }
-            RemoteRegion { len, base: addr, _map: None, live: Arc::new(AtomicBool::new(true)) }
+            RemoteRegion { len, base: addr, map: None, live: Arc::new(AtomicBool::new(true)) }
         } else {
             let bytes = remote.handle(BackendKind::Xgmi).ok_or_else(|| {
                 IoError::invalid(format!("remote memory {} of engine {:?} carries no IPC handle", remote.id, remote.engine_key))
@@ -171,10 +179,11 @@ impl Inner {
                 .rt
                 .ipc_import(dev, &h)
                 .map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
-            RemoteRegion { len, base: m.slice().ptr(), _map: Some(Arc::new(m)), live: Arc::new(AtomicBool::new(true)) }
+            RemoteRegion { len, base: m.slice().ptr(), map: Some(Arc::new(m)), live: Arc::new(AtomicBool::new(true)) }
         };
-        self.maps.insert(&remote.engine_key, remote.id, r.clone());
-        Ok(r)
+        // Two threads may have mapped it at once: both use the first entry (CUDA counts the
+        // second open of the handle; dropping it closes one reference).
+        Ok(self.maps.get_or_insert(&remote.engine_key, remote.id, r))
     }
 
     /// The local registration and the remote region (mapped once, then cached) of a request.
@@ -184,8 +193,9 @@ impl Inner {
             let l = g.get(&local.id).ok_or_else(|| IoError::not_found(format!("local memory {} is not xgmi-registered", local.id)))?;
             (l.device, l.addr, l.len)
         };
+        let hold = self.ctx.registry.get(local.id)?;
         let region = self.remote_region(remote, peer, dev)?;
-        Ok(Resolved { dev, laddr, llen, region })
+        Ok(Resolved { dev, laddr, llen, hold, region })
     }
 
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
@@ -195,7 +205,8 @@ impl Inner {
 
     /// Queues `segs` between the resolved regions `r` (ids `ids`, for messages) as transfer
     /// `id` of `peer`, completing `status`; when `status` is `None`, a status is created once
-    /// the copies are queued and left there.
+    /// the copies are queued and left there. The completion keeps `r.hold` (so deregistering
+    /// the local region waits for the copies) and the remote mapping.
     #[allow(clippy::too_many_arguments)]
     fn submit(&self, r: &Resolved, op: Op, id: u64, peer: &Arc<EngineDesc>, ids: (MemId, MemId), segs: &[Seg], status: &mut Option<TransferStatus>) -> IoResult<()> {
         let (laddr, rbase) = (r.laddr, r.region.base);
@@ -220,46 +231,69 @@ impl Inner {
         // target's notification, and drops the remote mapping's reference only then.
         let make_done = || {
             let st = status.get_or_insert_with(|| TransferStatus::new(1)).clone();
-            let (peer, notifier, rr) = (peer.clone(), self.notifier.clone(), r.region.clone());
+            let (peer, notifier, keep) = (peer.clone(), self.notifier.clone(), (r.hold.clone(), r.region.map.clone()));
             move |r: mori_gpu::Result<()>| {
                 let ok = r.is_ok();
                 st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
                 if ok {
                     notifier.push_done(peer, id);
                 }
-                drop(rr);
+                drop(keep);
             }
         };
         // SAFETY: every segment lies inside the local registration and the remote region
         // (owner-confirmed length), both mapped for as long as the completion lives (it holds
-        // the remote mapping; the local one is the caller's until deregistration).
+        // the remote mapping, and the registry handle that deregistration waits for).
         unsafe { self.pool.copy_with(r.dev, copies, make_done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
     }
 }
 
-/// A session's prepared path (see [`mori_io_core::Route`]): the regions resolved once.
+/// A session's prepared path (see [`mori_io_core::Route`]): the regions resolved once. It only
+/// refers to the local registration and the remote mapping (weakly), so neither outlives its
+/// deregistration because a session is open.
 struct XgmiRoute {
     inner: Arc<Inner>,
-    local: Arc<MemoryDesc>,
-    remote: Arc<MemoryDesc>,
+    ids: (MemId, MemId),
+    remote_engine: String,
     peer: Arc<EngineDesc>,
-    resolved: Resolved,
-    /// The local registration's flag (see `LocalGpu::live`).
-    local_live: Arc<AtomicBool>,
+    dev: Device,
+    laddr: u64,
+    llen: u64,
+    hold: Weak<Region>,
+    rbase: u64,
+    rlen: u64,
+    map: Option<Weak<IpcMapping>>,
+    live: Arc<AtomicBool>,
+}
+
+impl XgmiRoute {
+    /// The regions, if both are still there.
+    fn resolved(&self) -> IoResult<Resolved> {
+        let hold = self.hold.upgrade().ok_or_else(|| {
+            IoError::not_found(format!("local memory {} is not xgmi-registered any more (deregistered since the session was opened)", self.ids.0))
+        })?;
+        let gone = || {
+            IoError::not_found(format!(
+                "memory {} of engine {:?} is gone from this engine (its owner deregistered it, or the engine was deregistered here) since the session was opened",
+                self.ids.1, self.remote_engine
+            ))
+        };
+        if !self.live.load(Ordering::Acquire) {
+            return Err(gone());
+        }
+        let map = match &self.map {
+            Some(w) => Some(w.upgrade().ok_or_else(gone)?),
+            None => None,
+        };
+        let region = RemoteRegion { len: self.rlen, base: self.rbase, map, live: self.live.clone() };
+        Ok(Resolved { dev: self.dev, laddr: self.laddr, llen: self.llen, hold, region })
+    }
 }
 
 impl mori_io_core::Route for XgmiRoute {
     fn post(&self, op: Op, id: u64, segs: &[Seg]) -> TransferStatus {
         let mut status = None;
-        let r = if self.local_live.load(Ordering::Acquire) && self.resolved.region.live.load(Ordering::Acquire) {
-            self.inner.submit(&self.resolved, op, id, &self.peer, (self.local.id, self.remote.id), segs, &mut status)
-        } else {
-            // A region went away since the session was opened: the looked-up path says why
-            // (or maps the remote region again after a reconnect).
-            let st = status.insert(TransferStatus::new(1));
-            let req = TransferRequest { op, id, peer: self.peer.clone(), local: self.local.clone(), remote: self.remote.clone(), segs: segs.to_vec() };
-            self.inner.post(&req, st)
-        };
+        let r = self.resolved().and_then(|r| self.inner.submit(&r, op, id, &self.peer, self.ids, segs, &mut status));
         // No status yet: the submission failed before anything was queued.
         let status = status.unwrap_or_else(|| TransferStatus::new(1));
         if let Err(e) = r {
@@ -300,14 +334,15 @@ impl Backend for XgmiBackend {
         }
         desc.handles.retain(|x| x.backend != BackendKind::Xgmi);
         desc.handles.push(BackendHandle { backend: BackendKind::Xgmi, bytes: h.to_bytes().to_vec() });
-        let live = Arc::new(AtomicBool::new(true));
-        self.inner.local.lock().insert(desc.id, LocalGpu { device: dev, addr: desc.addr, len: desc.len, live });
+        self.inner.local.lock().insert(desc.id, LocalGpu { device: dev, addr: desc.addr, len: desc.len, lookers: Vec::new() });
         Ok(())
     }
 
     fn on_deregister(&self, desc: &MemoryDesc) -> IoResult<()> {
-        if let Some(l) = self.inner.local.lock().remove(&desc.id) {
-            l.live.store(false, Ordering::Release);
+        let gone = self.inner.local.lock().remove(&desc.id);
+        for peer in gone.map(|l| l.lookers).unwrap_or_default() {
+            // An engine that has gone holds no mapping any more: nothing to warn about.
+            self.inner.notifier.send_if_alive(peer, XgmiCtrl::Forget(desc.id));
         }
         Ok(())
     }
@@ -347,17 +382,20 @@ impl Backend for XgmiBackend {
     }
 
     fn route(&self, local: &Arc<MemoryDesc>, remote: &Arc<MemoryDesc>, peer: &Arc<EngineDesc>) -> IoResult<Option<Arc<dyn mori_io_core::Route>>> {
-        let resolved = self.inner.resolve(local, remote, peer)?;
-        let local_live = self.inner.local.lock().get(&local.id).map(|l| l.live.clone()).ok_or_else(|| {
-            IoError::not_found(format!("local memory {} is not xgmi-registered", local.id))
-        })?;
+        let r = self.inner.resolve(local, remote, peer)?;
         Ok(Some(Arc::new(XgmiRoute {
             inner: self.inner.clone(),
-            local: local.clone(),
-            remote: remote.clone(),
+            ids: (local.id, remote.id),
+            remote_engine: remote.engine_key.clone(),
             peer: peer.clone(),
-            resolved,
-            local_live,
+            dev: r.dev,
+            laddr: r.laddr,
+            llen: r.llen,
+            hold: Arc::downgrade(&r.hold),
+            rbase: r.region.base,
+            rlen: r.region.len,
+            map: r.region.map.as_ref().map(Arc::downgrade),
+            live: r.region.live.clone(),
         })))
     }
 
@@ -378,11 +416,20 @@ impl Backend for XgmiBackend {
                 Ok(Vec::new())
             }
             Ok(XgmiCtrl::Lookup(id)) => {
-                let g = self.inner.local.lock();
-                let l = g.get(&id).ok_or_else(|| {
+                let mut g = self.inner.local.lock();
+                let l = g.get_mut(&id).ok_or_else(|| {
                     IoError::not_found(format!("memory {id} is not a GPU region registered at engine {:?}", self.inner.ctx.local.key))
                 })?;
+                if !l.lookers.iter().any(|p| p.key == from.key) {
+                    l.lookers.push(Arc::new(from.clone()));
+                }
                 postcard::to_allocvec(&(l.addr, l.len)).map_err(|e| IoError::invalid(e.to_string()))
+            }
+            Ok(XgmiCtrl::Forget(id)) => {
+                if let Some(r) = self.inner.maps.remove(&from.key, id) {
+                    r.live.store(false, Ordering::Release);
+                }
+                Ok(Vec::new())
             }
             Err(e) => Err(IoError::invalid(format!("malformed xgmi control message from {:?}: {e}", from.key))),
         }

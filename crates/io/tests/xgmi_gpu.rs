@@ -403,14 +403,50 @@ fn session_route_moves_bytes_and_notices_deregistration() {
     // Past the end: refused before anything is queued, naming the entry.
     let r = sess.write(len as u64 - 10, 0, 20, a.eng.allocate_transfer_uid()).spin_for(T);
     expect_invalid("route write past the local end", r, &["entry 0: local range offset"]);
+
+    // The owner deregisters its region: it tells the engines that looked it up (Forget,
+    // asynchronous), after which the session and the one-shot calls fail with NotFound.
+    let c = gpu_side(&rt, "xgmi-t2b-c", vec![xgmi(32)], len, (0, len), 0xc2);
+    connect(&a, &c);
+    let sess_c = a.eng.create_session(&a.mem, &c.mem).unwrap();
+    sess_c.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap();
+    c.eng.deregister_memory(&c.mem).unwrap();
+    let t0 = Instant::now();
+    let e = loop {
+        match sess_c.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T) {
+            Err(e) => break e,
+            Ok(()) => assert!(t0.elapsed() < INBOUND_WAIT, "session still writes {INBOUND_WAIT:?} after the owner deregistered"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let t_forget = t0.elapsed();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+    assert!(e.msg.contains("is gone from this engine"), "{e}");
+    let e1 = a.eng.write(&a.mem, 0, &c.mem, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap_err();
+    assert_eq!(e1.code, ErrorCode::NotFound, "one-shot after the owner deregistered: {e1}");
+
+    // The peer deregistered here: the session fails as the one-shot call does.
+    a.eng.deregister_remote_engine(b.key());
+    let e2 = sess.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap_err();
+    assert_eq!(e2.code, ErrorCode::NotFound, "{e2}");
+    assert!(e2.msg.contains("is gone from this engine"), "{e2}");
+    // Registered again: a new session works.
+    connect(&a, &b);
+    let sess = a.eng.create_session(&a.mem, &b.mem).unwrap();
+    sess.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap();
+    apply(&mut want_b, &[0], &want_a, &[0], &[4096]);
+
     // The local region deregistered: the route notices and the transfer fails as NotFound,
     // with nothing written.
     a.eng.deregister_memory(&a.mem).unwrap();
-    let e = sess.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap_err();
-    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
-    assert!(e.msg.contains("not xgmi-registered"), "{e}");
-    assert_bytes("target untouched after the deregistration", &snapshot(&rt, &b.buf), &want_b);
-    eprintln!("session route: 64 single transfers exact, bounds refused, deregistration reported: {e}");
+    let e3 = sess.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap_err();
+    assert_eq!(e3.code, ErrorCode::NotFound, "{e3}");
+    assert!(e3.msg.contains("not xgmi-registered"), "{e3}");
+    assert_bytes("target after the deregistrations", &snapshot(&rt, &b.buf), &want_b);
+    eprintln!(
+        "session route: 64 single transfers exact, bounds refused; owner deregistration seen after {t_forget:?}: {e}; \
+         peer deregistered: {e2}; local deregistration: {e3}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
