@@ -356,6 +356,9 @@ impl Args {
         if self.copy_baseline && self.backend != BackendArg::Xgmi {
             return Err("--copy-baseline times bare GPU copies between the xgmi backend's buffers: add --backend xgmi --mem-type gpu".into());
         }
+        if self.copy_baseline && self.disable_batch_transfer {
+            return Err("--copy-baseline times one batch of copies per iteration (one event), as the engine's batch request: drop --disable-batch-transfer".into());
+        }
         if self.copy_baseline && self.num_initiator_dev > 1 {
             return Err("--copy-baseline measures one pair: drop --num-initiator-dev/--num-target-dev".into());
         }

@@ -74,7 +74,9 @@ impl CopyBaseline {
     }
 
     /// The copies of one iteration: `msg` bytes at each offset of `offs`, local to remote for
-    /// a write, remote to local for a read. Errors: a slot past either buffer's end (named).
+    /// a write, remote to local for a read; slots that follow each other on both sides are one
+    /// copy, as the engine merges them (`--batch-contiguous`). Errors: a slot past either
+    /// buffer's end (named).
     pub fn views(&self, offs: &[u64], msg: u64, write: bool) -> Result<Views, String> {
         let len = usize::try_from(msg).map_err(|_| format!("--copy-baseline: {msg} bytes exceed usize"))?;
         let mut pairs = Vec::with_capacity(offs.len());
@@ -85,7 +87,11 @@ impl CopyBaseline {
                 }
             }
             let (l, r) = (self.local.0 + o, self.remote.0 + o);
-            pairs.push(if write { (r, l, len) } else { (l, r, len) });
+            let (dst, src) = if write { (r, l) } else { (l, r) };
+            match pairs.last_mut() {
+                Some((d, s, n)) if *d + *n as u64 == dst && *s + *n as u64 == src && len > 0 => *n += len,
+                _ => pairs.push((dst, src, len)),
+            }
         }
         Ok(Views { pairs })
     }

@@ -138,7 +138,9 @@ pub fn run_single_process(args: &Args) -> Result<Outcome, Failure> {
     let r1 = target.join().map_err(|_| fail("the target rank's thread panicked"))?;
     match (r0, r1) {
         (Ok(o), Ok(_)) => Ok(o),
-        (Err(e), _) => Err(e),
+        (Err(e), Ok(_)) => Err(e),
+        // Both failed: the target's error is often the cause (rank 0 then only saw it go).
+        (Err(e0), Err(e1)) => Err(Failure { msg: format!("{}\ntarget rank: {}", e0.msg, e1.msg), code: e0.code.max(e1.code) }),
         (Ok(_), Err(e)) => Err(Failure { msg: format!("target rank: {}", e.msg), code: e.code }),
     }
 }
@@ -502,7 +504,7 @@ fn measure(
     }
     let mut row = Row::new(p.msg, p.batch, args.iters, engine);
     row.copy_lat_us = Some(copies.as_secs_f64() * 1e6 / (args.iters * p.batch).max(1) as f64);
-    if std::env::var_os(SPLIT_ENV).is_some() && args.batch_transfer() {
+    if std::env::var_os(SPLIT_ENV).is_some() {
         // Diagnostic: where each side's time goes, posting (the call that queues the work)
         // against waiting (until the spin saw it done), over as many more iterations.
         let (mut ep, mut ew, mut cp, mut cw) = (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);

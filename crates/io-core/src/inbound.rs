@@ -60,11 +60,42 @@ impl InboundTable {
     /// Takes the final status of a finished inbound transfer; `None` while unknown or partial.
     pub fn pop(&self, from: &str, id: TransferId) -> Option<Result<(), IoError>> {
         // `order` keeps the key; trimming skips keys already popped.
-        self.t.lock().peers.get_mut(from)?.finished.remove(&id)
+        let mut t = self.t.lock();
+        let r = t.peers.get_mut(from)?.finished.remove(&id);
+        t.tidy(from);
+        r
+    }
+
+    /// How many initiators the table keeps records for (a diagnostic).
+    pub fn peers(&self) -> usize {
+        self.t.lock().peers.len()
     }
 }
 
+/// Initiators whose records are all taken are kept (their maps reused) up to this many; past
+/// it they are dropped, so a long-lived target serving restarting initiators stays bounded.
+pub const MAX_IDLE_PEERS: usize = 64;
+
+/// An emptied map keeps its capacity up to this many entries (a burst's worth is released).
+const KEEP_CAPACITY: usize = 4096;
+
 impl Table {
+    /// Drops `engine`'s records when it has none left and there are many initiators; else
+    /// releases the memory of a burst once its maps are empty.
+    fn tidy(&mut self, engine: &str) {
+        let many = self.peers.len() > MAX_IDLE_PEERS;
+        let Some(p) = self.peers.get_mut(engine) else { return };
+        if !p.partial.is_empty() || !p.finished.is_empty() {
+            return;
+        }
+        if many {
+            self.peers.remove(engine);
+        } else if p.finished.capacity() > KEEP_CAPACITY || p.partial.capacity() > KEEP_CAPACITY {
+            p.finished.shrink_to(KEEP_CAPACITY);
+            p.partial.shrink_to(KEEP_CAPACITY);
+        }
+    }
+
     fn piece_done(&mut self, from: &str, id: TransferId, total: u32, r: Result<(), IoError>) {
         if !self.peers.contains_key(from) {
             let key: Arc<str> = Arc::from(from);
@@ -91,6 +122,7 @@ impl Table {
         while self.order.len() > MAX_FINISHED {
             let Some((engine, old)) = self.order.pop_front() else { break };
             let dropped = self.peers.get_mut(&*engine).and_then(|p| p.finished.remove(&old)).is_some();
+            self.tidy(&engine);
             if dropped && !self.warned {
                 self.warned = true;
                 tracing::warn!(
@@ -134,5 +166,24 @@ mod tests {
         assert_eq!(t.pop("a", MAX_FINISHED as u64 - 1), Some(Ok(())));
         assert_eq!([t.pop("b", 7), t.pop("b", 8), t.pop("b", 9)], [Some(Ok(())), Some(Ok(())), Some(Ok(()))]);
         assert_eq!(t.pop("c", 7), None);
+    }
+
+    #[test]
+    fn initiators_with_nothing_left_are_dropped_past_the_idle_bound() {
+        let t = InboundTable::new();
+        for k in 0..(MAX_IDLE_PEERS + 10) {
+            let e = format!("initiator-{k}");
+            t.transfers_done(&e, [1, 2]);
+            assert_eq!(t.pop(&e, 1), Some(Ok(())));
+            assert_eq!(t.pop(&e, 2), Some(Ok(())));
+        }
+        // Each initiator emptied its records: past the bound they are not kept.
+        assert!(t.peers() <= MAX_IDLE_PEERS + 1, "{} initiators kept", t.peers());
+        // One with a record left stays, and can still pop it.
+        t.piece_done("busy", 9, 2, Ok(()));
+        t.transfers_done("busy", [3]);
+        assert_eq!(t.pop("busy", 3), Some(Ok(())));
+        t.piece_done("busy", 9, 2, Ok(()));
+        assert_eq!(t.pop("busy", 9), Some(Ok(())));
     }
 }

@@ -111,7 +111,6 @@ impl TransferStatus {
         }
     }
 
-
     /// A status that already failed with `err`.
     pub fn failed(err: IoError) -> Self {
         let s = Self::new(1);
