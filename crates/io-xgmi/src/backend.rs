@@ -73,15 +73,19 @@ struct LocalGpu {
     lookers: Vec<Arc<EngineDesc>>,
 }
 
-/// Where a transfer's bytes are, resolved: the local registration (and the engine registry's
-/// handle on it, which deregistration waits for) and the remote region as mapped here.
-struct Resolved {
+/// Where a transfer's bytes are: the local registration and the remote region as mapped here.
+#[derive(Clone, Copy)]
+struct Place {
     dev: Device,
     laddr: u64,
     llen: u64,
-    hold: Arc<Region>,
-    region: RemoteRegion,
+    rbase: u64,
+    rlen: u64,
 }
+
+/// What a transfer keeps alive until its copies completed: the engine registry's handle on the
+/// local region (deregistration waits for it) and the remote IPC mapping (none in-process).
+type Keep = (Arc<Region>, Option<Arc<IpcMapping>>);
 
 struct Inner {
     /// Streams, in-flight slots (event + descriptor table each) and completion; first, so
@@ -187,7 +191,7 @@ impl Inner {
     }
 
     /// The local registration and the remote region (mapped once, then cached) of a request.
-    fn resolve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<Resolved> {
+    fn resolve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<(Place, Keep, RemoteRegion)> {
         let (dev, laddr, llen) = {
             let g = self.local.lock();
             let l = g.get(&local.id).ok_or_else(|| IoError::not_found(format!("local memory {} is not xgmi-registered", local.id)))?;
@@ -195,26 +199,27 @@ impl Inner {
         };
         let hold = self.ctx.registry.get(local.id)?;
         let region = self.remote_region(remote, peer, dev)?;
-        Ok(Resolved { dev, laddr, llen, hold, region })
+        let place = Place { dev, laddr, llen, rbase: region.base, rlen: region.len };
+        Ok((place, (hold, region.map.clone()), region))
     }
 
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
-        let r = self.resolve(&req.local, &req.remote, &req.peer)?;
-        self.submit(&r, req.op, req.id, &req.peer, (req.local.id, req.remote.id), &req.segs, &mut Some(status.clone()))
+        let (at, keep, _) = self.resolve(&req.local, &req.remote, &req.peer)?;
+        self.submit(at, keep, req.op, req.id, &req.peer, (req.local.id, req.remote.id), &req.segs, &mut Some(status.clone()))
     }
 
-    /// Queues `segs` between the resolved regions `r` (ids `ids`, for messages) as transfer
-    /// `id` of `peer`, completing `status`; when `status` is `None`, a status is created once
-    /// the copies are queued and left there. The completion keeps `r.hold` (so deregistering
-    /// the local region waits for the copies) and the remote mapping.
+    /// Queues `segs` between the regions at `at` (ids `ids`, for messages) as transfer `id` of
+    /// `peer`, completing `status`; when `status` is `None`, a status is created once the
+    /// copies are queued and left there. The completion owns `keep` (so deregistering the
+    /// local region waits for the copies, and the remote mapping stays open for them).
     #[allow(clippy::too_many_arguments)]
-    fn submit(&self, r: &Resolved, op: Op, id: u64, peer: &Arc<EngineDesc>, ids: (MemId, MemId), segs: &[Seg], status: &mut Option<TransferStatus>) -> IoResult<()> {
-        let (laddr, rbase) = (r.laddr, r.region.base);
+    fn submit(&self, at: Place, keep: Keep, op: Op, id: u64, peer: &Arc<EngineDesc>, ids: (MemId, MemId), segs: &[Seg], status: &mut Option<TransferStatus>) -> IoResult<()> {
+        let (laddr, rbase) = (at.laddr, at.rbase);
         // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued.
         for (i, s) in segs.iter().enumerate() {
-            mori_io_core::registry::check_range(ids.0, r.llen, s.local_off, s.len)
+            mori_io_core::registry::check_range(ids.0, at.llen, s.local_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
-            mori_io_core::registry::check_range(ids.1, r.region.len, s.remote_off, s.len)
+            mori_io_core::registry::check_range(ids.1, at.rlen, s.remote_off, s.len)
                 .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
         }
         let seg = |s: &Seg| {
@@ -231,7 +236,7 @@ impl Inner {
         // target's notification, and drops the remote mapping's reference only then.
         let make_done = || {
             let st = status.get_or_insert_with(|| TransferStatus::new(1)).clone();
-            let (peer, notifier, keep) = (peer.clone(), self.notifier.clone(), (r.hold.clone(), r.region.map.clone()));
+            let (peer, notifier) = (peer.clone(), self.notifier.clone());
             move |r: mori_gpu::Result<()>| {
                 let ok = r.is_ok();
                 st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
@@ -244,7 +249,7 @@ impl Inner {
         // SAFETY: every segment lies inside the local registration and the remote region
         // (owner-confirmed length), both mapped for as long as the completion lives (it holds
         // the remote mapping, and the registry handle that deregistration waits for).
-        unsafe { self.pool.copy_with(r.dev, copies, make_done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
+        unsafe { self.pool.copy_with(at.dev, copies, make_done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
     }
 }
 
@@ -256,19 +261,16 @@ struct XgmiRoute {
     ids: (MemId, MemId),
     remote_engine: String,
     peer: Arc<EngineDesc>,
-    dev: Device,
-    laddr: u64,
-    llen: u64,
+    at: Place,
     hold: Weak<Region>,
-    rbase: u64,
-    rlen: u64,
     map: Option<Weak<IpcMapping>>,
     live: Arc<AtomicBool>,
 }
 
 impl XgmiRoute {
-    /// The regions, if both are still there.
-    fn resolved(&self) -> IoResult<Resolved> {
+    /// What a transfer keeps alive, if both regions are still there (one reference count
+    /// taken on each before anything is queued: that is what makes deregistration wait).
+    fn keep(&self) -> IoResult<Keep> {
         let hold = self.hold.upgrade().ok_or_else(|| {
             IoError::not_found(format!("local memory {} is not xgmi-registered any more (deregistered since the session was opened)", self.ids.0))
         })?;
@@ -285,15 +287,14 @@ impl XgmiRoute {
             Some(w) => Some(w.upgrade().ok_or_else(gone)?),
             None => None,
         };
-        let region = RemoteRegion { len: self.rlen, base: self.rbase, map, live: self.live.clone() };
-        Ok(Resolved { dev: self.dev, laddr: self.laddr, llen: self.llen, hold, region })
+        Ok((hold, map))
     }
 }
 
 impl mori_io_core::Route for XgmiRoute {
     fn post(&self, op: Op, id: u64, segs: &[Seg]) -> TransferStatus {
         let mut status = None;
-        let r = self.resolved().and_then(|r| self.inner.submit(&r, op, id, &self.peer, self.ids, segs, &mut status));
+        let r = self.keep().and_then(|keep| self.inner.submit(self.at, keep, op, id, &self.peer, self.ids, segs, &mut status));
         // No status yet: the submission failed before anything was queued.
         let status = status.unwrap_or_else(|| TransferStatus::new(1));
         if let Err(e) = r {
@@ -382,20 +383,16 @@ impl Backend for XgmiBackend {
     }
 
     fn route(&self, local: &Arc<MemoryDesc>, remote: &Arc<MemoryDesc>, peer: &Arc<EngineDesc>) -> IoResult<Option<Arc<dyn mori_io_core::Route>>> {
-        let r = self.inner.resolve(local, remote, peer)?;
+        let (at, (hold, _), region) = self.inner.resolve(local, remote, peer)?;
         Ok(Some(Arc::new(XgmiRoute {
             inner: self.inner.clone(),
             ids: (local.id, remote.id),
             remote_engine: remote.engine_key.clone(),
             peer: peer.clone(),
-            dev: r.dev,
-            laddr: r.laddr,
-            llen: r.llen,
-            hold: Arc::downgrade(&r.hold),
-            rbase: r.region.base,
-            rlen: r.region.len,
-            map: r.region.map.as_ref().map(Arc::downgrade),
-            live: r.region.live.clone(),
+            at,
+            hold: Arc::downgrade(&hold),
+            map: region.map.as_ref().map(Arc::downgrade),
+            live: region.live,
         })))
     }
 
