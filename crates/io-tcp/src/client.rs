@@ -1,7 +1,7 @@
 //! Initiator side: one worker thread per data connection ("lane"), fed by a channel.
 
 use crate::proto::*;
-use crate::vio::{read_exact_vectored, write_all_vectored};
+use crate::vio::{read_exact_vectored, write_all_vectored, NoSigPipe};
 use mori_io_core::wire::Role;
 use mori_io_core::{BackendKind, EngineDesc, ErrorCode, IoError, IoResult, Op, Region, Seg, TransferStatus};
 use std::io::{IoSlice, IoSliceMut, Read};
@@ -120,7 +120,7 @@ fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
         // `job.local` (an Arc of the region) keeps registered until this job completes.
         out.extend(ptrs.iter().map(|&(p, n)| IoSlice::new(unsafe { std::slice::from_raw_parts(p, n) })));
     }
-    write_all_vectored(s, &mut out).map_err(|e| lane.io_err("tcp send", &e))?;
+    write_all_vectored(&mut NoSigPipe(s), &mut out).map_err(|e| lane.io_err("tcp send", &e))?;
 
     let mut rh = ReplyHeader { magic: 0, code: 0, transfer_id: 0, payload_len: 0, msg_len: 0, _pad: 0 };
     s.read_exact(bytemuck::bytes_of_mut(&mut rh)).map_err(|e| lane.io_err("tcp reply", &e))?;

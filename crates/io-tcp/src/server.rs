@@ -2,7 +2,7 @@
 //! moves the payload straight between the socket and registered memory.
 
 use crate::proto::*;
-use crate::vio::{drain, read_exact_vectored, wait_readable, write_all_vectored};
+use crate::vio::{drain, read_exact_vectored, wait_readable, write_all_vectored, NoSigPipe};
 use mori_io_core::{BackendContext, ErrorCode, IoError, Region};
 use bytemuck::Zeroable;
 use std::io::{IoSlice, IoSliceMut, Read};
@@ -75,7 +75,7 @@ fn reply(s: &mut TcpStream, id: u64, r: &Result<(), IoError>, payload: &mut [IoS
     v.push(IoSlice::new(bytemuck::bytes_of(&h)));
     v.push(IoSlice::new(msg.as_bytes()));
     v.extend(payload.iter().map(|p| IoSlice::new(p)));
-    write_all_vectored(s, &mut v).map_err(|e| IoError::from_io("tcp reply", &e))
+    write_all_vectored(&mut NoSigPipe(s), &mut v).map_err(|e| IoError::from_io("tcp reply", &e))
 }
 
 /// Validates the segments against the target region; returns it with the segment list.

@@ -19,6 +19,25 @@ pub fn write_all_vectored<W: Write>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> 
     Ok(())
 }
 
+/// A TCP stream written with `MSG_NOSIGNAL`: a peer that went away is an `EPIPE` error, never a
+/// SIGPIPE that would end the host process (`writev`, what `TcpStream::write_vectored` uses,
+/// raises it wherever the host left SIGPIPE at its default, as C/C++ servers and `mori` do).
+pub struct NoSigPipe<'a>(pub &'a std::net::TcpStream);
+
+impl Write for NoSigPipe<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        socket2::SockRef::from(self.0).send_with_flags(b, libc::MSG_NOSIGNAL)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        socket2::SockRef::from(self.0).send_vectored_with_flags(bufs, libc::MSG_NOSIGNAL)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Fills every byte of `bufs`, in order, with as few `readv` calls as the socket allows.
 pub fn read_exact_vectored<R: Read>(r: &mut R, mut bufs: &mut [IoSliceMut<'_>]) -> io::Result<()> {
     while !bufs.is_empty() {
