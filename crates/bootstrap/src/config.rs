@@ -139,7 +139,9 @@ pub(crate) fn env_tuning(
 }
 
 /// Parses a positive number of seconds (`"300"`, `"2.5"`).
-pub(crate) fn parse_secs(var: &str, value: &str) -> Result<Duration, BootstrapError> {
+/// A duration in seconds as the bootstrap variables take it (decimals allowed, above 0 and at
+/// most 1e9). Errors: `InvalidConfig` naming `var` and `value`.
+pub fn parse_secs(var: &str, value: &str) -> Result<Duration, BootstrapError> {
     let v = value.trim();
     match v.parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Duration::from_secs_f64(s)),

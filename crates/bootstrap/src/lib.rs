@@ -36,7 +36,7 @@ mod socket;
 mod wire;
 
 pub use config::{
-    SocketBootstrapConfig, DEFAULT_PORT, DEFAULT_TIMEOUT, ENV_IFNAME, ENV_OP_TIMEOUT, ENV_TIMEOUT,
+    parse_secs, SocketBootstrapConfig, DEFAULT_PORT, DEFAULT_TIMEOUT, ENV_IFNAME, ENV_OP_TIMEOUT, ENV_TIMEOUT,
     MAX_WORLD_SIZE,
 };
 pub use env::{BootstrapEnv, Launcher};

@@ -115,13 +115,13 @@ pub struct PeerBwArgs {
 pub enum ModelCmd {
     /// Staged-through-host vs direct copy: serial sum, pipelined bound, crossover PCIe bandwidth.
     Staging {
-        /// Message size, bytes.
+        /// Message size, bytes (1..=1e18).
         #[arg(long)]
         bytes: f64,
-        /// PCIe bandwidth per side, GB/s.
+        /// PCIe bandwidth per side, GB/s (1e-6..=1e6).
         #[arg(long)]
         pcie_gbs: f64,
-        /// Network bandwidth, GB/s.
+        /// Network bandwidth, GB/s (1e-6..=1e6).
         #[arg(long)]
         net_gbs: f64,
         #[command(flatten)]
@@ -135,13 +135,13 @@ pub enum ModelCmd {
         /// Network adapters per node.
         #[arg(long)]
         nics_per_node: u32,
-        /// Bandwidth per adapter, GB/s.
+        /// Bandwidth per adapter, GB/s (1e-6..=1e6).
         #[arg(long)]
         nic_gbs: f64,
-        /// Scale-up bandwidth per GPU, GB/s.
+        /// Scale-up bandwidth per GPU, GB/s (1e-6..=1e6).
         #[arg(long)]
         scaleup_gbs: f64,
-        /// Target per-GPU share / scale-up ratio: prints the fewest adapters reaching it.
+        /// Target per-GPU share / scale-up ratio (1e-6..=1e6): prints the fewest adapters reaching it.
         #[arg(long)]
         target_ratio: Option<f64>,
         #[command(flatten)]

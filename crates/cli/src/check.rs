@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Environment variables the workspace reads, with what reads them.
-pub const KNOWN_ENV: [(&str, &str); 26] = [
+pub const KNOWN_ENV: [(&str, &str); 27] = [
     ("MORI_GPU_RUNTIME", "GPU runtime to load: cuda, hip or auto (mori-gpu)"),
     ("MORI_RDMA_DEVICES", "RDMA devices the rdma backend may use: a,b or ^a,b (mori-topo, mori-io-rdma)"),
     ("MORI_IB_GID_INDEX", "GID index override (mori-io-rdma)"),
@@ -23,7 +23,7 @@ pub const KNOWN_ENV: [(&str, &str); 26] = [
     ("MORI_IO_MR_BUDGET_BYTES", "registration-cache budget (mori-io-rdma)"),
     ("MORI_IO_SQ_BACKOFF_TIMEOUT_US", "send-queue admission deadline (mori-io-rdma)"),
     ("MORI_IO_POLL_SPIN_US", "completion-thread spin after the last completion, polling mode (mori-io-rdma)"),
-    ("MORI_IO_CALLER_PROGRESS", "waiters poll completions themselves: 1 (default) or 0 (mori-io-core; xgmi, rdma)"),
+    ("MORI_IO_CALLER_PROGRESS", "waiters poll completions themselves: 1 (default) or 0 (mori-io-core; xgmi, fabric, rdma)"),
     ("MORI_IO_FABRIC_HANDLE", "fabric handle type: posix-fd or fabric (mori-io-fabric)"),
     ("MORI_IO_FABRIC_TIMEOUT_MS", "fabric handle-exchange deadline (mori-io-fabric)"),
     ("MORI_FABRIC_DOMAIN", "FABRIC domain <cluster uuid>:<clique id> (mori-io-fabric)"),
@@ -37,6 +37,7 @@ pub const KNOWN_ENV: [(&str, &str); 26] = [
     ("MORI_BOOTSTRAP_TIMEOUT", "bootstrap deadline (mori-bootstrap)"),
     ("MORI_BOOTSTRAP_OP_TIMEOUT", "bootstrap per-operation deadline (mori-bootstrap)"),
     ("MORI_LOG", "log filter of bench_engine (mori-bench)"),
+    ("MORI_BENCH_SPLIT", "bench_engine --copy-baseline: also print where each side's time goes (mori-bench)"),
 ];
 
 /// Extra non-MORI variables shown when set.
@@ -300,42 +301,44 @@ fn vendor(v: Option<u16>) -> String {
     }
 }
 
-/// Numeric variables and the values their readers accept (inclusive).
-const NUMERIC_ENV: [(&str, u64, u64); 14] = [
-    ("MORI_IB_GID_INDEX", 0, 255),
+/// Whole-number variables and the values their readers accept (inclusive; the limits are the
+/// readers' own where they export them).
+const NUMERIC_ENV: [(&str, u64, u64); 13] = [
+    ("MORI_IB_GID_INDEX", 0, u32::MAX as u64),
     ("MORI_IO_NUM_NICS_PER_TRANSFER", 1, 1),
     ("MORI_IO_QP_MAX_SEND_WR", 2, u32::MAX as u64),
     ("MORI_IO_QP_MAX_CQE", 16, u32::MAX as u64),
     ("MORI_IO_QP_MAX_MSG_SGE", 1, u32::MAX as u64),
-    ("MORI_IO_TC", 0, 255),
-    ("MORI_IO_SL", 0, 15),
+    ("MORI_IO_TC", 0, u8::MAX as u64),
+    ("MORI_IO_SL", 0, mori_io::MAX_SERVICE_LEVEL as u64),
     ("MORI_IO_MR_BUDGET_BYTES", 1, u64::MAX),
     ("MORI_IO_SQ_BACKOFF_TIMEOUT_US", 1, u64::MAX),
-    ("MORI_IO_POLL_SPIN_US", 0, u64::MAX),
+    ("MORI_IO_POLL_SPIN_US", 0, mori_io::MAX_POLL_SPIN_US),
     ("MORI_IO_CONTROL_TIMEOUT_MS", 1, u64::MAX),
     ("MORI_IO_TCP_TIMEOUT_MS", 1, u64::MAX),
     ("MORI_IO_FABRIC_TIMEOUT_MS", 1, u64::MAX),
-    ("MORI_BOOTSTRAP_TIMEOUT", 1, u64::MAX),
 ];
 
-/// Why a known variable's value would be refused by its reader, if it would.
-fn invalid_value(name: &str, value: &str) -> Option<String> {
+/// What its reader makes of a known variable's value: `Err` with why it would be refused, or
+/// `Ok` with a note on the value in effect.
+fn check_value(name: &str, value: &str) -> Result<Option<String>, String> {
     if let Some(&(_, lo, hi)) = NUMERIC_ENV.iter().find(|(k, _, _)| *k == name) {
         return match value.trim().parse::<u64>() {
-            Ok(v) if (lo..=hi).contains(&v) => None,
-            Ok(v) => Some(format!("{v} is outside {lo}..={hi}")),
-            Err(_) => Some(format!("{value:?} is not a non-negative integer")),
+            Ok(v) if (lo..=hi).contains(&v) => Ok(None),
+            Ok(v) => Err(format!("{v} is outside {lo}..={hi}")),
+            Err(_) => Err(format!("{value:?} is not a non-negative integer")),
         };
     }
     match name {
-        mori_topo::RDMA_DEVICES_ENV => mori_topo::DeviceFilter::parse(value).err().map(|e| e.to_string()),
-        mori_io_fabric::HANDLE_ENV => mori_io_fabric::HandleType::parse(value).err().map(|e| e.msg),
+        mori_bootstrap::ENV_TIMEOUT | mori_bootstrap::ENV_OP_TIMEOUT => mori_bootstrap::parse_secs(name, value).map(|_| None).map_err(|e| e.to_string()),
+        mori_topo::RDMA_DEVICES_ENV => mori_topo::DeviceFilter::parse(value).map(|_| None).map_err(|e| e.to_string()),
+        mori_io_fabric::HANDLE_ENV => mori_io_fabric::HandleType::parse(value).map(|_| None).map_err(|e| e.msg),
         mori_io_core::CALLER_PROGRESS_ENV => match mori_io_core::status::parse_switch(value) {
-            Some(_) => None,
-            None => Some(format!("{value:?} is not one of 1, 0, true, false, on, off, yes, no")),
+            Some(on) => Ok(Some(format!("{} here", if on { "on" } else { "off" }))),
+            None => Err(format!("{value:?} is not one of {}", mori_io_core::status::SWITCH_VALUES)),
         },
-        mori_io_fabric::DOMAIN_ENV => mori_io_fabric::FabricDomain::parse_fabric(value).err().map(|e| e.msg),
-        _ => None,
+        mori_io_fabric::DOMAIN_ENV => mori_io_fabric::FabricDomain::parse_fabric(value).map(|_| None).map_err(|e| e.msg),
+        _ => Ok(None),
     }
 }
 
@@ -345,13 +348,10 @@ pub fn env_in_effect(vars: impl Iterator<Item = (String, String)>) -> Vec<EnvVar
     for (name, value) in vars {
         let known = KNOWN_ENV.iter().chain(OTHER_ENV.iter()).find(|(k, _)| *k == name).map(|(_, n)| n.to_string());
         let note = match known {
-            Some(n) => match invalid_value(&name, &value) {
-                None if name == mori_io_core::CALLER_PROGRESS_ENV => {
-                    let on = mori_io_core::status::parse_switch(&value).unwrap_or(true);
-                    format!("{n}; {} here", if on { "on" } else { "off" })
-                }
-                None => n,
-                Some(why) => format!("INVALID: {why}"),
+            Some(n) => match check_value(&name, &value) {
+                Ok(Some(extra)) => format!("{n}; {extra}"),
+                Ok(None) => n,
+                Err(why) => format!("INVALID: {why}"),
             },
             None if name.starts_with("MORI_") => "not read by any mori-rs crate (typo?)".into(),
             None => continue,

@@ -61,7 +61,8 @@ pub fn in_range(name: &str, v: f64, lo: f64, hi: f64, unit: &str) -> CliResult<f
         Ok(v)
     } else {
         let shown = if v.is_finite() && (v == 0.0 || (1e-3..1e9).contains(&v.abs())) { format!("{v}") } else { format!("{v:e}") };
-        Err(CliError::input(format!("{name} must be in {lo:e}..={hi:e} {unit}, got {shown}")))
+        let unit = if unit.is_empty() { String::new() } else { format!(" {unit}") };
+        Err(CliError::input(format!("{name} must be in {lo:e}..={hi:e}{unit}, got {shown}")))
     }
 }
 

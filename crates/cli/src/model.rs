@@ -57,7 +57,7 @@ pub struct Staging {
 }
 
 /// Staged and direct cost of moving `bytes` with `pcie_gbs` per PCIe side and `net_gbs` on
-/// the wire (GB = 1e9). Errors: a non-positive or non-finite input.
+/// the wire (GB = 1e9). Errors: an input outside its range (the error names the flag and range).
 pub fn staging(bytes: f64, pcie_gbs: f64, net_gbs: f64) -> CliResult<Staging> {
     let m = in_range("--bytes", bytes, 1.0, 1e18, "bytes")?;
     let pcie = in_range("--pcie-gbs", pcie_gbs, BW_MIN, BW_MAX, "GB/s")? * 1e9;
@@ -105,7 +105,7 @@ pub struct Injection {
 }
 
 /// Per-GPU injection share: `n_nic x nic_gbs / n_gpu`. Errors: zero adapters (no scale-out
-/// path: a defined error, not a zero), zero GPUs, a non-positive rate.
+/// path: a defined error, not a zero), zero GPUs, a rate outside its range.
 pub fn per_gpu_injection(n_nic: u32, nic_gbs: f64, n_gpu: u32) -> CliResult<f64> {
     if n_nic == 0 {
         return Err(CliError::input("--nics-per-node is 0: a node without adapters has no injection bandwidth"));
@@ -117,7 +117,7 @@ pub fn per_gpu_injection(n_nic: u32, nic_gbs: f64, n_gpu: u32) -> CliResult<f64>
 }
 
 /// Fewest adapters whose per-GPU share reaches `target x scaleup_gbs`:
-/// `ceil(target x scaleup x n_gpu / nic_gbs)` (at least 1). Errors: non-positive inputs.
+/// `ceil(target x scaleup x n_gpu / nic_gbs)` (at least 1). Errors: inputs outside their ranges.
 pub fn min_nics_for_ratio(target: f64, scaleup_gbs: f64, n_gpu: u32, nic_gbs: f64) -> CliResult<u64> {
     let need = in_range("--target-ratio", target, 1e-6, 1e6, "")? * in_range("--scaleup-gbs", scaleup_gbs, BW_MIN, BW_MAX, "GB/s")? * f64::from(n_gpu)
         / in_range("--nic-gbs", nic_gbs, BW_MIN, BW_MAX, "GB/s")?;

@@ -150,4 +150,18 @@ fn env_values_are_checked_against_what_their_readers_accept() {
     let ok = mori_cli::check::env_in_effect(std::iter::once(("MORI_IO_CALLER_PROGRESS".to_string(), "0".to_string())));
     assert!(ok[0].note.contains("waiters poll completions themselves") && ok[0].note.ends_with("off here"), "{}", ok[0].note);
     assert!(env.iter().all(|e| e.name != "HOME"));
+    // The limits are the readers' own: the bootstrap takes decimal seconds up to 1e9, the rdma
+    // backend a spin of at most 10 s.
+    let more = [
+        ("MORI_BOOTSTRAP_TIMEOUT", "2.5"),
+        ("MORI_BOOTSTRAP_OP_TIMEOUT", "1e10"),
+        ("MORI_IO_POLL_SPIN_US", "10000001"),
+        ("MORI_BENCH_SPLIT", "1"),
+    ];
+    let env = mori_cli::check::env_in_effect(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let note = |name: &str| env.iter().find(|e| e.name == name).map(|e| e.note.clone()).unwrap_or_default();
+    assert!(!note("MORI_BOOTSTRAP_TIMEOUT").starts_with("INVALID"), "{}", note("MORI_BOOTSTRAP_TIMEOUT"));
+    assert!(note("MORI_BOOTSTRAP_OP_TIMEOUT").starts_with("INVALID") && note("MORI_BOOTSTRAP_OP_TIMEOUT").contains("positive number of seconds"));
+    assert_eq!(note("MORI_IO_POLL_SPIN_US"), "INVALID: 10000001 is outside 0..=10000000");
+    assert!(note("MORI_BENCH_SPLIT").contains("mori-bench"), "{}", note("MORI_BENCH_SPLIT"));
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 /// How completions are reaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PollMode {
-    /// The completion thread spins on the CQ while completions come, and for
+    /// The completion thread (or a waiter spinning on a transfer, which the thread then
+    /// leaves the CQ to) spins on the CQ while completions come, and for
     /// [`RdmaConfig::poll_spin`] after the last one; then it arms the CQ and sleeps on its
     /// completion channel until the next (an idle engine burns no CPU, and on small machines,
     /// such as SoftRoCE guests, the spinning does not starve the NIC's own work).
@@ -102,6 +103,12 @@ impl Default for RdmaConfig {
     }
 }
 
+/// Largest `MORI_IO_POLL_SPIN_US` (10 s).
+pub const MAX_POLL_SPIN_US: u64 = 10_000_000;
+
+/// Largest `MORI_IO_SL`: an InfiniBand service level has 4 bits.
+pub const MAX_SERVICE_LEVEL: u8 = 15;
+
 fn env_num<T: std::str::FromStr>(var: &str) -> IoResult<Option<T>> {
     match std::env::var(var) {
         Ok(v) => v.trim().parse::<T>().map(Some).map_err(|_| IoError::invalid(format!("{var}={v:?} is not a valid number"))),
@@ -168,10 +175,16 @@ impl RdmaConfig {
                 self.nics_per_transfer
             )));
         }
-        if self.poll_spin > Duration::from_secs(10) {
+        if self.poll_spin > Duration::from_micros(MAX_POLL_SPIN_US) {
             return Err(IoError::invalid(format!(
-                "rdma poll_spin (MORI_IO_POLL_SPIN_US) = {} µs, allowed 0..=10000000",
+                "rdma poll_spin (MORI_IO_POLL_SPIN_US) = {} µs, allowed 0..={MAX_POLL_SPIN_US}",
                 self.poll_spin.as_micros()
+            )));
+        }
+        if self.service_level > MAX_SERVICE_LEVEL {
+            return Err(IoError::invalid(format!(
+                "rdma service_level (MORI_IO_SL) = {}, allowed 0..={MAX_SERVICE_LEVEL}",
+                self.service_level
             )));
         }
         if self.chunking && (self.chunk_bytes == 0 || self.max_chunks == 0) {
@@ -191,6 +204,7 @@ mod tests {
         assert_eq!((c.poll_mode, c.poll_spin), (PollMode::Polling, Duration::from_micros(200)));
         assert!(c.validate().is_ok());
         assert!(RdmaConfig { poll_spin: Duration::ZERO, ..c.clone() }.validate().is_ok());
+        assert!(RdmaConfig { service_level: 16, ..c.clone() }.validate().unwrap_err().msg.contains("MORI_IO_SL"));
         let e = RdmaConfig { poll_spin: Duration::from_secs(11), ..c }.validate().unwrap_err();
         assert_eq!(e.code, mori_io_core::ErrorCode::InvalidArgs);
         assert!(e.msg.contains("poll_spin (MORI_IO_POLL_SPIN_US) = 11000000 µs, allowed 0..=10000000"), "{e}");

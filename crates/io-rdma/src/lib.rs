@@ -16,7 +16,8 @@
 //! - Transfers: planned by `mori_io_core::wr_plan` (sort by remote offset, merge, chunking,
 //!   QP round-robin from `transfer_id % qps`, minimal signaling); send-queue admission waits
 //!   for room up to `sq_timeout`, then fails with `Timeout`.
-//! - Completion: one thread reaps the CQ; error completions reach the transfer's status with
+//! - Completion: a completion thread reaps the CQ, standing back while a thread spin-waiting
+//!   on a transfer reaps it itself (`MORI_IO_CALLER_PROGRESS`); error completions reach the transfer's status with
 //!   a hint (retry exceeded: GID/TC/SL; remote access: bounds/registration; RNR: receive depth).
 //! - Notification: once every WR of a transfer completed, a 16-byte SEND tells the target,
 //!   which records it for `pop_inbound_status` (so the target learns only after all data
@@ -28,7 +29,7 @@ mod device;
 pub mod dmabuf;
 mod engine;
 
-pub use config::{PollMode, RdmaConfig};
+pub use config::{PollMode, RdmaConfig, MAX_POLL_SPIN_US, MAX_SERVICE_LEVEL};
 pub use dmabuf::{DmabufExporter, DmabufSource, RuntimeDmabuf};
 pub use engine::RdmaBackend;
 

@@ -23,7 +23,7 @@ pub use engine::{BackendConfig, EngineConfig, IoEngine};
 pub use mori_io_core::{
     BackendKind, EngineDesc, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, TransferId, TransferStatus,
 };
-pub use mori_io_rdma::{DmabufExporter, DmabufSource, PollMode, RdmaConfig};
+pub use mori_io_rdma::{DmabufExporter, DmabufSource, PollMode, RdmaConfig, MAX_POLL_SPIN_US, MAX_SERVICE_LEVEL};
 pub use mori_io_tcp::TcpConfig;
 pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
 pub use mori_io_xgmi::XgmiConfig;
