@@ -6,16 +6,11 @@
 # scripts/gpu-machine.sh (B, OUT, step, logged, rc); about 10 s a round. Everything goes to
 # $OUT/lat.txt; the console shows each run's rows on one line (size, iterations, GB/s, µs).
 lat_log="$OUT/lat.txt"
+# size, µs, GB/s (bench_engine: size, iterations, GB/s, µs)
 lat_run() {
   local name=$1
   shift
-  echo "== $name"
-  # Not in a pipe: logged must run in this shell to set rc.
-  logged "$lat_log" 120 16 "^[0-9T:.-]+Z |^bench_engine: op|^bench_copy: |^note:|MsgSize" "$name" "$@" >"$OUT/.lat.rows"
-  grep -E "^ +[0-9]+ " "$OUT/.lat.rows" | awk '{print $1, $3, $4, $5}' | tr '\n' ';'
-  echo
-  grep -E "^FAILED" "$OUT/.lat.rows" || true
-  rm -f "$OUT/.lat.rows"
+  table_rows "$lat_log" "$name" '$1, $3, $4, $5' "$@"
 }
 lat_sweep=(--all --sweep-start 8 --sweep-max 65536 --iters 1000 --warmup-iters 100 --log-level warning)
 for r in $(seq 1 "${LAT_ROUNDS:-2}"); do

@@ -18,3 +18,20 @@ logged() {
     rc=1
   fi
 }
+
+# table_rows LOG NAME FIELDS CMD...: prints "== NAME", runs CMD through logged (120 s, its
+# whole output appended to LOG, rc set on failure), then the table rows of its output folded
+# onto one line (FIELDS: what awk prints of each row, e.g. '$1, $5'), then its FAILED and
+# validation lines on one line.
+table_rows() {
+  local log=$1 name=$2 fields=$3 tmp
+  shift 3
+  tmp=$(mktemp "$OUT/.rows.XXXXXX")
+  echo "== $name"
+  logged "$log" 120 40 "^[0-9T:.-]+Z |^bench_engine: op|^bench_copy: |^note:|MsgSize" "$name" "$@" >"$tmp"
+  grep -E "^ +[0-9]+ +[0-9]+ " "$tmp" | awk "{print $fields}" | tr '\n' ';'
+  echo
+  grep -E "^FAILED|validation" "$tmp" | tr '\n' ' '
+  echo
+  rm -f "$tmp"
+}

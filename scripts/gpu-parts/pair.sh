@@ -5,25 +5,16 @@
 # transfer path runs through (mori-gpu, xgmi, fabric). A fragment sourced by
 # scripts/gpu-machine.sh (B, OUT, step, logged, rc); PAIR_ROUNDS rounds (default 2).
 pair_log="$OUT/pair.txt"
-pair_rows() {
-  # Prints "size engine_us copy_us ratio;" per row of the table just logged.
-  grep -E "^ +[0-9]+ +[0-9]+ +[0-9]+ " "$OUT/.pair.rows" | awk '{printf "%s %s %s %s; ", $1, $5, $7, $8}'
-  echo
-  grep -E "^FAILED|validation" "$OUT/.pair.rows" | tr '\n' ' '
-  echo
-}
+# size, engine µs, in-run copy µs, ratio
 pair_run() {
   local name=$1
   shift
-  echo "== $name"
-  logged "$pair_log" 120 20 "^[0-9T:.-]+Z |^bench_engine: op|^note:|MsgSize" "$name" "$@" >"$OUT/.pair.rows"
-  pair_rows
-  rm -f "$OUT/.pair.rows"
+  table_rows "$pair_log" "$name" '$1, $5, $7, $8' "$@"
 }
 pair_sweep=(--backend xgmi --mem-type gpu --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 65536 --iters 1000 --warmup-iters 100 --log-level warning --copy-baseline)
 step "GPU tests: mori-gpu, xgmi, fabric"
 for t in gpu xgmi_gpu fabric_gpu; do
-  "$B/$t" --ignored --nocapture --test-threads=1 >>"$OUT/tests.log" 2>&1 || { echo "FAILED: $t"; rc=1; }
+  timeout 300 "$B/$t" --ignored --nocapture --test-threads=1 >>"$OUT/tests.log" 2>&1 || { echo "FAILED: $t"; rc=1; }
   grep -E "test result" "$OUT/tests.log" | tail -n 1
 done
 step "placement: NUMA nodes, GPU 0's CPU affinity"
@@ -42,7 +33,6 @@ for n in /sys/devices/system/node/node[0-9]*; do
   for op in write read; do
     pair_run "xgmi $op on $(basename "$n") ($cpus)" taskset -c "$cpus" "$B/bench_engine" --local --op "$op" "${pair_sweep[@]}"
   done
-  echo "== bench_copy --ipc-src on $(basename "$n")"
-  taskset -c "$cpus" "$B/bench_copy" --ipc-src --gpu 0 --sweep-start 8 --sweep-max 65536 --iters 2000 --warmup-iters 200 2>&1 | tee -a "$pair_log" | grep -E "^ +[0-9]+ " | awk '{printf "%s %s; ", $1, $3}'
-  echo
+  table_rows "$pair_log" "bench_copy --ipc-src on $(basename "$n")" '$1, $3' \
+    taskset -c "$cpus" "$B/bench_copy" --ipc-src --gpu 0 --sweep-start 8 --sweep-max 65536 --iters 2000 --warmup-iters 200
 done

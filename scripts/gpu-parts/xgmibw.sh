@@ -4,7 +4,7 @@
 # also carries the bare copy between the same buffers, timed in alternating blocks, and the
 # engine's ratio to it), then the bare copies once more
 # after the last round. A fragment sourced by scripts/gpu-machine.sh (B, OUT, step, logged,
-# rc); ROUNDS (default 3) rounds, about 20 s each. Everything goes to $OUT/xgmi-bw.txt; the
+# rc); BW_ROUNDS (or ROUNDS, its earlier name; default 3) rounds, about 20 s each. Everything goes to $OUT/xgmi-bw.txt; the
 # console shows the table rows only.
 xb_log="$OUT/xgmi-bw.txt"
 xb() { logged "$xb_log" 120 6 "^[0-9T:.-]+Z |^bench_engine: op|^bench_copy: |^note:|^validation|MsgSize|BlockSize" "$@"; }
@@ -12,7 +12,7 @@ xb_bare() {
   xb "bare copy GPU 0, 4..64 MiB ($1)" "$B/bench_copy" --gpu 0 --sweep-start 4194304 --sweep-max 67108864 --iters 2000 --warmup-iters 100
   xb "bare copy GPU 0 (IPC), 4..64 MiB ($1)" "$B/bench_copy" --ipc --gpu 0 --sweep-start 4194304 --sweep-max 67108864 --iters 2000 --warmup-iters 100
 }
-for r in $(seq 1 "${ROUNDS:-3}"); do
+for r in $(seq 1 "${BW_ROUNDS:-${ROUNDS:-3}}"); do
   step "xgmi batch-1 bandwidth, round $r"
   xb_bare "round $r"
   for op in write read; do

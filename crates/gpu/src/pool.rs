@@ -13,7 +13,8 @@
 //! about 6 µs as separate copies).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{GpuError, Result};
@@ -107,7 +108,7 @@ impl<'a> Lane<'a> {
     /// uses it until this one completed. Errors: the allocation's.
     pub fn scratch(&mut self, len: usize) -> Result<DeviceSlice<'_>> {
         let slot = self.slot_scratch;
-        let buf = self.scratch.get_or_insert_with(|| lock(slot));
+        let buf = self.scratch.get_or_insert_with(|| slot.lock());
         if buf.as_ref().is_none_or(|b| b.len() < len) {
             **buf = None;
             let cap = len.checked_next_power_of_two().unwrap_or(len).max(4096);
@@ -176,20 +177,6 @@ struct Shared {
     driven: AtomicU64,
     hook: OnceLock<Hook>,
     shutdown: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `try_lock` that takes a poisoned lock too (a panic elsewhere leaves the data consistent
-/// here: every holder only moves whole entries); `None` only while another thread holds it.
-fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    match m.try_lock() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    }
 }
 
 /// Streams, slots and a completion thread per pool (see the module docs). Dropping it stops
@@ -316,7 +303,7 @@ impl CopyPool {
         }
         // Made and boxed only now: the device work is already queued, so this overlaps it.
         let done: CopyDone = Box::new(make_done());
-        lock(&s.pending).push(Pending { dev: dev.0, slot, stream: si, done, failed, _host_table: host_table });
+        s.pending.lock().push(Pending { dev: dev.0, slot, stream: si, done, failed, _host_table: host_table });
         Ok(())
     }
 
@@ -336,29 +323,34 @@ impl CopyPool {
         D: FnOnce(Result<()>) + Send + 'static,
     {
         // SAFETY: forwarded contract.
-        unsafe { self.copy_with(dev, segs, || done) }
+        unsafe { self.copy_with(dev, segs.iter().copied(), || done) }
     }
 
     /// [`CopyPool::copy`] whose completion is made by `make_done` only after the copies and
     /// the event are queued (so whatever it allocates or clones is off the latency path: the
-    /// device already runs the copies). `make_done` is called exactly when `Ok` is returned.
+    /// device already runs the copies), and whose segments come from an iterator (walked more
+    /// than once; nothing is collected unless the kernel path needs its table). `make_done` is
+    /// called exactly when `Ok` is returned.
     ///
     /// # Safety
     /// As [`CopyPool::copy`].
-    pub unsafe fn copy_with<M, D>(&self, dev: Device, segs: &[CopySeg], make_done: M) -> Result<()>
+    pub unsafe fn copy_with<S, M, D>(&self, dev: Device, segs: S, make_done: M) -> Result<()>
     where
+        S: IntoIterator<Item = CopySeg>,
+        S::IntoIter: Clone,
         M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
         let s = &self.shared;
         let dp = s.dev_pool(dev)?;
-        let (n, total) = segs.iter().filter(|g| g.len > 0).fold((0usize, 0u64), |(n, t), g| (n + 1, t + g.len));
+        let segs = segs.into_iter().filter(|g| g.len > 0);
+        let (n, total) = segs.clone().fold((0usize, 0u64), |(n, t), g| (n + 1, t + g.len));
         let kernel = dp
             .kernel
             .as_ref()
             .filter(|_| s.cfg.kernel_threshold > 0 && n >= s.cfg.kernel_threshold && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes);
         if let Some(f) = kernel {
-            let segs: Vec<CopySeg> = segs.iter().filter(|g| g.len > 0).copied().collect();
+            let segs: Vec<CopySeg> = segs.collect();
             let n32 = u32::try_from(n).map_err(|_| GpuError::invalid(format!("{n} segments in one scatter/gather batch: at most {}", u32::MAX)))?;
             let need = n * std::mem::size_of::<CopySeg>();
             // SAFETY: CopySeg is plain old data (three u64, repr(C)); the byte view covers exactly
@@ -385,7 +377,7 @@ impl CopyPool {
         }
         let rt = &s.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
-            for seg in segs.iter().filter(|g| g.len > 0) {
+            for seg in segs {
                 let len = usize::try_from(seg.len)
                     .map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
                 // SAFETY: forwarded contract: both ranges are mapped device memory of this process.
@@ -406,7 +398,7 @@ impl CopyPool {
     pub fn progress(&self) -> bool {
         let s = &self.shared;
         s.driven.fetch_add(1, Ordering::AcqRel);
-        match try_lock(&s.reap) {
+        match s.reap.try_lock() {
             Some(mut mine) => s.reap_once(&mut mine).0 > 0,
             None => false,
         }
@@ -430,7 +422,7 @@ impl Shared {
         if let Some(p) = cell.get() {
             return Ok(p);
         }
-        let _creating = lock(&self.dev_init);
+        let _creating = self.dev_init.lock();
         if let Some(p) = cell.get() {
             return Ok(p);
         }
@@ -470,15 +462,15 @@ impl Shared {
     /// A free slot of `dp`; waits (`admission_timeout` at most) while all are in flight,
     /// running completion steps meanwhile.
     fn take_slot(&self, dp: &DevPool) -> Result<usize> {
-        if let Some(i) = lock(&dp.free).pop() {
+        if let Some(i) = dp.free.lock().pop() {
             return Ok(i);
         }
         let t0 = Instant::now();
         loop {
-            if let Some(mut mine) = try_lock(&self.reap) {
+            if let Some(mut mine) = self.reap.try_lock() {
                 self.reap_once(&mut mine);
             }
-            if let Some(i) = lock(&dp.free).pop() {
+            if let Some(i) = dp.free.lock().pop() {
                 return Ok(i);
             }
             let retired = dp.retired.load(Ordering::Acquire);
@@ -504,7 +496,7 @@ impl Shared {
     /// taken over first, so submitting never waits for a driver call made here. Returns
     /// (completed, still in flight).
     fn reap_once(&self, mine: &mut Vec<Pending>) -> (usize, usize) {
-        mine.append(&mut lock(&self.pending));
+        mine.append(&mut self.pending.lock());
         let mut done = 0;
         let mut i = 0;
         while i < mine.len() {
@@ -523,7 +515,7 @@ impl Shared {
             };
             let p = mine.swap_remove(i);
             dp.busy[p.stream].fetch_sub(1, Ordering::AcqRel);
-            lock(&dp.free).push(p.slot);
+            dp.free.lock().push(p.slot);
             // A panicking callback must not take the completion thread (or a waiter's step)
             // down with it: every later submission would then never complete.
             let done_fn = p.done;
@@ -556,7 +548,7 @@ impl Shared {
                 std::thread::sleep(STAND_BACK);
                 continue;
             }
-            let (done, in_flight) = self.reap_once(&mut lock(&self.reap));
+            let (done, in_flight) = self.reap_once(&mut self.reap.lock());
             self.run_hook();
             if done > 0 {
                 idle = 0;

@@ -90,6 +90,10 @@ impl IoError {
     pub fn bad_state(msg: impl Into<String>) -> Self {
         Self::new(ErrorCode::BadState, msg)
     }
+    /// `GpuOp`: `what` failed with the GPU runtime's error `e`.
+    pub fn gpu(what: &str, e: impl std::fmt::Display) -> Self {
+        Self::new(ErrorCode::GpuOp, format!("{what}: {e}"))
+    }
     /// `Transport` with a message.
     pub fn transport(msg: impl Into<String>) -> Self {
         Self::new(ErrorCode::Transport, msg)
@@ -108,20 +112,18 @@ impl IoError {
     }
 
     /// Maps an I/O error on a connection to a peer into an engine error: end of stream and
-    /// resets become `RemoteDisconnect`, expired socket deadlines `Timeout`, the rest `Transport`.
+    /// resets become `RemoteDisconnect` (saying the peer's engine went away), expired socket
+    /// deadlines `Timeout`, the rest `Transport`.
     pub fn from_io(context: &str, e: &std::io::Error) -> Self {
         use std::io::ErrorKind::*;
-        let code = match e.kind() {
+        let (code, hint) = match e.kind() {
             UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | NotConnected => {
-                ErrorCode::RemoteDisconnect
+                (ErrorCode::RemoteDisconnect, " (the peer's engine shut down or exited)")
             }
-            WouldBlock | TimedOut => ErrorCode::Timeout,
-            _ => ErrorCode::Transport,
+            WouldBlock | TimedOut => (ErrorCode::Timeout, ""),
+            _ => (ErrorCode::Transport, ""),
         };
-        if e.kind() == UnexpectedEof {
-            return IoError::new(code, format!("{context}: the peer closed the connection (its engine shut down or exited): {e}"));
-        }
-        IoError::new(code, format!("{context}: {e}"))
+        IoError::new(code, format!("{context}: {e}{hint}"))
     }
 }
 

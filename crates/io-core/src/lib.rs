@@ -24,7 +24,7 @@ pub use backend::{Backend, BackendContext, BackendKind, ControlClient, Op, Refus
 pub use desc::{BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
-pub use outbox::{Notifier, Outbox};
+pub use outbox::Notifier;
 pub use peer_map::PeerMap;
 pub use plan::{Piece, Seg};
 pub use registry::{MemRegistry, Region};

@@ -1,4 +1,4 @@
-//! [`Outbox`]: messages queued on a hot path with no system call, handed to a sender
+//! `Outbox`: messages queued on a hot path with no system call, handed to a sender
 //! thread's channel later by a thread that can afford the wake-up; [`Notifier`]: a backend's
 //! notification thread built on it (completion notes packed per peer and burst).
 //!
@@ -12,59 +12,73 @@ use crate::desc::EngineDesc;
 use crate::error::{ErrorCode, IoError, IoResult};
 use parking_lot::Mutex;
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
 /// A queue in front of a channel (see the module docs). Order is kept: flushes and
 /// [`Outbox::send`] deliver in push order.
-pub struct Outbox<T> {
+pub(crate) struct Outbox<T> {
     queued: Mutex<Vec<T>>,
-    /// The flushers' side: swapped with `queued` (both keep their capacity, so a push does
-    /// not allocate once the queue has grown to its usual burst).
-    tx: Mutex<(Sender<T>, Vec<T>)>,
+    /// Set by every push: a flush with nothing queued returns without taking a lock (the
+    /// completion thread flushes after every round).
+    any: AtomicBool,
+    /// The flushers' side: the channel (`None` once closed) and a spare vector swapped with
+    /// `queued` (both keep their capacity, so a push does not allocate once the queue has
+    /// grown to its usual burst).
+    tx: Mutex<(Option<Sender<T>>, Vec<T>)>,
 }
 
 impl<T> Outbox<T> {
     /// An outbox in front of `tx`.
-    pub fn new(tx: Sender<T>) -> Self {
-        Outbox { queued: Mutex::new(Vec::new()), tx: Mutex::new((tx, Vec::new())) }
+    pub(crate) fn new(tx: Sender<T>) -> Self {
+        Outbox { queued: Mutex::new(Vec::new()), any: AtomicBool::new(false), tx: Mutex::new((Some(tx), Vec::new())) }
     }
 
     /// Queues `m` (a mutex push, no system call).
-    pub fn push(&self, m: T) {
+    pub(crate) fn push(&self, m: T) {
         self.queued.lock().push(m);
+        self.any.store(true, Ordering::Release);
     }
 
     /// Hands everything queued to the channel, in order; returns how many. Messages to a
-    /// receiver that is gone are dropped.
-    pub fn flush(&self) -> usize {
-        let mut g = self.tx.lock();
-        let (tx, spare) = &mut *g;
-        std::mem::swap(&mut *self.queued.lock(), spare);
-        let n = spare.len();
-        for m in spare.drain(..) {
-            let _ = tx.send(m);
+    /// receiver that is gone (or after [`Outbox::close`]) are dropped.
+    pub(crate) fn flush(&self) -> usize {
+        if !self.any.swap(false, Ordering::AcqRel) {
+            return 0;
         }
-        n
+        self.send_queued(&mut self.tx.lock())
     }
 
     /// Sends `m` now, after whatever is queued.
-    pub fn send(&self, m: T) {
+    pub(crate) fn send(&self, m: T) {
         let mut g = self.tx.lock();
-        let (tx, spare) = &mut *g;
-        std::mem::swap(&mut *self.queued.lock(), spare);
-        for q in spare.drain(..) {
-            let _ = tx.send(q);
+        self.any.store(false, Ordering::Release);
+        self.send_queued(&mut g);
+        if let Some(tx) = &g.0 {
+            let _ = tx.send(m);
         }
-        let _ = tx.send(m);
     }
 
     /// Flushes, then disconnects from the channel (its receiver sees the end once it took
     /// what was sent); later pushes and sends are dropped. Returns how many were flushed.
-    pub fn close(&self) -> usize {
-        let n = self.flush();
-        let (gone, _) = std::sync::mpsc::channel();
-        drop(std::mem::replace(&mut self.tx.lock().0, gone));
+    pub(crate) fn close(&self) -> usize {
+        let mut g = self.tx.lock();
+        let n = self.send_queued(&mut g);
+        g.0 = None;
+        n
+    }
+
+    /// Moves what is queued into the channel (the flushers' lock held).
+    fn send_queued(&self, g: &mut (Option<Sender<T>>, Vec<T>)) -> usize {
+        let (tx, spare) = g;
+        std::mem::swap(&mut *self.queued.lock(), spare);
+        let n = spare.len();
+        for m in spare.drain(..) {
+            if let Some(tx) = tx {
+                let _ = tx.send(m);
+            }
+        }
         n
     }
 }
@@ -72,7 +86,7 @@ impl<T> Outbox<T> {
 /// Groups a burst of completion notes (peer, transfer id) per peer, in arrival order, at
 /// most `max_ids` ids per group (at least 1), so a notifier sends one control message per
 /// group instead of one per transfer.
-pub fn group_by_peer(notes: impl IntoIterator<Item = (Arc<EngineDesc>, u64)>, max_ids: usize) -> Vec<(Arc<EngineDesc>, Vec<u64>)> {
+fn group_by_peer(notes: impl IntoIterator<Item = (Arc<EngineDesc>, u64)>, max_ids: usize) -> Vec<(Arc<EngineDesc>, Vec<u64>)> {
     let max_ids = max_ids.max(1);
     let mut out: Vec<(Arc<EngineDesc>, Vec<u64>)> = Vec::new();
     for (peer, id) in notes {
@@ -90,7 +104,7 @@ pub const MAX_IDS_PER_NOTE: usize = 4096;
 
 /// What a [`Notifier`] carries: the completion of transfer `id` for `peer`, or another control
 /// message of the backend.
-pub enum Notice<M> {
+pub(crate) enum Notice<M> {
     /// Transfer `id` (an id of `peer`'s inbound table) completed: all its data is in place.
     Done(Arc<EngineDesc>, u64),
     /// Any other message, sent as it is.

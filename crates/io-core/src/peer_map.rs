@@ -31,15 +31,6 @@ impl<V: Clone> PeerMap<V> {
         self.m.lock().get(engine).and_then(|p| p.get(&id)).cloned()
     }
 
-    /// Sets the value of `(engine, id)`; returns the one it replaced.
-    pub fn insert(&self, engine: &str, id: MemId, v: V) -> Option<V> {
-        let mut m = self.m.lock();
-        match m.get_mut(engine) {
-            Some(p) => p.insert(id, v),
-            None => m.entry(engine.to_string()).or_default().insert(id, v),
-        }
-    }
-
     /// The value of `(engine, id)`: the one already there, else `v` (inserted). Two threads
     /// resolving the same key at once thus end up with one value.
     pub fn get_or_insert(&self, engine: &str, id: MemId, v: V) -> V {
@@ -85,7 +76,6 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Step {
-        Insert(u8, MemId, u32),
         GetOrInsert(u8, MemId, u32),
         Remove(u8, MemId),
         RemoveEngine(u8),
@@ -96,7 +86,6 @@ mod tests {
         let e = 0u8..4;
         let id = 0u64..6;
         prop_oneof![
-            (e.clone(), id.clone(), any::<u32>()).prop_map(|(e, i, v)| Step::Insert(e, i, v)),
             (e.clone(), id.clone(), any::<u32>()).prop_map(|(e, i, v)| Step::GetOrInsert(e, i, v)),
             (e.clone(), id.clone()).prop_map(|(e, i)| Step::Remove(e, i)),
             e.clone().prop_map(Step::RemoveEngine),
@@ -114,7 +103,6 @@ mod tests {
             let name = |e: u8| format!("engine-{e}");
             for s in steps {
                 match s {
-                    Step::Insert(e, i, v) => prop_assert_eq!(m.insert(&name(e), i, v), oracle.insert((name(e), i), v)),
                     Step::GetOrInsert(e, i, v) => prop_assert_eq!(m.get_or_insert(&name(e), i, v), *oracle.entry((name(e), i)).or_insert(v)),
                     Step::Remove(e, i) => prop_assert_eq!(m.remove(&name(e), i), oracle.remove(&(name(e), i))),
                     Step::RemoveEngine(e) => {

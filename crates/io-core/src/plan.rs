@@ -71,8 +71,20 @@ pub fn check_batch(
 /// The checks of one entry `i` of [`check_batch`] (both ranges inside their regions), with its
 /// error text.
 pub fn check_entry(i: usize, local: (u64, u64), remote: (u64, u64), lo: u64, ro: u64, n: u64) -> IoResult<()> {
-    check_range(local.0, local.1, lo, n).map_err(|e| IoError::invalid(format!("entry {i}: local {}", e.msg)))?;
-    check_range(remote.0, remote.1, ro, n).map_err(|e| IoError::invalid(format!("entry {i}: remote {}", e.msg)))
+    check_both("entry", i, local, remote, &Seg { local_off: lo, remote_off: ro, len: n })
+}
+
+/// Both ranges of `s` inside their regions ((id, length) each); errors name `what` `i` and the side.
+fn check_both(what: &str, i: usize, local: (u64, u64), remote: (u64, u64), s: &Seg) -> IoResult<()> {
+    check_range(local.0, local.1, s.local_off, s.len).map_err(|e| IoError::invalid(format!("{what} {i}: local {}", e.msg)))?;
+    check_range(remote.0, remote.1, s.remote_off, s.len).map_err(|e| IoError::invalid(format!("{what} {i}: remote {}", e.msg)))
+}
+
+/// Checks a request's segments against the regions' registered lengths (`local`, `remote`:
+/// (id, length)), as a backend must before queuing anything (a descriptor's own length could be
+/// forged). Errors: `InvalidArgs` naming the segment, side and range.
+pub fn check_segs(local: (u64, u64), remote: (u64, u64), segs: &[Seg]) -> IoResult<()> {
+    segs.iter().enumerate().try_for_each(|(i, s)| check_both("segment", i, local, remote, s))
 }
 
 /// Cuts `segs` into pieces over at most `lanes` lanes.

@@ -40,6 +40,9 @@ pub trait Progress: Send + Sync {
     fn progress(&self) -> bool;
 }
 
+/// The values [`parse_switch`] takes (any case).
+pub const SWITCH_VALUES: &str = "1, 0, true, false, on, off, yes, no";
+
 /// Name of the switch of waiter-driven completion.
 pub const CALLER_PROGRESS_ENV: &str = "MORI_IO_CALLER_PROGRESS";
 
@@ -51,7 +54,7 @@ pub fn caller_progress_enabled() -> bool {
     *ON.get_or_init(|| match std::env::var(CALLER_PROGRESS_ENV) {
         Err(_) => true,
         Ok(v) => parse_switch(&v).unwrap_or_else(|| {
-            tracing::warn!("{CALLER_PROGRESS_ENV}={v:?} is not one of 1, 0, true, false, on, off, yes, no: left on");
+            tracing::warn!("{CALLER_PROGRESS_ENV}={v:?} is not one of {SWITCH_VALUES}: left on");
             true
         }),
     })
@@ -209,20 +212,17 @@ impl TransferStatus {
             if let Some(r) = self.poll() {
                 return r;
             }
-            // The deadline is checked every 64 rounds whatever the completion step returns:
-            // a waiter that keeps completing other transfers must still see its own expire.
             let drove = driver.as_ref().is_some_and(|p| p.progress());
             n = n.wrapping_add(1);
-            if drove && !n.is_multiple_of(64) {
-                continue;
-            }
+            // Every 64 rounds, whatever the completion step returned (a waiter that keeps
+            // completing other transfers must still see its own deadline pass).
             if n.is_multiple_of(64) {
                 if Instant::now() >= deadline {
                     return Err(self.timeout_error(timeout));
                 }
                 // Give the transport's threads a chance on small machines; still a poll loop.
                 std::thread::yield_now();
-            } else {
+            } else if !drove {
                 std::hint::spin_loop();
             }
         }

@@ -2,10 +2,10 @@
 
 use crate::domain::{self, FabricDomain, HandleType, DOMAIN_ENV};
 use crate::handle::{FabricHandle, Grant};
-use crate::memory::{gpu_err, Exported, FabricMemory};
+use crate::memory::{Exported, FabricMemory};
 use crate::uds::{self, FdServer};
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHandle, VmmAllocation};
-use mori_io_core::registry::check_range;
+use mori_io_core::plan::check_segs;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
     Notifier, PeerMap, Refusal, TransferRequest, TransferStatus,
@@ -28,7 +28,8 @@ pub const TIMEOUT_ENV: &str = "MORI_IO_FABRIC_TIMEOUT_MS";
 pub struct FabricConfig {
     /// Handle type exported and accepted (no fallback to the other one).
     pub handle: HandleType,
-    /// Streams per device the copies rotate over (bench `--num-streams`, default 64).
+    /// Streams per device (bench `--num-streams`, default 64); a transfer takes the first one
+    /// with nothing in flight (`mori_gpu::CopyPool`).
     pub num_streams: usize,
     /// Most transfers in flight per device (bench `--num-events`, default 64).
     pub num_events: usize,
@@ -57,7 +58,8 @@ impl FabricConfig {
 
 #[derive(Serialize, Deserialize)]
 enum FabricCtrl {
-    /// Initiator -> target: transfer `id` completed (all data in place).
+    /// Initiator -> target: transfer `id` completed (all data in place). Sent by earlier
+    /// builds; still accepted.
     Done(u64),
     /// Importer -> owner: the [`Grant`] of region `id` (the only bounds an importer trusts).
     Lookup(MemId),
@@ -120,7 +122,7 @@ impl FabricBackend {
             return Err(IoError::invalid("fabric num_streams and num_events must be at least 1"));
         }
         let rt = mori_gpu::detect().map_err(|e| IoError::not_supported(format!("fabric backend: {e}")))?;
-        let n = rt.device_count().map_err(|e| gpu_err("fabric backend: count GPUs", e))?;
+        let n = rt.device_count().map_err(|e| IoError::gpu("fabric backend: count GPUs", e))?;
         if n == 0 {
             return Err(IoError::not_supported("fabric backend: no GPU visible"));
         }
@@ -137,10 +139,8 @@ impl FabricBackend {
             }
         };
         let pool_cfg = CopyPoolConfig { num_streams: cfg.num_streams, num_events: cfg.num_events, ..CopyPoolConfig::default() };
-        let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-fabric-events").map_err(|e| gpu_err("fabric copy pool", e))?;
-        let notifier = Arc::new(Notifier::spawn("mori-fabric-notify", ctx.ctrl.clone(), BackendKind::Fabric, |ids| {
-            if ids.len() == 1 { FabricCtrl::Done(ids[0]) } else { FabricCtrl::DoneMany(ids) }
-        })?);
+        let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-fabric-events").map_err(|e| IoError::gpu("fabric copy pool", e))?;
+        let notifier = Arc::new(Notifier::spawn("mori-fabric-notify", ctx.ctrl.clone(), BackendKind::Fabric, FabricCtrl::DoneMany)?);
         let n2 = notifier.clone();
         pool.set_idle_hook(Box::new(move || n2.flush()));
         tracing::info!(engine = %ctx.local.key, handle = %cfg.handle, domain = %domain, "fabric backend ready");
@@ -218,16 +218,16 @@ impl Inner {
                 ShareableHandle::from_descriptor(&g2.descriptor, Some(fd))
             }
         }
-        .map_err(|e| gpu_err(&format!("{what}: handle"), e))?;
+        .map_err(|e| IoError::gpu(&format!("{what}: handle"), e))?;
         if sh.kind() != self.cfg.handle.shareable() {
             return Err(IoError::invalid(format!("{what}: a {} handle arrived, this backend uses {}", sh.kind(), self.cfg.handle)));
         }
         grant.check_inside(sh.size())?;
-        let alloc = self.rt.vmm_import(dev, &sh).map_err(|e| gpu_err(&format!("import {what} on GPU {}", dev.0), e))?;
+        let alloc = self.rt.vmm_import(dev, &sh).map_err(|e| IoError::gpu(&format!("import {what} on GPU {}", dev.0), e))?;
         let m = Arc::new(RemoteMap { base: alloc.ptr() + grant.offset, len: grant.len, _alloc: alloc });
         tracing::debug!(remote = %remote.engine_key, id = remote.id, len = grant.len, "fabric memory mapped");
-        self.maps.insert(&remote.engine_key, remote.id, m.clone());
-        Ok(m)
+        // Two threads may have imported it at once: both use the first entry.
+        Ok(self.maps.get_or_insert(&remote.engine_key, remote.id, m))
     }
 
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
@@ -235,28 +235,29 @@ impl Inner {
             IoError::not_found(format!("local memory {} is not fabric-registered (allocate it with FabricMemory::alloc)", req.local.id))
         })?;
         let rm = self.remote_region(&req.remote, &req.peer, l.device)?;
-        let mut segs = Vec::with_capacity(req.segs.len());
-        for (i, s) in req.segs.iter().enumerate() {
-            check_range(req.local.id, l.len, s.local_off, s.len).map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
-            check_range(req.remote.id, rm.len, s.remote_off, s.len).map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
-            let (lp, rp) = (l.addr + s.local_off, rm.base + s.remote_off);
-            let (src, dst) = req.op.endpoints(lp, rp);
-            segs.push(CopySeg { src, dst, len: s.len });
-        }
-        let (st, peer, id, notifier) = (status.clone(), req.peer.clone(), req.id, self.notifier.clone());
-        let keep = (rm, l.clone());
-        let done = move |r: mori_gpu::Result<()>| {
-            let _keep = keep; // both mappings stay alive until the copies finished
-            let ok = r.is_ok();
-            st.complete_piece(r.map_err(|e| gpu_err("fabric copy", e)));
-            if ok {
-                notifier.push_done(peer, id);
+        check_segs((req.local.id, l.len), (req.remote.id, rm.len), &req.segs)?;
+        let (laddr, rbase, dev) = (l.addr, rm.base, l.device);
+        let copies = req.segs.iter().map(|s| {
+            let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);
+            CopySeg { src, dst, len: s.len }
+        });
+        // The completion, made once the copies are queued; both mappings stay alive until the
+        // copies finished.
+        let make_done = || {
+            let (st, peer, id, notifier) = (status.clone(), req.peer.clone(), req.id, self.notifier.clone());
+            move |r: mori_gpu::Result<()>| {
+                let _keep = (rm, l);
+                let ok = r.is_ok();
+                st.complete_piece(r.map_err(|e| IoError::gpu("fabric copy", e)));
+                if ok {
+                    notifier.push_done(peer, id);
+                }
             }
         };
         // SAFETY: every segment was bounds-checked against the local registration (memory this
         // backend holds via `LocalReg`) and the owner-granted remote range (mapped by `RemoteMap`);
         // both are kept alive by `done` until the copies finished.
-        unsafe { self.pool.copy(l.device, &segs, done) }.map_err(|e| gpu_err("queue fabric copies", e))
+        unsafe { self.pool.copy_with(dev, copies, make_done) }.map_err(|e| IoError::gpu("queue fabric copies", e))
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::domain::HandleType;
 use mori_gpu::{Device, DeviceSlice, HandleKinds, Runtime, ShareableHandle, VmmAllocation, VmmOptions};
-use mori_io_core::{ErrorCode, IoError, IoResult};
+use mori_io_core::{IoError, IoResult};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 
@@ -32,10 +32,6 @@ impl std::fmt::Debug for FabricMemory {
 }
 
 /// `GpuOp` error naming what was done.
-pub(crate) fn gpu_err(what: &str, e: mori_gpu::GpuError) -> IoError {
-    IoError::new(ErrorCode::GpuOp, format!("{what}: {e}"))
-}
-
 /// Explains a failed FABRIC allocation: CUDA's NOT_PERMITTED (800) means no IMEX channel.
 pub fn fabric_diagnosis(e: &mori_gpu::GpuError) -> String {
     match e.code() {
@@ -60,12 +56,12 @@ impl FabricMemory {
         if len == 0 {
             return Err(IoError::invalid("fabric memory of 0 bytes"));
         }
-        let n = rt.device_count().map_err(|e| gpu_err("count GPUs", e))?;
+        let n = rt.device_count().map_err(|e| IoError::gpu("count GPUs", e))?;
         if device >= n {
             return Err(IoError::invalid(format!("GPU {device} does not exist (this machine has {n})")));
         }
         let dev = Device(device);
-        let caps = rt.device_properties(dev).map_err(|e| gpu_err(&format!("properties of GPU {device}"), e))?.capabilities;
+        let caps = rt.device_properties(dev).map_err(|e| IoError::gpu(&format!("properties of GPU {device}"), e))?.capabilities;
         let (supported, what) = match kind {
             HandleType::PosixFd => (caps.posix_fd_handles, "POSIX-FD"),
             HandleType::Fabric => (caps.fabric_handles, "FABRIC"),
@@ -79,7 +75,7 @@ impl FabricMemory {
         let opts = VmmOptions { kinds: HandleKinds::from(kind.shareable()), gpu_direct_rdma: false };
         let on_fail = |e: mori_gpu::GpuError| match kind {
             HandleType::Fabric => IoError::not_supported(fabric_diagnosis(&e)),
-            HandleType::PosixFd => gpu_err(&format!("allocate {len} bytes of POSIX-FD exportable memory on GPU {device}"), e),
+            HandleType::PosixFd => IoError::gpu(&format!("allocate {len} bytes of POSIX-FD exportable memory on GPU {device}"), e),
         };
         let alloc = rt.vmm_alloc(dev, len, &opts).map_err(on_fail)?;
         let handle = rt.vmm_export(&alloc, kind.shareable()).map_err(on_fail)?;

@@ -1,6 +1,7 @@
 //! The xgmi backend proper.
 
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
+use mori_io_core::plan::check_segs;
 use mori_io_core::registry::Region;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
@@ -38,7 +39,8 @@ impl Default for XgmiConfig {
 
 #[derive(Serialize, Deserialize)]
 enum XgmiCtrl {
-    /// Initiator -> target: transfer `id` completed (all data in place).
+    /// Initiator -> target: transfer `id` completed (all data in place). Sent by earlier
+    /// builds; still accepted.
     Done(u64),
     /// Initiator -> owner: the registered (address, length) of region `id`, the only bounds
     /// an initiator trusts (a descriptor's own `len` could be forged).
@@ -108,10 +110,6 @@ pub struct XgmiBackend {
     inner: Arc<Inner>,
 }
 
-fn gpu_err(what: &str, e: mori_gpu::GpuError) -> IoError {
-    IoError::new(mori_io_core::ErrorCode::GpuOp, format!("{what}: {e}"))
-}
-
 impl XgmiBackend {
     /// Loads the GPU runtime (CUDA or HIP, whichever is present) and starts the completion
     /// and notifier threads. Errors: `NotSupported` when no GPU runtime is present (naming
@@ -121,9 +119,7 @@ impl XgmiBackend {
             return Err(IoError::invalid("xgmi num_streams and num_events must be at least 1"));
         }
         let rt = mori_gpu::detect().map_err(|e| IoError::not_supported(format!("xgmi backend: {e}")))?;
-        let notifier = Arc::new(Notifier::spawn("mori-xgmi-notify", ctx.ctrl.clone(), BackendKind::Xgmi, |ids| {
-            if ids.len() == 1 { XgmiCtrl::Done(ids[0]) } else { XgmiCtrl::DoneMany(ids) }
-        })?);
+        let notifier = Arc::new(Notifier::spawn("mori-xgmi-notify", ctx.ctrl.clone(), BackendKind::Xgmi, XgmiCtrl::DoneMany)?);
         let pool_cfg = CopyPoolConfig {
             num_streams: cfg.num_streams,
             num_events: cfg.num_events,
@@ -131,7 +127,7 @@ impl XgmiBackend {
             kernel_max_mean_bytes: cfg.kernel_max_mean_bytes,
             ..CopyPoolConfig::default()
         };
-        let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-xgmi-events").map_err(|e| gpu_err("xgmi copy pool", e))?;
+        let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-xgmi-events").map_err(|e| IoError::gpu("xgmi copy pool", e))?;
         let n2 = notifier.clone();
         pool.set_idle_hook(Box::new(move || n2.flush()));
         let inner = Arc::new(Inner {
@@ -163,14 +159,14 @@ impl Inner {
             if let Some(rdev) = remote.loc.gpu().filter(|&r| r != dev.0) {
                 self.rt
                     .enable_peer_access(dev, Device(rdev))
-                    .map_err(|e| gpu_err(&format!("enable peer access GPU {} -> GPU {rdev}", dev.0), e))?;
+                    .map_err(|e| IoError::gpu(&format!("enable peer access GPU {} -> GPU {rdev}", dev.0), e))?;
             }
             RemoteRegion { len, base: addr, map: None, live: Arc::new(AtomicBool::new(true)) }
         } else {
             let bytes = remote.handle(BackendKind::Xgmi).ok_or_else(|| {
                 IoError::invalid(format!("remote memory {} of engine {:?} carries no IPC handle", remote.id, remote.engine_key))
             })?;
-            let h = IpcHandle::from_bytes(bytes).map_err(|e| gpu_err("remote IPC handle", e))?;
+            let h = IpcHandle::from_bytes(bytes).map_err(|e| IoError::gpu("remote IPC handle", e))?;
             if h.len() < len {
                 return Err(IoError::invalid(format!(
                     "remote memory {} of engine {:?}: IPC handle covers {} bytes, the region {len}",
@@ -182,7 +178,7 @@ impl Inner {
             let m = self
                 .rt
                 .ipc_import(dev, &h)
-                .map_err(|e| gpu_err(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
+                .map_err(|e| IoError::gpu(&format!("open IPC handle of engine {:?} memory {}", remote.engine_key, remote.id), e))?;
             RemoteRegion { len, base: m.slice().ptr(), map: Some(Arc::new(m)), live: Arc::new(AtomicBool::new(true)) }
         };
         // Two threads may have mapped it at once: both use the first entry (CUDA counts the
@@ -214,24 +210,14 @@ impl Inner {
     /// local region waits for the copies, and the remote mapping stays open for them).
     #[allow(clippy::too_many_arguments)]
     fn submit(&self, at: Place, keep: Keep, op: Op, id: u64, peer: &Arc<EngineDesc>, ids: (MemId, MemId), segs: &[Seg], status: &mut Option<TransferStatus>) -> IoResult<()> {
-        let (laddr, rbase) = (at.laddr, at.rbase);
         // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued.
-        for (i, s) in segs.iter().enumerate() {
-            mori_io_core::registry::check_range(ids.0, at.llen, s.local_off, s.len)
-                .map_err(|e| IoError::invalid(format!("segment {i}: local {}", e.msg)))?;
-            mori_io_core::registry::check_range(ids.1, at.rlen, s.remote_off, s.len)
-                .map_err(|e| IoError::invalid(format!("segment {i}: remote {}", e.msg)))?;
-        }
+        check_segs((ids.0, at.llen), (ids.1, at.rlen), segs)?;
         let seg = |s: &Seg| {
-            let (src, dst) = op.endpoints(laddr + s.local_off, rbase + s.remote_off);
+            let (src, dst) = op.endpoints(at.laddr + s.local_off, at.rbase + s.remote_off);
             CopySeg { src, dst, len: s.len }
         };
-        // A single segment (batch 1, the latency case) needs no allocation before the copy.
-        let (one, many): ([CopySeg; 1], Vec<CopySeg>) = match segs {
-            [s] => ([seg(s)], Vec::new()),
-            all => ([CopySeg { src: 0, dst: 0, len: 0 }], all.iter().map(seg).collect()),
-        };
-        let copies: &[CopySeg] = if many.is_empty() { &one } else { &many };
+        // Mapped as the pool walks them: nothing is allocated before the copies are queued.
+        let copies = segs.iter().map(seg);
         // The completion, made once the copies are queued: sets the status, queues the
         // target's notification, and drops the remote mapping's reference only then.
         let make_done = || {
@@ -239,7 +225,7 @@ impl Inner {
             let (peer, notifier) = (peer.clone(), self.notifier.clone());
             move |r: mori_gpu::Result<()>| {
                 let ok = r.is_ok();
-                st.complete_piece(r.map_err(|e| gpu_err("xgmi copy", e)));
+                st.complete_piece(r.map_err(|e| IoError::gpu("xgmi copy", e)));
                 if ok {
                     notifier.push_done(peer, id);
                 }
@@ -249,7 +235,7 @@ impl Inner {
         // SAFETY: every segment lies inside the local registration and the remote region
         // (owner-confirmed length), both mapped for as long as the completion lives (it holds
         // the remote mapping, and the registry handle that deregistration waits for).
-        unsafe { self.pool.copy_with(at.dev, copies, make_done) }.map_err(|e| gpu_err("queue xgmi transfer", e))
+        unsafe { self.pool.copy_with(at.dev, copies, make_done) }.map_err(|e| IoError::gpu("queue xgmi transfer", e))
     }
 }
 
@@ -259,7 +245,7 @@ impl Inner {
 struct XgmiRoute {
     inner: Arc<Inner>,
     ids: (MemId, MemId),
-    remote_engine: String,
+    /// The remote region's engine.
     peer: Arc<EngineDesc>,
     at: Place,
     hold: Weak<Region>,
@@ -277,7 +263,7 @@ impl XgmiRoute {
         let gone = || {
             IoError::not_found(format!(
                 "memory {} of engine {:?} is gone from this engine (its owner deregistered it, or the engine was deregistered here) since the session was opened",
-                self.ids.1, self.remote_engine
+                self.ids.1, self.peer.key
             ))
         };
         if !self.live.load(Ordering::Acquire) {
@@ -329,7 +315,7 @@ impl Backend for XgmiBackend {
         // SAFETY: the engine's caller promised the range is valid device memory of `dev`
         // until deregistration.
         let slice = unsafe { DeviceSlice::from_raw(desc.addr, desc.len as usize, dev) };
-        let h = rt.ipc_export(&slice).map_err(|e| gpu_err(&format!("export IPC handle of memory {}", desc.id), e))?;
+        let h = rt.ipc_export(&slice).map_err(|e| IoError::gpu(&format!("export IPC handle of memory {}", desc.id), e))?;
         if desc.bus_id.is_none() {
             desc.bus_id = rt.device_properties(dev).ok().map(|p| p.pci_bus_id.to_string());
         }
@@ -387,7 +373,6 @@ impl Backend for XgmiBackend {
         Ok(Some(Arc::new(XgmiRoute {
             inner: self.inner.clone(),
             ids: (local.id, remote.id),
-            remote_engine: remote.engine_key.clone(),
             peer: peer.clone(),
             at,
             hold: Arc::downgrade(&hold),

@@ -97,9 +97,12 @@ pub(crate) struct EngineInner {
 /// A MORI-IO transfer engine: one control-plane listener, the backends created on it, the
 /// memory registered with it, and the remote engines it knows.
 ///
-/// Dropping it releases the backends in the dropping thread (their threads stopped and
-/// joined, streams, events and mappings freed, unless a [`Session`](crate::Session) still holds
-/// one) and stops the listener within ~100 ms, but does not wait for transfers in flight:
+/// Dropping it releases the backends in the dropping thread (streams, events and mappings
+/// freed, unless a [`Session`](crate::Session) or a thread spin-waiting on a transfer still
+/// holds one; a GPU backend first sends the target notifications it queued, waiting up to 2 s
+/// for a slow peer) and stops the listener within ~100 ms. Backend threads are told to stop
+/// and end on their own: a tcp connection thread finishes the request it is serving and takes
+/// no new one, within its 200 ms idle poll. It does not wait for transfers in flight:
 /// deregister memory first (`deregister_memory` waits for the operations using it), and only
 /// then free it.
 pub struct IoEngine {

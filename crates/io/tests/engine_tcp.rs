@@ -114,8 +114,9 @@ fn re_registering_a_key_with_a_new_engine_drops_the_old_connections() {
 
 #[test]
 fn a_dropped_target_engine_takes_no_more_writes() {
-    // Dropping an engine must stop its tcp backend from writing into memory the owner may
-    // free next, even while an initiator keeps sending over already-open connections.
+    // Dropping an engine must stop its tcp backend from taking new requests (so from writing
+    // into memory the owner may free next), even while an initiator keeps sending over
+    // already-open connections. A request already being served when the engine drops finishes.
     let mk = |key: &str| {
         let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
         e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 2, min_lane_bytes: 1024, ..TcpConfig::default() })).unwrap();

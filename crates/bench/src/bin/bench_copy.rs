@@ -106,13 +106,11 @@ fn ipc_memory(rt: &Arc<dyn Runtime>, via: Device, dev: Device, len: usize) -> Re
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("--ipc: start the child process: {e}"))?;
-    let mut line = String::new();
-    let read = child.stdout.take().map(|o| std::io::BufReader::new(o).read_line(&mut line));
+    // One postcard message in a COBS frame (ends at the first zero byte).
+    let mut frame = Vec::new();
+    let read = child.stdout.take().map(|o| std::io::BufReader::new(o).read_until(0, &mut frame));
     let bytes = match read {
-        Some(Ok(_)) => (0..line.trim().len() / 2)
-            .map(|i| u8::from_str_radix(&line.trim()[2 * i..2 * i + 2], 16))
-            .collect::<Result<Vec<u8>, _>>()
-            .map_err(|e| format!("--ipc: the child's handle {line:?}: {e}")),
+        Some(Ok(_)) => postcard::from_bytes_cobs::<Vec<u8>>(&mut frame).map_err(|e| format!("--ipc: the child's handle: {e}")),
         Some(Err(e)) => Err(format!("--ipc: read the child's handle: {e}")),
         None => Err("--ipc: the child has no stdout".to_string()),
     };
@@ -130,16 +128,16 @@ fn ipc_memory(rt: &Arc<dyn Runtime>, via: Device, dev: Device, len: usize) -> Re
     }
 }
 
-/// The --ipc/--ipc-src child: allocates, prints the IPC handle as hex, holds the memory until stdin closes.
+/// The --ipc/--ipc-src child: allocates, writes the IPC handle (postcard, COBS-framed) to stdout, holds the memory until stdin closes.
 fn ipc_child(a: &Args, len: u64) -> Result<(), String> {
     use std::io::{Read, Write};
     let rt = mori_gpu::detect().map_err(|e| e.to_string())?;
     let len = usize::try_from(len).map_err(|_| format!("--ipc-child-bytes {len}: exceeds the address space"))?;
     let buf = rt.alloc(Device(a.dst_gpu.unwrap_or(a.gpu)), len).map_err(|e| format!("--ipc child: allocate {len} bytes: {e}"))?;
     let h = rt.ipc_export(&buf.slice()).map_err(|e| format!("--ipc child: export: {e}"))?;
-    let hex: String = h.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let frame = postcard::to_stdvec_cobs(&h.to_bytes()[..]).map_err(|e| format!("--ipc child: encode the handle: {e}"))?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{hex}").and_then(|()| out.flush()).map_err(|e| format!("--ipc child: write the handle: {e}"))?;
+    out.write_all(&frame).and_then(|()| out.flush()).map_err(|e| format!("--ipc child: write the handle: {e}"))?;
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
     drop(buf);

@@ -190,16 +190,20 @@ struct ProcFigures {
     check: String,
 }
 
-fn main() -> ExitCode {
-    let mut args = Args::parse();
-    if let Some(r) = args.ranks_per_gpu {
-        if r == 0 || !args.world_size.is_multiple_of(r) {
-            eprintln!("bench_dispatch_combine: error: --ranks-per-gpu {r} must divide --world-size {}", args.world_size);
-            return ExitCode::FAILURE;
+/// `--ranks-per-gpu R` as the GPU count it implies (`--world-size / R`); the other checks are
+/// in [`config`].
+fn resolve_gpus(mut a: Args) -> AnyResult<Args> {
+    if let Some(r) = a.ranks_per_gpu {
+        if r == 0 || !a.world_size.is_multiple_of(r) {
+            return Err(err(format!("--ranks-per-gpu {r} must divide --world-size {}", a.world_size)));
         }
-        args.num_gpus = args.world_size / r;
+        a.num_gpus = a.world_size / r;
     }
-    match run(&args) {
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    match resolve_gpus(Args::parse()).and_then(|a| run(&a)) {
         Ok(ok) => {
             if ok {
                 ExitCode::SUCCESS
