@@ -7,7 +7,7 @@
 //!   ucx-utils; UCX prints MB/s with MB = 2^20, converted here to GB = 1e9).
 //! - bench_engine --local --op write, 1 MiB × batch 16 (target: ≥ 5 × ucx_perftest).
 
-use crate::util::{ensure_tools, workspace_root};
+use crate::util::workspace_root;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -87,7 +87,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
             other => return Err(format!("compare-tcp: unknown argument {other}")),
         }
     }
-    ensure_tools(&[("iperf3", "iperf3"), ("ucx_perftest", "ucx-utils")])?;
+    crate::prereq::ensure_group(crate::prereq::Group::Compare)?;
     crate::util::cargo(&["build", "--release", "-p", "mori-bench", "--bin", "bench_engine"])?;
     // Iterations sized for about `secs` seconds at ~2 GB/s.
     let iters_4m = ((secs as u64) * 2_000_000_000 / (4 << 20) / 16).max(10);

@@ -36,7 +36,7 @@ const NVCC_TREE: &str = "nvidia/cu13";
 const MAX_PTX_ISA: (u32, u32) = (9, 0);
 const CUDA_ARCH: &str = "sm_90";
 /// Debian clang majors, preferred first (22 knows gfx950, 19 does not).
-const CLANG_MAJORS: &[u32] = &[22, 19];
+const CLANG_MAJORS: &[u32] = &[crate::prereq::CLANG_MAJOR, 19];
 const AMD_ARCHS: &[&str] = &["gfx942", "gfx950"];
 
 pub fn run(args: &[String]) -> Result<(), String> {
@@ -105,17 +105,13 @@ impl Toolchains {
     }
 }
 
-/// The pip `--target` dir of the pinned nvcc.
-fn nvcc_dir() -> Result<PathBuf, String> {
-    if let Some(d) = std::env::var_os("MORI_NVCC_DIR") {
+/// The pip `--target` dir of the pinned nvcc (`MORI_NVCC_DIR`, else
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/mori-nvcc/VERSION`).
+pub(crate) fn nvcc_dir() -> Result<PathBuf, String> {
+    if let Some(d) = std::env::var_os("MORI_NVCC_DIR").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(d));
     }
-    let cache = match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
-        (Some(x), _) if !x.is_empty() => PathBuf::from(x),
-        (_, Some(h)) => PathBuf::from(h).join(".cache"),
-        _ => return Err("neither XDG_CACHE_HOME nor HOME is set; set MORI_NVCC_DIR".into()),
-    };
-    Ok(cache.join("mori-nvcc").join(NVCC_VERSION))
+    Ok(util::cache_dir("", "mori-nvcc")?.join(NVCC_VERSION))
 }
 
 /// The pinned nvcc (pip-installed into the cache when missing) and its version line. The
@@ -123,7 +119,7 @@ fn nvcc_dir() -> Result<PathBuf, String> {
 /// nvvm/libdevice, include/ with crt/), which `bin/nvcc.profile` finds relative to nvcc
 /// itself, so nvcc needs no flags or environment; it preprocesses with the host g++.
 fn ensure_nvcc() -> Result<(PathBuf, String), String> {
-    util::ensure_tools(&[("g++", "g++")])?;
+    crate::prereq::ensure_named(&["g++"])?;
     let dir = nvcc_dir()?;
     let tree = dir.join(NVCC_TREE);
     let nvcc = tree.join("bin/nvcc");
@@ -144,10 +140,9 @@ fn ensure_nvcc() -> Result<(PathBuf, String), String> {
 }
 
 fn install_nvcc(dir: &Path) -> Result<(), String> {
-    util::ensure_tools(&[("python3", "python3")])?;
     let pip_ok = || Command::new("python3").args(["-m", "pip", "--version"]).output().map(|o| o.status.success()).unwrap_or(false);
     if !pip_ok() {
-        util::apt_install(&["python3-pip"])?;
+        crate::prereq::ensure_named(&["python3-pip"])?;
     }
     let parent = dir.parent().ok_or("bad MORI_NVCC_DIR")?;
     std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
@@ -175,20 +170,17 @@ fn install_nvcc(dir: &Path) -> Result<(), String> {
 }
 
 /// /usr/lib/llvm-N/bin of the Debian clang to use: clang-22 (installed with apt as root when
-/// missing), else clang-19 (no gfx950).
+/// absent), else an installed clang-19 (no gfx950).
 fn ensure_clang() -> Result<PathBuf, String> {
     let bin = |m: u32| PathBuf::from(format!("/usr/lib/llvm-{m}/bin"));
     let usable = |m: u32| bin(m).join("clang").exists() && bin(m).join("ld.lld").exists();
     let best = CLANG_MAJORS[0];
-    if !usable(best) && util::is_root() {
-        if let Err(e) = util::apt_install(&[&format!("clang-{best}"), &format!("lld-{best}")]) {
-            println!("xtask: kernels: clang-{best} is not installable here ({e})");
-        }
+    let clang = format!("clang-{best}");
+    let lld = format!("lld-{best}");
+    if let Err(e) = crate::prereq::ensure_named(&[&clang, &lld]) {
+        println!("xtask: kernels: {clang} is not installable here ({e})");
     }
     for &m in CLANG_MAJORS {
-        if !usable(m) && m != best && util::is_root() {
-            let _ = util::apt_install(&[&format!("clang-{m}"), &format!("lld-{m}")]);
-        }
         if usable(m) {
             if m != best {
                 println!("xtask: kernels: WARNING: using clang-{m}, not clang-{best}: the code objects differ from those built with clang-{best}");

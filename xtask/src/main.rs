@@ -2,8 +2,8 @@
 //!
 //! - `bench [ARGS]`: installs the build dependencies (cmake, libclang, as root), then runs
 //!   `bench_engine ARGS` built in release.
-//! - `test`: installs what the tests need (as root, with apt), runs every workspace test,
-//!   then the root-only tests: network namespaces, and the RDMA suite plus a short
+//! - `test`: installs what the tests need (as root, with apt), runs every workspace test and
+//!   the facade's doc-tests with every feature, then the root-only tests: network namespaces, and the RDMA suite plus a short
 //!   `bench_engine --backend rdma` read and write sweep inside one SoftRoCE guest
 //!   (`MORI_SKIP_SOFTROCE=1` skips the guest, saying so).
 //! - `compare-tcp`: bench_engine against iperf3 and ucx_perftest on loopback, in one run,
@@ -11,13 +11,20 @@
 //! - `softroce [--] CMD [ARGS...]`: runs CMD in a QEMU guest with SoftRoCE (rxe0); see softroce.rs.
 //! - `kernels [--check]`: builds kernels/*.cu into kernels/prebuilt/ (nvcc sm_90, clang HIP
 //!   gfx942/gfx950), or checks that the committed artifacts are fresh; see kernels.rs.
+//! - `bare-machine --yes`: purges what the xtask installs (Debian packages the image lacks, the
+//!   nvcc and SoftRoCE caches), so the next task runs as on a bare machine; see bare.rs.
+//! - `embedder-check`: a fresh cargo project depending on `mori` with default features builds
+//!   (without cmake or libclang), runs one tcp write, and compiles no GPU or ibverbs binding.
 //! - `gpu-bundle`: builds what scripts/gpu-machine.sh runs on the GPU machine into
 //!   `.gpu-bundle/` (release, stripped); see gpu_bundle.rs.
 
+mod bare;
 mod compare;
 mod gpu_bundle;
 mod compare_rdma;
+mod embedder;
 mod kernels;
+mod prereq;
 mod softroce;
 mod util;
 
@@ -33,8 +40,10 @@ fn main() -> ExitCode {
         Some("softroce") => return softroce::main(&args[1..]),
         Some("kernels") => kernels::run(&args[1..]),
         Some("gpu-bundle") => gpu_bundle::run(&args[1..]),
+        Some("bare-machine") => bare::run(&args[1..]),
+        Some("embedder-check") => embedder::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check] | gpu-bundle>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check>");
             return ExitCode::from(2);
         }
     };
@@ -64,12 +73,15 @@ fn test(extra: &[String]) -> Result<(), String> {
     let root = util::is_root();
     util::ensure_build_deps()?;
     if root {
-        util::ensure_tools(&[("ip", "iproute2")])?;
+        prereq::ensure_group(prereq::Group::Netns)?;
     }
     kernels::run(&["--check".to_string()])?;
     let mut a = vec!["test", "--workspace"];
     a.extend(extra.iter().map(String::as_str));
     util::cargo(&a)?;
+    // The facade's doc-tests of every feature's module (the workspace run above builds `mori`
+    // with its default features only).
+    util::cargo(&["test", "-p", "mori", "--features", "full", "--doc"])?;
     if !root {
         println!("xtask: NOT run (need root): the network-namespace tests (crates/bench/tests/netns.rs) and the RDMA suite in the SoftRoCE guest");
         return Ok(());

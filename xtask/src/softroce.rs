@@ -3,9 +3,11 @@
 //! machine without an RDMA NIC (DESIGN.md, "Test rigs").
 //!
 //! What it does:
-//! - Installs what it misses, with apt when root (qemu-system-x86, busybox-static,
-//!   ibverbs-providers, iproute2, xz-utils, and ibverbs-utils, perftest, rdmacm-utils so a
-//!   command can run `ibv_devinfo`, `ib_write_bw`, `rping`). Not root: says what to install.
+//! - Installs what it misses, with apt when root (busybox-static, ibverbs-providers, xz-utils,
+//!   and ibverbs-utils, perftest, rdmacm-utils so a command can run `ibv_devinfo`,
+//!   `ib_write_bw`, `rping`: `prereq::Group::Softroce`). Not root: says what to install.
+//!   QEMU is the installed `qemu-system-x86_64`, else Debian's unpacked into the cache
+//!   (installing it would remove the image's newer `qemu-utils`; see softroce/qemu.rs).
 //! - Kernel: whatever `linux-image-amd64` depends on now, fetched with `apt-get download` and
 //!   unpacked (only the parts needed) without installing it; cached. Its vmlinux is extracted
 //!   from the bzImage and booted through the PVH entry (skips a ~6 s xz decompression under
@@ -173,6 +175,8 @@ macro_rules! log {
     ($($a:tt)*) => { eprintln!("[softroce] {}", format_args!($($a)*)) };
 }
 
+mod qemu;
+
 /// Entry point: `args` are what follows `softroce` on the command line.
 pub fn main(args: &[String]) -> ExitCode {
     let args = match args.first().map(String::as_str) {
@@ -225,18 +229,15 @@ fn env_or(name: &str, default: &str) -> String {
     }
 }
 
+/// The guest's cache: kernel, initramfs, unpacked QEMU (`RXE_VM_CACHE`, else
+/// `$XDG_CACHE_HOME/rxe-vm`, else `~/.cache/rxe-vm`).
+pub(crate) fn cache_dir() -> Result<PathBuf, String> {
+    crate::util::cache_dir("RXE_VM_CACHE", "rxe-vm")
+}
+
 impl Config {
     fn from_env() -> Result<Config, String> {
-        let cache = match std::env::var_os("RXE_VM_CACHE").filter(|v| !v.is_empty()) {
-            Some(c) => PathBuf::from(c),
-            None => match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-                Some(x) => PathBuf::from(x).join("rxe-vm"),
-                None => match std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-                    Some(h) => PathBuf::from(h).join(".cache/rxe-vm"),
-                    None => return Err("no cache dir: set RXE_VM_CACHE (or XDG_CACHE_HOME or HOME)".into()),
-                },
-            },
-        };
+        let cache = cache_dir()?;
         let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).to_string();
         let cpus = env_or("RXE_VM_CPUS", &host_cpus);
         let cpus: u32 = cpus.parse().ok().filter(|&n| n > 0).ok_or(format!("RXE_VM_CPUS={cpus}: not a positive number"))?;
@@ -289,7 +290,7 @@ fn kvm_usable() -> bool {
 pub(crate) fn run(cmd: &[String]) -> Result<u8, String> {
     let t0 = Instant::now();
     let cfg = Config::from_env()?;
-    ensure_packages()?;
+    crate::prereq::ensure_group(crate::prereq::Group::Softroce)?;
     let busybox = busybox_path()?;
 
     fs::create_dir_all(&cfg.cache).map_err(|e| format!("cache dir {}: {e}", cfg.cache.display()))?;
@@ -302,6 +303,7 @@ pub(crate) fn run(cmd: &[String]) -> Result<u8, String> {
         .open(&lock_path)
         .map_err(|e| format!("{}: {e}", lock_path.display()))?;
     lock.lock().map_err(|e| format!("lock {}: {e}", lock_path.display()))?;
+    let qemu = qemu::ensure(&cfg.cache)?;
     let kernel = ensure_kernel(&cfg.cache, &busybox)?;
     let (initrd, guest_modules) = ensure_initrd(&cfg.cache, &kernel, &busybox)?;
     drop(lock);
@@ -313,7 +315,7 @@ pub(crate) fn run(cmd: &[String]) -> Result<u8, String> {
     let mut accel = cfg.accel;
     let outcome = loop {
         let t = Instant::now();
-        let o = boot(&cfg, accel, &kernel, &initrd, &run.0)?;
+        let o = boot(&cfg, &qemu, accel, &kernel, &initrd, &run.0)?;
         match o {
             Boot::NotUp(why) if accel == Accel::Kvm && cfg.accel_auto => {
                 log!("the KVM guest {why}: retrying under TCG (RXE_VM_ACCEL=tcg skips KVM)");
@@ -363,46 +365,6 @@ pub(crate) fn run(cmd: &[String]) -> Result<u8, String> {
 
 // ------------------------------------------------------------------------- host set-up
 
-/// Installs the Debian packages that are missing (as root), or says which to install.
-fn ensure_packages() -> Result<(), String> {
-    let mut need: Vec<&str> = Vec::new();
-    let tools = [
-        ("qemu-system-x86_64", "qemu-system-x86"),
-        ("rdma", "iproute2"),
-        ("xz", "xz-utils"),
-        ("ibv_devinfo", "ibverbs-utils"),
-        ("ib_write_bw", "perftest"),
-        ("rping", "rdmacm-utils"),
-    ];
-    for (tool, pkg) in tools {
-        if !crate::util::have(tool) {
-            need.push(pkg);
-        }
-    }
-    if !dpkg_installed("busybox-static") {
-        need.push("busybox-static"); // (replaces a dynamic "busybox" package if any)
-    }
-    let rxe = fs::read_dir("/usr/lib/x86_64-linux-gnu/libibverbs")
-        .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("librxe-rdmav")))
-        .unwrap_or(false);
-    if !rxe {
-        need.push("ibverbs-providers");
-    }
-    if need.is_empty() {
-        return Ok(());
-    }
-    log!("installing: {}", need.join(" "));
-    crate::util::apt_install(&need)
-}
-
-fn dpkg_installed(pkg: &str) -> bool {
-    Command::new("dpkg")
-        .args(["-s", pkg])
-        .stderr(Stdio::null())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().any(|l| l == "Status: install ok installed"))
-        .unwrap_or(false)
-}
 
 /// The static busybox of the busybox-static package.
 fn busybox_path() -> Result<PathBuf, String> {
@@ -838,16 +800,10 @@ fn qemu_opt(p: &Path) -> String {
     p.display().to_string().replace(',', ",,")
 }
 
-fn boot(cfg: &Config, accel: Accel, k: &Kernel, initrd: &Path, run: &Path) -> Result<Boot, String> {
-    let qemu = "qemu-system-x86_64";
+fn boot(cfg: &Config, q: &qemu::Qemu, accel: Accel, k: &Kernel, initrd: &Path, run: &Path) -> Result<Boot, String> {
+    let qemu = q.program.display().to_string();
     // setpriv --pdeathsig: QEMU dies with this process (signals, kills), as the script's trap.
-    let mut cmd = if crate::util::have("setpriv") {
-        let mut c = Command::new("setpriv");
-        c.args(["--pdeathsig", "KILL", "--", qemu]);
-        c
-    } else {
-        Command::new(qemu)
-    };
+    let mut cmd = q.command(crate::util::have("setpriv"));
     match accel {
         Accel::Kvm => cmd.args(["-accel", "kvm", "-cpu", "host"]),
         Accel::Tcg => cmd.args(["-accel", "tcg,thread=multi", "-cpu", &cfg.qemu_cpu]),

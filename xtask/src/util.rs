@@ -30,8 +30,24 @@ pub fn have(tool: &str) -> bool {
     Command::new("sh").args(["-c", &format!("command -v {tool} >/dev/null 2>&1")]).status().map(|s| s.success()).unwrap_or(false)
 }
 
+/// `apt-get ARGS` (non-interactive; its output on stderr, so a command's stdout stays its own).
+pub fn apt_get(args: &[&str]) -> Result<(), String> {
+    eprintln!("xtask: apt-get {}", args.join(" "));
+    let st = Command::new("apt-get")
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdout(std::process::Stdio::from(std::io::stderr()))
+        .status()
+        .map_err(|e| format!("apt-get: {e}"))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("apt-get {} failed ({st})", args.join(" ")))
+    }
+}
+
 /// `apt-get update` then `apt-get install` of `pkgs`, as root (otherwise an error saying what
-/// to install). apt's output goes to stderr, so a command's stdout stays its own.
+/// to install).
 pub fn apt_install(pkgs: &[&str]) -> Result<(), String> {
     if pkgs.is_empty() {
         return Ok(());
@@ -39,61 +55,29 @@ pub fn apt_install(pkgs: &[&str]) -> Result<(), String> {
     if !is_root() {
         return Err(format!("missing {}; install them (apt-get install {})", pkgs.join(", "), pkgs.join(" ")));
     }
-    eprintln!("xtask: apt-get install {}", pkgs.join(" "));
-    let apt = |args: &[&str]| {
-        Command::new("apt-get")
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdout(std::process::Stdio::from(std::io::stderr()))
-            .status()
-            .map_err(|e| format!("apt-get: {e}"))
-    };
-    apt(&["update", "-qq"])?;
-    let mut a = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    a.extend_from_slice(pkgs);
-    if apt(&a)?.success() {
-        Ok(())
-    } else {
-        Err(format!("apt-get install {} failed", pkgs.join(" ")))
-    }
-}
-
-/// Installs the Debian package of every (tool, package) whose tool is missing.
-pub fn ensure_tools(tools: &[(&str, &str)]) -> Result<(), String> {
-    let missing: Vec<&str> = tools.iter().filter(|(t, _)| !have(t)).map(|(_, p)| *p).collect();
-    apt_install(&missing)
-}
-
-/// True when a libclang shared library is installed (bindgen needs it to build the ibverbs
-/// bindings of `sideway`).
-fn have_libclang() -> bool {
-    let dirs = ["/usr/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
-    let direct = dirs.iter().any(|d| {
-        std::fs::read_dir(d)
-            .map(|it| it.flatten().any(|e| e.file_name().to_string_lossy().starts_with("libclang")))
-            .unwrap_or(false)
-    });
-    direct
-        || std::fs::read_dir("/usr/lib")
-            .map(|it| {
-                it.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("llvm-")).any(|e| {
-                    std::fs::read_dir(e.path().join("lib"))
-                        .map(|l| l.flatten().any(|f| f.file_name().to_string_lossy().starts_with("libclang")))
-                        .unwrap_or(false)
-                })
-            })
-            .unwrap_or(false)
+    apt_get(&["update", "-qq"])?;
+    apt_get(&[&["install", "-y", "-qq", "--no-install-recommends"], pkgs].concat())
 }
 
 /// What building the workspace needs beyond Rust: cmake and libclang for the ibverbs bindings
 /// (`sideway`/`rdma-mummy-sys`; the binaries load libibverbs at run time, it is not needed to
 /// build). Installs them with apt as root; otherwise says what to install.
 pub fn ensure_build_deps() -> Result<(), String> {
-    ensure_tools(&[("cmake", "cmake")])?;
-    if !have_libclang() {
-        apt_install(&["libclang-dev"]).map_err(|e| format!("libclang (needed to build the ibverbs bindings): {e}"))?;
+    crate::prereq::ensure_group(crate::prereq::Group::Build).map_err(|e| format!("building the ibverbs bindings (cmake, libclang): {e}"))
+}
+
+/// `$OVERRIDE` when set and not empty (`override_var` may be ""), else
+/// `$XDG_CACHE_HOME/SUB`, else `$HOME/.cache/SUB`.
+pub fn cache_dir(override_var: &str, sub: &str) -> Result<std::path::PathBuf, String> {
+    let var = |n: &str| std::env::var_os(n).filter(|v| !v.is_empty() && !n.is_empty()).map(std::path::PathBuf::from);
+    if let Some(p) = var(override_var) {
+        return Ok(p);
     }
-    Ok(())
+    match (var("XDG_CACHE_HOME"), var("HOME")) {
+        (Some(x), _) => Ok(x.join(sub)),
+        (None, Some(h)) => Ok(h.join(".cache").join(sub)),
+        _ => Err(format!("no cache dir for {sub}: set XDG_CACHE_HOME or HOME{}", if override_var.is_empty() { String::new() } else { format!(" (or {override_var})") })),
+    }
 }
 
 /// Runs `cargo` with `args` and returns its stdout (stderr passes through).
