@@ -118,9 +118,7 @@ impl HeapLayout {
         for (i, s) in sizes.iter().enumerate() {
             offs[i] = at;
             let s = s.ok_or(EpError::SizeOverflow { what: "heap region bytes", limit: "u64" })?;
-            at = at
-                .checked_add(s.div_ceil(256) * 256)
-                .ok_or(EpError::SizeOverflow { what: "heap bytes", limit: "u64" })?;
+            at = at.checked_add(s.div_ceil(256) * 256).ok_or(EpError::SizeOverflow { what: "heap bytes", limit: "u64" })?;
         }
         offs[10] = at;
         let [recv_x, recv_w, recv_idx, recv_scales, recv_src, comb_x, comb_w, counters, signals, comb_flags, total] = offs;
@@ -349,7 +347,11 @@ impl IntranodeEp {
             Some(b) => SymmetricHeap::with_bootstrap(rt.clone(), b, local, cfg.world_size, bytes)?,
             None => {
                 if local.len() != cfg.world_size || local.iter().enumerate().any(|(i, &(r, _))| i != r) {
-                    return Err(bad("local ranks", local.len(), format!("without a bootstrap, ranks 0..{} must all be local, in order", cfg.world_size)));
+                    return Err(bad(
+                        "local ranks",
+                        local.len(),
+                        format!("without a bootstrap, ranks 0..{} must all be local, in order", cfg.world_size),
+                    ));
                 }
                 let devs: Vec<Device> = local.iter().map(|&(_, d)| d).collect();
                 SymmetricHeap::in_process(rt.clone(), &devs, bytes)?
@@ -360,7 +362,8 @@ impl IntranodeEp {
             let send_map = rt.alloc(device, (cfg.max_tokens_per_rank * cfg.world_size * 4).max(4))?;
             rt.memset(&send_map.slice(), 0xff)?;
             let trace = if trace {
-                let t = rt.alloc(device, cfg.block_num.checked_mul(64).ok_or(EpError::SizeOverflow { what: "trace bytes", limit: "usize" })?)?;
+                let t =
+                    rt.alloc(device, cfg.block_num.checked_mul(64).ok_or(EpError::SizeOverflow { what: "trace bytes", limit: "usize" })?)?;
                 rt.memset(&t.slice(), 0)?;
                 Some(t)
             } else {
@@ -450,10 +453,7 @@ impl IntranodeEp {
     }
 
     fn local_index(&self, rank: usize) -> GpuResult<usize> {
-        self.local
-            .iter()
-            .position(|l| l.rank == rank)
-            .ok_or_else(|| bad("rank", rank, "is not hosted by this process"))
+        self.local.iter().position(|l| l.rank == rank).ok_or_else(|| bad("rank", rank, "is not hosted by this process"))
     }
 
     /// Rank `rank`'s combine input region `[max_recv_tokens, hidden]` of `elem` bytes per element
@@ -580,19 +580,18 @@ impl IntranodeEp {
     /// Errors: [`EpError::InvalidConfig`] / [`EpError::TooManyTokens`] for a wrong number of
     /// inputs, element sizes, token counts above `max_tokens_per_rank`, or buffers shorter than
     /// their shape (each names the input); GPU errors.
-    pub fn dispatch<'a>(
-        &mut self,
-        inputs: &[DispatchInput<'a>],
-        spec: DispatchSpec,
-        streams: &[&Stream],
-    ) -> GpuResult<DispatchTicket<'a>> {
+    pub fn dispatch<'a>(&mut self, inputs: &[DispatchInput<'a>], spec: DispatchSpec, streams: &[&Stream]) -> GpuResult<DispatchTicket<'a>> {
         self.check_stream(streams)?;
         let c = self.cfg.clone();
         if inputs.len() != self.local.len() {
             return Err(bad("dispatch inputs", inputs.len(), format!("one per local rank ({})", self.local.len())));
         }
         if ![1, 2, 4].contains(&spec.elem_size) || spec.elem_size > c.max_token_type_size {
-            return Err(bad("elem_size", spec.elem_size, format!("must be 1, 2 or 4 and at most max_token_type_size = {}", c.max_token_type_size)));
+            return Err(bad(
+                "elem_size",
+                spec.elem_size,
+                format!("must be 1, 2 or 4 and at most max_token_type_size = {}", c.max_token_type_size),
+            ));
         }
         if ![4, 8].contains(&spec.idx_size) {
             return Err(bad("idx_size", spec.idx_size, "must be 4 (i32) or 8 (i64)"));
@@ -617,7 +616,9 @@ impl IntranodeEp {
                 (None, 0) => {}
                 (given, d) => return Err(EpError::ScalesPresence { rank, scale_dim: d, given: given.is_some() }.into()),
             }
-            for (what, s) in [("x", Some(&inp.x)), ("indices", Some(&inp.indices)), ("weights", inp.weights.as_ref()), ("scales", inp.scales.as_ref())] {
+            for (what, s) in
+                [("x", Some(&inp.x)), ("indices", Some(&inp.indices)), ("weights", inp.weights.as_ref()), ("scales", inp.scales.as_ref())]
+            {
                 if let Some(s) = s {
                     if s.device() != self.local[i].device {
                         return Err(bad(what, s.device(), format!("rank {rank}'s input must live on its {}", self.local[i].device)));
@@ -862,26 +863,59 @@ impl IntranodeEp {
 /// combine start, barrier done, end]` in ns of the GPU clock; 0 = not stamped).
 pub type RankTrace = (usize, Vec<[u64; 6]>);
 
-/// Perfetto / Chrome trace JSON (`traceEvents`, `ph` B/E, `ts` in µs from the earliest stamp)
-/// of [`IntranodeEp::trace`]'s output: one process per rank, one thread per block, phases
-/// named as upstream's intranode profiler names them (so `mori trace analyze` reads them):
+/// One event of a Perfetto / Chrome trace (the JSON object format's fields).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TraceEvent {
+    /// Phase name, as upstream's intranode profiler names it.
+    pub name: String,
+    /// `B` (begin) or `E` (end).
+    pub ph: &'static str,
+    /// Microseconds from the earliest stamp of the trace.
+    pub ts: f64,
+    /// The rank.
+    pub pid: usize,
+    /// The block.
+    pub tid: usize,
+}
+
+/// A Perfetto / Chrome trace: `{"traceEvents": [...], "displayTimeUnit": "ns"}` once
+/// serialized (serde; `serde_json::to_string` writes what `mori trace analyze` reads).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PerfettoTrace {
+    /// The events, rank by rank, block by block, phase by phase; each begin before its end.
+    pub trace_events: Vec<TraceEvent>,
+    /// Always `ns`: how viewers show the times.
+    pub display_time_unit: &'static str,
+}
+
+/// Phases of [`perfetto_trace`]: (name, start stamp, end stamp) indices into a block's
+/// [`RankTrace`] stamps.
+const TRACE_PHASES: [(&str, usize, usize); 4] =
+    [("dispatch_intra", 0, 1), ("dispatch_sync", 1, 2), ("combine_sync", 3, 4), ("combine_intra_node", 4, 5)];
+
+/// Perfetto / Chrome trace (`traceEvents`, `ph` B/E, `ts` in µs from the earliest stamp) of
+/// [`IntranodeEp::trace`]'s output: one process per rank, one thread per block, phases named
+/// as upstream's intranode profiler names them (so `mori trace analyze` reads them):
 /// `dispatch_intra` (send), `dispatch_sync` (block 0 waiting for every block's signal),
-/// `combine_sync` (cross-rank barrier), `combine_intra_node` (gather and accumulate).
-pub fn perfetto_json(trace: &[RankTrace]) -> String {
+/// `combine_sync` (cross-rank barrier), `combine_intra_node` (gather and accumulate). A phase
+/// whose start is unstamped (0) or whose end precedes its start is left out.
+pub fn perfetto_trace(trace: &[RankTrace]) -> PerfettoTrace {
     let t0 = trace.iter().flat_map(|(_, b)| b.iter().flat_map(|t| t.iter())).filter(|&&v| v > 0).min().copied().unwrap_or(0);
     let us = |v: u64| (v.saturating_sub(t0)) as f64 / 1000.0;
     let mut ev = Vec::new();
-    for (rank, blocks) in trace {
+    for &(rank, ref blocks) in trace {
         for (b, t) in blocks.iter().enumerate() {
-            for (name, s, e) in [("dispatch_intra", 0, 1), ("dispatch_sync", 1, 2), ("combine_sync", 3, 4), ("combine_intra_node", 4, 5)] {
+            for (name, s, e) in TRACE_PHASES {
                 if t[s] > 0 && t[e] >= t[s] {
-                    ev.push(format!(r#"{{"name":"{name}","ph":"B","ts":{:.3},"pid":{rank},"tid":{b}}}"#, us(t[s])));
-                    ev.push(format!(r#"{{"name":"{name}","ph":"E","ts":{:.3},"pid":{rank},"tid":{b}}}"#, us(t[e])));
+                    for (ph, at) in [("B", t[s]), ("E", t[e])] {
+                        ev.push(TraceEvent { name: name.to_string(), ph, ts: us(at), pid: rank, tid: b });
+                    }
                 }
             }
         }
     }
-    format!("{{\"traceEvents\":[{}],\"displayTimeUnit\":\"ns\"}}\n", ev.join(",\n"))
+    PerfettoTrace { trace_events: ev, display_time_unit: "ns" }
 }
 
 fn need(what: &'static str, rank: usize, got: usize, want: usize) -> GpuResult<()> {
@@ -913,7 +947,8 @@ mod tests {
         cfg.block_num = 16;
         let l = HeapLayout::new(&cfg).unwrap();
         let n = 8 * 4096u64;
-        let starts = [l.recv_x, l.recv_w, l.recv_idx, l.recv_scales, l.recv_src, l.comb_x, l.comb_w, l.counters, l.signals, l.comb_flags, l.total];
+        let starts =
+            [l.recv_x, l.recv_w, l.recv_idx, l.recv_scales, l.recv_src, l.comb_x, l.comb_w, l.counters, l.signals, l.comb_flags, l.total];
         let sizes = [n * 7168 * 2, n * 32, n * 64, n * 56 * 4, n * 4, n * 7168 * 2, n * 32, 16, 8 * 16 * 8, 8 * 16 * 8];
         for i in 0..10 {
             assert_eq!(starts[i] % 256, 0, "region {i}");
@@ -931,12 +966,33 @@ mod tests {
     }
 
     #[test]
-    fn perfetto_json_has_begin_end_pairs_in_microseconds() {
-        let t = vec![(3usize, vec![[1_000u64, 3_000, 4_000, 10_000, 12_000, 15_000]])];
-        let j = perfetto_json(&t);
-        assert!(j.contains(r#""name":"dispatch_intra","ph":"B","ts":0.000,"pid":3,"tid":0"#), "{j}");
-        assert!(j.contains(r#""name":"combine_intra_node","ph":"E","ts":14.000,"pid":3,"tid":0"#), "{j}");
-        assert_eq!(j.matches("\"ph\":\"B\"").count(), 4);
-        assert_eq!(j.matches("\"ph\":\"E\"").count(), 4);
+    fn perfetto_trace_has_begin_end_pairs_in_microseconds() {
+        // Rank 3, two blocks; block 1 has no dispatch stamps and a combine_sync ending before it starts.
+        let t = vec![(3usize, vec![[1_000u64, 3_000, 4_000, 10_000, 12_000, 15_000], [0, 0, 0, 11_000, 10_500, 16_500]])];
+        let p = perfetto_trace(&t);
+        assert_eq!(p.display_time_unit, "ns");
+        let ev = |name: &str, ph: &str, ts: f64, tid: usize| TraceEvent {
+            name: name.into(),
+            ph: if ph == "B" { "B" } else { "E" },
+            ts,
+            pid: 3,
+            tid,
+        };
+        assert_eq!(
+            p.trace_events,
+            vec![
+                ev("dispatch_intra", "B", 0.0, 0),
+                ev("dispatch_intra", "E", 2.0, 0),
+                ev("dispatch_sync", "B", 2.0, 0),
+                ev("dispatch_sync", "E", 3.0, 0),
+                ev("combine_sync", "B", 9.0, 0),
+                ev("combine_sync", "E", 11.0, 0),
+                ev("combine_intra_node", "B", 11.0, 0),
+                ev("combine_intra_node", "E", 14.0, 0),
+                ev("combine_intra_node", "B", 9.5, 1),
+                ev("combine_intra_node", "E", 15.5, 1),
+            ]
+        );
+        assert!(perfetto_trace(&[]).trace_events.is_empty());
     }
 }

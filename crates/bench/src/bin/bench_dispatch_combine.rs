@@ -22,11 +22,11 @@
 use clap::{Parser, ValueEnum};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use mori_bootstrap::{Bootstrap, SocketBootstrap, SocketBootstrapConfig};
-use mori_ep::gpu::{perfetto_json, CombineInput, CombineSpec, DispatchInput, DispatchSpec, IntranodeEp};
+use mori_ep::gpu::{perfetto_trace, CombineInput, CombineSpec, DispatchInput, DispatchSpec, IntranodeEp};
 use mori_ep::routing::{generate_routing, RoutingSpec, SplitMix64};
 use mori_ep::{
-    accounting, bf16, combine, dispatch, quantize_fp8_blocks, CombineOptions, DispatchHandle, DispatchOptions, EpConfig,
-    Fp8E4m3, OutOfRange, RankInput, SrcPos, Tensor2, Weighting,
+    accounting, bf16, combine, dispatch, quantize_fp8_blocks, CombineOptions, DispatchHandle, DispatchOptions, EpConfig, Fp8E4m3,
+    OutOfRange, RankInput, SrcPos, Tensor2, Weighting,
 };
 use mori_gpu::{Device, DeviceBuffer, Runtime, Stream};
 use serde::{Deserialize, Serialize};
@@ -347,12 +347,7 @@ struct OracleRecv {
 /// The oracle's dispatch of all ranks: received bytes per rank and the handle.
 type Oracle = (Vec<OracleRecv>, DispatchHandle);
 
-fn host_images_and_oracle(
-    a: &Args,
-    cfg: &EpConfig,
-    inp: &Inputs,
-    want_oracle: bool,
-) -> AnyResult<(Vec<HostRank>, Option<Oracle>)> {
+fn host_images_and_oracle(a: &Args, cfg: &EpConfig, inp: &Inputs, want_oracle: bool) -> AnyResult<(Vec<HostRank>, Option<Oracle>)> {
     let idx_bytes = |t: &Tensor2<i64>| match a.idx_type {
         IdxType::I64 => bytes_of(t),
         IdxType::I32 => bytes_of(&t.map(|&v| v as i32)),
@@ -399,10 +394,7 @@ fn host_images_and_oracle(
     }
     Ok(match a.dtype {
         DType::F32 => go!(inp.x_f32.clone(), vec![None; cfg.world_size]),
-        DType::Bf16 => go!(
-            inp.x_f32.iter().map(|t| t.map(|&v| bf16::from_f32(v))).collect::<Vec<_>>(),
-            vec![None; cfg.world_size]
-        ),
+        DType::Bf16 => go!(inp.x_f32.iter().map(|t| t.map(|&v| bf16::from_f32(v))).collect::<Vec<_>>(), vec![None; cfg.world_size]),
         DType::Fp8 => {
             let (q, s): (Vec<_>, Vec<_>) = inp.x_f32.iter().map(quantize_fp8_blocks).unzip();
             go!(q, s.into_iter().map(Some).collect())
@@ -443,17 +435,13 @@ fn run(a: &Args) -> AnyResult<bool> {
                 let argv: Vec<String> = std::env::args().skip(1).collect();
                 for i in 1..a.procs {
                     children.push(
-                        Command::new(&exe)
-                            .args(&argv)
-                            .args(["--proc-index", &i.to_string(), "--proc-master", &m.to_string()])
-                            .spawn()?,
+                        Command::new(&exe).args(&argv).args(["--proc-index", &i.to_string(), "--proc-master", &m.to_string()]).spawn()?,
                     );
                 }
                 m
             }
         };
-        let bc = SocketBootstrapConfig::new(a.proc_index, a.procs, master)
-            .with_timeouts(Duration::from_secs(60), Duration::from_secs(120));
+        let bc = SocketBootstrapConfig::new(a.proc_index, a.procs, master).with_timeouts(Duration::from_secs(60), Duration::from_secs(120));
         Some(SocketBootstrap::new(bc)?)
     } else {
         None
@@ -469,13 +457,7 @@ fn run(a: &Args) -> AnyResult<bool> {
     result
 }
 
-fn run_ranks(
-    a: &Args,
-    cfg: &EpConfig,
-    rt: Arc<dyn Runtime>,
-    local: &[(usize, Device)],
-    boot: Option<&dyn Bootstrap>,
-) -> AnyResult<bool> {
+fn run_ranks(a: &Args, cfg: &EpConfig, rt: Arc<dyn Runtime>, local: &[(usize, Device)], boot: Option<&dyn Bootstrap>) -> AnyResult<bool> {
     let t_setup = Instant::now();
     let check = !a.no_check;
     let inp = gen_inputs(a, cfg)?;
@@ -608,13 +590,7 @@ fn run_ranks(
         }
         let comb_inputs: Vec<CombineInput<'_>> = dev_in
             .iter()
-            .map(|d| CombineInput {
-                x: None,
-                weights: None,
-                weights_in_heap: true,
-                out: d.out.slice(),
-                out_weights: Some(d.out_w.slice()),
-            })
+            .map(|d| CombineInput { x: None, weights: None, weights_in_heap: true, out: d.out.slice(), out_weights: Some(d.out_w.slice()) })
             .collect();
         for (i, s) in streams.iter().enumerate() {
             ev[i][2].record(s)?;
@@ -629,7 +605,16 @@ fn run_ranks(
         ep.sync_status()?;
         if it == 0 && check && all_ok {
             if let Some((orc, handle)) = &oracle {
-                match check_combine(a, cfg, &inp, orc, handle, rt.as_ref(), local, &dev_in.iter().map(|d| (&d.out, &d.out_w)).collect::<Vec<_>>()) {
+                match check_combine(
+                    a,
+                    cfg,
+                    &inp,
+                    orc,
+                    handle,
+                    rt.as_ref(),
+                    local,
+                    &dev_in.iter().map(|d| (&d.out, &d.out_w)).collect::<Vec<_>>(),
+                ) {
                     Ok(()) => check_msg = "OK (dispatch rows, weights, indices, scales, sources; combine output and weights)".into(),
                     Err(e) => {
                         all_ok = false;
@@ -649,7 +634,9 @@ fn run_ranks(
     if let Some(path) = &a.trace {
         if let Some(t) = ep.trace()? {
             if a.proc_index == 0 {
-                std::fs::write(path, perfetto_json(&t))?;
+                let mut json = serde_json::to_string(&perfetto_trace(&t))?;
+                json.push('\n');
+                std::fs::write(path, json)?;
             }
         }
     }
@@ -701,11 +688,7 @@ fn run_ranks(
     }
     // Gather to process 0.
     let all: Vec<ProcFigures> = match boot {
-        Some(b) => b
-            .allgather(&serde_json::to_vec(&pf)?)?
-            .iter()
-            .map(|v| serde_json::from_slice(v))
-            .collect::<Result<_, _>>()?,
+        Some(b) => b.allgather(&serde_json::to_vec(&pf)?)?.iter().map(|v| serde_json::from_slice(v)).collect::<Result<_, _>>()?,
         None => vec![pf],
     };
     let ok = all_ok && all.iter().all(|p| p.check.starts_with("OK") || p.check == "skipped");
@@ -796,10 +779,8 @@ fn check_combine(
     outs: &[(&DeviceBuffer, &DeviceBuffer)],
 ) -> AnyResult<()> {
     // Oracle combine over canonical order (the rows depend on the source only).
-    let xs: Vec<Tensor2<f32>> = orc
-        .iter()
-        .map(|o| Tensor2::from_fn(o.src.len(), a.hidden, |i, h| comb_value(o.src[i], h)))
-        .collect::<Result<_, _>>()?;
+    let xs: Vec<Tensor2<f32>> =
+        orc.iter().map(|o| Tensor2::from_fn(o.src.len(), a.hidden, |i, h| comb_value(o.src[i], h))).collect::<Result<_, _>>()?;
     let ws: Vec<Tensor2<f32>> = orc
         .iter()
         .map(|o| {
@@ -807,10 +788,7 @@ fn check_combine(
             Tensor2::new(o.src.len(), cfg.top_k, v)
         })
         .collect::<Result<_, _>>()?;
-    let opts = CombineOptions {
-        weighting: if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted },
-        ..Default::default()
-    };
+    let opts = CombineOptions { weighting: if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted }, ..Default::default() };
     let tol = if a.weighted { 1e-2f32 } else { 0.0 };
     let close = |g: f32, w: f32| if tol == 0.0 { g.to_bits() == w.to_bits() || g == w } else { (g - w).abs() <= tol * w.abs().max(1.0) };
     match a.combine_dtype {
@@ -900,7 +878,15 @@ fn report(a: &Args, cfg: &EpConfig, all: &[ProcFigures], host_s: f64) -> AnyResu
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);
     t.set_header(vec![
-        "rank", "gpu", "recv tokens", "rdma algo", "rdma phys", "dispatch µs", "combine µs", "dispatch XGMI GB/s", "combine XGMI GB/s",
+        "rank",
+        "gpu",
+        "recv tokens",
+        "rdma algo",
+        "rdma phys",
+        "dispatch µs",
+        "combine µs",
+        "dispatch XGMI GB/s",
+        "combine XGMI GB/s",
     ]);
     for r in &ranks {
         t.add_row(vec![
@@ -919,7 +905,16 @@ fn report(a: &Args, cfg: &EpConfig, all: &[ProcFigures], host_s: f64) -> AnyResu
     let mut d = Table::new();
     d.load_preset(UTF8_BORDERS_ONLY);
     d.set_header(vec![
-        "gpu", "ranks", "dispatch µs", "dispatch GB/s", "copy GB/s", "dispatch/copy", "combine µs", "combine GB/s", "copy GB/s", "combine/copy",
+        "gpu",
+        "ranks",
+        "dispatch µs",
+        "dispatch GB/s",
+        "copy GB/s",
+        "dispatch/copy",
+        "combine µs",
+        "combine GB/s",
+        "copy GB/s",
+        "combine/copy",
     ]);
     for p in all {
         for g in &p.devices {
