@@ -89,9 +89,27 @@ impl std::fmt::Debug for TransferStatus {
     }
 }
 
-impl TransferStatus {
+/// The backend side of a [`TransferStatus`]: making one and recording its pieces. For
+/// backend implementors (`use mori_io_core::status::Completion`); a caller of the engine only
+/// reads statuses.
+pub trait Completion {
     /// A status waiting for `pieces` completions. `pieces == 0` is already `Success`.
-    pub fn new(pieces: u32) -> Self {
+    fn new(pieces: u32) -> Self;
+    /// Lets waiters of this status run `p` (the backend's completion step) while they spin.
+    /// Held weakly: a status outliving its backend just stops driving. Only the first call
+    /// takes effect; a no-op when `MORI_IO_CALLER_PROGRESS=0`.
+    fn set_progress(&self, p: Weak<dyn Progress>);
+    /// A status that already failed with `err`.
+    fn failed(err: IoError) -> Self;
+    /// Adds `n` more expected pieces to a status still in progress (used when a backend splits
+    /// further after creation). No effect once the status is terminal.
+    fn add_pieces(&self, n: u32);
+    /// Records the completion of one piece. The first `Err` makes the status `Failed` (sticky).
+    fn complete_piece(&self, r: Result<(), IoError>);
+}
+
+impl Completion for TransferStatus {
+    fn new(pieces: u32) -> Self {
         TransferStatus {
             inner: Arc::new(Inner {
                 state: AtomicU8::new(if pieces == 0 { SUCCESS } else { IN_PROGRESS }),
@@ -105,32 +123,25 @@ impl TransferStatus {
         }
     }
 
-    /// Lets waiters of this status run `p` (the backend's completion step) while they spin.
-    /// Held weakly: a status outliving its backend just stops driving. Only the first call
-    /// takes effect; a no-op when `MORI_IO_CALLER_PROGRESS=0`.
-    pub fn set_progress(&self, p: Weak<dyn Progress>) {
+    fn set_progress(&self, p: Weak<dyn Progress>) {
         if caller_progress_enabled() {
             let _ = self.inner.driver.set(p);
         }
     }
 
-    /// A status that already failed with `err`.
-    pub fn failed(err: IoError) -> Self {
+    fn failed(err: IoError) -> Self {
         let s = Self::new(1);
         s.complete_piece(Err(err));
         s
     }
 
-    /// Adds `n` more expected pieces to a status still in progress (used when a backend splits
-    /// further after creation). No effect once the status is terminal.
-    pub fn add_pieces(&self, n: u32) {
+    fn add_pieces(&self, n: u32) {
         if self.inner.state.load(Ordering::Acquire) == IN_PROGRESS {
             self.inner.pending.fetch_add(n, Ordering::AcqRel);
         }
     }
 
-    /// Records the completion of one piece. The first `Err` makes the status `Failed` (sticky).
-    pub fn complete_piece(&self, r: Result<(), IoError>) {
+    fn complete_piece(&self, r: Result<(), IoError>) {
         let inner = &self.inner;
         match r {
             Err(e) => {
@@ -155,7 +166,9 @@ impl TransferStatus {
             }
         }
     }
+}
 
+impl TransferStatus {
     fn wake(&self) {
         // SeqCst pairs with the SeqCst increment in `wait_for`: either the waiter sees the new
         // state before sleeping, or we see the waiter and notify under the lock.

@@ -1,5 +1,6 @@
 //! The fabric backend proper.
 
+use mori_io_core::status::Completion;
 use crate::domain::{self, FabricDomain, HandleType, DOMAIN_ENV};
 use crate::handle::{FabricHandle, Grant};
 use crate::memory::{Exported, FabricMemory};

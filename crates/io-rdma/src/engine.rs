@@ -1,5 +1,6 @@
 //! The backend proper: registrations, connections, posting, completion reaping.
 
+use mori_io_core::status::Completion;
 use crate::config::{PollMode, RdmaConfig};
 use crate::conn::{connect_qps, create_qps, endpoint, psn, Conn, QpParams, RdmaCtrl};
 use crate::device::{open, Device};

@@ -1,5 +1,6 @@
 //! Initiator side: one worker thread per data connection ("lane"), fed by a channel.
 
+use mori_io_core::status::Completion;
 use crate::proto::*;
 use crate::vio::{read_exact_vectored, write_all_vectored, NoSigPipe};
 use mori_io_core::wire::Role;

@@ -17,6 +17,7 @@ pub mod proto;
 mod server;
 pub mod vio;
 
+use mori_io_core::status::Completion;
 use client::{dial, run_lane, Job, LaneTimeouts};
 use crossbeam_channel::Sender;
 use mori_io_core::{

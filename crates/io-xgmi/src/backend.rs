@@ -1,5 +1,6 @@
 //! The xgmi backend proper.
 
+use mori_io_core::status::Completion;
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
 use mori_io_core::plan::check_segs;
 use mori_io_core::registry::Region;

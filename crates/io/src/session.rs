@@ -1,5 +1,6 @@
 //! [`Session`]: a pre-resolved (local region, remote region, backend) triple.
 
+use mori_io_core::status::Completion;
 use mori_io_core::plan::{check_batch, check_entry};
 use mori_io_core::{Backend, BackendKind, EngineDesc, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus};
 use std::sync::Arc;
