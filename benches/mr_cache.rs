@@ -12,7 +12,7 @@
 //! ```
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use mori_mr::{MemDomain, MrCache, Registrar};
+use mori::mr::{MemDomain, MrCache, Registrar};
 
 const H: MemDomain = MemDomain::Host;
 

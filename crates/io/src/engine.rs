@@ -1,5 +1,6 @@
 //! [`IoEngine`]: registrations, remote engines, backend choice and one-shot transfers.
 
+use mori_io_core::status::Completion;
 use crate::control::CtrlPool;
 use crate::session::Session;
 use mori_io_core::plan::check_batch;
@@ -8,9 +9,12 @@ use mori_io_core::{
     Backend, BackendContext, BackendKind, EngineDesc, InboundTable, IoError, IoResult, MemId, MemLoc,
     MemRegistry, MemoryDesc, Op, Refusal, Region, TransferId, TransferRequest, TransferStatus,
 };
+#[cfg(feature = "fabric")]
+use mori_io_fabric::{FabricBackend, FabricConfig};
+#[cfg(feature = "rdma")]
 use mori_io_rdma::{RdmaBackend, RdmaConfig};
 use mori_io_tcp::{TcpBackend, TcpConfig};
-use mori_io_fabric::{FabricBackend, FabricConfig};
+#[cfg(feature = "xgmi")]
 use mori_io_xgmi::{XgmiBackend, XgmiConfig};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
@@ -67,14 +71,25 @@ impl EngineConfig {
 pub enum BackendConfig {
     /// TCP streams (any host, host memory).
     Tcp(TcpConfig),
-    /// RDMA RC queue pairs over ibverbs (needs libibverbs and an active RDMA port).
+    /// RDMA RC queue pairs over ibverbs (needs libibverbs and an active RDMA port). Feature `rdma`.
+    #[cfg(feature = "rdma")]
     Rdma(RdmaConfig),
-    /// Same-node GPU P2P over CUDA/HIP IPC (needs a GPU runtime at run time).
+    /// Same-node GPU P2P over CUDA/HIP IPC (needs a GPU runtime at run time). Feature `xgmi`.
+    #[cfg(feature = "xgmi")]
     Xgmi(XgmiConfig),
     /// GPU memory through VMM shareable handles (POSIX FD within a node, FABRIC across a
     /// scale-up domain); needs a GPU runtime and memory from `mori_io_fabric::FabricMemory`.
+    /// Feature `fabric`.
+    #[cfg(feature = "fabric")]
     Fabric(FabricConfig),
 }
+
+/// Which GPU-capable backends this build lacks (cargo features of mori-io).
+const GPU_FEATURES_HINT: &str = if cfg!(all(feature = "xgmi", feature = "fabric", feature = "rdma")) {
+    ""
+} else {
+    "; this build of mori-io has only the backends its cargo features enable (rdma, xgmi, fabric)"
+};
 
 /// (peer engine key, local region, remote region): the unit a backend choice is cached for.
 type ChoiceKey = (String, MemId, MemId);
@@ -207,8 +222,11 @@ impl IoEngine {
         };
         let b: Arc<dyn Backend> = match cfg {
             BackendConfig::Tcp(c) => Arc::new(TcpBackend::new(ctx, c)?),
+            #[cfg(feature = "rdma")]
             BackendConfig::Rdma(c) => Arc::new(RdmaBackend::new(ctx, c)?),
+            #[cfg(feature = "xgmi")]
             BackendConfig::Xgmi(c) => Arc::new(XgmiBackend::new(ctx, c)?),
+            #[cfg(feature = "fabric")]
             BackendConfig::Fabric(c) => Arc::new(FabricBackend::new(ctx, c)?),
         };
         let mut g = self.inner.backends.write();
@@ -228,7 +246,8 @@ impl IoEngine {
     /// Creates the rdma backend when this host has an active RDMA port, and the tcp backend in
     /// any case; the engine then prefers rdma for every pair it can serve. When rdma is not
     /// available an INFO line names why. Returns the backends created, in preference order.
-    /// Errors: those of creating the tcp backend.
+    /// Errors: those of creating the tcp backend. Feature `rdma`.
+    #[cfg(feature = "rdma")]
     pub fn create_backends_auto(&self, tcp: TcpConfig, rdma: RdmaConfig) -> IoResult<Vec<BackendKind>> {
         let mut made = Vec::new();
         match self.create_backend(BackendConfig::Rdma(rdma)) {
@@ -260,7 +279,8 @@ impl IoEngine {
         if let MemLoc::Gpu { device } = loc {
             if !self.inner.backends.read().iter().any(|b| b.handles_gpu_memory()) {
                 return Err(IoError::not_supported(format!(
-                    "register_memory: GPU memory (device {device}) needs a GPU backend; create_backend(BackendConfig::Xgmi(..)) or BackendConfig::Fabric(..) first (both need a CUDA or HIP runtime), or Rdma (dmabuf MRs)"
+                    "register_memory: GPU memory (device {device}) needs a GPU backend; create_backend(BackendConfig::Xgmi(..)) or BackendConfig::Fabric(..) first (both need a CUDA or HIP runtime), or Rdma (dmabuf MRs){}",
+                    GPU_FEATURES_HINT
                 )));
             }
         }

@@ -12,7 +12,12 @@
 //!
 //! Backends are asked in the fixed preference order xgmi, fabric, rdma, tcp; the engine logs
 //! (tracing, target `mori_io`) which backend serves each (local, remote) pair and why the
-//! others refused. This build has all four backends (tcp, rdma, xgmi, fabric).
+//! others refused.
+//!
+//! Cargo features: tcp is always built; `rdma`, `xgmi` and `fabric` each add that backend
+//! (and its bindings: sideway for rdma, which needs cmake and libclang to build; mori-gpu's
+//! cudarc and cubecl-hip-sys for xgmi and fabric, loaded at run time); `all-backends` adds the
+//! three.
 
 mod control;
 mod engine;
@@ -23,8 +28,11 @@ pub use engine::{BackendConfig, EngineConfig, IoEngine};
 pub use mori_io_core::{
     BackendKind, EngineDesc, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, TransferId, TransferStatus,
 };
+#[cfg(feature = "fabric")]
+pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
+#[cfg(feature = "rdma")]
 pub use mori_io_rdma::{DmabufExporter, DmabufSource, PollMode, RdmaConfig, MAX_POLL_SPIN_US, MAX_SERVICE_LEVEL};
 pub use mori_io_tcp::TcpConfig;
-pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
+#[cfg(feature = "xgmi")]
 pub use mori_io_xgmi::XgmiConfig;
 pub use session::Session;
