@@ -200,14 +200,14 @@ mod tests {
     #[test]
     fn only_libclang_cpp_is_missing() {
         let d = fixture(&["libclang-cpp.so.14", "libLLVM-14.so.1"]);
-        assert_eq!(find_libclang(&[d.clone()]), None);
+        assert_eq!(find_libclang(std::slice::from_ref(&d)), None);
         std::fs::remove_dir_all(d).unwrap();
     }
 
     #[test]
     fn versioned_libclang_is_present() {
         let d = fixture(&["libclang-cpp.so.14", "libclang-14.so.1"]);
-        assert_eq!(find_libclang(&[d.clone()]), Some(d.join("libclang-14.so.1")));
+        assert_eq!(find_libclang(std::slice::from_ref(&d)), Some(d.join("libclang-14.so.1")));
         std::fs::remove_dir_all(d).unwrap();
     }
 
