@@ -4,8 +4,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use mori_cli::topo::Vendor;
 use std::path::PathBuf;
 
-const EXIT_HELP: &str =
-    "Exit status: 0 yes / done; 1 no (backend cannot work, pairs flagged, group worse than allowed) \
+const EXIT_HELP: &str = "Exit status: 0 yes / done; 1 no (backend cannot work, pairs flagged, group worse than allowed) \
 or not possible here (no GPU runtime on this machine, a GPU call failed); 2 bad input or usage.";
 
 #[derive(Parser)]
@@ -178,43 +177,43 @@ pub struct RdmaArgs {
     /// Take the spans from this trace (mean over iterations).
     #[arg(long, conflicts_with_all = ["send_us", "combine_us", "recv_us", "sync_us", "iteration_us"])]
     pub trace: Option<PathBuf>,
-    /// dispatch_inter_node_send span, us.
+    /// dispatch_inter_node_send span, us (1e-3..=1e12).
     #[arg(long, required_unless_present = "trace")]
     pub send_us: Option<f64>,
-    /// combine_inter_node span, us.
+    /// combine_inter_node span, us (1e-3..=1e12).
     #[arg(long, required_unless_present = "trace")]
     pub combine_us: Option<f64>,
-    /// dispatch_inter_node_recv span, us.
+    /// dispatch_inter_node_recv span, us (1e-3..=1e12).
     #[arg(long)]
     pub recv_us: Option<f64>,
-    /// dispatch_sync + combine_sync + ep_combine_sync_barrier, us.
+    /// dispatch_sync + combine_sync + ep_combine_sync_barrier, us (1e-3..=1e12).
     #[arg(long)]
     pub sync_us: Option<f64>,
-    /// Whole iteration, us.
+    /// Whole iteration, us (1e-3..=1e12).
     #[arg(long)]
     pub iteration_us: Option<f64>,
-    /// Tokens of this rank (cur_rank_num_token).
+    /// Tokens of this rank (cur_rank_num_token; 1..=2^30).
     #[arg(long)]
     pub tokens: u64,
-    /// Hidden size.
+    /// Hidden size (1..=2^20).
     #[arg(long)]
     pub hidden: u64,
     /// Element type of the hidden states.
     #[arg(long, value_enum, default_value = "bf16")]
     pub dtype: DType,
-    /// Top-k.
+    /// Top-k (0..=1024).
     #[arg(long)]
     pub topk: u64,
-    /// Scale entries per token (default: 0, or hidden/128 for fp8).
+    /// Scale entries per token (0..=2^20; default: 0, or hidden/128 for fp8).
     #[arg(long)]
     pub scale_dim: Option<u64>,
-    /// Bytes per scale entry.
+    /// Bytes per scale entry (0..=8).
     #[arg(long, default_value_t = 4)]
     pub scale_bytes: u64,
-    /// Nodes.
+    /// Nodes (2..=1024).
     #[arg(long)]
     pub nodes: u64,
-    /// Link rate per port, Gb/s (bits; 400 Gb/s = 50 GB/s).
+    /// Link rate per port, Gb/s (bits; 400 Gb/s = 50 GB/s; 1e-3..=1e6).
     #[arg(long, default_value_t = 400.0)]
     pub link_gbit: f64,
     /// Combine carries the routing weights back.

@@ -66,6 +66,16 @@ pub fn in_range(name: &str, v: f64, lo: f64, hi: f64, unit: &str) -> CliResult<f
     }
 }
 
+/// `v` when `lo <= v <= hi`, else an input error naming `name` and the range (whole-number
+/// inputs whose products the models must keep inside `u64` and finite `f64`).
+pub fn int_in_range(name: &str, v: u64, lo: u64, hi: u64) -> CliResult<u64> {
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(CliError::input(format!("{name} must be in {lo}..={hi}, got {v}")))
+    }
+}
+
 /// Checks that `v` is a finite number above zero, naming the flag in the error.
 pub fn positive(name: &str, v: f64) -> CliResult<f64> {
     if v.is_finite() && v > 0.0 {

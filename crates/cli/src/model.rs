@@ -119,7 +119,9 @@ pub fn per_gpu_injection(n_nic: u32, nic_gbs: f64, n_gpu: u32) -> CliResult<f64>
 /// Fewest adapters whose per-GPU share reaches `target x scaleup_gbs`:
 /// `ceil(target x scaleup x n_gpu / nic_gbs)` (at least 1). Errors: inputs outside their ranges.
 pub fn min_nics_for_ratio(target: f64, scaleup_gbs: f64, n_gpu: u32, nic_gbs: f64) -> CliResult<u64> {
-    let need = in_range("--target-ratio", target, 1e-6, 1e6, "")? * in_range("--scaleup-gbs", scaleup_gbs, BW_MIN, BW_MAX, "GB/s")? * f64::from(n_gpu)
+    let need = in_range("--target-ratio", target, 1e-6, 1e6, "")?
+        * in_range("--scaleup-gbs", scaleup_gbs, BW_MIN, BW_MAX, "GB/s")?
+        * f64::from(n_gpu)
         / in_range("--nic-gbs", nic_gbs, BW_MIN, BW_MAX, "GB/s")?;
     // A hair of tolerance so that exact ratios (8 x 25 / 8 / 400 = 0.0625) are not rounded up.
     let n = (need * (1.0 - 1e-12)).ceil().max(1.0);
@@ -206,6 +208,53 @@ mod tests {
         // A target no adapter count can reach is a defined error, not a huge number.
         let e = injection(u32::MAX, 1, BW_MIN, BW_MAX, Some(1e6)).unwrap_err().to_string();
         assert!(e.contains("needs more than 1e12 adapters"), "{e}");
+    }
+
+    /// Every corner of the accepted ranges, each input at its lower or upper limit: every
+    /// figure finite, or (for targets no adapter count reaches) the defined error.
+    #[test]
+    fn every_corner_of_the_ranges_is_finite() {
+        for b in [1.0, 1e18] {
+            for p in [BW_MIN, BW_MAX] {
+                for n in [BW_MIN, BW_MAX] {
+                    let m = staging(b, p, n).unwrap();
+                    let v = [
+                        m.serial_ratio,
+                        m.pipelined_ratio,
+                        m.staged.serial_s,
+                        m.staged.pipelined_s,
+                        m.direct.serial_s,
+                        m.direct.pipelined_s,
+                    ];
+                    assert!(v.iter().all(|x| x.is_finite() && *x > 0.0), "{b} {p} {n}: {v:?}");
+                    assert!(m.staged.host_memory_bytes.is_finite() && m.staged_crossover_pcie_gbs.is_finite());
+                }
+            }
+        }
+        let mut refused = 0;
+        for g in [1, u32::MAX] {
+            for k in [1, u32::MAX] {
+                for nic in [BW_MIN, BW_MAX] {
+                    for up in [BW_MIN, BW_MAX] {
+                        for t in [None, Some(1e-6), Some(1e6)] {
+                            match injection(g, k, nic, up, t) {
+                                Ok(m) => {
+                                    let v = [m.node_gbs, m.per_gpu_gbs, m.ratio_to_scaleup];
+                                    assert!(v.iter().all(|x| x.is_finite() && *x > 0.0), "{g} {k} {nic} {up} {t:?}: {v:?}");
+                                    assert!(m.min_nics_for_target.is_some() == t.is_some());
+                                }
+                                Err(e) => {
+                                    assert!(e.to_string().contains("needs more than 1e12 adapters"), "{e}");
+                                    refused += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Only a target of 1e6 with a slow adapter and a fast scale-up, or many GPUs, is out of reach.
+        assert!((1..32).contains(&refused), "{refused}");
     }
 
     /// Primer Lab 4: 8 GPUs, 25 GB/s adapters, 400 GB/s scale-up; 1 adapter then 8.

@@ -88,11 +88,7 @@ fn trace_bad_inputs() {
         ("nojson.json", "{not json", "not a JSON trace"),
         ("noevents.json", "{\"foo\": 1}", "no \"traceEvents\" array"),
         ("nospans.json", "{\"traceEvents\": [{\"name\": \"x\", \"ph\": \"B\", \"ts\": 1}]}", "no complete span"),
-        (
-            "notep.json",
-            "[{\"name\": \"gemm\", \"ph\": \"X\", \"ts\": 1, \"dur\": 5, \"pid\": 0, \"tid\": 0}]",
-            "names no EP kernel",
-        ),
+        ("notep.json", "[{\"name\": \"gemm\", \"ph\": \"X\", \"ts\": 1, \"dur\": 5, \"pid\": 0, \"tid\": 0}]", "names no EP kernel"),
     ];
     for (name, text, msg) in cases {
         std::fs::write(s.0.join(name), text).unwrap();
@@ -128,13 +124,8 @@ fn rdma_util_from_trace_and_from_durations() {
     close(&v["durations"]["iteration_us"], 2560.0 / 3.0);
     close(&v["dispatch_gbs"], 1_843_712.0 / 120e-6 / 1e9);
     close(&v["link_gbs"], 50.0);
-    let applying: Vec<&str> = v["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["applies"] == true)
-        .map(|f| f["key"].as_str().unwrap())
-        .collect();
+    let applying: Vec<&str> =
+        v["findings"].as_array().unwrap().iter().filter(|f| f["applies"] == true).map(|f| f["key"].as_str().unwrap()).collect();
     assert_eq!(applying, ["below-link-rate", "receiver-waiting", "combine-stall"]);
     // The note's step-3 numbers, given as durations.
     let s = mori(&[
@@ -155,11 +146,7 @@ fn rdma_util_from_trace_and_from_durations() {
         "4",
     ]);
     assert_eq!(s.code, 0, "{}", s.stderr);
-    assert!(
-        s.stdout.contains("88301568") && s.stdout.contains("735.85") && s.stdout.contains("259.06"),
-        "{}",
-        s.stdout
-    );
+    assert!(s.stdout.contains("88301568") && s.stdout.contains("735.85") && s.stdout.contains("259.06"), "{}", s.stdout);
     assert!(s.stdout.contains("[YES] receiver-waiting") && s.stdout.contains("[YES] over-link-rate"), "{}", s.stdout);
     // fp8: 1-byte elements and hidden/128 four-byte scales by default.
     let f = mori(&[
@@ -181,39 +168,12 @@ fn rdma_util_from_trace_and_from_durations() {
         "--json",
     ]);
     assert_eq!(f.json()["dispatch_bytes_per_token"], 7168 + 32 + 32 + 56 * 4 + 4);
-    let one = mori(&[
-        "rdma-util",
-        "--send-us",
-        "1",
-        "--combine-us",
-        "1",
-        "--tokens",
-        "1",
-        "--hidden",
-        "1",
-        "--topk",
-        "1",
-        "--nodes",
-        "1",
-    ]);
+    let one = mori(&["rdma-util", "--send-us", "1", "--combine-us", "1", "--tokens", "1", "--hidden", "1", "--topk", "1", "--nodes", "1"]);
     one.assert_one_line_error(2, "nothing crosses RDMA");
     let intra = Scratch::new("rdma-intra");
-    std::fs::write(intra.0.join("t.json"), "[{\"name\": \"dispatch_intra\", \"ph\": \"X\", \"ts\": 0, \"dur\": 5}]")
-        .unwrap();
-    mori(&[
-        "rdma-util",
-        "--trace",
-        &intra.path("t.json"),
-        "--tokens",
-        "1",
-        "--hidden",
-        "1",
-        "--topk",
-        "1",
-        "--nodes",
-        "2",
-    ])
-    .assert_one_line_error(2, "no disp_send kernel");
+    std::fs::write(intra.0.join("t.json"), "[{\"name\": \"dispatch_intra\", \"ph\": \"X\", \"ts\": 0, \"dur\": 5}]").unwrap();
+    mori(&["rdma-util", "--trace", &intra.path("t.json"), "--tokens", "1", "--hidden", "1", "--topk", "1", "--nodes", "2"])
+        .assert_one_line_error(2, "no disp_send kernel");
 }
 
 #[test]
@@ -250,30 +210,8 @@ fn models() {
     for bad in [
         vec!["model", "staging", "--bytes", "0", "--pcie-gbs", "20", "--net-gbs", "10"],
         vec!["model", "staging", "--bytes", "1", "--pcie-gbs=-20", "--net-gbs", "10"],
-        vec![
-            "model",
-            "injection",
-            "--gpus-per-node",
-            "8",
-            "--nics-per-node",
-            "0",
-            "--nic-gbs",
-            "25",
-            "--scaleup-gbs",
-            "400",
-        ],
-        vec![
-            "model",
-            "injection",
-            "--gpus-per-node",
-            "8",
-            "--nics-per-node",
-            "1",
-            "--nic-gbs",
-            "25",
-            "--scaleup-gbs",
-            "0",
-        ],
+        vec!["model", "injection", "--gpus-per-node", "8", "--nics-per-node", "0", "--nic-gbs", "25", "--scaleup-gbs", "400"],
+        vec!["model", "injection", "--gpus-per-node", "8", "--nics-per-node", "1", "--nic-gbs", "25", "--scaleup-gbs", "0"],
     ] {
         let r = mori(&bad);
         assert_eq!(r.code, 2, "{bad:?}: {}", r.stderr);
@@ -297,14 +235,7 @@ fn peer_bw_detector() {
     mori(&["peer-bw", "--sizes", "1MiB,0"]).assert_one_line_error(2, "--sizes");
     mori(&["peer-bw", "--sizes", "1TiB"]).assert_one_line_error(2, "unknown unit");
     mori(&["peer-bw", "--iters", "0"]).assert_one_line_error(2, "--iters must be at least 1");
-    let r = mori(&[
-        "peer-bw",
-        "--measurements",
-        &data("peer_bw_2socket.json"),
-        "--topo",
-        &data("nvidia_2socket_nics.txt"),
-        "--json",
-    ]);
+    let r = mori(&["peer-bw", "--measurements", &data("peer_bw_2socket.json"), "--topo", &data("nvidia_2socket_nics.txt"), "--json"]);
     assert_eq!(r.code, 1, "flagged pairs exit 1: {}", r.stderr);
     let v = r.json();
     assert_eq!(v["measured_here"], false);
@@ -330,11 +261,8 @@ fn peer_bw_detector() {
     let ok = mori(&["peer-bw", "--measurements", &s.path("ok.json"), "--topo", &data("nvidia_2socket_nics.txt")]);
     assert_eq!(ok.code, 0, "{}", ok.stderr);
     assert!(ok.stdout.contains("0 of 2 pairs flagged"), "{}", ok.stdout);
-    std::fs::write(
-        s.0.join("bad.json"),
-        r#"{"measurements": [{"src": 0, "dst": 7, "bytes": 1, "gbps": 1.0, "peer_access": true}]}"#,
-    )
-    .unwrap();
+    std::fs::write(s.0.join("bad.json"), r#"{"measurements": [{"src": 0, "dst": 7, "bytes": 1, "gbps": 1.0, "peer_access": true}]}"#)
+        .unwrap();
     mori(&["peer-bw", "--measurements", &s.path("bad.json"), "--topo", &data("nvidia_2socket_nics.txt")])
         .assert_one_line_error(2, "not a pair of GPUs of the topology");
     // A device to itself is a pair of class self (the --json output of a measuring run,
@@ -348,4 +276,31 @@ fn peer_bw_detector() {
     let own = mori(&["peer-bw", "--measurements", &s.path("self.json"), "--topo", &data("nvidia_2socket_nics.txt"), "--json"]);
     assert_eq!(own.code, 0, "{}", own.stderr);
     assert_eq!(own.json()["pairs"][0]["class"], "self");
+}
+
+/// Spans or link rates near 0 made the figures inf (and shapes at u64's edge overflowed):
+/// refused in one line, naming the flag and its range.
+#[test]
+fn rdma_util_refuses_inputs_that_overflowed() {
+    let base = ["rdma-util", "--send-us", "1", "--combine-us", "1", "--tokens", "100", "--hidden", "7168", "--topk", "8", "--nodes", "2"];
+    let with = |flag: &str, v: &str| {
+        let mut a: Vec<String> = base.iter().map(|s| s.to_string()).collect();
+        match a.iter().position(|x| x == flag) {
+            Some(i) => a[i + 1] = v.to_string(),
+            None => a.extend([flag.to_string(), v.to_string()]),
+        }
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        mori(&refs)
+    };
+    with("--send-us", "1e-310").assert_one_line_error(2, "--send-us (dispatch_inter_node_send span) must be in 1e-3..=1e12 us, got 1e-310");
+    with("--link-gbit", "1e-320").assert_one_line_error(2, "--link-gbit must be in 1e-3..=1e6 Gb/s, got 1e-320");
+    with("--tokens", "18446744073709551615").assert_one_line_error(2, "--tokens must be in 1..=1073741824, got 18446744073709551615");
+    with("--hidden", "4294967296").assert_one_line_error(2, "--hidden must be in 1..=1048576, got 4294967296");
+    // The same shape with sane spans gives finite numbers.
+    let mut ok = base.to_vec();
+    ok.push("--json");
+    let v = mori(&ok).json();
+    // 100 tokens x 14404 bytes in 1 us.
+    assert_eq!(v["dispatch_bytes"], 1_440_400);
+    close(&v["dispatch_gbs"], 1440.4);
 }
