@@ -52,9 +52,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     write(&src.join("main.rs"), MAIN_RS)?;
     // The workspace's lock file pins the same versions the workspace was tested with.
     std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).map_err(|e| format!("Cargo.lock: {e}"))?;
-    for tool in ["cmake", "llvm-config"] {
-        println!("xtask: embedder-check: {tool} is {}on PATH", if crate::util::have(tool) { "" } else { "not " });
-    }
+    let libclang = crate::prereq::find_libclang(&crate::prereq::libclang_search_dirs());
+    println!(
+        "xtask: embedder-check: cmake is {}on PATH; libclang (where clang-sys looks): {}",
+        if crate::util::have("cmake") { "" } else { "not " },
+        libclang.map(|p| p.display().to_string()).unwrap_or_else(|| "none".into())
+    );
     let t0 = Instant::now();
     cargo_in(&dir, &["build", "--quiet"])?;
     let built = t0.elapsed();
