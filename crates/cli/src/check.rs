@@ -83,11 +83,7 @@ pub fn link(l: &PciLink) -> Link {
     }
     if let (Some(c), Some(m)) = (l.speed_mts, l.max_speed_mts) {
         if c < m {
-            gaps.push(format!(
-                "speed {} of {} (idle GPUs lower their link speed: check under load)",
-                gen(Some(c)),
-                gen(Some(m))
-            ));
+            gaps.push(format!("speed {} of {} (idle GPUs lower their link speed: check under load)", gen(Some(c)), gen(Some(m))));
         }
     }
     Link {
@@ -276,6 +272,8 @@ pub struct CheckReport {
     pub rdma_devices: Vec<NicInfo>,
     /// Active ports over all devices.
     pub active_rdma_ports: usize,
+    /// The GID index in effect (`MORI_IB_GID_INDEX`, or auto).
+    pub rdma_gid_index: GidIndex,
     /// GPU runtimes.
     pub gpu_runtime: GpuRuntime,
     /// GPUs (sysfs).
@@ -301,10 +299,60 @@ fn vendor(v: Option<u16>) -> String {
     }
 }
 
+/// Name of the GID index override the rdma backend reads (mori-io-rdma's `RdmaConfig::from_env`).
+pub const GID_INDEX_ENV: &str = "MORI_IB_GID_INDEX";
+
+/// Largest `MORI_IB_GID_INDEX`: the GRH's source GID index (`sgid_index` of
+/// `ibv_global_route`) is 8 bits. A local copy: mori-io-rdma keeps the index as a `u32` and
+/// exports no limit (it narrows the index to `u8` when it opens the device); the port's GID
+/// table, which may be shorter, is only known when the backend opens the device.
+pub const MAX_GID_INDEX: u64 = u8::MAX as u64;
+
+/// The GID index the rdma backend is to use, as `MORI_IB_GID_INDEX` says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "mode", rename_all = "lowercase")]
+pub enum GidIndex {
+    /// Unset: the backend picks (a RoCEv2 IPv4-mapped GID first, then RoCEv2, then any).
+    Auto,
+    /// This index (it must also be a non-empty entry of the port's GID table).
+    Fixed {
+        /// The index.
+        index: u8,
+    },
+    /// A value the backend refuses or cannot use.
+    Invalid {
+        /// Why, naming the variable and the range.
+        why: String,
+    },
+}
+
+impl GidIndex {
+    /// What `value` (the variable's value, `None` when unset) means.
+    pub fn from_value(value: Option<&str>) -> GidIndex {
+        let Some(value) = value else { return GidIndex::Auto };
+        match check_value(GID_INDEX_ENV, value) {
+            Ok(_) => match value.trim().parse::<u8>() {
+                Ok(index) => GidIndex::Fixed { index },
+                Err(_) => GidIndex::Invalid { why: format!("{GID_INDEX_ENV}={value:?} is not an index in 0..={MAX_GID_INDEX}") },
+            },
+            Err(why) => GidIndex::Invalid { why: format!("{GID_INDEX_ENV}: {why}") },
+        }
+    }
+
+    /// One line for the text report.
+    pub fn describe(&self) -> String {
+        match self {
+            GidIndex::Auto => format!("auto ({GID_INDEX_ENV} unset: a RoCEv2 IPv4-mapped GID first)"),
+            GidIndex::Fixed { index } => format!("{index} ({GID_INDEX_ENV}; must be a non-empty GID of the port)"),
+            GidIndex::Invalid { why } => format!("INVALID: {why}"),
+        }
+    }
+}
+
 /// Whole-number variables and the values their readers accept (inclusive; the limits are the
 /// readers' own where they export them).
 const NUMERIC_ENV: [(&str, u64, u64); 13] = [
-    ("MORI_IB_GID_INDEX", 0, u32::MAX as u64),
+    (GID_INDEX_ENV, 0, MAX_GID_INDEX),
     ("MORI_IO_NUM_NICS_PER_TRANSFER", 1, 1),
     ("MORI_IO_QP_MAX_SEND_WR", 2, u32::MAX as u64),
     ("MORI_IO_QP_MAX_CQE", 16, u32::MAX as u64),
@@ -330,7 +378,9 @@ fn check_value(name: &str, value: &str) -> Result<Option<String>, String> {
         };
     }
     match name {
-        mori_bootstrap::ENV_TIMEOUT | mori_bootstrap::ENV_OP_TIMEOUT => mori_bootstrap::parse_secs(name, value).map(|_| None).map_err(|e| e.to_string()),
+        mori_bootstrap::ENV_TIMEOUT | mori_bootstrap::ENV_OP_TIMEOUT => {
+            mori_bootstrap::parse_secs(name, value).map(|_| None).map_err(|e| e.to_string())
+        }
         mori_topo::RDMA_DEVICES_ENV => mori_topo::DeviceFilter::parse(value).map(|_| None).map_err(|e| e.to_string()),
         mori_io_fabric::HANDLE_ENV => mori_io_fabric::HandleType::parse(value).map(|_| None).map_err(|e| e.msg),
         mori_io_core::CALLER_PROGRESS_ENV => match mori_io_core::status::parse_switch(value) {
@@ -370,6 +420,8 @@ pub fn report(
     vars: impl Iterator<Item = (String, String)>,
     runtime: Result<&Arc<dyn Runtime>, &str>,
 ) -> CheckReport {
+    let vars: Vec<(String, String)> = vars.collect();
+    let gid = vars.iter().find(|(k, _)| k == GID_INDEX_ENV).map(|(_, v)| v.as_str());
     let rdma_devices: Vec<NicInfo> = topo
         .nics
         .iter()
@@ -395,6 +447,7 @@ pub fn report(
     CheckReport {
         libibverbs: probe::library("libibverbs.so.1"),
         active_rdma_ports: rdma_devices.iter().map(|n| n.active_ports).sum(),
+        rdma_gid_index: GidIndex::from_value(gid),
         rdma_devices,
         gpu_runtime: gpu_runtime(runtime, root),
         gpus: topo
@@ -404,7 +457,7 @@ pub fn report(
             .collect(),
         numa_nodes: topo.numa_nodes.iter().map(|n| NumaInfo { id: n.id, cpus: n.cpus.len() }).collect(),
         backends: probe::backends(runtime.ok()),
-        env: env_in_effect(vars),
+        env: env_in_effect(vars.into_iter()),
         requested: None,
         warnings: topo.warnings.clone(),
     }
@@ -495,11 +548,11 @@ impl CheckReport {
         }
         for n in &self.rdma_devices {
             let numa = n.numa.map_or("-".into(), |x| x.to_string());
-            let pcie =
-                n.link.as_ref().map_or("software device".into(), |l| format!("PCIe {} (max {})", l.current, l.max));
+            let pcie = n.link.as_ref().map_or("software device".into(), |l| format!("PCIe {} (max {})", l.current, l.max));
             s += &format!("  {} numa {numa} {pcie}; ports: {}\n", n.name, n.ports.join(", "));
         }
         s += &format!("  active ports: {}\n", self.active_rdma_ports);
+        s += &format!("  GID index: {}\n", self.rdma_gid_index.describe());
         s += &render_gpu_runtime(&self.gpu_runtime);
         s += &format!("GPUs in sysfs: {}\n", self.gpus.len());
         for x in &self.gpus {
@@ -533,5 +586,54 @@ impl CheckReport {
             );
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(name: &str, value: &str) -> String {
+        env_in_effect(std::iter::once((name.to_string(), value.to_string())))[0].note.clone()
+    }
+
+    #[test]
+    fn gid_index_unset_is_auto_good_values_fixed_bad_ones_reported() {
+        assert_eq!(GidIndex::from_value(None), GidIndex::Auto);
+        assert!(GidIndex::Auto.describe().starts_with("auto (MORI_IB_GID_INDEX unset"), "{}", GidIndex::Auto.describe());
+        for (v, i) in [("0", 0u8), ("3", 3), (" 7 ", 7), ("255", 255)] {
+            assert_eq!(GidIndex::from_value(Some(v)), GidIndex::Fixed { index: i }, "{v:?}");
+            assert_eq!(note(GID_INDEX_ENV, v), "GID index override (mori-io-rdma)");
+        }
+        assert_eq!(GidIndex::Fixed { index: 3 }.describe(), "3 (MORI_IB_GID_INDEX; must be a non-empty GID of the port)");
+        for (v, why) in [
+            ("256", "256 is outside 0..=255"),
+            ("4294967296", "4294967296 is outside 0..=255"),
+            ("-1", "\"-1\" is not a non-negative integer"),
+            ("", "\"\" is not a non-negative integer"),
+            ("auto", "\"auto\" is not a non-negative integer"),
+            ("0x3", "\"0x3\" is not a non-negative integer"),
+        ] {
+            assert_eq!(GidIndex::from_value(Some(v)), GidIndex::Invalid { why: format!("MORI_IB_GID_INDEX: {why}") }, "{v:?}");
+            assert_eq!(note(GID_INDEX_ENV, v), format!("INVALID: {why}"));
+        }
+    }
+
+    #[test]
+    fn report_carries_the_gid_index() {
+        let topo = Topology::default();
+        let root = Path::new("/nonexistent-root-for-mori-test");
+        let with = |vars: Vec<(&str, &str)>| {
+            report(&topo, root, vars.into_iter().map(|(k, v)| (k.to_string(), v.to_string())), Err("no runtime in this test"))
+        };
+        let r = with(vec![]);
+        assert_eq!(r.rdma_gid_index, GidIndex::Auto);
+        assert!(r.render().contains("\n  GID index: auto (MORI_IB_GID_INDEX unset"), "{}", r.render());
+        let r = with(vec![("MORI_IB_GID_INDEX", "1")]);
+        assert_eq!(r.rdma_gid_index, GidIndex::Fixed { index: 1 });
+        assert_eq!(serde_json::to_value(&r.rdma_gid_index).unwrap(), serde_json::json!({"mode": "fixed", "index": 1}));
+        let r = with(vec![("MORI_IB_GID_INDEX", "300")]);
+        assert!(r.render().contains("\n  GID index: INVALID: MORI_IB_GID_INDEX: 300 is outside 0..=255\n"), "{}", r.render());
+        assert_eq!(r.env[0].note, "INVALID: 300 is outside 0..=255");
     }
 }

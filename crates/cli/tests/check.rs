@@ -72,12 +72,8 @@ fn backend_verdicts_and_exit_status() {
     two_socket_sysfs(&s.0);
     let root = s.path("");
     let v = mori(&["check", "--sysfs-root", &root, "--json"]).json();
-    let names: Vec<(&str, &str)> = v["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| (b["backend"].as_str().unwrap(), b["memory"].as_str().unwrap()))
-        .collect();
+    let names: Vec<(&str, &str)> =
+        v["backends"].as_array().unwrap().iter().map(|b| (b["backend"].as_str().unwrap(), b["memory"].as_str().unwrap())).collect();
     assert_eq!(names[..4], [("xgmi", "host"), ("xgmi", "gpu"), ("fabric", "host"), ("fabric", "gpu")]);
     assert_eq!(verdict(&v, "tcp", "host")["serves"], true);
     assert_eq!(verdict(&v, "tcp", "host")["reason"], "the engine chose tcp for a host -> host pair");
@@ -161,7 +157,32 @@ fn env_values_are_checked_against_what_their_readers_accept() {
     let env = mori_cli::check::env_in_effect(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let note = |name: &str| env.iter().find(|e| e.name == name).map(|e| e.note.clone()).unwrap_or_default();
     assert!(!note("MORI_BOOTSTRAP_TIMEOUT").starts_with("INVALID"), "{}", note("MORI_BOOTSTRAP_TIMEOUT"));
-    assert!(note("MORI_BOOTSTRAP_OP_TIMEOUT").starts_with("INVALID") && note("MORI_BOOTSTRAP_OP_TIMEOUT").contains("positive number of seconds"));
+    assert!(
+        note("MORI_BOOTSTRAP_OP_TIMEOUT").starts_with("INVALID")
+            && note("MORI_BOOTSTRAP_OP_TIMEOUT").contains("positive number of seconds")
+    );
     assert_eq!(note("MORI_IO_POLL_SPIN_US"), "INVALID: 10000001 is outside 0..=10000000");
     assert!(note("MORI_BENCH_SPLIT").contains("mori-bench"), "{}", note("MORI_BENCH_SPLIT"));
+}
+
+#[test]
+fn gid_index_is_checked() {
+    let s = Scratch::new("check-gid");
+    two_socket_sysfs(&s.0);
+    let root = s.path("");
+    let run = |env: &[(&str, &str)]| mori_env(&["check", "--sysfs-root", &root, "--json"], env);
+    let unset = run(&[]);
+    assert_eq!(unset.code, 0, "{}", unset.stderr);
+    assert_eq!(unset.json()["rdma_gid_index"], serde_json::json!({"mode": "auto"}));
+    let good = run(&[("MORI_IB_GID_INDEX", "3")]).json();
+    assert_eq!(good["rdma_gid_index"], serde_json::json!({"mode": "fixed", "index": 3}));
+    assert_eq!(good["env"][0]["note"], "GID index override (mori-io-rdma)");
+    for (v, why) in [("256", "256 is outside 0..=255"), ("x1", "\"x1\" is not a non-negative integer")] {
+        let bad = run(&[("MORI_IB_GID_INDEX", v)]).json();
+        assert_eq!(bad["env"][0]["note"], format!("INVALID: {why}"), "{v}");
+        assert_eq!(bad["rdma_gid_index"], serde_json::json!({"mode": "invalid", "why": format!("MORI_IB_GID_INDEX: {why}")}));
+    }
+    let text = mori_env(&["check", "--sysfs-root", &root], &[("MORI_IB_GID_INDEX", "256")]);
+    assert!(text.stdout.contains("  GID index: INVALID: MORI_IB_GID_INDEX: 256 is outside 0..=255\n"), "{}", text.stdout);
+    assert!(text.stdout.contains("  MORI_IB_GID_INDEX=256  (INVALID: 256 is outside 0..=255)\n"), "{}", text.stdout);
 }
