@@ -26,7 +26,8 @@
 //      warps when the block has fewer tokens than warps), with weights, indices, scales and
 //      the flat source position r*max_tokens + t;
 //   4. fences, then stores (s << 32) | (cnt[d] + 1) in d's signal [r * B + b] — "+1" tells an
-//      empty send from one not yet made.
+//      empty send from one not yet made. Sequence numbers wrap at 2^32 and are compared
+//      wrap-safe (ep_seq_reached).
 //   Block 0 of each rank waits for all world * B signals addressed to it, sums the counts
 //   into status.recv_count and zeroes its counter of this parity.
 // Combine (seq s): every block stages its share of the combine input into the heap (skipped
@@ -167,17 +168,26 @@ MORI_DEVICE void ep_trace(const EpRankArgs& a, uint32_t b, uint32_t slot) {
     if (a.trace && mori_thread_idx() == 0) ((uint64_t*)a.trace)[b * 8 + slot] = mori_clock_ns();
 }
 
-// Spins until every flag [0, n) of `flags` is at least `want` (compared on the high 32 bits
-// when `high` is set); returns the sum of the low 32 bits minus one of each (dispatch counts).
-// A flag still short at the deadline records EP_ERR_TIMEOUT.
+// Sequence numbers wrap at 2^32 (0 is an ordinary value: the counter parity s & 1 alternates
+// across the wrap). A flag has reached `want` when it is `want` or up to 2^31 - 1 past it
+// (serial-number arithmetic): a flag left at 0xffffffff by the operation before the wrap is
+// behind operation 0, not ahead of it. Flags are at most one operation behind (every block
+// signals every rank each time), or one ahead (a peer already past this barrier).
+// The host mirrors this in crates/ep/src/gpu.rs (seq_reached).
+MORI_DEVICE bool ep_seq_reached(uint32_t flag, uint32_t want) { return (int32_t)(flag - want) >= 0; }
+
+// Spins until every flag [0, n) of `flags` has reached sequence `want` (ep_seq_reached; the
+// sequence is the high 32 bits when `high` is set, the low 32 bits otherwise); returns the sum
+// of the low 32 bits minus one of each (dispatch counts). A flag still short at the deadline
+// records EP_ERR_TIMEOUT.
 MORI_DEVICE uint64_t ep_wait_flags(const EpParams& p, const EpRankArgs& a, uint64_t* flags, uint32_t n,
-                                   uint64_t want, bool high, uint32_t phase, uint64_t deadline,
+                                   uint32_t want, bool high, uint32_t phase, uint64_t deadline,
                                    uint32_t* sum_shared) {
     for (uint32_t i = mori_thread_idx(); i < n; i += mori_block_dim()) {
         uint64_t v;
         for (;;) {
             v = ep_acquire(p, flags + i);
-            if ((high ? (v >> 32) : v) >= want) break;
+            if (ep_seq_reached((uint32_t)(high ? (v >> 32) : v), want)) break;
             if (mori_clock_ns() > deadline) {
                 ep_error((uint32_t*)a.status, EP_ERR_TIMEOUT, phase, i / p.blocks_per_rank, i % p.blocks_per_rank);
                 v = 0;

@@ -173,6 +173,32 @@ struct Params {
     pad: u32,
 }
 
+/// The sequence number of the operation after `seq`: dispatches and combines each count
+/// their own, wrapping at 2^32 with 0 an ordinary value. Skipping 0 would break the kernels'
+/// slot-counter parity ([`counter_parity`]) at the wrap: `u32::MAX` and 1 are both odd.
+const fn next_seq(seq: u32) -> u32 {
+    seq.wrapping_add(1)
+}
+
+/// Whether a flag holding sequence `flag` has reached operation `want`: the kernels'
+/// `ep_seq_reached` (kernels/ep_intranode.cu), serial-number arithmetic over 2^32. `flag` may
+/// be `want` or up to 2^31 - 1 past it; every block signals every rank on every operation, so
+/// a flag is at most one operation behind (not reached) or one ahead (a peer already past this
+/// barrier). A plain `flag >= want` took a flag left at `u32::MAX` for operation 0's.
+/// (The kernels decide; the host keeps this mirror for its tests.)
+#[cfg(test)]
+const fn seq_reached(flag: u32, want: u32) -> bool {
+    flag.wrapping_sub(want) as i32 >= 0
+}
+
+/// Which of a rank's two slot counters a dispatch reserves on (the kernels' `seq & 1`): it
+/// alternates between consecutive dispatches, so a dispatch never adds to the counter the
+/// previous one's receiver is still resetting.
+#[cfg(test)]
+const fn counter_parity(seq: u32) -> u32 {
+    seq & 1
+}
+
 const FLAG_DROP_OUT_OF_RANGE: u32 = 1;
 const FLAG_WEIGHTED: u32 = 2;
 /// Every rank's heap is on the one GPU of the launch: the kernels synchronize at device scope.
@@ -500,6 +526,26 @@ impl IntranodeEp {
         Ok(l.send_map.sub(0, l.num_tokens * self.cfg.world_size * 4)?)
     }
 
+    /// Test hook (hidden from the docs): continues both sequences from `seq`, as if `seq`
+    /// dispatches and combines had run, by storing `seq` in every local rank's dispatch signals
+    /// (`seq << 32 | 1`: an empty send) and combine flags. Lets a test cross the 2^32 wrap
+    /// without 2^32 launches. Call it with nothing queued, in every process, before any rank's
+    /// next operation. Errors: heap and GPU errors.
+    #[doc(hidden)]
+    pub fn set_sequence_for_tests(&mut self, seq: u32) -> GpuResult<()> {
+        let n = self.cfg.world_size * self.cfg.block_num;
+        let words = |v: u64| -> Vec<u8> { (0..n).flat_map(|_| v.to_le_bytes()).collect() };
+        let (signals, flags) = (words(u64::from(seq) << 32 | 1), words(u64::from(seq)));
+        let rt = self.heap.runtime().clone();
+        for l in &self.local {
+            rt.copy_htod(&self.heap.slice(l.rank, self.layout.signals as usize, n * 8)?, &signals)?;
+            rt.copy_htod(&self.heap.slice(l.rank, self.layout.comb_flags as usize, n * 8)?, &flags)?;
+        }
+        self.dispatch_seq = seq;
+        self.combine_seq = seq;
+        Ok(())
+    }
+
     fn params(&self, group: &DeviceGroup, which: usize, seq: u32, flags: u32) -> Params {
         let mut heap = [0u64; MAX_GPU_WORLD];
         heap[..self.heap.world()].copy_from_slice(self.heap.addrs());
@@ -626,7 +672,7 @@ impl IntranodeEp {
                 }
             }
         }
-        self.dispatch_seq = self.dispatch_seq.wrapping_add(1).max(1);
+        self.dispatch_seq = next_seq(self.dispatch_seq);
         self.last_idx_size = spec.idx_size;
         let rt = self.heap.runtime().clone();
         for (i, inp) in inputs.iter().enumerate() {
@@ -733,7 +779,7 @@ impl IntranodeEp {
                 need("combine out weights", rank, w.len(), t * c.top_k * 4)?;
             }
         }
-        self.combine_seq = self.combine_seq.wrapping_add(1).max(1);
+        self.combine_seq = next_seq(self.combine_seq);
         let rt = self.heap.runtime().clone();
         let comb_x = self.layout.comb_x;
         let mut groups = std::mem::take(&mut self.groups);
@@ -963,6 +1009,51 @@ mod tests {
         let mut cfg = EpConfig::new(8, 7168, 256, 8, 16).unwrap();
         cfg.block_num = usize::MAX / 4;
         assert!(matches!(HeapLayout::new(&cfg), Err(EpGpuError::Ep(EpError::SizeOverflow { .. }))));
+    }
+
+    /// Dispatches (or combines) near the 2^32 wrap, simulated as the receiver's kernel sees
+    /// them: 3 ranks x 2 blocks of flags, each operation's signals arriving one by one.
+    #[test]
+    fn sequence_and_flags_across_the_wrap() {
+        let mut seq = u32::MAX - 2;
+        let mut flags = [seq; 6];
+        let mut seqs = Vec::new();
+        for _ in 0..6 {
+            let prev = seq;
+            seq = next_seq(seq);
+            seqs.push(seq);
+            assert_ne!(counter_parity(seq), counter_parity(prev), "parity must alternate: {prev} -> {seq}");
+            // Before any sender signals, no flag (all at the previous operation) counts.
+            assert!(flags.iter().all(|&f| !seq_reached(f, seq)), "{seq}: {flags:?}");
+            for i in 0..flags.len() {
+                flags[i] = seq;
+                let reached: Vec<bool> = flags.iter().map(|&f| seq_reached(f, seq)).collect();
+                assert_eq!(reached, (0..flags.len()).map(|j| j <= i).collect::<Vec<_>>(), "{seq}: {flags:?}");
+            }
+            // A peer already past this barrier (signalling the next operation) counts too.
+            assert!(seq_reached(next_seq(seq), seq));
+        }
+        assert_eq!(seqs, [u32::MAX - 1, u32::MAX, 0, 1, 2, 3]);
+        // A fresh heap (flags 0) does not satisfy the first operation (1).
+        assert_eq!(next_seq(0), 1);
+        assert!(!seq_reached(0, 1));
+        // What the old rule (`flag >= want`, 0 skipped) did at the wrap: operation 1 followed
+        // u32::MAX (same parity), and its stale flags already counted.
+        let old_next = |s: u32| s.wrapping_add(1).max(1);
+        assert_eq!((old_next(u32::MAX), old_next(u32::MAX) & 1), (1, counter_parity(u32::MAX)));
+        let old_reached = |flag: u32, want: u32| flag >= want;
+        assert!(old_reached(u32::MAX, old_next(u32::MAX)));
+        assert!(!seq_reached(u32::MAX, next_seq(u32::MAX)));
+    }
+
+    /// The kernels compare with the rule the host mirrors (kernels/ep_intranode.cu).
+    #[test]
+    fn kernel_source_compares_sequences_wrap_safe() {
+        let src = include_str!("../../../kernels/ep_intranode.cu");
+        assert!(src.contains("MORI_DEVICE bool ep_seq_reached(uint32_t flag, uint32_t want) { return (int32_t)(flag - want) >= 0; }"));
+        assert!(src.contains("if (ep_seq_reached((uint32_t)(high ? (v >> 32) : v), want)) break;"));
+        assert!(!src.contains(">= want"), "a plain >= comparison of sequences is back");
+        assert_eq!(src.matches("ep_wait_flags(p, a,").count(), 2);
     }
 
     #[test]

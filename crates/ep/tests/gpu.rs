@@ -124,12 +124,8 @@ fn gpu_routing_corners_match_the_oracle() {
     let mut ep = ep(&rt);
     // Rank 0: every token to rank 1 (experts 2 and 3) plus a -1; rank 1: no tokens; rank 2:
     // all -1; rank 3: odd T = 5, spread over all ranks, duplicates within a rank.
-    let ids = vec![
-        vec![2, 3, -1, 3, 2, 2, -1, -1, 2],
-        vec![],
-        vec![-1, -1, -1, -1, -1, -1],
-        vec![0, 7, 4, 1, 1, 1, 6, 5, -1, 3, 0, 7, 4, 4, 4],
-    ];
+    let ids =
+        vec![vec![2, 3, -1, 3, 2, 2, -1, -1, 2], vec![], vec![-1, -1, -1, -1, -1, -1], vec![0, 7, 4, 1, 1, 1, 6, 5, -1, 3, 0, 7, 4, 4, 4]];
     let inp = inputs(&rt, &ids);
     let (counts, _) = run_dispatch(&mut ep, &rt, &inp, false).unwrap();
     println!("received per rank: {counts:?}");
@@ -150,10 +146,8 @@ fn gpu_routing_corners_match_the_oracle() {
         }
     }
     let outs: Vec<DeviceBuffer> = (0..W).map(|_| rt.alloc(Device(0), T * H * 4).unwrap()).collect();
-    let ci: Vec<CombineInput<'_>> = outs
-        .iter()
-        .map(|o| CombineInput { x: None, weights: None, weights_in_heap: false, out: o.slice(), out_weights: None })
-        .collect();
+    let ci: Vec<CombineInput<'_>> =
+        outs.iter().map(|o| CombineInput { x: None, weights: None, weights_in_heap: false, out: o.slice(), out_weights: None }).collect();
     ep.combine(&ticket, &ci, CombineSpec { in_elem: 4, out_elem: 4, weighted: false, idx_size: 4 }, &[&s]).unwrap();
     s.synchronize().unwrap();
     ep.sync_status().unwrap();
@@ -220,4 +214,68 @@ fn gpu_combine_input_shorter_than_received_is_refused() {
     let e = ep.sync_status().unwrap_err().to_string();
     println!("short combine input: {e}");
     assert!(e.contains("rank 0: combine input buffer holds 1 rows but"), "{e}");
+}
+
+/// Across the 2^32 wrap of the sequence numbers: dispatch and combine from u32::MAX - 1 to 3,
+/// each with its own routing (stale signals or flags taken for the current operation's would
+/// show as wrong counts, rows or sums, or as a timeout).
+#[test]
+#[ignore = "needs a GPU (run on the GPU machine)"]
+#[allow(clippy::needless_range_loop)] // r indexes several per-rank arrays
+fn gpu_sequence_wraps_at_2_32() {
+    let rt = runtime();
+    let mut ep = ep(&rt);
+    ep.set_sequence_for_tests(u32::MAX - 2).unwrap();
+    let s = rt.stream(Device(0)).unwrap();
+    for it in 0..6u32 {
+        // Rank r's token i goes to experts (r + i + it) % E and (3 r + 5 i + 2 it + 1) % E, and
+        // rank (it % W) sends nothing.
+        let ids: Vec<Vec<i32>> = (0..W)
+            .map(|r| {
+                let t = if r == it as usize % W { 0 } else { T - (r + it as usize) % 3 };
+                (0..t)
+                    .flat_map(|i| {
+                        let a = ((r + i + it as usize) % E) as i32;
+                        let b = ((3 * r + 5 * i + 2 * it as usize + 1) % E) as i32;
+                        [a, b, -1]
+                    })
+                    .collect()
+            })
+            .collect();
+        let inp = inputs(&rt, &ids);
+        let (counts, ticket) = run_dispatch(&mut ep, &rt, &inp, false).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
+        check_against_oracle(&ep, &rt, &inp, &counts, OutOfRange::Error);
+        for r in 0..W {
+            let n = counts[r];
+            let [x, ..] = ep.recv_slices(r, n, 4, 4).unwrap();
+            if n > 0 {
+                rt.copy_dtod(&ep.combine_buffer(r, 4).unwrap().sub(0, n * H * 4).unwrap(), &x).unwrap();
+            }
+        }
+        let outs: Vec<DeviceBuffer> = (0..W).map(|_| rt.alloc(Device(0), T * H * 4).unwrap()).collect();
+        let ci: Vec<CombineInput<'_>> = outs
+            .iter()
+            .map(|o| CombineInput { x: None, weights: None, weights_in_heap: false, out: o.slice(), out_weights: None })
+            .collect();
+        ep.combine(&ticket, &ci, CombineSpec { in_elem: 4, out_elem: 4, weighted: false, idx_size: 4 }, &[&s]).unwrap();
+        s.synchronize().unwrap();
+        ep.sync_status().unwrap_or_else(|e| panic!("iteration {it} combine: {e}"));
+        for (r, host) in inp.host.iter().enumerate() {
+            let t = host.x.rows();
+            let mut b = vec![0u8; t * H * 4];
+            if t > 0 {
+                rt.copy_dtoh(&mut b, &outs[r].sub(0, t * H * 4).unwrap()).unwrap();
+            }
+            for i in 0..t {
+                let mut ranks: Vec<i32> = host.indices.row(i).unwrap().iter().filter(|&&e| e >= 0).map(|&e| e / 2).collect();
+                ranks.sort();
+                ranks.dedup();
+                for h in 0..H {
+                    let got = f32::from_le_bytes(b[4 * (i * H + h)..4 * (i * H + h) + 4].try_into().unwrap());
+                    assert_eq!(got, host.x.row(i).unwrap()[h] * ranks.len() as f32, "iteration {it} rank {r} token {i} column {h}");
+                }
+            }
+        }
+        println!("iteration {it}: received {counts:?}");
+    }
 }
