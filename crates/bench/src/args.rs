@@ -66,8 +66,9 @@ pub struct Args {
     /// is loopback, else the local address that routes to the master]. 0.0.0.0 is refused.
     #[arg(long, help_heading = "Rendezvous")]
     pub self_ip: Option<String>,
-    /// Bootstrap port on the master; engines listen on port+1+rank [default: 18515; with
-    /// --local and no --port, a free range is picked].
+    /// Bootstrap port on the master; engines listen on port+1+rank [default: 18515]. With
+    /// --local: a free port is reserved unless --port is given, and the engines use ports the
+    /// kernel picks.
     #[arg(long, help_heading = "Rendezvous")]
     pub port: Option<u16>,
     /// Run both ranks on this machine: rank 0 starts rank 1 as a child process on loopback.
@@ -150,6 +151,10 @@ pub struct Args {
     /// others are started by it with the index in the environment).
     #[arg(skip)]
     pub local_index: u32,
+    /// With --local: the run's token, shared by the parent and the processes it starts and
+    /// compared at rendezvous (see [`crate::local`]); `None` for ranks started by hand.
+    #[arg(skip)]
+    pub run_token: Option<crate::local::RunToken>,
 
     // ---- backend tuning
     /// Connections (tcp) / queue pairs (rdma) per transfer.
@@ -328,7 +333,10 @@ impl Args {
         }
         if let (Some(g), Some(d), Some(o)) = (self.gpu, self.dst_gpu, self.target_dev_offset) {
             if d as i64 - g as i64 != o {
-                return Err(format!("--dst-gpu {d} conflicts with --target-dev-offset {o} (with --gpu {g} it means offset {})", d as i64 - g as i64));
+                return Err(format!(
+                    "--dst-gpu {d} conflicts with --target-dev-offset {o} (with --gpu {g} it means offset {})",
+                    d as i64 - g as i64
+                ));
             }
         }
         if self.mem_type == MemArg::Cpu && (self.gpu.is_some() || self.dst_gpu.is_some() || self.target_dev_offset.is_some()) {
@@ -354,7 +362,9 @@ impl Args {
             return Err(format!("--num-initiator-dev {}: allowed 1..={MAX_PAIRS}", self.num_initiator_dev));
         }
         if self.copy_baseline && self.backend != BackendArg::Xgmi {
-            return Err("--copy-baseline times bare GPU copies between the xgmi backend's buffers: add --backend xgmi --mem-type gpu".into());
+            return Err(
+                "--copy-baseline times bare GPU copies between the xgmi backend's buffers: add --backend xgmi --mem-type gpu".into()
+            );
         }
         if self.copy_baseline && self.disable_batch_transfer {
             return Err("--copy-baseline times one batch of copies per iteration (one event), as the engine's batch request: drop --disable-batch-transfer".into());
@@ -379,7 +389,10 @@ impl Args {
             return Err("--buffer-size 0: message size must be at least 1 byte".into());
         }
         if self.all && (self.sweep_start == 0 || self.sweep_max == 0) {
-            return Err(format!("--sweep-start {} / --sweep-max {}: message size must be at least 1 byte", self.sweep_start, self.sweep_max));
+            return Err(format!(
+                "--sweep-start {} / --sweep-max {}: message size must be at least 1 byte",
+                self.sweep_start, self.sweep_max
+            ));
         }
         if self.all && self.sweep_start > self.sweep_max {
             return Err(format!("--sweep-start {} is above --sweep-max {}", self.sweep_start, self.sweep_max));
@@ -468,7 +481,18 @@ mod tests {
 
     #[test]
     fn pairs_map_to_gpus_and_global_ranks() {
-        let mut a = parse(&["--backend", "xgmi", "--mem-type", "gpu", "--num-initiator-dev", "4", "--num-target-dev", "4", "--target-dev-offset", "4"]);
+        let mut a = parse(&[
+            "--backend",
+            "xgmi",
+            "--mem-type",
+            "gpu",
+            "--num-initiator-dev",
+            "4",
+            "--num-target-dev",
+            "4",
+            "--target-dev-offset",
+            "4",
+        ]);
         assert_eq!((0..4).map(|i| a.device_for(0, i).unwrap()).collect::<Vec<_>>(), [0, 1, 2, 3]);
         assert_eq!((0..4).map(|i| a.device_for(1, i).unwrap()).collect::<Vec<_>>(), [4, 5, 6, 7]);
         a.rank = 1;
@@ -481,7 +505,20 @@ mod tests {
         let e = b.check_devices(2).unwrap_err();
         assert!(e.contains("--gpu 1") && e.contains("initiator side needs GPUs 1..=2, this machine has 2"), "{e}");
         // --dst-gpu sets the offset for every pair.
-        let c = parse(&["--backend", "xgmi", "--mem-type", "gpu", "--num-initiator-dev", "2", "--num-target-dev", "2", "--src-gpu", "0", "--dst-gpu", "2"]);
+        let c = parse(&[
+            "--backend",
+            "xgmi",
+            "--mem-type",
+            "gpu",
+            "--num-initiator-dev",
+            "2",
+            "--num-target-dev",
+            "2",
+            "--src-gpu",
+            "0",
+            "--dst-gpu",
+            "2",
+        ]);
         assert_eq!((c.device_for(1, 0), c.device_for(1, 1)), (Some(2), Some(3)));
     }
 

@@ -9,6 +9,7 @@
 
 pub mod args;
 pub mod baseline;
+pub mod local;
 pub mod membuf;
 pub mod report;
 pub mod run;

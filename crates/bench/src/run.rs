@@ -2,13 +2,16 @@
 
 use crate::args::{workload_diff, Args, BackendArg, MemArg, OpArg, PollArg};
 use crate::baseline::CopyBaseline;
+use crate::membuf::Buffer;
 use crate::report::Row;
 use crate::sweep::{buffer_bytes, offsets, points, Point};
-use crate::membuf::Buffer;
 use crate::validate::first_mismatch;
 use mori_bootstrap::{Bootstrap, SocketBootstrap, SocketBootstrapConfig};
-use mori_io::{BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig, TransferStatus, XgmiConfig};
 use mori_io::FabricConfig;
+use mori_io::{
+    BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig,
+    TransferStatus, XgmiConfig,
+};
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -105,7 +108,8 @@ const MAGIC_ABORT: u8 = 2;
 
 /// Runs this process: side `args.rank`, index `args.local_index` among its side's
 /// `--num-initiator-dev` processes. `port` is the bootstrap port (engines use
-/// port+1+global rank); `ranks_here` is how many processes share this machine's memory (all of
+/// port+1+global rank; with `--local`, ports the kernel picks). With `--local`, every rank's
+/// `args.run_token` must match at rendezvous ([`crate::local`]). `ranks_here` is how many processes share this machine's memory (all of
 /// them with --local) for the memory check.
 pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> {
     run_with(args, port, ranks_here, None)
@@ -171,8 +175,10 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     }
 
     // Engine, backend, memory first: a rank that cannot serve the backend stops at once.
-    let eport = if local.is_some() {
-        0 // in-process ranks: ephemeral control ports
+    let eport = if local.is_some() || args.local {
+        // In-process ranks and --local: ports the kernel picks (the descriptors exchanged at
+        // rendezvous carry them), so nothing chosen in advance can be taken by another run.
+        0
     } else {
         u16::try_from(u32::from(port) + 1 + me as u32).map_err(|_| usage(format!("--port {port}: port+1+rank {me} exceeds 65535")))?
     };
@@ -181,7 +187,8 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
         MemArg::Cpu => Buffer::host(bytes as usize),
         MemArg::Gpu => {
             let dev = args.device_for(rank, args.local_index).unwrap_or(0);
-            if args.backend == BackendArg::Fabric { Buffer::fabric(dev, bytes as usize) } else { Buffer::gpu(dev, bytes as usize) }.map_err(usage)?
+            if args.backend == BackendArg::Fabric { Buffer::fabric(dev, bytes as usize) } else { Buffer::gpu(dev, bytes as usize) }
+                .map_err(usage)?
         }
     };
     let eng = IoEngine::new(&format!("bench-rank{me}-{}", std::process::id()), ecfg)
@@ -222,6 +229,13 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
         }
     };
 
+    // Every rank must belong to this run: with --local all carry the parent's token, ranks
+    // started by hand none.
+    let tokens = boot
+        .allgather(args.run_token.map(|t| t.to_bytes().to_vec()).unwrap_or_default().as_slice())
+        .map_err(|e| fail(format!("exchanging run tokens: {e}")))?;
+    crate::local::check_run_tokens(&tokens, me, args.run_token).map_err(fail)?;
+
     // Both ranks must run the same workload.
     let mine: Vec<(String, String)> = args.workload().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let all = boot
@@ -239,8 +253,8 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     let descs = boot
         .allgather(&postcard::to_allocvec(&(eng.desc().pack(), mem.pack())).map_err(|e| fail(e.to_string()))?)
         .map_err(|e| fail(format!("exchanging engine descriptors: {e}")))?;
-    let (pe, pm): (Vec<u8>, Vec<u8>) =
-        postcard::from_bytes(descs.get(peer_rank).map(Vec::as_slice).unwrap_or_default()).map_err(|e| fail(format!("peer descriptors: {e}")))?;
+    let (pe, pm): (Vec<u8>, Vec<u8>) = postcard::from_bytes(descs.get(peer_rank).map(Vec::as_slice).unwrap_or_default())
+        .map_err(|e| fail(format!("peer descriptors: {e}")))?;
     let peer = EngineDesc::unpack(&pe).map_err(|e| fail(e.to_string()))?;
     let remote = MemoryDesc::unpack(&pm).map_err(|e| fail(e.to_string()))?;
     eng.register_remote_engine(peer).map_err(|e| fail(e.to_string()))?;
@@ -317,8 +331,13 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
             }
             let got = boot.allgather(&sums).map_err(|e| fail(format!("checksum exchange after point {pi}: {e}")))?;
             if rank == 0 && validation.is_none() {
-                let theirs: Vec<u64> =
-                    got.get(peer_rank).map(Vec::as_slice).unwrap_or_default().chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+                let theirs: Vec<u64> = got
+                    .get(peer_rank)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect();
                 let ours = buf.checksums(&offs, p.msg).map_err(fail)?;
                 if let Some(i) = first_mismatch(&ours, &theirs) {
                     validation = Some(format!(
@@ -523,7 +542,12 @@ fn measure(
         let us = |d: Duration| d.as_secs_f64() * 1e6 / args.iters.max(1) as f64;
         eprintln!(
             "split {} B x {}: engine post {:.2} + wait {:.2} us; copy post {:.2} + wait {:.2} us",
-            p.msg, p.batch, us(ep), us(ew), us(cp), us(cw)
+            p.msg,
+            p.batch,
+            us(ep),
+            us(ew),
+            us(cp),
+            us(cw)
         );
     }
     Ok(row)

@@ -83,6 +83,8 @@ fn bench(args: &[&str]) -> Command {
         "MORI_LOG",
         "MORI_BENCH_CORRUPT_SLOT",
         "MORI_BENCH_LOCAL_CHILD_PORT",
+        "MORI_BENCH_LOCAL_TOKEN",
+        "MORI_BENCH_LOCAL_PARENT",
         "MORI_BENCH_CHILD",
         "MORI_IO_TCP_TIMEOUT_MS",
         "MORI_BOOTSTRAP_OP_TIMEOUT",
@@ -100,10 +102,7 @@ impl Proc {
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{name}: spawn {cmd:?}: {e}"));
         let out = Arc::new(Mutex::new(Vec::new()));
         let err = Arc::new(Mutex::new(Vec::new()));
-        let readers = vec![
-            collect(child.stdout.take().unwrap(), out.clone()),
-            collect(child.stderr.take().unwrap(), err.clone()),
-        ];
+        let readers = vec![collect(child.stdout.take().unwrap(), out.clone()), collect(child.stderr.take().unwrap(), err.clone())];
         Proc { name: name.into(), child: Some(child), out, err, readers, deadline: Instant::now() + limit }
     }
 
@@ -205,11 +204,7 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
-        let p = std::env::temp_dir().join(format!(
-            "mori-bench-cli-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
+        let p = std::env::temp_dir().join(format!("mori-bench-cli-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
     }
@@ -427,8 +422,22 @@ fn python_spellings_are_accepted() {
     let d = run(
         "python spellings",
         &[
-            "--local", "--op-type", "write", "--host", "127.0.0.1", "--all", "--sweep-start-size", "8",
-            "--sweep-max-size", "64", "--transfer-batch-size", "2", "--iters", "5", "--warmup-iters", "1",
+            "--local",
+            "--op-type",
+            "write",
+            "--host",
+            "127.0.0.1",
+            "--all",
+            "--sweep-start-size",
+            "8",
+            "--sweep-max-size",
+            "64",
+            "--transfer-batch-size",
+            "2",
+            "--iters",
+            "5",
+            "--warmup-iters",
+            "1",
         ],
         Duration::from_secs(30),
     );
@@ -506,10 +515,7 @@ fn pairs_started_by_hand_report_the_failing_pair() {
     d0.expect_code(1, "initiators with corrupted targets");
     d1.expect_code(0, "targets");
     let (_, validation) = check_pairs(&d0.stdout, 2, &[8, 16, 32, 64, 128, 256]);
-    assert!(
-        validation.starts_with("FAILED: [gpu 0] first mismatching slot 2 (offset 256 B) at message size 8 B, batch 4"),
-        "{validation}"
-    );
+    assert!(validation.starts_with("FAILED: [gpu 0] first mismatching slot 2 (offset 256 B) at message size 8 B, batch 4"), "{validation}");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -525,7 +531,10 @@ fn usage_errors_name_the_flag() {
         (&["--backend", "fabric"], &["--backend fabric moves GPU memory only", "--mem-type gpu"]),
         (&["--backend", "xgmi"], &["--backend xgmi", "--mem-type gpu"]),
         (&["--mem-type", "gpu"], &["--mem-type gpu", "tcp", "xgmi"]),
-        (&["--mem-type", "gpu", "--backend", "xgmi", "--gpu", "1", "--dst-gpu", "0", "--target-dev-offset", "1"], &["--dst-gpu 0 conflicts"]),
+        (
+            &["--mem-type", "gpu", "--backend", "xgmi", "--gpu", "1", "--dst-gpu", "0", "--target-dev-offset", "1"],
+            &["--dst-gpu 0 conflicts"],
+        ),
         (&["--gpu", "0"], &["--mem-type gpu"]),
         (&["--rank", "2"], &["--rank 2"]),
         (&["--num-initiator-dev", "2"], &["--num-initiator-dev 2 and --num-target-dev 1 must be equal"]),
@@ -634,10 +643,7 @@ fn corrupted_slot_is_reported() {
     let (rows, validation) = parse_table(&d0.stdout);
     assert_eq!(rows.len(), 6, "the table is still printed");
     // Slot 2 of the first point (8 B messages, stride 128 B) starts at byte 256.
-    assert!(
-        validation.starts_with("FAILED: first mismatching slot 2 (offset 256 B) at message size 8 B, batch 4"),
-        "{validation}"
-    );
+    assert!(validation.starts_with("FAILED: first mismatching slot 2 (offset 256 B) at message size 8 B, batch 4"), "{validation}");
 }
 
 #[test]

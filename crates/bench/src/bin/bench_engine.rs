@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use mori_bench::args::{Args, MemArg};
+use mori_bench::local::{self, PortReservation, RunToken};
 use mori_bench::report;
 use mori_bench::run::{run, run_single_process, Failure, Outcome};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -9,8 +10,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Environment variable through which `--local` tells a child the bootstrap port.
-const CHILD_ENV: &str = "MORI_BENCH_LOCAL_CHILD_PORT";
 /// Environment variable naming a started process's side and index: `<rank>:<index>`.
 const INDEX_ENV: &str = "MORI_BENCH_CHILD";
 const DEFAULT_PORT: u16 = 18515;
@@ -36,36 +35,21 @@ fn init_logging(level: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// `n` consecutive free TCP ports on loopback (bootstrap, then one per engine).
-fn free_port_range(n: u16) -> Option<u16> {
-    let seed = std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64;
-    for k in 0..200u64 {
-        let base = 20000 + ((seed.wrapping_mul(2654435761).wrapping_add(k * 7919)) % 40000) as u16;
-        let ok = (0..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if ok {
-            return Some(base);
-        }
-    }
-    None
-}
-
 /// Starts this executable again, with the same arguments, as process `index` of side `rank`
-/// (with `--local`, also told the bootstrap port). Its stdout is dropped (only global rank 0
-/// prints the table); its stderr is ours.
-fn spawn_rank(rank: usize, index: u32, local_port: Option<u16>) -> Result<(String, Child), String> {
+/// (with `--local`, also told the bootstrap port, the run token and this process's pid). Its
+/// stdout is dropped (only global rank 0 prints the table); its stderr is ours.
+fn spawn_rank(rank: usize, index: u32, local_run: Option<(u16, RunToken)>) -> Result<(String, Child), String> {
     let name = format!("{} {index} (rank {rank})", if rank == 0 { "initiator" } else { "target" });
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable to start {name}: {e}"))?;
     let mut c = Command::new(exe);
     c.args(std::env::args_os().skip(1)).env(INDEX_ENV, format!("{rank}:{index}"));
-    if let Some(p) = local_port {
-        c.env(CHILD_ENV, p.to_string());
+    if let Some((p, token)) = local_run {
+        c.env(local::PORT_ENV, p.to_string())
+            .env(local::TOKEN_ENV, token.to_string())
+            .env(local::PARENT_ENV, std::process::id().to_string());
     }
-    let child = c
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("cannot start {name}: {e}"))?;
+    let child =
+        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().map_err(|e| format!("cannot start {name}: {e}"))?;
     Ok((name, child))
 }
 
@@ -128,6 +112,20 @@ fn child_identity(args: &Args) -> Result<Option<(usize, u32)>, String> {
     }
 }
 
+/// A `--local` child's port and token from its parent's environment, after asking to die with
+/// the parent. Errors name the variable.
+fn local_child() -> Result<(u16, RunToken), String> {
+    let var = |k: &str| std::env::var(k).map_err(|_| format!("{INDEX_ENV} is set with --local but {k} is not"));
+    let port = var(local::PORT_ENV)?;
+    let port =
+        port.parse::<u16>().ok().filter(|&p| p > 0).ok_or_else(|| format!("{}={port:?}: expected a port 1..=65535", local::PORT_ENV))?;
+    let token = RunToken::parse(&var(local::TOKEN_ENV)?)?;
+    let parent = var(local::PARENT_ENV)?;
+    let parent = parent.parse::<u32>().map_err(|_| format!("{}={parent:?}: expected a pid", local::PARENT_ENV))?;
+    local::die_with_parent(parent)?;
+    Ok((port, token))
+}
+
 /// With GPU memory and several pairs: every GPU the pairs use must exist (checked here, before
 /// any process is started).
 fn check_gpus(args: &Args) -> Result<(), String> {
@@ -155,7 +153,6 @@ fn print_outcome(out: &Outcome) {
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
-    let child_port = std::env::var(CHILD_ENV).ok().and_then(|p| p.parse::<u16>().ok());
     let child = match child_identity(&args) {
         Ok(c) => c,
         Err(e) => {
@@ -189,6 +186,7 @@ fn main() -> ExitCode {
         args.local_index = index;
     }
     let port;
+    let mut reservation: Option<PortReservation> = None;
     // Processes this one starts: with --local every other one (both sides), else the other
     // processes of its own side; started processes start nothing.
     let mut to_start: Vec<(usize, u32)> = Vec::new();
@@ -203,21 +201,31 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         if child.is_some() {
-            port = match child_port {
-                Some(p) => p,
-                None => {
-                    eprintln!("error: {INDEX_ENV} is set with --local but {CHILD_ENV} is not");
+            match local_child() {
+                Ok((p, token)) => (port, args.run_token) = (p, Some(token)),
+                Err(e) => {
+                    eprintln!("error: {e}");
                     return ExitCode::from(2);
                 }
-            };
+            }
         } else {
-            port = match args.port.or_else(|| free_port_range(1 + 2 * n as u16)) {
+            // The bootstrap port stays reserved until the root listens on it (see
+            // mori_bench::local); the engines use ports the kernel picks.
+            port = match args.port {
                 Some(p) => p,
-                None => {
-                    eprintln!("error: --local: found no {} consecutive free ports; pass --port", 1 + 2 * n);
-                    return ExitCode::from(2);
-                }
+                None => match PortReservation::loopback() {
+                    Ok(r) => {
+                        let p = r.port();
+                        reservation = Some(r);
+                        p
+                    }
+                    Err(e) => {
+                        eprintln!("error: --local: {e}; pass --port");
+                        return ExitCode::from(2);
+                    }
+                },
             };
+            args.run_token = Some(RunToken::generate());
             to_start = (0..2).flat_map(|r| (0..n).map(move |i| (r, i))).skip(1).collect();
         }
     } else {
@@ -234,7 +242,7 @@ fn main() -> ExitCode {
     }
     let mut started = Vec::new();
     for (r, i) in to_start {
-        match spawn_rank(r, i, args.local.then_some(port)) {
+        match spawn_rank(r, i, args.run_token.map(|t| (port, t))) {
             Ok(c) => started.push(c),
             Err(e) => {
                 eprintln!("error: {e}");
@@ -252,6 +260,7 @@ fn main() -> ExitCode {
     });
     let ranks_here = if args.local { 2 * u64::from(n) } else { u64::from(n) };
     let r = if args.xgmi_single_process { run_single_process(&args) } else { run(&args, port, ranks_here) };
+    drop(reservation);
     done.store(if r.is_err() { 2 } else { 1 }, Ordering::Release);
     let child_codes = watcher.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
     match r {
