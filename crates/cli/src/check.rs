@@ -302,11 +302,8 @@ fn vendor(v: Option<u16>) -> String {
 /// Name of the GID index override the rdma backend reads (mori-io-rdma's `RdmaConfig::from_env`).
 pub const GID_INDEX_ENV: &str = "MORI_IB_GID_INDEX";
 
-/// Largest `MORI_IB_GID_INDEX`: the GRH's source GID index (`sgid_index` of
-/// `ibv_global_route`) is 8 bits. A local copy: mori-io-rdma keeps the index as a `u32` and
-/// exports no limit (it narrows the index to `u8` when it opens the device); the port's GID
-/// table, which may be shorter, is only known when the backend opens the device.
-pub const MAX_GID_INDEX: u64 = u8::MAX as u64;
+/// Largest `MORI_IB_GID_INDEX`, mori-io-rdma's own limit (the GRH's `sgid_index` is 8 bits).
+pub const MAX_GID_INDEX: u64 = mori_io::MAX_GID_INDEX as u64;
 
 /// The GID index the rdma backend is to use, as `MORI_IB_GID_INDEX` says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

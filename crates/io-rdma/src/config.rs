@@ -52,7 +52,7 @@ pub struct RdmaConfig {
     /// NICs a transfer is striped over.
     pub nics_per_transfer: usize,
     /// GID index override.
-    pub gid_index: Option<u32>,
+    pub gid_index: Option<u8>,
     /// How long a post waits for send-queue room before failing with `Timeout`.
     pub sq_timeout: Duration,
     /// Split single transfers into chunks.
@@ -109,11 +109,24 @@ pub const MAX_POLL_SPIN_US: u64 = 10_000_000;
 /// Largest `MORI_IO_SL`: an InfiniBand service level has 4 bits.
 pub const MAX_SERVICE_LEVEL: u8 = 15;
 
+/// Largest GID index (`MORI_IB_GID_INDEX`): the GRH's source GID index (`sgid_index` of
+/// `ibv_global_route`) is 8 bits. The port's GID table, which may be shorter, is checked when
+/// the device is opened.
+pub const MAX_GID_INDEX: u8 = u8::MAX;
+
 fn env_num<T: std::str::FromStr>(var: &str) -> IoResult<Option<T>> {
     match std::env::var(var) {
         Ok(v) => v.trim().parse::<T>().map(Some).map_err(|_| IoError::invalid(format!("{var}={v:?} is not a valid number"))),
         Err(_) => Ok(None),
     }
+}
+
+/// A `MORI_IB_GID_INDEX` value: a whole number in 0..=[`MAX_GID_INDEX`].
+/// Errors: `InvalidArgs` naming the variable, the value and the range.
+pub fn parse_gid_index(v: &str) -> IoResult<u8> {
+    v.trim().parse::<u8>().map_err(|_| {
+        IoError::invalid(format!("MORI_IB_GID_INDEX={v:?} is not a GID index in 0..={MAX_GID_INDEX} (the GRH's sgid_index is 8 bits)"))
+    })
 }
 
 impl RdmaConfig {
@@ -139,8 +152,8 @@ impl RdmaConfig {
         if let Some(v) = env_num("MORI_IO_NUM_NICS_PER_TRANSFER")? {
             c.nics_per_transfer = v;
         }
-        if let Some(v) = env_num("MORI_IB_GID_INDEX")? {
-            c.gid_index = Some(v);
+        if let Ok(v) = std::env::var("MORI_IB_GID_INDEX") {
+            c.gid_index = Some(parse_gid_index(&v)?);
         }
         if let Some(v) = env_num("MORI_IO_MR_BUDGET_BYTES")? {
             c.mr_budget = v;
@@ -208,5 +221,16 @@ mod tests {
         let e = RdmaConfig { poll_spin: Duration::from_secs(11), ..c }.validate().unwrap_err();
         assert_eq!(e.code, mori_io_core::ErrorCode::InvalidArgs);
         assert!(e.msg.contains("poll_spin (MORI_IO_POLL_SPIN_US) = 11000000 µs, allowed 0..=10000000"), "{e}");
+    }
+
+    #[test]
+    fn gid_index_is_8_bits_and_never_truncated() {
+        assert_eq!(parse_gid_index(" 3 ").unwrap(), 3);
+        assert_eq!(parse_gid_index("255").unwrap(), MAX_GID_INDEX);
+        for bad in ["256", "259", "-1", "x1", ""] {
+            let e = parse_gid_index(bad).unwrap_err();
+            assert_eq!(e.code, mori_io_core::ErrorCode::InvalidArgs);
+            assert!(e.msg.contains("MORI_IB_GID_INDEX") && e.msg.contains("0..=255"), "{e}");
+        }
     }
 }

@@ -142,15 +142,15 @@ pub fn open(cfg: &RdmaConfig) -> IoResult<Device> {
 
 /// GID choice: the override if given (must be non-zero), else the first RoCEv2 GID that is an
 /// IPv4-mapped address, else the first RoCEv2 non-link-local GID, else the first non-zero one.
-fn choose_gid(ctx: &DeviceContext, want: Option<u32>, len: u32, dev: &str) -> IoResult<(u8, Gid)> {
+fn choose_gid(ctx: &DeviceContext, want: Option<u8>, len: u32, dev: &str) -> IoResult<(u8, Gid)> {
     if let Some(i) = want {
         let g = ctx
-            .query_gid(1, i)
+            .query_gid(1, u32::from(i))
             .map_err(|e| IoError::invalid(format!("MORI_IB_GID_INDEX={i}: {dev} port 1 has no such GID ({e})")))?;
         if g.is_zero() {
             return Err(IoError::invalid(format!("MORI_IB_GID_INDEX={i}: GID {i} of {dev} is empty")));
         }
-        return Ok((i as u8, g));
+        return Ok((i, g));
     }
     let mut v4 = None;
     let mut v2 = None;

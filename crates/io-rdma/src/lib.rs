@@ -29,7 +29,7 @@ mod device;
 pub mod dmabuf;
 mod engine;
 
-pub use config::{PollMode, RdmaConfig, MAX_POLL_SPIN_US, MAX_SERVICE_LEVEL};
+pub use config::{PollMode, RdmaConfig, MAX_GID_INDEX, MAX_POLL_SPIN_US, MAX_SERVICE_LEVEL};
 pub use dmabuf::{DmabufExporter, DmabufSource, RuntimeDmabuf};
 pub use engine::RdmaBackend;
 

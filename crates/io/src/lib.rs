@@ -31,7 +31,7 @@ pub use mori_io_core::{
 #[cfg(feature = "fabric")]
 pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
 #[cfg(feature = "rdma")]
-pub use mori_io_rdma::{DmabufExporter, DmabufSource, PollMode, RdmaConfig, MAX_POLL_SPIN_US, MAX_SERVICE_LEVEL};
+pub use mori_io_rdma::{DmabufExporter, DmabufSource, PollMode, RdmaConfig, MAX_GID_INDEX, MAX_POLL_SPIN_US, MAX_SERVICE_LEVEL};
 pub use mori_io_tcp::TcpConfig;
 #[cfg(feature = "xgmi")]
 pub use mori_io_xgmi::XgmiConfig;
