@@ -27,7 +27,12 @@ fn output(cmd: &mut Command, what: &str) -> Result<String, String> {
 /// iperf3 one stream on loopback; GB/s received.
 fn iperf3(secs: u32) -> Result<f64, String> {
     let port = free_port()?.to_string();
-    let mut srv = Command::new("iperf3").args(["-s", "-1", "-p", &port]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| format!("iperf3 -s: {e}"))?;
+    let mut srv = Command::new("iperf3")
+        .args(["-s", "-1", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("iperf3 -s: {e}"))?;
     std::thread::sleep(Duration::from_millis(300));
     let out = output(Command::new("iperf3").args(["-c", "127.0.0.1", "-p", &port, "-t", &secs.to_string(), "-J"]), "iperf3 -c");
     let _ = srv.kill();
@@ -43,13 +48,20 @@ fn ucx(iters: u32) -> Result<f64, String> {
     let env = [("UCX_TLS", "tcp"), ("UCX_NET_DEVICES", "lo")];
     let n = iters.to_string();
     let base = ["-t", "ucp_put_bw", "-s", "1048576", "-n", n.as_str(), "-p", port.as_str()];
-    let mut srv = Command::new("ucx_perftest").args(base).envs(env).stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| format!("ucx_perftest server: {e}"))?;
+    let mut srv = Command::new("ucx_perftest")
+        .args(base)
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("ucx_perftest server: {e}"))?;
     std::thread::sleep(Duration::from_millis(500));
     let out = output(Command::new("ucx_perftest").arg("127.0.0.1").args(base).envs(env), "ucx_perftest client");
     let _ = srv.kill();
     let _ = srv.wait();
     let out = out?;
-    let line = out.lines().find(|l| l.trim_start().starts_with("Final:")).ok_or_else(|| format!("ucx_perftest printed no Final line:\n{out}"))?;
+    let line =
+        out.lines().find(|l| l.trim_start().starts_with("Final:")).ok_or_else(|| format!("ucx_perftest printed no Final line:\n{out}"))?;
     let f: Vec<&str> = line.split_whitespace().collect();
     // Final: iters p50 avg overall bw_avg bw_overall rate_avg rate_overall
     let mbps: f64 = f.get(6).and_then(|s| s.parse().ok()).ok_or_else(|| format!("ucx_perftest Final line: {line}"))?;
@@ -62,13 +74,31 @@ fn bench(msg: u64, batch: u64, iters: u64, lanes: u32) -> Result<f64, String> {
     let json = std::env::temp_dir().join(format!("mori-compare-{}-{msg}.json", std::process::id()));
     let (m, b, i, l) = (msg.to_string(), batch.to_string(), iters.to_string(), lanes.to_string());
     output(
-        Command::new(&exe).args([
-            "--local", "--op", "write", "--enable-sess", "--buffer-size", &m, "--transfer-batch-size", &b, "--iters", &i,
-            "--warmup-iters", "5", "--num-qp-per-transfer", &l, "--log-level", "warning", "--json",
-        ]).arg(&json),
+        Command::new(&exe)
+            .args([
+                "--local",
+                "--op",
+                "write",
+                "--enable-sess",
+                "--buffer-size",
+                &m,
+                "--transfer-batch-size",
+                &b,
+                "--iters",
+                &i,
+                "--warmup-iters",
+                "5",
+                "--num-qp-per-transfer",
+                &l,
+                "--log-level",
+                "warning",
+                "--json",
+            ])
+            .arg(&json),
         "bench_engine",
     )?;
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(&json);
     if v["validation"] != "OK" {
         return Err(format!("bench_engine validation: {}", v["validation"]));
@@ -98,8 +128,18 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let b1 = bench(1 << 20, 16, iters_1m, lanes)?;
     println!("{:<44} {:>10}", "what (loopback, same run)", "GB/s");
     println!("{:<44} {:>10.3}", format!("iperf3, 1 stream, {secs} s"), ip);
-    println!("{:<44} {:>10.3}   ratio to iperf3 {:.3} (target >= 0.9)", format!("bench_engine tcp write 4 MiB x 16, {lanes} conn"), b4, b4 / ip);
+    println!(
+        "{:<44} {:>10.3}   ratio to iperf3 {:.3} (target >= 0.9)",
+        format!("bench_engine tcp write 4 MiB x 16, {lanes} conn"),
+        b4,
+        b4 / ip
+    );
     println!("{:<44} {:>10.3}", "ucx_perftest ucp_put_bw 1 MiB, UCX_TLS=tcp", ux);
-    println!("{:<44} {:>10.3}   ratio to ucx_perftest {:.2} (target >= 5)", format!("bench_engine tcp write 1 MiB x 16, {lanes} conn"), b1, b1 / ux);
+    println!(
+        "{:<44} {:>10.3}   ratio to ucx_perftest {:.2} (target >= 5)",
+        format!("bench_engine tcp write 1 MiB x 16, {lanes} conn"),
+        b1,
+        b1 / ux
+    );
     Ok(())
 }

@@ -126,7 +126,15 @@ fn ensure_nvcc() -> Result<(PathBuf, String), String> {
     if !nvcc.exists() {
         install_nvcc(&dir)?;
     }
-    for need in ["bin/nvcc", "bin/ptxas", "bin/nvcc.profile", "nvvm/bin/cicc", "nvvm/libdevice/libdevice.10.bc", "include/cuda_runtime.h", "include/crt/host_config.h"] {
+    for need in [
+        "bin/nvcc",
+        "bin/ptxas",
+        "bin/nvcc.profile",
+        "nvvm/bin/cicc",
+        "nvvm/libdevice/libdevice.10.bc",
+        "include/cuda_runtime.h",
+        "include/crt/host_config.h",
+    ] {
         if !tree.join(need).exists() {
             return Err(format!("{} is incomplete ({need} is missing); remove it and run again", dir.display()));
         }
@@ -150,7 +158,17 @@ fn install_nvcc(dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(&partial);
     println!("xtask: kernels: pip install --target {} {}", dir.display(), NVCC_WHEELS.join(" "));
     let st = Command::new("python3")
-        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--root-user-action=ignore", "--target"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--root-user-action=ignore",
+            "--target",
+        ])
         .arg(&partial)
         .args(NVCC_WHEELS)
         .status()
@@ -228,7 +246,11 @@ fn build(kdir: &Path, tc: &Toolchains, tmp: &Path) -> Result<BTreeMap<String, Ve
         let cu = format!("{k}.cu");
         for (kind, ext) in [("-ptx", "ptx"), ("-cubin", "cubin")] {
             let name = format!("{k}.{CUDA_ARCH}.{ext}");
-            compile(Command::new(&tc.nvcc).args([kind, &format!("-arch={CUDA_ARCH}"), "-O3", "-std=c++17", "-o", &format!("../out/{name}"), &cu]).current_dir(&src))?;
+            compile(
+                Command::new(&tc.nvcc)
+                    .args([kind, &format!("-arch={CUDA_ARCH}"), "-O3", "-std=c++17", "-o", &format!("../out/{name}"), &cu])
+                    .current_dir(&src),
+            )?;
             artifacts.push(name);
         }
         for arch in &tc.amd_archs {

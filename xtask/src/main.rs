@@ -20,9 +20,9 @@
 
 mod bare;
 mod compare;
-mod gpu_bundle;
 mod compare_rdma;
 mod embedder;
+mod gpu_bundle;
 mod kernels;
 mod prereq;
 mod softroce;
@@ -99,7 +99,15 @@ fn test(extra: &[String]) -> Result<(), String> {
 /// queue full, remote region deregistered), last so that a failure there hides nothing else.
 fn softroce_suite() -> Result<(), String> {
     let json = util::cargo_stdout(&[
-        "test", "-p", "mori-io", "--test", "rdma_softroce", "--test", "rdma_faults", "--no-run", "--message-format=json",
+        "test",
+        "-p",
+        "mori-io",
+        "--test",
+        "rdma_softroce",
+        "--test",
+        "rdma_faults",
+        "--no-run",
+        "--message-format=json",
     ])?;
     let exe = |name: &str| {
         json.lines()

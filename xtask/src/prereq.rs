@@ -99,11 +99,8 @@ fn payload_present(p: &Package) -> bool {
 /// installed with apt; otherwise judged by their files, and an error names what to install.
 pub fn ensure<'a>(pkgs: impl IntoIterator<Item = &'a Package>) -> Result<(), String> {
     let root = crate::util::is_root();
-    let missing: Vec<&str> = pkgs
-        .into_iter()
-        .filter(|p| if root { !dpkg_installed(p.name) } else { !payload_present(p) })
-        .map(|p| p.name)
-        .collect();
+    let missing: Vec<&str> =
+        pkgs.into_iter().filter(|p| if root { !dpkg_installed(p.name) } else { !payload_present(p) }).map(|p| p.name).collect();
     crate::util::apt_install(&missing)
 }
 
@@ -175,7 +172,15 @@ pub fn libclang_search_dirs() -> Vec<PathBuf> {
             dirs.extend(std::env::split_paths(&v));
         }
     }
-    for pattern in ["/usr/local/llvm*/lib*", "/usr/local/lib*/*/*", "/usr/local/lib*/*", "/usr/local/lib*", "/usr/lib*/*/*", "/usr/lib*/*", "/usr/lib*"] {
+    for pattern in [
+        "/usr/local/llvm*/lib*",
+        "/usr/local/lib*/*/*",
+        "/usr/local/lib*/*",
+        "/usr/local/lib*",
+        "/usr/lib*/*/*",
+        "/usr/lib*/*",
+        "/usr/lib*",
+    ] {
         if let Ok(paths) = glob::glob(pattern) {
             dirs.extend(paths.flatten().filter(|p| p.is_dir()));
         }
@@ -213,10 +218,21 @@ mod tests {
 
     #[test]
     fn names_follow_clang_sys() {
-        for yes in ["libclang.so", "libclang.so.1", "libclang.so.14.0.6", "libclang-14.so", "libclang-14.so.1", "libclang-3.9.so", "libclang-.so"] {
+        for yes in
+            ["libclang.so", "libclang.so.1", "libclang.so.14.0.6", "libclang-14.so", "libclang-14.so.1", "libclang-3.9.so", "libclang-.so"]
+        {
             assert!(is_libclang_name(yes), "{yes}");
         }
-        for no in ["libclang-cpp.so.14", "libclang-cpp.so", "libclang-cpp.so.14.0", "libclang.a", "libclang-14.a", "libclangBasic.a", "libclang", "clang.so"] {
+        for no in [
+            "libclang-cpp.so.14",
+            "libclang-cpp.so",
+            "libclang-cpp.so.14.0",
+            "libclang.a",
+            "libclang-14.a",
+            "libclangBasic.a",
+            "libclang",
+            "clang.so",
+        ] {
             assert!(!is_libclang_name(no), "{no}");
         }
     }

@@ -365,7 +365,6 @@ pub(crate) fn run(cmd: &[String]) -> Result<u8, String> {
 
 // ------------------------------------------------------------------------- host set-up
 
-
 /// The static busybox of the busybox-static package.
 fn busybox_path() -> Result<PathBuf, String> {
     let out = output(Command::new("dpkg").args(["-L", "busybox-static"]), "dpkg -L busybox-static")?;

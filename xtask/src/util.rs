@@ -76,7 +76,10 @@ pub fn cache_dir(override_var: &str, sub: &str) -> Result<std::path::PathBuf, St
     match (var("XDG_CACHE_HOME"), var("HOME")) {
         (Some(x), _) => Ok(x.join(sub)),
         (None, Some(h)) => Ok(h.join(".cache").join(sub)),
-        _ => Err(format!("no cache dir for {sub}: set XDG_CACHE_HOME or HOME{}", if override_var.is_empty() { String::new() } else { format!(" (or {override_var})") })),
+        _ => Err(format!(
+            "no cache dir for {sub}: set XDG_CACHE_HOME or HOME{}",
+            if override_var.is_empty() { String::new() } else { format!(" (or {override_var})") }
+        )),
     }
 }
 

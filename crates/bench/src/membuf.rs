@@ -54,7 +54,9 @@ impl Buffer {
     /// `len` bytes of fabric-exportable (POSIX-FD) memory on GPU `device` (zeroed), for
     /// `--backend fabric`. Errors name the runtime problem, the device or the handle type.
     pub fn fabric(device: u32, len: usize) -> Result<Buffer, String> {
-        Self::device(device, len, |rt| FabricMemory::alloc(rt, device, len.max(1), HandleType::PosixFd).map(DevMem::Fabric).map_err(|e| e.to_string()))
+        Self::device(device, len, |rt| {
+            FabricMemory::alloc(rt, device, len.max(1), HandleType::PosixFd).map(DevMem::Fabric).map_err(|e| e.to_string())
+        })
     }
 
     fn device(device: u32, len: usize, alloc: impl FnOnce(&Arc<dyn Runtime>) -> Result<DevMem, String>) -> Result<Buffer, String> {

@@ -132,10 +132,8 @@ pub fn plot(path: &Path, rows: &[Row], x_is_batch: bool, title: &str) -> Result<
             .build_cartesian_2d((xmin.max(1.0)..xmax.max(2.0)).log_scale(), (ymin..ymax).log_scale())
             .map_err(|e| err(&e))?;
         c.configure_mesh().x_desc(xlabel).y_desc(*name).draw().map_err(|e| err(&e))?;
-        c.draw_series(LineSeries::new(xs.iter().cloned().zip(ys.iter().cloned()), color.stroke_width(2)))
-            .map_err(|e| err(&e))?;
-        c.draw_series(xs.iter().zip(ys.iter()).map(|(&x, &y)| Circle::new((x, y), 3, color.filled())))
-            .map_err(|e| err(&e))?;
+        c.draw_series(LineSeries::new(xs.iter().cloned().zip(ys.iter().cloned()), color.stroke_width(2))).map_err(|e| err(&e))?;
+        c.draw_series(xs.iter().zip(ys.iter()).map(|(&x, &y)| Circle::new((x, y), 3, color.filled()))).map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
 }

@@ -32,11 +32,7 @@ pub fn points(a: &Args) -> Vec<Point> {
         }
         v
     } else if a.all_batch {
-        (0..)
-            .map(|k| 1u64 << k)
-            .take_while(|&b| b <= MAX_SWEEP_BATCH)
-            .map(|b| Point { msg: a.buffer_size, batch: b })
-            .collect()
+        (0..).map(|k| 1u64 << k).take_while(|&b| b <= MAX_SWEEP_BATCH).map(|b| Point { msg: a.buffer_size, batch: b }).collect()
     } else {
         vec![Point { msg: a.buffer_size, batch: a.transfer_batch_size }]
     }

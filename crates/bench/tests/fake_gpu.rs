@@ -24,8 +24,22 @@ fn bench(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) 
 fn copy_baseline_columns_on_both_xgmi_paths() {
     let Some(dir) = fake_build::build_fake("bench") else { return };
     let common = [
-        "--backend", "xgmi", "--mem-type", "gpu", "--all", "--sweep-start", "64", "--sweep-max", "4096", "--iters", "40",
-        "--warmup-iters", "4", "--log-level", "warning", "--copy-baseline",
+        "--backend",
+        "xgmi",
+        "--mem-type",
+        "gpu",
+        "--all",
+        "--sweep-start",
+        "64",
+        "--sweep-max",
+        "4096",
+        "--iters",
+        "40",
+        "--warmup-iters",
+        "4",
+        "--log-level",
+        "warning",
+        "--copy-baseline",
     ];
     // Sessions (a prepared route) and one-shot calls, two processes and one.
     // (--batch-contiguous: the engine merges the slots into one copy, and so does the baseline.)

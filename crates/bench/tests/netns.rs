@@ -98,10 +98,8 @@ impl Hosts {
 
     /// A counter of `iface` in namespace `ns` (`/sys/class/net/<iface>/statistics/<what>`).
     fn counter(&self, ns: &str, iface: &str, what: &str) -> u64 {
-        let o = Command::new("ip")
-            .args(["netns", "exec", ns, "cat", &format!("/sys/class/net/{iface}/statistics/{what}")])
-            .output()
-            .unwrap();
+        let o =
+            Command::new("ip").args(["netns", "exec", ns, "cat", &format!("/sys/class/net/{iface}/statistics/{what}")]).output().unwrap();
         String::from_utf8_lossy(&o.stdout).trim().parse().unwrap_or_else(|_| panic!("{what} of {iface}: {o:?}"))
     }
 }
@@ -178,10 +176,7 @@ impl Proc {
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{name}: spawn {cmd:?}: {e}"));
         let out = Arc::new(Mutex::new(Vec::new()));
         let err = Arc::new(Mutex::new(Vec::new()));
-        let readers = vec![
-            collect(child.stdout.take().unwrap(), out.clone()),
-            collect(child.stderr.take().unwrap(), err.clone()),
-        ];
+        let readers = vec![collect(child.stdout.take().unwrap(), out.clone()), collect(child.stderr.take().unwrap(), err.clone())];
         Proc { name: name.into(), child: Some(child), out, err, readers, deadline: Instant::now() + limit }
     }
 
@@ -258,8 +253,23 @@ fn two_hosts_write_sweep() {
     let h = Hosts::new();
     let port = PORT.to_string();
     let work = [
-        "--master-ip", IP_A, "--port", &port, "--op", "write", "--all", "--sweep-start", "8", "--sweep-max", "65536",
-        "--transfer-batch-size", "4", "--iters", "5", "--warmup-iters", "1",
+        "--master-ip",
+        IP_A,
+        "--port",
+        &port,
+        "--op",
+        "write",
+        "--all",
+        "--sweep-start",
+        "8",
+        "--sweep-max",
+        "65536",
+        "--transfer-batch-size",
+        "4",
+        "--iters",
+        "5",
+        "--warmup-iters",
+        "1",
     ];
     // Payload rank 0 sends: every size x batch 4 x (5 + 1) iterations.
     let payload: u64 = (3..=16).map(|k| (1u64 << k) * 4 * 6).sum();
@@ -304,8 +314,20 @@ fn link_down_mid_transfer() {
     // (not in a checksum exchange) when the link goes down, so the transfer is what fails.
     // Rank 1 meanwhile waits in the post-point exchange, bounded by its bootstrap deadline.
     let work = [
-        "--master-ip", IP_A, "--port", &port, "--op", "write", "--buffer-size", "1048576", "--transfer-batch-size", "8",
-        "--iters", "1000000", "--warmup-iters", "1",
+        "--master-ip",
+        IP_A,
+        "--port",
+        &port,
+        "--op",
+        "write",
+        "--buffer-size",
+        "1048576",
+        "--transfer-batch-size",
+        "8",
+        "--iters",
+        "1000000",
+        "--warmup-iters",
+        "1",
     ];
     let env = |mut c: Command| {
         c.env("MORI_IO_TCP_TIMEOUT_MS", "2000").env("MORI_BOOTSTRAP_TIMEOUT", "15").env("MORI_BOOTSTRAP_OP_TIMEOUT", "15");

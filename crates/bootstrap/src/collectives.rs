@@ -38,23 +38,13 @@ impl Links {
 
     /// Ring all_to_all: each rank's bundle of blocks for `me+1 .. me+n-1` travels around
     /// the ring; every hop keeps the first block and forwards the rest.
-    pub fn all_to_all(
-        &mut self,
-        ctx: &Ctx,
-        mut data: Vec<Vec<u8>>,
-    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+    pub fn all_to_all(&mut self, ctx: &Ctx, mut data: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let (me, n) = (self.me, self.n);
         let mut out = vec![Vec::new(); n];
         out[me] = std::mem::take(&mut data[me]);
-        let mut bundle: Vec<Vec<u8>> = (1..n)
-            .map(|k| std::mem::take(&mut data[(me + k) % n]))
-            .collect();
+        let mut bundle: Vec<Vec<u8>> = (1..n).map(|k| std::mem::take(&mut data[(me + k) % n])).collect();
         for s in 1..n {
-            self.mesh.send(
-                self.next,
-                ctx,
-                encode_blocks(bundle.iter().map(Vec::as_slice)),
-            );
+            self.mesh.send(self.next, ctx, encode_blocks(bundle.iter().map(Vec::as_slice)));
             let got = self.one(ctx, self.prev)?;
             let from = self.mesh.conns[self.prev].name.clone();
             let mut blocks = decode_blocks(&got, &from, n - s)?.into_iter();
@@ -65,21 +55,12 @@ impl Links {
     }
 
     /// Star broadcast: a non-zero root sends to rank 0, rank 0 sends to everyone else.
-    pub fn broadcast(
-        &mut self,
-        ctx: &Ctx,
-        root: usize,
-        data: Option<&[u8]>,
-    ) -> Result<Vec<u8>, BootstrapError> {
+    pub fn broadcast(&mut self, ctx: &Ctx, root: usize, data: Option<&[u8]>) -> Result<Vec<u8>, BootstrapError> {
         let me = self.me;
         if me == root {
             let bytes = data.unwrap_or_default().to_vec();
             if self.n > 1 {
-                let targets: Vec<usize> = if me == 0 {
-                    self.star.clone()
-                } else {
-                    vec![self.star[0]]
-                };
+                let targets: Vec<usize> = if me == 0 { self.star.clone() } else { vec![self.star[0]] };
                 for c in targets {
                     self.mesh.send(c, ctx, bytes.clone());
                 }

@@ -46,14 +46,7 @@ impl SocketBootstrapConfig {
     /// A config with fixed defaults (300 s budget, same per-op deadline, automatic
     /// interface); does not read the environment.
     pub fn new(rank: usize, world_size: usize, master: SocketAddr) -> Self {
-        SocketBootstrapConfig {
-            rank,
-            world_size,
-            master,
-            timeout: DEFAULT_TIMEOUT,
-            op_timeout: DEFAULT_TIMEOUT,
-            ifname: None,
-        }
+        SocketBootstrapConfig { rank, world_size, master, timeout: DEFAULT_TIMEOUT, op_timeout: DEFAULT_TIMEOUT, ifname: None }
     }
 
     /// Like [`SocketBootstrapConfig::new`] but takes the timeouts and interface from
@@ -61,20 +54,9 @@ impl SocketBootstrapConfig {
     ///
     /// # Errors
     /// [`BootstrapError::InvalidConfig`] naming a garbled variable.
-    pub fn with_env_defaults(
-        rank: usize,
-        world_size: usize,
-        master: SocketAddr,
-    ) -> Result<Self, BootstrapError> {
+    pub fn with_env_defaults(rank: usize, world_size: usize, master: SocketAddr) -> Result<Self, BootstrapError> {
         let (timeout, op_timeout, ifname) = env_tuning(&|k: &str| std::env::var(k).ok())?;
-        Ok(SocketBootstrapConfig {
-            rank,
-            world_size,
-            master,
-            timeout,
-            op_timeout,
-            ifname,
-        })
+        Ok(SocketBootstrapConfig { rank, world_size, master, timeout, op_timeout, ifname })
     }
 
     /// Sets both the rendezvous budget and the per-op deadline.
@@ -91,16 +73,10 @@ impl SocketBootstrapConfig {
     pub fn validate(&self) -> Result<(), BootstrapError> {
         let bad = |m: String| Err(BootstrapError::InvalidConfig(m));
         if self.world_size == 0 || self.world_size > MAX_WORLD_SIZE {
-            return bad(format!(
-                "world_size {} is not in 1..={MAX_WORLD_SIZE}",
-                self.world_size
-            ));
+            return bad(format!("world_size {} is not in 1..={MAX_WORLD_SIZE}", self.world_size));
         }
         if self.rank >= self.world_size {
-            return bad(format!(
-                "rank {} is not below world_size {}",
-                self.rank, self.world_size
-            ));
+            return bad(format!("rank {} is not below world_size {}", self.rank, self.world_size));
         }
         if self.timeout.is_zero() {
             return bad("timeout is zero".into());
@@ -109,10 +85,7 @@ impl SocketBootstrapConfig {
             return bad("op_timeout is zero".into());
         }
         if self.rank != 0 && self.master.port() == 0 {
-            return bad(format!(
-                "master {} has port 0; only rank 0 may bind an ephemeral port",
-                self.master
-            ));
+            return bad(format!("master {} has port 0; only rank 0 may bind an ephemeral port", self.master));
         }
         Ok(())
     }
@@ -131,11 +104,7 @@ pub(crate) fn env_tuning(
         Some(v) => parse_secs(ENV_OP_TIMEOUT, &v)?,
         None => timeout,
     };
-    Ok((
-        timeout,
-        op_timeout,
-        get(ENV_IFNAME).map(|s| s.trim().to_string()),
-    ))
+    Ok((timeout, op_timeout, get(ENV_IFNAME).map(|s| s.trim().to_string())))
 }
 
 /// Parses a positive number of seconds (`"300"`, `"2.5"`).
@@ -145,9 +114,7 @@ pub fn parse_secs(var: &str, value: &str) -> Result<Duration, BootstrapError> {
     let v = value.trim();
     match v.parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Duration::from_secs_f64(s)),
-        _ => Err(BootstrapError::InvalidConfig(format!(
-            "{var}={value:?} is not a positive number of seconds"
-        ))),
+        _ => Err(BootstrapError::InvalidConfig(format!("{var}={value:?} is not a positive number of seconds"))),
     }
 }
 
@@ -158,10 +125,7 @@ mod tests {
     #[test]
     fn timeouts_from_vars() {
         let none = |_: &str| None;
-        assert_eq!(
-            env_tuning(&none).unwrap(),
-            (DEFAULT_TIMEOUT, DEFAULT_TIMEOUT, None)
-        );
+        assert_eq!(env_tuning(&none).unwrap(), (DEFAULT_TIMEOUT, DEFAULT_TIMEOUT, None));
         let some = |k: &str| match k {
             ENV_TIMEOUT => Some("2.5".to_string()),
             ENV_IFNAME => Some("eth0".to_string()),
@@ -181,10 +145,7 @@ mod tests {
     fn validate_names_the_field() {
         let m: SocketAddr = "127.0.0.1:1".parse().unwrap();
         assert!(SocketBootstrapConfig::new(0, 1, m).validate().is_ok());
-        let e = SocketBootstrapConfig::new(4, 4, m)
-            .validate()
-            .unwrap_err()
-            .to_string();
+        let e = SocketBootstrapConfig::new(4, 4, m).validate().unwrap_err().to_string();
         assert!(e.contains("rank 4 is not below world_size 4"), "{e}");
         assert!(SocketBootstrapConfig::new(0, 0, m).validate().is_err());
         let m0: SocketAddr = "127.0.0.1:0".parse().unwrap();

@@ -17,15 +17,8 @@ pub(crate) struct Frame {
 }
 
 enum Dec {
-    Header {
-        buf: [u8; HEADER_LEN],
-        filled: usize,
-    },
-    Payload {
-        hdr: Header,
-        buf: Vec<u8>,
-        filled: usize,
-    },
+    Header { buf: [u8; HEADER_LEN], filled: usize },
+    Payload { hdr: Header, buf: Vec<u8>, filled: usize },
 }
 
 /// One framed connection to a peer.
@@ -54,19 +47,14 @@ pub(crate) enum Pumped {
 impl Conn {
     /// Wraps a connected stream, switching it to non-blocking mode.
     pub fn new(stream: TcpStream, peer: usize, name: String) -> Result<Conn, BootstrapError> {
-        stream
-            .set_nonblocking(true)
-            .map_err(|e| BootstrapError::io(format!("set_nonblocking on {name}"), e))?;
+        stream.set_nonblocking(true).map_err(|e| BootstrapError::io(format!("set_nonblocking on {name}"), e))?;
         // Latency matters more than throughput for small bootstrap frames; failure is harmless.
         let _ = stream.set_nodelay(true);
         Ok(Conn {
             stream,
             peer,
             name,
-            dec: Dec::Header {
-                buf: [0; HEADER_LEN],
-                filled: 0,
-            },
+            dec: Dec::Header { buf: [0; HEADER_LEN], filled: 0 },
             inbox: VecDeque::new(),
             closed: None,
             out: VecDeque::new(),
@@ -80,12 +68,7 @@ impl Conn {
 
     /// Queues one frame. The caller checked `payload.len() <= MAX_FRAME_LEN`.
     pub fn queue(&mut self, tag: Tag, op: u8, seq: u64, payload: Vec<u8>) {
-        let hdr = Header {
-            tag,
-            op,
-            seq,
-            len: payload.len() as u64,
-        };
+        let hdr = Header { tag, op, seq, len: payload.len() as u64 };
         self.out.push_back(hdr.encode().to_vec());
         if !payload.is_empty() {
             self.out.push_back(payload);
@@ -106,11 +89,7 @@ impl Conn {
     pub fn pump(&mut self) -> Result<Pumped, BootstrapError> {
         while let Some(front) = self.out.front() {
             match self.stream.write(&front[self.out_pos..]) {
-                Ok(0) => {
-                    return Ok(Pumped::WriteFailed(
-                        "connection closed while writing".into(),
-                    ))
-                }
+                Ok(0) => return Ok(Pumped::WriteFailed("connection closed while writing".into())),
                 Ok(n) => {
                     self.out_pos += n;
                     if self.out_pos == front.len() {
@@ -149,14 +128,7 @@ impl Conn {
         let n = match res {
             Ok(0) => {
                 let mid = !matches!(self.dec, Dec::Header { filled: 0, .. });
-                self.closed = Some(
-                    if mid {
-                        "connection closed in the middle of a frame"
-                    } else {
-                        "connection closed"
-                    }
-                    .into(),
-                );
+                self.closed = Some(if mid { "connection closed in the middle of a frame" } else { "connection closed" }.into());
                 return Ok(false);
             }
             Ok(n) => n,
@@ -173,20 +145,10 @@ impl Conn {
                 if *filled == HEADER_LEN {
                     let hdr = Header::decode(buf, &self.name)?;
                     if hdr.len == 0 {
-                        self.inbox.push_back(Frame {
-                            hdr,
-                            payload: Vec::new(),
-                        });
-                        self.dec = Dec::Header {
-                            buf: [0; HEADER_LEN],
-                            filled: 0,
-                        };
+                        self.inbox.push_back(Frame { hdr, payload: Vec::new() });
+                        self.dec = Dec::Header { buf: [0; HEADER_LEN], filled: 0 };
                     } else {
-                        self.dec = Dec::Payload {
-                            hdr,
-                            buf: Vec::new(),
-                            filled: 0,
-                        };
+                        self.dec = Dec::Payload { hdr, buf: Vec::new(), filled: 0 };
                     }
                 }
             }
@@ -195,10 +157,7 @@ impl Conn {
                 if *filled as u64 == hdr.len {
                     let payload = std::mem::take(buf);
                     self.inbox.push_back(Frame { hdr: *hdr, payload });
-                    self.dec = Dec::Header {
-                        buf: [0; HEADER_LEN],
-                        filled: 0,
-                    };
+                    self.dec = Dec::Header { buf: [0; HEADER_LEN], filled: 0 };
                 }
             }
         }
@@ -214,11 +173,7 @@ impl Conn {
         if self.has_output() {
             events |= libc::POLLOUT;
         }
-        (events != 0).then(|| libc::pollfd {
-            fd: self.stream.as_raw_fd(),
-            events,
-            revents: 0,
-        })
+        (events != 0).then(|| libc::pollfd { fd: self.stream.as_raw_fd(), events, revents: 0 })
     }
 
     /// Best-effort: sends `frame` only if it fits without blocking, then closes both ways.
@@ -238,20 +193,14 @@ impl Conn {
 }
 
 /// Waits until one of `fds` is ready or `deadline` passes. Returns false on timeout.
-pub(crate) fn poll_until(
-    fds: &mut [libc::pollfd],
-    deadline: Instant,
-) -> Result<bool, BootstrapError> {
+pub(crate) fn poll_until(fds: &mut [libc::pollfd], deadline: Instant) -> Result<bool, BootstrapError> {
     loop {
         let now = Instant::now();
         if now >= deadline {
             return Ok(false);
         }
         // Round up so that we do not spin on sub-millisecond remainders.
-        let ms = (deadline - now)
-            .as_micros()
-            .div_ceil(1000)
-            .min(i32::MAX as u128) as libc::c_int;
+        let ms = (deadline - now).as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
         let nfds = fds.len() as libc::nfds_t;
         // SAFETY: `fds` is a valid, exclusively borrowed slice of `nfds` pollfd structs for
         // the duration of the call; poll only writes their `revents` fields.

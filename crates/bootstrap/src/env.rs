@@ -66,9 +66,7 @@ pub struct BootstrapEnv {
 type Vars<'a> = dyn Fn(&str) -> Option<String> + 'a;
 
 fn get(vars: &Vars, k: &str) -> Option<String> {
-    vars(k)
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty())
+    vars(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
 }
 
 fn need(vars: &Vars, k: &str, why: &str) -> Result<String, BootstrapError> {
@@ -77,9 +75,7 @@ fn need(vars: &Vars, k: &str, why: &str) -> Result<String, BootstrapError> {
 
 fn num(vars: &Vars, k: &str, why: &str) -> Result<usize, BootstrapError> {
     let v = need(vars, k, why)?;
-    v.parse::<usize>().map_err(|_| {
-        BootstrapError::InvalidConfig(format!("{k}={v:?} is not a non-negative integer"))
-    })
+    v.parse::<usize>().map_err(|_| BootstrapError::InvalidConfig(format!("{k}={v:?} is not a non-negative integer")))
 }
 
 fn port(vars: &Vars, k: &str) -> Result<Option<u16>, BootstrapError> {
@@ -88,9 +84,7 @@ fn port(vars: &Vars, k: &str) -> Result<Option<u16>, BootstrapError> {
     };
     match v.parse::<u16>() {
         Ok(p) if p != 0 => Ok(Some(p)),
-        _ => Err(BootstrapError::InvalidConfig(format!(
-            "{k}={v:?} is not a TCP port (1-65535)"
-        ))),
+        _ => Err(BootstrapError::InvalidConfig(format!("{k}={v:?} is not a TCP port (1-65535)"))),
     }
 }
 
@@ -104,26 +98,16 @@ impl BootstrapEnv {
     pub fn parse(vars: &impl Fn(&str) -> Option<String>) -> Result<BootstrapEnv, BootstrapError> {
         let vars: &Vars = vars;
         let has = |k: &str| get(vars, k).is_some();
-        let (launcher, rank, world_size, mut host, mut port_v) = if has("MORI_RANK")
-            || has("MORI_WORLD_SIZE")
-        {
+        let (launcher, rank, world_size, mut host, mut port_v) = if has("MORI_RANK") || has("MORI_WORLD_SIZE") {
             let why = "MORI_RANK and MORI_WORLD_SIZE go together";
             let host = get(vars, "MASTER_ADDR").map(|h| (h, "MASTER_ADDR"));
-            (
-                Launcher::Mori,
-                num(vars, "MORI_RANK", why)?,
-                num(vars, "MORI_WORLD_SIZE", why)?,
-                host,
-                port(vars, "MASTER_PORT")?,
-            )
+            (Launcher::Mori, num(vars, "MORI_RANK", why)?, num(vars, "MORI_WORLD_SIZE", why)?, host, port(vars, "MASTER_PORT")?)
         } else if has("RANK") && has("WORLD_SIZE") {
             let why = "torchrun sets it";
             let host = need(vars, "MASTER_ADDR", why)?;
-            let mut p = port(vars, "MASTER_PORT")?.ok_or_else(|| {
-                BootstrapError::InvalidConfig(format!("MASTER_PORT is not set ({why})"))
-            })?;
-            let agent = get(vars, "TORCHELASTIC_USE_AGENT_STORE")
-                .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            let mut p =
+                port(vars, "MASTER_PORT")?.ok_or_else(|| BootstrapError::InvalidConfig(format!("MASTER_PORT is not set ({why})")))?;
+            let agent = get(vars, "TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
             if agent && get(vars, "MORI_MASTER_PORT").is_none() {
                 p = p.checked_add(1).ok_or_else(|| {
                     BootstrapError::InvalidConfig(format!(
@@ -132,61 +116,27 @@ impl BootstrapEnv {
                 })?;
             }
             let ws = "RANK and WORLD_SIZE go together";
-            (
-                Launcher::Torchrun,
-                num(vars, "RANK", ws)?,
-                num(vars, "WORLD_SIZE", ws)?,
-                Some((host, "MASTER_ADDR")),
-                Some(p),
-            )
+            (Launcher::Torchrun, num(vars, "RANK", ws)?, num(vars, "WORLD_SIZE", ws)?, Some((host, "MASTER_ADDR")), Some(p))
         } else if has("OMPI_COMM_WORLD_RANK") {
             let why = "Open MPI launch";
             let host = get(vars, "MASTER_ADDR").map(|h| (h, "MASTER_ADDR"));
             let rank = num(vars, "OMPI_COMM_WORLD_RANK", why)?;
-            (
-                Launcher::OpenMpi,
-                rank,
-                num(vars, "OMPI_COMM_WORLD_SIZE", why)?,
-                host,
-                port(vars, "MASTER_PORT")?,
-            )
+            (Launcher::OpenMpi, rank, num(vars, "OMPI_COMM_WORLD_SIZE", why)?, host, port(vars, "MASTER_PORT")?)
         } else if has("SLURM_PROCID") {
             let why = "Slurm launch";
-            let size_var = if has("SLURM_NTASKS") {
-                "SLURM_NTASKS"
-            } else {
-                "SLURM_NPROCS"
-            };
-            let (rank, world) = (
-                num(vars, "SLURM_PROCID", why)?,
-                num(vars, size_var, "set by srun")?,
-            );
+            let size_var = if has("SLURM_NTASKS") { "SLURM_NTASKS" } else { "SLURM_NPROCS" };
+            let (rank, world) = (num(vars, "SLURM_PROCID", why)?, num(vars, size_var, "set by srun")?);
             let host = match get(vars, "MASTER_ADDR") {
                 Some(h) => Some((h, "MASTER_ADDR")),
                 None => {
-                    let var = if has("SLURM_JOB_NODELIST") {
-                        "SLURM_JOB_NODELIST"
-                    } else {
-                        "SLURM_NODELIST"
-                    };
-                    let list = need(
-                        vars,
-                        var,
-                        "needed to find the master host when MASTER_ADDR is unset",
-                    )?;
-                    let first = crate::nodelist::first_host(&list).map_err(|e| {
-                        BootstrapError::InvalidConfig(format!("{var}={list:?}: {e}"))
-                    })?;
+                    let var = if has("SLURM_JOB_NODELIST") { "SLURM_JOB_NODELIST" } else { "SLURM_NODELIST" };
+                    let list = need(vars, var, "needed to find the master host when MASTER_ADDR is unset")?;
+                    let first =
+                        crate::nodelist::first_host(&list).map_err(|e| BootstrapError::InvalidConfig(format!("{var}={list:?}: {e}")))?;
                     Some((first, var))
                 }
             };
-            (
-                Launcher::Slurm,
-                rank,
-                world,
-                host,
-                port(vars, "MASTER_PORT")?,
-            )
+            (Launcher::Slurm, rank, world, host, port(vars, "MASTER_PORT")?)
         } else {
             return Err(BootstrapError::InvalidConfig(
                 "no launcher found: set MORI_RANK/MORI_WORLD_SIZE/MORI_MASTER_ADDR, or run under torchrun \
@@ -201,14 +151,9 @@ impl BootstrapEnv {
             port_v = Some(p);
         }
         let (master_host, master_var) = host.ok_or_else(|| {
-            BootstrapError::InvalidConfig(
-                "MORI_MASTER_ADDR (or MASTER_ADDR) is not set: rank 0's host is unknown".into(),
-            )
+            BootstrapError::InvalidConfig("MORI_MASTER_ADDR (or MASTER_ADDR) is not set: rank 0's host is unknown".into())
         })?;
-        let master_host = master_host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
+        let master_host = master_host.trim_start_matches('[').trim_end_matches(']').to_string();
         let (timeout, op_timeout, ifname) = env_tuning(vars)?;
         let env = BootstrapEnv {
             launcher,
@@ -240,22 +185,11 @@ impl BootstrapEnv {
     /// # Errors
     /// [`BootstrapError::InvalidConfig`] naming the variable when resolution fails.
     pub fn master_addr(&self) -> Result<SocketAddr, BootstrapError> {
-        let fail = |why: String| {
-            BootstrapError::InvalidConfig(format!(
-                "{}={:?} cannot be resolved: {why}",
-                self.master_var, self.master_host
-            ))
-        };
-        let addrs: Vec<SocketAddr> = (self.master_host.as_str(), self.master_port)
-            .to_socket_addrs()
-            .map_err(|e| fail(e.to_string()))?
-            .collect();
-        addrs
-            .iter()
-            .find(|a| a.is_ipv4())
-            .or_else(|| addrs.first())
-            .copied()
-            .ok_or_else(|| fail("no addresses".into()))
+        let fail =
+            |why: String| BootstrapError::InvalidConfig(format!("{}={:?} cannot be resolved: {why}", self.master_var, self.master_host));
+        let addrs: Vec<SocketAddr> =
+            (self.master_host.as_str(), self.master_port).to_socket_addrs().map_err(|e| fail(e.to_string()))?.collect();
+        addrs.iter().find(|a| a.is_ipv4()).or_else(|| addrs.first()).copied().ok_or_else(|| fail("no addresses".into()))
     }
 
     /// Resolves the master and builds the socket bootstrap config.

@@ -127,10 +127,7 @@ pub enum BootstrapError {
 impl BootstrapError {
     /// Builds an [`BootstrapError::Io`] from a description and an OS error.
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        BootstrapError::Io {
-            what: what.into(),
-            source,
-        }
+        BootstrapError::Io { what: what.into(), source }
     }
 }
 
@@ -141,15 +138,9 @@ pub(crate) fn secs(d: Duration) -> String {
 
 fn rendezvous_timeout_msg(missing: &[usize], waited: Duration, root: &SocketAddr) -> String {
     if missing == [0] {
-        format!(
-            "root (rank 0) at {root} did not answer within {} s (MORI_BOOTSTRAP_TIMEOUT)",
-            secs(waited)
-        )
+        format!("root (rank 0) at {root} did not answer within {} s (MORI_BOOTSTRAP_TIMEOUT)", secs(waited))
     } else {
-        format!(
-            "ranks {missing:?} never arrived at root {root} within {} s (MORI_BOOTSTRAP_TIMEOUT)",
-            secs(waited)
-        )
+        format!("ranks {missing:?} never arrived at root {root} within {} s (MORI_BOOTSTRAP_TIMEOUT)", secs(waited))
     }
 }
 
@@ -160,30 +151,12 @@ mod tests {
     #[test]
     fn messages_name_the_culprit() {
         let root: SocketAddr = "10.0.0.1:18515".parse().unwrap();
-        let e = BootstrapError::RendezvousTimeout {
-            missing: vec![2, 5],
-            waited: Duration::from_secs(2),
-            root,
-        };
-        assert_eq!(
-            e.to_string(),
-            "ranks [2, 5] never arrived at root 10.0.0.1:18515 within 2.0 s (MORI_BOOTSTRAP_TIMEOUT)"
-        );
-        let e = BootstrapError::AddressInUse {
-            addr: "127.0.0.1:18515".parse().unwrap(),
-        };
-        assert!(e
-            .to_string()
-            .starts_with("port 18515 on 127.0.0.1 is in use"));
-        let e = BootstrapError::Timeout {
-            op: "barrier",
-            waiting_for: vec![3],
-            after: Duration::from_millis(1500),
-        };
-        assert_eq!(
-            e.to_string(),
-            "barrier timed out after 1.5 s waiting for ranks [3]"
-        );
+        let e = BootstrapError::RendezvousTimeout { missing: vec![2, 5], waited: Duration::from_secs(2), root };
+        assert_eq!(e.to_string(), "ranks [2, 5] never arrived at root 10.0.0.1:18515 within 2.0 s (MORI_BOOTSTRAP_TIMEOUT)");
+        let e = BootstrapError::AddressInUse { addr: "127.0.0.1:18515".parse().unwrap() };
+        assert!(e.to_string().starts_with("port 18515 on 127.0.0.1 is in use"));
+        let e = BootstrapError::Timeout { op: "barrier", waiting_for: vec![3], after: Duration::from_millis(1500) };
+        assert_eq!(e.to_string(), "barrier timed out after 1.5 s waiting for ranks [3]");
     }
 
     #[test]

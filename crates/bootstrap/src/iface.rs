@@ -49,9 +49,7 @@ pub fn ipv4_interfaces() -> Result<Vec<InterfaceAddr>, BootstrapError> {
         let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
         let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
         // SAFETY: `ifa_name` is a non-null NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
         let flags = ifa.ifa_flags;
         out.push(InterfaceAddr {
             name,
@@ -73,13 +71,8 @@ pub fn ipv4_interfaces() -> Result<Vec<InterfaceAddr>, BootstrapError> {
 /// # Errors
 /// [`BootstrapError::InvalidConfig`] naming the interface when it has no IPv4 address, or
 /// saying that no usable interface exists.
-pub fn choose_local_ip(
-    ifname: Option<&str>,
-    master: &SocketAddr,
-) -> Result<IpAddr, BootstrapError> {
-    let env = std::env::var(ENV_IFNAME)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
+pub fn choose_local_ip(ifname: Option<&str>, master: &SocketAddr) -> Result<IpAddr, BootstrapError> {
+    let env = std::env::var(ENV_IFNAME).ok().filter(|v| !v.trim().is_empty());
     let (name, source) = match (ifname, env.as_deref()) {
         (Some(n), _) => (Some(n.trim()), "SocketBootstrapConfig::ifname"),
         (None, Some(n)) => (Some(n.trim()), ENV_IFNAME),
@@ -89,20 +82,13 @@ pub fn choose_local_ip(
 }
 
 /// Pure part of [`choose_local_ip`].
-pub(crate) fn pick(
-    name: Option<&str>,
-    source: &str,
-    master: &SocketAddr,
-    ifs: &[InterfaceAddr],
-) -> Result<IpAddr, BootstrapError> {
+pub(crate) fn pick(name: Option<&str>, source: &str, master: &SocketAddr, ifs: &[InterfaceAddr]) -> Result<IpAddr, BootstrapError> {
     if let Some(name) = name {
         return match ifs.iter().find(|i| i.name == name) {
             Some(i) => Ok(IpAddr::V4(i.ip)),
             None => {
                 let known: Vec<&str> = ifs.iter().map(|i| i.name.as_str()).collect();
-                Err(BootstrapError::InvalidConfig(format!(
-                    "{source}={name:?}: no such interface with an IPv4 address (have {known:?})"
-                )))
+                Err(BootstrapError::InvalidConfig(format!("{source}={name:?}: no such interface with an IPv4 address (have {known:?})")))
             }
         };
     }
@@ -112,14 +98,9 @@ pub(crate) fn pick(
             IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
         });
     }
-    ifs.iter()
-        .find(|i| i.up && !i.loopback)
-        .map(|i| IpAddr::V4(i.ip))
-        .ok_or_else(|| {
-            BootstrapError::InvalidConfig(format!(
-                "no non-loopback IPv4 interface is up to reach master {master}; set {ENV_IFNAME}"
-            ))
-        })
+    ifs.iter().find(|i| i.up && !i.loopback).map(|i| IpAddr::V4(i.ip)).ok_or_else(|| {
+        BootstrapError::InvalidConfig(format!("no non-loopback IPv4 interface is up to reach master {master}; set {ENV_IFNAME}"))
+    })
 }
 
 #[cfg(test)]
@@ -127,52 +108,26 @@ mod tests {
     use super::*;
 
     fn ifs() -> Vec<InterfaceAddr> {
-        let mk = |name: &str, ip: [u8; 4], up, loopback| InterfaceAddr {
-            name: name.into(),
-            ip: ip.into(),
-            up,
-            loopback,
-        };
-        vec![
-            mk("lo", [127, 0, 0, 1], true, true),
-            mk("eth9", [10, 9, 9, 9], false, false),
-            mk("ens1", [10, 0, 0, 2], true, false),
-        ]
+        let mk = |name: &str, ip: [u8; 4], up, loopback| InterfaceAddr { name: name.into(), ip: ip.into(), up, loopback };
+        vec![mk("lo", [127, 0, 0, 1], true, true), mk("eth9", [10, 9, 9, 9], false, false), mk("ens1", [10, 0, 0, 2], true, false)]
     }
 
     #[test]
     fn choice_order() {
         let remote: SocketAddr = "10.0.0.1:18515".parse().unwrap();
         let lo: SocketAddr = "127.0.0.5:18515".parse().unwrap();
-        assert_eq!(
-            pick(None, "", &remote, &ifs()).unwrap(),
-            "10.0.0.2".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            pick(None, "", &lo, &ifs()).unwrap(),
-            "127.0.0.1".parse::<IpAddr>().unwrap()
-        );
-        assert_eq!(
-            pick(Some("eth9"), "x", &lo, &ifs()).unwrap(),
-            "10.9.9.9".parse::<IpAddr>().unwrap()
-        );
-        let e = pick(Some("ib0"), ENV_IFNAME, &remote, &ifs())
-            .unwrap_err()
-            .to_string();
+        assert_eq!(pick(None, "", &remote, &ifs()).unwrap(), "10.0.0.2".parse::<IpAddr>().unwrap());
+        assert_eq!(pick(None, "", &lo, &ifs()).unwrap(), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(pick(Some("eth9"), "x", &lo, &ifs()).unwrap(), "10.9.9.9".parse::<IpAddr>().unwrap());
+        let e = pick(Some("ib0"), ENV_IFNAME, &remote, &ifs()).unwrap_err().to_string();
         assert!(e.contains("MORI_SOCKET_IFNAME=\"ib0\""), "{e}");
-        let e = pick(None, "", &remote, &ifs()[..2])
-            .unwrap_err()
-            .to_string();
+        let e = pick(None, "", &remote, &ifs()[..2]).unwrap_err().to_string();
         assert!(e.contains("no non-loopback IPv4 interface"), "{e}");
     }
 
     #[test]
     fn real_interfaces_include_loopback() {
         let all = ipv4_interfaces().unwrap();
-        assert!(
-            all.iter()
-                .any(|i| i.loopback && i.ip == Ipv4Addr::LOCALHOST),
-            "{all:?}"
-        );
+        assert!(all.iter().any(|i| i.loopback && i.ip == Ipv4Addr::LOCALHOST), "{all:?}");
     }
 }

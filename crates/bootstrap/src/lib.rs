@@ -36,8 +36,7 @@ mod socket;
 mod wire;
 
 pub use config::{
-    parse_secs, SocketBootstrapConfig, DEFAULT_PORT, DEFAULT_TIMEOUT, ENV_IFNAME, ENV_OP_TIMEOUT, ENV_TIMEOUT,
-    MAX_WORLD_SIZE,
+    parse_secs, SocketBootstrapConfig, DEFAULT_PORT, DEFAULT_TIMEOUT, ENV_IFNAME, ENV_OP_TIMEOUT, ENV_TIMEOUT, MAX_WORLD_SIZE,
 };
 pub use env::{BootstrapEnv, Launcher};
 pub use error::BootstrapError;
@@ -79,50 +78,25 @@ fn invalid(op: &'static str, detail: String) -> BootstrapError {
 
 pub(crate) fn check_len(op: &'static str, len: u64) -> Result<(), BootstrapError> {
     if len > MAX_FRAME_LEN {
-        return Err(invalid(
-            op,
-            format!("{len} bytes exceed MAX_FRAME_LEN ({MAX_FRAME_LEN})"),
-        ));
+        return Err(invalid(op, format!("{len} bytes exceed MAX_FRAME_LEN ({MAX_FRAME_LEN})")));
     }
     Ok(())
 }
 
-pub(crate) fn check_all_to_all(
-    data: &[Vec<u8>],
-    me: usize,
-    n: usize,
-) -> Result<(), BootstrapError> {
+pub(crate) fn check_all_to_all(data: &[Vec<u8>], me: usize, n: usize) -> Result<(), BootstrapError> {
     if data.len() != n {
-        return Err(invalid(
-            "all_to_all",
-            format!("{} blocks given, world size is {n}", data.len()),
-        ));
+        return Err(invalid("all_to_all", format!("{} blocks given, world size is {n}", data.len())));
     }
-    let others = data
-        .iter()
-        .enumerate()
-        .filter(|(j, _)| *j != me)
-        .map(|(_, b)| b.len());
+    let others = data.iter().enumerate().filter(|(j, _)| *j != me).map(|(_, b)| b.len());
     check_len("all_to_all", wire::blocks_len(others))
 }
 
-pub(crate) fn check_broadcast(
-    root: usize,
-    data: Option<&[u8]>,
-    me: usize,
-    n: usize,
-) -> Result<(), BootstrapError> {
+pub(crate) fn check_broadcast(root: usize, data: Option<&[u8]>, me: usize, n: usize) -> Result<(), BootstrapError> {
     if root >= n {
-        return Err(invalid(
-            "broadcast",
-            format!("root {root} is not below world size {n}"),
-        ));
+        return Err(invalid("broadcast", format!("root {root} is not below world size {n}")));
     }
     match data {
-        None if me == root => Err(invalid(
-            "broadcast",
-            format!("rank {me} is the root but passed no data"),
-        )),
+        None if me == root => Err(invalid("broadcast", format!("rank {me} is the root but passed no data"))),
         Some(d) => check_len("broadcast", d.len() as u64),
         None => Ok(()),
     }

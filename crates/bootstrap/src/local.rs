@@ -41,10 +41,7 @@ pub struct LocalBootstrap {
 
 impl std::fmt::Debug for LocalBootstrap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalBootstrap")
-            .field("rank", &self.rank)
-            .field("world_size", &self.n)
-            .finish()
+        f.debug_struct("LocalBootstrap").field("rank", &self.rank).field("world_size", &self.n).finish()
     }
 }
 
@@ -72,38 +69,17 @@ impl LocalBootstrap {
         tx.into_iter()
             .zip(rx)
             .enumerate()
-            .map(|(rank, (tx, rx))| LocalBootstrap {
-                rank,
-                n,
-                timeout,
-                tx,
-                rx,
-                state: Mutex::new(LocalState {
-                    seq: 0,
-                    poisoned: None,
-                }),
-            })
+            .map(|(rank, (tx, rx))| LocalBootstrap { rank, n, timeout, tx, rx, state: Mutex::new(LocalState { seq: 0, poisoned: None }) })
             .collect()
     }
 
-    fn run<T>(
-        &self,
-        op: Op,
-        f: impl FnOnce(&Ctx) -> Result<T, BootstrapError>,
-    ) -> Result<T, BootstrapError> {
+    fn run<T>(&self, op: Op, f: impl FnOnce(&Ctx) -> Result<T, BootstrapError>) -> Result<T, BootstrapError> {
         let mut st = self.state.lock();
         if let Some(first) = &st.poisoned {
-            return Err(BootstrapError::Poisoned {
-                first: first.clone(),
-            });
+            return Err(BootstrapError::Poisoned { first: first.clone() });
         }
         st.seq += 1;
-        let ctx = Ctx {
-            op,
-            seq: st.seq,
-            deadline: Instant::now() + self.timeout,
-            aborted: false.into(),
-        };
+        let ctx = Ctx { op, seq: st.seq, deadline: Instant::now() + self.timeout, aborted: false.into() };
         let res = f(&ctx);
         if let Err(e) = &res {
             st.poisoned = Some(e.to_string());
@@ -121,26 +97,11 @@ impl LocalBootstrap {
 
     /// Sends `sends` (destination, payload), then receives one message from each rank in
     /// `from`, before the deadline.
-    fn exchange(
-        &self,
-        ctx: &Ctx,
-        sends: Vec<(usize, Vec<u8>)>,
-        from: &[usize],
-    ) -> Result<Vec<Vec<u8>>, BootstrapError> {
+    fn exchange(&self, ctx: &Ctx, sends: Vec<(usize, Vec<u8>)>, from: &[usize]) -> Result<Vec<Vec<u8>>, BootstrapError> {
         let during = ctx.op.name();
-        let gone = |rank| BootstrapError::PeerLost {
-            rank,
-            during,
-            cause: "its LocalBootstrap was dropped".into(),
-        };
+        let gone = |rank| BootstrapError::PeerLost { rank, during, cause: "its LocalBootstrap was dropped".into() };
         for (j, payload) in sends {
-            self.tx[j]
-                .send(Msg::Data {
-                    op: ctx.op,
-                    seq: ctx.seq,
-                    payload,
-                })
-                .map_err(|_| gone(j))?;
+            self.tx[j].send(Msg::Data { op: ctx.op, seq: ctx.seq, payload }).map_err(|_| gone(j))?;
         }
         let mut got: Vec<Option<Vec<u8>>> = vec![None; from.len()];
         loop {
@@ -154,26 +115,16 @@ impl LocalBootstrap {
             }
             let Ok(oper) = sel.select_deadline(ctx.deadline) else {
                 let waiting_for = pending.iter().map(|&i| from[i]).collect();
-                return Err(BootstrapError::Timeout {
-                    op: during,
-                    waiting_for,
-                    after: self.timeout,
-                });
+                return Err(BootstrapError::Timeout { op: during, waiting_for, after: self.timeout });
             };
             let i = pending[oper.index()];
             let src = from[i];
             match oper.recv(&self.rx[src]) {
-                Ok(Msg::Data { op, seq, payload }) if op == ctx.op && seq == ctx.seq => {
-                    got[i] = Some(payload)
-                }
+                Ok(Msg::Data { op, seq, payload }) if op == ctx.op && seq == ctx.seq => got[i] = Some(payload),
                 Ok(Msg::Data { op, seq, .. }) => {
                     return Err(crate::wire::proto(
                         &format!("rank {src}"),
-                        format!(
-                            "sent {} #{seq} while this rank is in {during} #{}",
-                            op.name(),
-                            ctx.seq
-                        ),
+                        format!("sent {} #{seq} while this rank is in {during} #{}", op.name(), ctx.seq),
                     ))
                 }
                 Ok(Msg::Abort(r)) => {
@@ -203,15 +154,7 @@ impl Bootstrap for LocalBootstrap {
             let others = self.others();
             let sends = others.iter().map(|&j| (j, data.to_vec())).collect();
             let mut got = self.exchange(ctx, sends, &others)?.into_iter();
-            Ok((0..self.n)
-                .map(|r| {
-                    if r == self.rank {
-                        data.to_vec()
-                    } else {
-                        got.next().unwrap_or_default()
-                    }
-                })
-                .collect())
+            Ok((0..self.n).map(|r| if r == self.rank { data.to_vec() } else { got.next().unwrap_or_default() }).collect())
         })
     }
     fn all_to_all(&self, mut data: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, BootstrapError> {
@@ -219,21 +162,10 @@ impl Bootstrap for LocalBootstrap {
         self.run(Op::AllToAll, |ctx| {
             let mine = std::mem::take(&mut data[self.rank]);
             let others = self.others();
-            let sends = others
-                .iter()
-                .map(|&j| (j, std::mem::take(&mut data[j])))
-                .collect();
+            let sends = others.iter().map(|&j| (j, std::mem::take(&mut data[j]))).collect();
             let mut got = self.exchange(ctx, sends, &others)?.into_iter();
             let mut mine = Some(mine);
-            Ok((0..self.n)
-                .map(|r| {
-                    if r == self.rank {
-                        mine.take().unwrap_or_default()
-                    } else {
-                        got.next().unwrap_or_default()
-                    }
-                })
-                .collect())
+            Ok((0..self.n).map(|r| if r == self.rank { mine.take().unwrap_or_default() } else { got.next().unwrap_or_default() }).collect())
         })
     }
     fn broadcast(&self, root: usize, data: Option<&[u8]>) -> Result<Vec<u8>, BootstrapError> {
@@ -241,18 +173,11 @@ impl Bootstrap for LocalBootstrap {
         self.run(Op::Broadcast, |ctx| {
             if self.rank == root {
                 let bytes = data.unwrap_or_default().to_vec();
-                let sends = self
-                    .others()
-                    .into_iter()
-                    .map(|j| (j, bytes.clone()))
-                    .collect();
+                let sends = self.others().into_iter().map(|j| (j, bytes.clone())).collect();
                 self.exchange(ctx, sends, &[])?;
                 Ok(bytes)
             } else {
-                Ok(self
-                    .exchange(ctx, Vec::new(), &[root])?
-                    .pop()
-                    .unwrap_or_default())
+                Ok(self.exchange(ctx, Vec::new(), &[root])?.pop().unwrap_or_default())
             }
         })
     }

@@ -90,12 +90,7 @@ impl Mesh {
                     },
                 }
             }
-            let sending: Vec<usize> = self
-                .conns
-                .iter()
-                .filter(|c| c.has_output())
-                .map(|c| c.peer)
-                .collect();
+            let sending: Vec<usize> = self.conns.iter().filter(|c| c.has_output()).map(|c| c.peer).collect();
             if pending.is_empty() && sending.is_empty() {
                 return Ok(got.into_iter().map(Option::unwrap_or_default).collect());
             }
@@ -105,11 +100,7 @@ impl Mesh {
                 waiting_for.extend(sending);
                 waiting_for.sort_unstable();
                 waiting_for.dedup();
-                return Err(BootstrapError::Timeout {
-                    op: ctx.op.name(),
-                    waiting_for,
-                    after: ctx.budget,
-                });
+                return Err(BootstrapError::Timeout { op: ctx.op.name(), waiting_for, after: ctx.budget });
             }
         }
     }
@@ -120,11 +111,7 @@ impl Mesh {
         for i in 0..self.conns.len() {
             let conn = &mut self.conns[i];
             if let Pumped::WriteFailed(cause) = conn.pump()? {
-                return Err(BootstrapError::PeerLost {
-                    rank: conn.peer,
-                    during: op.name(),
-                    cause,
-                });
+                return Err(BootstrapError::PeerLost { rank: conn.peer, during: op.name(), cause });
             }
             if let Some(abort) = take_abort(conn)? {
                 let err = abort.to_error(op.name(), self.root);
@@ -137,19 +124,9 @@ impl Mesh {
 
     /// Tells every peer about `err` (best effort, never blocks) and closes all connections.
     pub fn abort(&mut self, err: &BootstrapError, me: usize) {
-        let report = self
-            .received
-            .clone()
-            .unwrap_or_else(|| Report::from_error(err, me));
+        let report = self.received.clone().unwrap_or_else(|| Report::from_error(err, me));
         let payload = report.encode();
-        let mut frame = crate::wire::Header {
-            tag: Tag::Abort,
-            op: 0,
-            seq: 0,
-            len: payload.len() as u64,
-        }
-        .encode()
-        .to_vec();
+        let mut frame = crate::wire::Header { tag: Tag::Abort, op: 0, seq: 0, len: payload.len() as u64 }.encode().to_vec();
         frame.extend_from_slice(&payload);
         for conn in &mut self.conns {
             conn.abort_and_close(Some(frame.clone()));
@@ -158,11 +135,7 @@ impl Mesh {
 }
 
 fn lost(rank: usize, ctx: &Ctx, cause: String) -> BootstrapError {
-    BootstrapError::PeerLost {
-        rank,
-        during: ctx.op.name(),
-        cause,
-    }
+    BootstrapError::PeerLost { rank, during: ctx.op.name(), cause }
 }
 
 /// Removes and decodes an abort frame if one is queued anywhere in the inbox.
@@ -178,10 +151,7 @@ fn take_abort(conn: &mut Conn) -> Result<Option<Report>, BootstrapError> {
 
 fn check(f: Frame, ctx: &Ctx, from: &str) -> Result<Vec<u8>, BootstrapError> {
     if f.hdr.tag != Tag::Data {
-        return Err(crate::wire::proto(
-            from,
-            format!("unexpected {:?} frame during {}", f.hdr.tag, ctx.op.name()),
-        ));
+        return Err(crate::wire::proto(from, format!("unexpected {:?} frame during {}", f.hdr.tag, ctx.op.name())));
     }
     if f.hdr.op != ctx.op as u8 || f.hdr.seq != ctx.seq {
         return Err(crate::wire::proto(

@@ -21,9 +21,7 @@ pub fn first_host(list: &str) -> Result<String, String> {
             _ => {}
         }
         if !(0..=1).contains(&depth) {
-            return Err(format!(
-                "unbalanced or nested brackets in host list {list:?}"
-            ));
+            return Err(format!("unbalanced or nested brackets in host list {list:?}"));
         }
     }
     let item = list[..end].trim();
@@ -35,9 +33,7 @@ pub fn first_host(list: &str) -> Result<String, String> {
     while let Some(open) = rest.find('[') {
         host.push_str(&rest[..open]);
         let after = &rest[open + 1..];
-        let close = after
-            .find(']')
-            .ok_or_else(|| format!("unclosed '[' in host list entry {item:?}"))?;
+        let close = after.find(']').ok_or_else(|| format!("unclosed '[' in host list entry {item:?}"))?;
         let ranges = &after[..close];
         let first = ranges.split([',', '-']).next().unwrap_or("").trim();
         if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
@@ -45,9 +41,7 @@ pub fn first_host(list: &str) -> Result<String, String> {
         }
         for part in ranges.split(',') {
             let ok = part.split('-').count() <= 2
-                && part
-                    .split('-')
-                    .all(|n| !n.trim().is_empty() && n.trim().bytes().all(|b| b.is_ascii_digit()));
+                && part.split('-').all(|n| !n.trim().is_empty() && n.trim().bytes().all(|b| b.is_ascii_digit()));
             if !ok {
                 return Err(format!("bad range [{ranges}] in host list entry {item:?}"));
             }
@@ -72,10 +66,7 @@ mod tests {
         assert_eq!(first_host("node17").unwrap(), "node17");
         assert_eq!(first_host("alpha,beta").unwrap(), "alpha");
         assert_eq!(first_host(" n[3,1-2] ").unwrap(), "n3");
-        assert_eq!(
-            first_host("rack[1-2]-node[008-010]").unwrap(),
-            "rack1-node008"
-        );
+        assert_eq!(first_host("rack[1-2]-node[008-010]").unwrap(), "rack1-node008");
         assert_eq!(first_host("login1,gpu-[01-04]").unwrap(), "login1");
         assert_eq!(first_host("a[0]b").unwrap(), "a0b");
         assert_eq!(first_host("host.example.com").unwrap(), "host.example.com");
@@ -83,17 +74,7 @@ mod tests {
 
     #[test]
     fn malformed_lists() {
-        for bad in [
-            "",
-            ",a",
-            "gpu-[01-04",
-            "gpu-]01[",
-            "gpu-[a-b]",
-            "gpu-[]",
-            "gpu-[1-2-3]",
-            "x[[1]]",
-            "gpu-[1,]",
-        ] {
+        for bad in ["", ",a", "gpu-[01-04", "gpu-]01[", "gpu-[a-b]", "gpu-[]", "gpu-[1-2-3]", "x[[1]]", "gpu-[1,]"] {
             assert!(first_host(bad).is_err(), "{bad:?} should be rejected");
         }
     }

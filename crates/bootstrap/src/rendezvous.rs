@@ -16,28 +16,18 @@ use crate::wire::{Dec, Enc, Hello, Table, Tag};
 /// Binds the master address (SO_REUSEADDR) for rank 0.
 pub(crate) fn bind_master(addr: SocketAddr) -> Result<TcpListener, BootstrapError> {
     use socket2::{Domain, Socket, Type};
-    let what = |s: &str| {
-        format!(
-            "{s} master address {addr} (rank 0 binds it: is this host {}?)",
-            addr.ip()
-        )
-    };
-    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, None)
-        .map_err(|e| BootstrapError::io(what("creating a socket for"), e))?;
-    sock.set_reuse_address(true)
-        .map_err(|e| BootstrapError::io(what("setting SO_REUSEADDR on"), e))?;
+    let what = |s: &str| format!("{s} master address {addr} (rank 0 binds it: is this host {}?)", addr.ip());
+    let sock =
+        Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(|e| BootstrapError::io(what("creating a socket for"), e))?;
+    sock.set_reuse_address(true).map_err(|e| BootstrapError::io(what("setting SO_REUSEADDR on"), e))?;
     match sock.bind(&addr.into()) {
-        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
-            return Err(BootstrapError::AddressInUse { addr })
-        }
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(BootstrapError::AddressInUse { addr }),
         Err(e) => return Err(BootstrapError::io(what("binding"), e)),
         Ok(()) => {}
     }
-    sock.listen(1024)
-        .map_err(|e| BootstrapError::io(what("listening on"), e))?;
+    sock.listen(1024).map_err(|e| BootstrapError::io(what("listening on"), e))?;
     let l: TcpListener = sock.into();
-    l.set_nonblocking(true)
-        .map_err(|e| BootstrapError::io(what("set_nonblocking on"), e))?;
+    l.set_nonblocking(true).map_err(|e| BootstrapError::io(what("set_nonblocking on"), e))?;
     Ok(l)
 }
 
@@ -69,9 +59,7 @@ pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     h.write_u128(t.as_nanos());
     let local = 0u8;
     h.write_usize(&local as *const u8 as usize);
@@ -97,11 +85,7 @@ fn accept_all(l: &TcpListener, out: &mut Vec<Option<Conn>>) {
 }
 
 fn listener_fd(l: &TcpListener) -> libc::pollfd {
-    libc::pollfd {
-        fd: l.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    }
+    libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 }
 }
 
 enum Step {
@@ -133,11 +117,7 @@ fn serve(c: &mut Conn, id: usize, roster: &mut Roster, master: SocketAddr) -> St
             Admit::Reject(e @ BootstrapError::Protocol { .. }) => return Step::Drop(e.to_string()),
             Admit::Reject(e) => return Step::Fail(e),
         }
-        tracing::debug!(
-            "bootstrap: rank {} (pid {}) checked in from {from}",
-            hello.rank,
-            hello.pid
-        );
+        tracing::debug!("bootstrap: rank {} (pid {}) checked in from {from}", hello.rank, hello.pid);
         c.peer = hello.rank;
         c.name = format!("rank {} ({from})", hello.rank);
     }
@@ -187,19 +167,14 @@ pub(crate) fn root_collect(
             match serve(c, id, &mut roster, master) {
                 Step::Keep => {}
                 Step::Replaced(old) => {
-                    tracing::info!(
-                        "bootstrap: {} reconnected; dropping its old connection",
-                        c.name
-                    );
+                    tracing::info!("bootstrap: {} reconnected; dropping its old connection", c.name);
                     if let Some(slot) = conns.get_mut(old) {
                         *slot = None;
                     }
                 }
                 Step::Drop(why) => {
                     if let Some(rank) = roster.forget(id) {
-                        tracing::warn!(
-                            "bootstrap: rank {rank} left before rendezvous completed: {why}"
-                        );
+                        tracing::warn!("bootstrap: rank {rank} left before rendezvous completed: {why}");
                     } else {
                         tracing::warn!("bootstrap: dropping stray connection {}: {why}", c.name);
                     }
@@ -217,11 +192,7 @@ pub(crate) fn root_collect(
         let mut fds = vec![listener_fd(l)];
         fds.extend(conns.iter().flatten().filter_map(Conn::interest));
         if !poll_until(&mut fds, deadline)? {
-            let e = BootstrapError::RendezvousTimeout {
-                missing: roster.missing(),
-                waited: timeout,
-                root: master,
-            };
+            let e = BootstrapError::RendezvousTimeout { missing: roster.missing(), waited: timeout, root: master };
             reject_all(&mut conns, &e);
             return Err(e);
         }
@@ -236,37 +207,22 @@ pub(crate) fn root_collect(
         }
     }
     if star.len() + 1 != world {
-        return Err(BootstrapError::Protocol {
-            from: "rendezvous".into(),
-            detail: "roster lost a connection".into(),
-        });
+        return Err(BootstrapError::Protocol { from: "rendezvous".into(), detail: "roster lost a connection".into() });
     }
     Ok((star, table))
 }
 
 /// Non-root side: dials the root within `timeout`, says hello, waits for the table (the
 /// root answers within its own budget, which started before it accepted us).
-pub(crate) fn join_root(
-    hello: &Hello,
-    master: SocketAddr,
-    timeout: Duration,
-) -> Result<(Conn, Table), BootstrapError> {
+pub(crate) fn join_root(hello: &Hello, master: SocketAddr, timeout: Duration) -> Result<(Conn, Table), BootstrapError> {
     let stream = connect_retry(master, Instant::now() + timeout).map_err(|cause| {
         tracing::debug!("bootstrap: last connect error to {master}: {cause}");
-        BootstrapError::RendezvousTimeout {
-            missing: vec![0],
-            waited: timeout,
-            root: master,
-        }
+        BootstrapError::RendezvousTimeout { missing: vec![0], waited: timeout, root: master }
     })?;
     let mut c = Conn::new(stream, 0, format!("rank 0 ({master})"))?;
     c.queue(Tag::Hello, 0, 0, hello.encode());
     let deadline = Instant::now() + timeout + Duration::from_secs(1);
-    let lost = |cause: String| BootstrapError::PeerLost {
-        rank: 0,
-        during: "rendezvous",
-        cause,
-    };
+    let lost = |cause: String| BootstrapError::PeerLost { rank: 0, during: "rendezvous", cause };
     loop {
         if let Pumped::WriteFailed(e) = c.pump()? {
             return Err(lost(e));
@@ -277,13 +233,8 @@ pub(crate) fn join_root(
                     let table = Table::decode(&f.payload, &c.name, hello.world_size)?;
                     Ok((c, table))
                 }
-                Tag::Reject | Tag::Abort => {
-                    Err(Report::decode(&f.payload, &c.name)?.to_error("rendezvous", master))
-                }
-                t => Err(crate::wire::proto(
-                    &c.name,
-                    format!("unexpected {t:?} frame during rendezvous"),
-                )),
+                Tag::Reject | Tag::Abort => Err(Report::decode(&f.payload, &c.name)?.to_error("rendezvous", master)),
+                t => Err(crate::wire::proto(&c.name, format!("unexpected {t:?} frame during rendezvous"))),
             };
         }
         if let Some(cause) = &c.closed {
@@ -291,11 +242,7 @@ pub(crate) fn join_root(
         }
         let mut fds: Vec<libc::pollfd> = c.interest().into_iter().collect();
         if !poll_until(&mut fds, deadline)? {
-            return Err(BootstrapError::Timeout {
-                op: "rendezvous",
-                waiting_for: vec![0],
-                after: timeout,
-            });
+            return Err(BootstrapError::Timeout { op: "rendezvous", waiting_for: vec![0], after: timeout });
         }
     }
 }
@@ -325,12 +272,7 @@ pub(crate) fn build_ring(
         cause: format!("cannot connect to its listener {to}: {cause}"),
     })?;
     let mut c = Conn::new(stream, next, format!("rank {next} ({to})"))?;
-    c.queue(
-        Tag::RingHello,
-        Op::Setup as u8,
-        0,
-        ring_hello(table.session, me),
-    );
+    c.queue(Tag::RingHello, Op::Setup as u8, 0, ring_hello(table.session, me));
     mesh.conns.push(c);
     let next_id = mesh.conns.len() - 1;
     let mut pending: Vec<Option<Conn>> = Vec::new();
@@ -354,21 +296,14 @@ pub(crate) fn build_ring(
                     mesh.conns.push(c);
                     return Ok((next_id, mesh.conns.len() - 1));
                 }
-                tracing::warn!(
-                    "bootstrap: dropping stray connection {} during ring setup",
-                    c.name
-                );
+                tracing::warn!("bootstrap: dropping stray connection {} during ring setup", c.name);
             }
         }
         let mut fds = vec![listener_fd(l)];
         fds.extend(pending.iter().flatten().filter_map(Conn::interest));
         fds.extend(mesh.conns.iter().filter_map(Conn::interest));
         if !poll_until(&mut fds, deadline)? {
-            return Err(BootstrapError::Timeout {
-                op: "ring setup",
-                waiting_for: vec![prev],
-                after: budget,
-            });
+            return Err(BootstrapError::Timeout { op: "ring setup", waiting_for: vec![prev], after: budget });
         }
     }
 }

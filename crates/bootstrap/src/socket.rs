@@ -66,19 +66,8 @@ impl SocketBootstrap {
     pub fn new(cfg: SocketBootstrapConfig) -> Result<SocketBootstrap, BootstrapError> {
         cfg.validate()?;
         let (rank, n, master) = (cfg.rank, cfg.world_size, cfg.master);
-        let mesh = |conns| Mesh {
-            conns,
-            root: master,
-            received: None,
-        };
-        let empty = Links {
-            mesh: mesh(Vec::new()),
-            star: Vec::new(),
-            next: 0,
-            prev: 0,
-            me: rank,
-            n,
-        };
+        let mesh = |conns| Mesh { conns, root: master, received: None };
+        let empty = Links { mesh: mesh(Vec::new()), star: Vec::new(), next: 0, prev: 0, me: rank, n };
         if n == 1 {
             return Ok(Self::assemble(&cfg, master, empty));
         }
@@ -91,42 +80,18 @@ impl SocketBootstrap {
         } else {
             let ip = crate::iface::choose_local_ip(cfg.ifname.as_deref(), &master)?;
             let what = |s: &str| format!("{s} ring listener on {ip}");
-            let l =
-                TcpListener::bind((ip, 0)).map_err(|e| BootstrapError::io(what("binding"), e))?;
-            l.set_nonblocking(true)
-                .map_err(|e| BootstrapError::io(what("set_nonblocking on"), e))?;
-            let local = l
-                .local_addr()
-                .map_err(|e| BootstrapError::io(what("reading the address of"), e))?;
-            let hello = Hello {
-                rank,
-                world_size: n,
-                listen: local,
-                nonce: random_u64(),
-                pid: std::process::id(),
-            };
+            let l = TcpListener::bind((ip, 0)).map_err(|e| BootstrapError::io(what("binding"), e))?;
+            l.set_nonblocking(true).map_err(|e| BootstrapError::io(what("set_nonblocking on"), e))?;
+            let local = l.local_addr().map_err(|e| BootstrapError::io(what("reading the address of"), e))?;
+            let hello = Hello { rank, world_size: n, listen: local, nonce: random_u64(), pid: std::process::id() };
             tracing::debug!("bootstrap: rank {rank} listening on {local}, dialing root {master}");
             let (conn, table) = join_root(&hello, master, cfg.timeout)?;
             (l, local, vec![conn], table)
         };
         let star = (0..star_conns.len()).collect();
-        let mut links = Links {
-            mesh: mesh(star_conns),
-            star,
-            next: 0,
-            prev: 0,
-            me: rank,
-            n,
-        };
+        let mut links = Links { mesh: mesh(star_conns), star, next: 0, prev: 0, me: rank, n };
         let deadline = Instant::now() + cfg.op_timeout;
-        match build_ring(
-            &mut links.mesh,
-            &listener,
-            rank,
-            &table,
-            deadline,
-            cfg.op_timeout,
-        ) {
+        match build_ring(&mut links.mesh, &listener, rank, &table, deadline, cfg.op_timeout) {
             Ok((next, prev)) => (links.next, links.prev) = (next, prev),
             Err(e) => {
                 links.mesh.abort(&e, rank);
@@ -140,22 +105,14 @@ impl SocketBootstrap {
         Ok(bs)
     }
 
-    fn assemble(
-        cfg: &SocketBootstrapConfig,
-        local_addr: SocketAddr,
-        links: Links,
-    ) -> SocketBootstrap {
+    fn assemble(cfg: &SocketBootstrapConfig, local_addr: SocketAddr, links: Links) -> SocketBootstrap {
         SocketBootstrap {
             rank: cfg.rank,
             world_size: cfg.world_size,
             op_timeout: cfg.op_timeout,
             local_addr,
             master: cfg.master,
-            state: Mutex::new(State {
-                links,
-                seq: 0,
-                poisoned: None,
-            }),
+            state: Mutex::new(State { links, seq: 0, poisoned: None }),
         }
     }
 
@@ -179,24 +136,13 @@ impl SocketBootstrap {
         self.master
     }
 
-    fn run<T>(
-        &self,
-        op: Op,
-        f: impl FnOnce(&mut Links, &Ctx) -> Result<T, BootstrapError>,
-    ) -> Result<T, BootstrapError> {
+    fn run<T>(&self, op: Op, f: impl FnOnce(&mut Links, &Ctx) -> Result<T, BootstrapError>) -> Result<T, BootstrapError> {
         let mut st = self.state.lock();
         if let Some(first) = &st.poisoned {
-            return Err(BootstrapError::Poisoned {
-                first: first.clone(),
-            });
+            return Err(BootstrapError::Poisoned { first: first.clone() });
         }
         st.seq += 1;
-        let ctx = Ctx {
-            op,
-            seq: st.seq,
-            deadline: Instant::now() + self.op_timeout,
-            budget: self.op_timeout,
-        };
+        let ctx = Ctx { op, seq: st.seq, deadline: Instant::now() + self.op_timeout, budget: self.op_timeout };
         let res = f(&mut st.links, &ctx);
         if let Err(e) = &res {
             tracing::warn!("bootstrap: rank {} failed in {}: {e}", self.rank, op.name());

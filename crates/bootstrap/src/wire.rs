@@ -63,39 +63,23 @@ impl Header {
     pub fn decode(b: &[u8; HEADER_LEN], from: &str) -> Result<Header, BootstrapError> {
         let magic = u16::from_le_bytes([b[0], b[1]]);
         if magic != MAGIC {
-            return Err(proto(
-                from,
-                format!("bad frame magic {magic:#06x} (not a MORI bootstrap peer?)"),
-            ));
+            return Err(proto(from, format!("bad frame magic {magic:#06x} (not a MORI bootstrap peer?)")));
         }
-        let tag =
-            Tag::from_u8(b[2]).ok_or_else(|| proto(from, format!("unknown frame tag {}", b[2])))?;
+        let tag = Tag::from_u8(b[2]).ok_or_else(|| proto(from, format!("unknown frame tag {}", b[2])))?;
         let mut seq = [0u8; 8];
         seq.copy_from_slice(&b[4..12]);
         let mut len = [0u8; 8];
         len.copy_from_slice(&b[12..20]);
         let len = u64::from_le_bytes(len);
         if len > crate::MAX_FRAME_LEN {
-            return Err(BootstrapError::FrameTooLarge {
-                from: from.to_string(),
-                len,
-                max: crate::MAX_FRAME_LEN,
-            });
+            return Err(BootstrapError::FrameTooLarge { from: from.to_string(), len, max: crate::MAX_FRAME_LEN });
         }
-        Ok(Header {
-            tag,
-            op: b[3],
-            seq: u64::from_le_bytes(seq),
-            len,
-        })
+        Ok(Header { tag, op: b[3], seq: u64::from_le_bytes(seq), len })
     }
 }
 
 pub(crate) fn proto(from: &str, detail: impl Into<String>) -> BootstrapError {
-    BootstrapError::Protocol {
-        from: from.to_string(),
-        detail: detail.into(),
-    }
+    BootstrapError::Protocol { from: from.to_string(), detail: detail.into() }
 }
 
 /// Little-endian encoder.
@@ -149,13 +133,7 @@ impl<'a> Dec<'a> {
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], BootstrapError> {
         if self.buf.len() < n {
-            return Err(proto(
-                self.from,
-                format!(
-                    "message truncated: wanted {n} more bytes, {} left",
-                    self.buf.len()
-                ),
-            ));
+            return Err(proto(self.from, format!("message truncated: wanted {n} more bytes, {} left", self.buf.len())));
         }
         let (h, t) = self.buf.split_at(n);
         self.buf = t;
@@ -198,10 +176,7 @@ impl<'a> Dec<'a> {
         if self.buf.is_empty() {
             Ok(())
         } else {
-            Err(proto(
-                self.from,
-                format!("{} unexpected trailing bytes", self.buf.len()),
-            ))
+            Err(proto(self.from, format!("{} unexpected trailing bytes", self.buf.len())))
         }
     }
 }
@@ -221,30 +196,16 @@ pub(crate) struct Hello {
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
-        e.u16(VERSION)
-            .uz(self.rank)
-            .uz(self.world_size)
-            .addr(&self.listen)
-            .u64(self.nonce)
-            .u32(self.pid);
+        e.u16(VERSION).uz(self.rank).uz(self.world_size).addr(&self.listen).u64(self.nonce).u32(self.pid);
         e.0
     }
     pub fn decode(b: &[u8], from: &str) -> Result<Hello, BootstrapError> {
         let mut d = Dec::new(b, from);
         let v = d.u16()?;
         if v != VERSION {
-            return Err(proto(
-                from,
-                format!("bootstrap protocol version {v}, this build speaks {VERSION}"),
-            ));
+            return Err(proto(from, format!("bootstrap protocol version {v}, this build speaks {VERSION}")));
         }
-        let h = Hello {
-            rank: d.uz()?,
-            world_size: d.uz()?,
-            listen: d.addr()?,
-            nonce: d.u64()?,
-            pid: d.u32()?,
-        };
+        let h = Hello { rank: d.uz()?, world_size: d.uz()?, listen: d.addr()?, nonce: d.u64()?, pid: d.u32()? };
         d.end()?;
         Ok(h)
     }
@@ -271,10 +232,7 @@ impl Table {
         let session = d.u64()?;
         let n = d.uz()?;
         if n != world {
-            return Err(proto(
-                from,
-                format!("address table has {n} entries, world size is {world}"),
-            ));
+            return Err(proto(from, format!("address table has {n} entries, world size is {world}")));
         }
         let addrs = (0..n).map(|_| d.addr()).collect::<Result<Vec<_>, _>>()?;
         d.end()?;
@@ -294,28 +252,17 @@ pub(crate) fn encode_blocks<'b>(blocks: impl ExactSizeIterator<Item = &'b [u8]>)
 
 /// Size in bytes of `encode_blocks` over blocks of these lengths.
 pub(crate) fn blocks_len(lens: impl Iterator<Item = usize>) -> u64 {
-    lens.fold(8u64, |acc, l| {
-        acc.saturating_add(8).saturating_add(l as u64)
-    })
+    lens.fold(8u64, |acc, l| acc.saturating_add(8).saturating_add(l as u64))
 }
 
 /// Decodes a bundle that must hold exactly `count` blocks.
-pub(crate) fn decode_blocks(
-    b: &[u8],
-    from: &str,
-    count: usize,
-) -> Result<Vec<Vec<u8>>, BootstrapError> {
+pub(crate) fn decode_blocks(b: &[u8], from: &str, count: usize) -> Result<Vec<Vec<u8>>, BootstrapError> {
     let mut d = Dec::new(b, from);
     let n = d.uz()?;
     if n != count {
-        return Err(proto(
-            from,
-            format!("all_to_all bundle holds {n} blocks, expected {count}"),
-        ));
+        return Err(proto(from, format!("all_to_all bundle holds {n} blocks, expected {count}")));
     }
-    let v = (0..n)
-        .map(|_| d.bytes().map(<[u8]>::to_vec))
-        .collect::<Result<Vec<_>, _>>()?;
+    let v = (0..n).map(|_| d.bytes().map(<[u8]>::to_vec)).collect::<Result<Vec<_>, _>>()?;
     d.end()?;
     Ok(v)
 }
@@ -326,18 +273,9 @@ mod tests {
 
     #[test]
     fn header_roundtrip_and_limits() {
-        let h = Header {
-            tag: Tag::Data,
-            op: 3,
-            seq: 77,
-            len: 5,
-        };
+        let h = Header { tag: Tag::Data, op: 3, seq: 77, len: 5 };
         assert_eq!(Header::decode(&h.encode(), "x").unwrap(), h);
-        let big = Header {
-            len: crate::MAX_FRAME_LEN + 1,
-            ..h
-        }
-        .encode();
+        let big = Header { len: crate::MAX_FRAME_LEN + 1, ..h }.encode();
         match Header::decode(&big, "rank 3") {
             Err(BootstrapError::FrameTooLarge { from, len, .. }) => {
                 assert_eq!(from, "rank 3");
@@ -347,35 +285,20 @@ mod tests {
         }
         let mut bad = h.encode();
         bad[0] = b'G';
-        assert!(matches!(
-            Header::decode(&bad, "x"),
-            Err(BootstrapError::Protocol { .. })
-        ));
+        assert!(matches!(Header::decode(&bad, "x"), Err(BootstrapError::Protocol { .. })));
     }
 
     #[test]
     fn messages_roundtrip() {
-        let hello = Hello {
-            rank: 3,
-            world_size: 8,
-            listen: "10.1.2.3:4567".parse().unwrap(),
-            nonce: 9,
-            pid: 42,
-        };
+        let hello = Hello { rank: 3, world_size: 8, listen: "10.1.2.3:4567".parse().unwrap(), nonce: 9, pid: 42 };
         assert_eq!(Hello::decode(&hello.encode(), "x").unwrap(), hello);
-        let t = Table {
-            session: 5,
-            addrs: vec!["127.0.0.1:1".parse().unwrap(), "[::1]:2".parse().unwrap()],
-        };
+        let t = Table { session: 5, addrs: vec!["127.0.0.1:1".parse().unwrap(), "[::1]:2".parse().unwrap()] };
         assert_eq!(Table::decode(&t.encode(), "x", 2).unwrap(), t);
         assert!(Table::decode(&t.encode(), "x", 3).is_err());
         let blocks: Vec<&[u8]> = vec![b"", b"abc", b"z"];
         let enc = encode_blocks(blocks.iter().copied());
         assert_eq!(enc.len() as u64, blocks_len(blocks.iter().map(|b| b.len())));
-        assert_eq!(
-            decode_blocks(&enc, "x", 3).unwrap(),
-            vec![b"".to_vec(), b"abc".to_vec(), b"z".to_vec()]
-        );
+        assert_eq!(decode_blocks(&enc, "x", 3).unwrap(), vec![b"".to_vec(), b"abc".to_vec(), b"z".to_vec()]);
         assert!(decode_blocks(&enc[..enc.len() - 1], "x", 3).is_err());
     }
 

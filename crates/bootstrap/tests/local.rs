@@ -9,36 +9,22 @@ use common::check_collectives;
 use mori_bootstrap::{Bootstrap, BootstrapError, LocalBootstrap};
 use proptest::prelude::*;
 
-fn on_threads<T: Send>(
-    group: &[LocalBootstrap],
-    f: impl Fn(&LocalBootstrap) -> T + Sync,
-) -> Vec<T> {
+fn on_threads<T: Send>(group: &[LocalBootstrap], f: impl Fn(&LocalBootstrap) -> T + Sync) -> Vec<T> {
     thread::scope(|s| {
         let hs: Vec<_> = group.iter().map(|bs| s.spawn(|| f(bs))).collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("rank thread panicked"))
-            .collect()
+        hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
     })
 }
 
 #[test]
 fn four_threads_run_every_collective() {
     let g = LocalBootstrap::new_group(4, Duration::from_secs(10));
-    assert_eq!(
-        g.iter()
-            .map(|b| (b.rank(), b.world_size()))
-            .collect::<Vec<_>>(),
-        vec![(0, 4), (1, 4), (2, 4), (3, 4)]
-    );
+    assert_eq!(g.iter().map(|b| (b.rank(), b.world_size())).collect::<Vec<_>>(), vec![(0, 4), (1, 4), (2, 4), (3, 4)]);
     for r in on_threads(&g, |bs| check_collectives(bs)) {
         r.unwrap();
     }
     // Several rounds in a row stay in step.
-    let sums = on_threads(&g, |bs| {
-        (0..20u8)
-            .map(|i| bs.allgather(&[i, bs.rank() as u8]).unwrap().concat().len())
-            .sum::<usize>()
-    });
+    let sums = on_threads(&g, |bs| (0..20u8).map(|i| bs.allgather(&[i, bs.rank() as u8]).unwrap().concat().len()).sum::<usize>());
     assert_eq!(sums, vec![20 * 8; 4]);
 }
 
@@ -47,10 +33,7 @@ fn group_of_one_and_zero() {
     assert!(LocalBootstrap::new_group(0, Duration::from_secs(1)).is_empty());
     let g = LocalBootstrap::new_group(1, Duration::from_secs(1));
     assert_eq!(g[0].allgather(b"a").unwrap(), vec![b"a".to_vec()]);
-    assert_eq!(
-        g[0].all_to_all(vec![b"b".to_vec()]).unwrap(),
-        vec![b"b".to_vec()]
-    );
+    assert_eq!(g[0].all_to_all(vec![b"b".to_vec()]).unwrap(), vec![b"b".to_vec()]);
     assert_eq!(g[0].broadcast(0, Some(b"c")).unwrap(), b"c".to_vec());
     g[0].barrier().unwrap();
 }
@@ -61,34 +44,16 @@ fn dropped_rank_is_peer_lost_promptly() {
     let victim = g.pop().unwrap();
     let t = Instant::now();
     let errs = thread::scope(|s| {
-        let hs: Vec<_> = g
-            .iter()
-            .map(|bs| s.spawn(move || bs.allgather(b"x").unwrap_err()))
-            .collect();
+        let hs: Vec<_> = g.iter().map(|bs| s.spawn(move || bs.allgather(b"x").unwrap_err())).collect();
         thread::sleep(Duration::from_millis(200));
         drop(victim);
-        hs.into_iter()
-            .map(|h| h.join().unwrap())
-            .collect::<Vec<_>>()
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
     });
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     for e in errs {
-        assert!(
-            matches!(
-                e,
-                BootstrapError::PeerLost {
-                    rank: 2,
-                    during: "allgather",
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        assert!(matches!(e, BootstrapError::PeerLost { rank: 2, during: "allgather", .. }), "{e:?}");
     }
-    assert!(matches!(
-        g[0].barrier(),
-        Err(BootstrapError::Poisoned { .. })
-    ));
+    assert!(matches!(g[0].barrier(), Err(BootstrapError::Poisoned { .. })));
 }
 
 #[test]
@@ -97,18 +62,11 @@ fn absent_rank_times_out_and_is_named() {
     let t = Instant::now();
     let errs = on_threads(&g[..2], |bs| bs.barrier().unwrap_err());
     let took = t.elapsed();
-    assert!(
-        took >= Duration::from_millis(450) && took < Duration::from_secs(3),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_millis(450) && took < Duration::from_secs(3), "{took:?}");
     for e in errs {
         // Whoever times out first aborts the other, which then names the same culprit.
         let ok = match &e {
-            BootstrapError::Timeout {
-                op: "barrier",
-                waiting_for,
-                ..
-            } => waiting_for == &[2],
+            BootstrapError::Timeout { op: "barrier", waiting_for, .. } => waiting_for == &[2],
             BootstrapError::Aborted { reason, .. } => reason.contains("[2]"),
             _ => false,
         };
@@ -117,46 +75,23 @@ fn absent_rank_times_out_and_is_named() {
     // The absent rank's barrier may still complete (both others had entered it), but its
     // next collective finds the group aborted instead of hanging.
     let t = Instant::now();
-    let late = g[2]
-        .barrier()
-        .and_then(|()| g[2].allgather(b"late").map(drop));
-    assert!(
-        matches!(late, Err(BootstrapError::Aborted { .. })),
-        "{late:?}"
-    );
+    let late = g[2].barrier().and_then(|()| g[2].allgather(b"late").map(drop));
+    assert!(matches!(late, Err(BootstrapError::Aborted { .. })), "{late:?}");
     assert!(t.elapsed() < Duration::from_millis(200));
 }
 
 #[test]
 fn bad_arguments_do_not_poison() {
     let g = LocalBootstrap::new_group(2, Duration::from_secs(5));
-    assert!(matches!(
-        g[0].all_to_all(vec![]),
-        Err(BootstrapError::InvalidArgument {
-            op: "all_to_all",
-            ..
-        })
-    ));
-    assert!(matches!(
-        g[0].broadcast(2, Some(b"x")),
-        Err(BootstrapError::InvalidArgument {
-            op: "broadcast",
-            ..
-        })
-    ));
-    let r = on_threads(&g, |bs| {
-        bs.broadcast(1, (bs.rank() == 1).then_some(b"ok".as_slice()))
-            .unwrap()
-    });
+    assert!(matches!(g[0].all_to_all(vec![]), Err(BootstrapError::InvalidArgument { op: "all_to_all", .. })));
+    assert!(matches!(g[0].broadcast(2, Some(b"x")), Err(BootstrapError::InvalidArgument { op: "broadcast", .. })));
+    let r = on_threads(&g, |bs| bs.broadcast(1, (bs.rank() == 1).then_some(b"ok".as_slice())).unwrap());
     assert_eq!(r, vec![b"ok".to_vec(), b"ok".to_vec()]);
 }
 
 fn payloads(n: usize) -> impl Strategy<Value = Vec<Vec<Vec<u8>>>> {
     // payloads[i][j]: what rank i contributes (j = 0 for allgather) or sends to j.
-    prop::collection::vec(
-        prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), n),
-        n,
-    )
+    prop::collection::vec(prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), n), n)
 }
 
 proptest! {

@@ -145,10 +145,7 @@ impl Group {
                 let _ = k.wait();
             }
         }
-        assert!(
-            done.iter().all(|d| *d),
-            "children still running after {limit:?}: {done:?}"
-        );
+        assert!(done.iter().all(|d| *d), "children still running after {limit:?}: {done:?}");
         codes
     }
 }
@@ -169,34 +166,22 @@ fn eight_processes_run_every_collective() {
     let lines: Vec<(usize, String)> = g.lines.try_iter().collect();
     assert_eq!(codes, vec![Some(0); 8], "{lines:?}");
     for r in 0..8 {
-        assert!(
-            lines.contains(&(r, format!("OK {r}"))),
-            "rank {r}: {lines:?}"
-        );
+        assert!(lines.contains(&(r, format!("OK {r}"))), "rank {r}: {lines:?}");
     }
 }
 
 #[test]
 fn killed_peer_is_reported_by_everyone() {
-    let mut g = spawn_group(
-        &["survivor", "survivor", "victim", "survivor"],
-        &[("MORI_BOOTSTRAP_OP_TIMEOUT", "10")],
-    );
+    let mut g = spawn_group(&["survivor", "survivor", "victim", "survivor"], &[("MORI_BOOTSTRAP_OP_TIMEOUT", "10")]);
     let ready = g.expect_lines(4, Duration::from_secs(10));
-    assert!(
-        ready.iter().all(|(r, l)| l == &format!("READY {r}")),
-        "{ready:?}"
-    );
+    assert!(ready.iter().all(|(r, l)| l == &format!("READY {r}")), "{ready:?}");
     // Let the survivors enter allgather, then kill rank 2 in the middle of it.
     thread::sleep(Duration::from_millis(500));
     g.kids[2].kill().expect("kill victim");
     let killed_at = Instant::now();
     let outcome = g.expect_lines(3, Duration::from_secs(8));
     let after_kill = killed_at.elapsed();
-    assert!(
-        after_kill < Duration::from_secs(3),
-        "survivors took {after_kill:?} after the kill (deadline 10 s)"
-    );
+    assert!(after_kill < Duration::from_secs(3), "survivors took {after_kill:?} after the kill (deadline 10 s)");
     for (r, l) in &outcome {
         assert!(l.starts_with("LOST 2 "), "rank {r}: {l}");
     }

@@ -133,10 +133,7 @@ impl TopoMatrix {
         }
         for (k, &g) in group.iter().enumerate() {
             if g >= self.gpus.len() {
-                return Err(CliError::input(format!(
-                    "--group: GPU {g} does not exist (the topology has GPUs 0..{})",
-                    self.gpus.len() - 1
-                )));
+                return Err(CliError::input(format!("--group: GPU {g} does not exist (the topology has GPUs 0..{})", self.gpus.len() - 1)));
             }
             if group[..k].contains(&g) {
                 return Err(CliError::input(format!("--group: GPU {g} is listed twice")));
@@ -265,11 +262,8 @@ mod tests {
 
     #[test]
     fn worst_in_group() {
-        let t = m(vec![
-            vec![SelfLink, DirectLink, CrossSocket],
-            vec![DirectLink, SelfLink, PcieHost],
-            vec![CrossSocket, PcieHost, SelfLink],
-        ]);
+        let t =
+            m(vec![vec![SelfLink, DirectLink, CrossSocket], vec![DirectLink, SelfLink, PcieHost], vec![CrossSocket, PcieHost, SelfLink]]);
         let v = t.worst_class_in_group(&[0, 1]).unwrap();
         assert_eq!((v.worst, v.worst_pairs), (DirectLink, vec![(0, 1)]));
         let v = t.worst_class_in_group(&[2, 1, 0]).unwrap();

@@ -64,17 +64,13 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
             .draw()
             .map_err(|e| err(&e))?;
         let grey = RGBColor(200, 200, 200).mix(0.55);
+        c.draw_series(it.concurrent.iter().map(|r| Rectangle::new([(r.start_us, 0.0), (r.end_us, 2.0)], grey.filled())))
+            .map_err(|e| err(&e))?;
         c.draw_series(
-            it.concurrent.iter().map(|r| Rectangle::new([(r.start_us, 0.0), (r.end_us, 2.0)], grey.filled())),
+            it.concurrent
+                .iter()
+                .map(|r| Text::new("concurrent", ((r.start_us + r.end_us) / 2.0 - xmax * 0.025, 1.02), ("sans-serif", 12).into_font())),
         )
-        .map_err(|e| err(&e))?;
-        c.draw_series(it.concurrent.iter().map(|r| {
-            Text::new(
-                "concurrent",
-                ((r.start_us + r.end_us) / 2.0 - xmax * 0.025, 1.02),
-                ("sans-serif", 12).into_font(),
-            )
-        }))
         .map_err(|e| err(&e))?;
         let mut bars = Vec::new();
         let mut labels = Vec::new();

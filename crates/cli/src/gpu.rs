@@ -201,10 +201,7 @@ pub fn inspect(rt: &Arc<dyn Runtime>) -> RuntimeInfo {
     let kind = rt.kind();
     let mut errors = Vec::new();
     let raw = rt.driver_version().map_err(|e| errors.push(format!("driver version: {}", one_line(&e.to_string())))).ok();
-    let device_count = rt
-        .device_count()
-        .map_err(|e| errors.push(format!("device count: {}", one_line(&e.to_string()))))
-        .unwrap_or(0);
+    let device_count = rt.device_count().map_err(|e| errors.push(format!("device count: {}", one_line(&e.to_string())))).unwrap_or(0);
     let mut devices = Vec::new();
     for i in 0..device_count {
         match rt.device_properties(Device(i)) {
@@ -389,10 +386,8 @@ fn measure_one(
     // Any byte other than the pattern's first: an untouched destination cannot pass for a copy.
     let fill = !want[0];
     rt.memset(&dbuf.slice(), fill).map_err(gpu_step(|| format!("{}: clearing the destination", at())))?;
-    let copy = |what: &str| {
-        rt.copy_dtod_async(&dbuf.slice(), &sbuf.slice(), &stream)
-            .map_err(gpu_step(|| format!("{}: {what} copy", at())))
-    };
+    let copy =
+        |what: &str| rt.copy_dtod_async(&dbuf.slice(), &sbuf.slice(), &stream).map_err(gpu_step(|| format!("{}: {what} copy", at())));
     for _ in 0..cfg.warmup {
         copy("warm-up")?;
     }
@@ -445,9 +440,8 @@ pub fn measure(rt: &Arc<dyn Runtime>, cfg: &MeasureConfig, mut progress: impl Fn
     let mut out = Vec::new();
     for src in 0..n {
         for dst in 0..n {
-            let peer = rt
-                .can_access_peer(Device(src), Device(dst))
-                .map_err(gpu_step(|| format!("GPU{src} -> GPU{dst}: peer-access query")))?;
+            let peer =
+                rt.can_access_peer(Device(src), Device(dst)).map_err(gpu_step(|| format!("GPU{src} -> GPU{dst}: peer-access query")))?;
             if peer && src != dst {
                 rt.enable_peer_access(Device(src), Device(dst))
                     .map_err(gpu_step(|| format!("GPU{src} -> GPU{dst}: enabling peer access")))?;
@@ -478,10 +472,7 @@ pub fn align_topology(runtime_bus: &[String], source: Result<TopoMatrix, String>
         }
         Ok(m) if from_capture => {
             if m.gpus.len() < n {
-                return Err(CliError::input(format!(
-                    "--topo: the capture shows {} GPUs but the runtime sees {n}",
-                    m.gpus.len()
-                )));
+                return Err(CliError::input(format!("--topo: the capture shows {} GPUs but the runtime sees {n}", m.gpus.len())));
             }
             notes.push("capture GPU indices are taken as runtime ordinals".into());
             let parsed: Vec<Option<PciBusId>> = runtime_bus.iter().map(|b| b.parse().ok()).collect();
@@ -494,10 +485,8 @@ pub fn align_topology(runtime_bus: &[String], source: Result<TopoMatrix, String>
         }
         Ok(m) => {
             let sys: Vec<Option<PciBusId>> = m.gpus.iter().map(|g| g.parse().ok()).collect();
-            let map: Vec<Option<usize>> = runtime_bus
-                .iter()
-                .map(|b| b.parse::<PciBusId>().ok().and_then(|b| sys.iter().position(|s| *s == Some(b))))
-                .collect();
+            let map: Vec<Option<usize>> =
+                runtime_bus.iter().map(|b| b.parse::<PciBusId>().ok().and_then(|b| sys.iter().position(|s| *s == Some(b)))).collect();
             for (i, b) in runtime_bus.iter().enumerate().filter(|(i, _)| map[*i].is_none()) {
                 notes.push(format!("GPU{i} ({b}) is not among the GPUs in {}: its pairs are class unknown", m.source));
             }

@@ -52,9 +52,7 @@ impl Kernel {
             "dispatch_copy_to_staging" | "copy_to_staging" => Kernel::CopyToStaging,
             "dispatch_inter_node_send" | "dispatch_inter_node_ll_send" => Kernel::DispatchSend,
             "dispatch_inter_node_recv" | "dispatch_inter_node_ll_recv" => Kernel::DispatchRecv,
-            "dispatch_intra" | "dispatch_intra_node" | "dispatch_intra_node_ll" | "dispatch_intra_ll" => {
-                Kernel::DispatchIntra
-            }
+            "dispatch_intra" | "dispatch_intra_node" | "dispatch_intra_node_ll" | "dispatch_intra_ll" => Kernel::DispatchIntra,
             "dispatch_sync" => Kernel::DispatchSync,
             "combine_sync" => Kernel::CombineSync,
             "combine_sync_barrier" => Kernel::CombineSyncBarrier,

@@ -32,9 +32,7 @@ fn scan(root: &Path) -> CliResult<mori_topo::Topology> {
 
 fn load_topo(input: Option<&Path>, vendor: Vendor, root: &Path) -> CliResult<TopoMatrix> {
     match input {
-        Some(p) => {
-            topo::parse_capture(&read_input(p)?, vendor).map_err(|e| CliError::input(format!("{}: {e}", p.display())))
-        }
+        Some(p) => topo::parse_capture(&read_input(p)?, vendor).map_err(|e| CliError::input(format!("{}: {e}", p.display()))),
         None => topo::from_sysfs(&scan(root)?),
     }
 }
@@ -116,9 +114,7 @@ fn measure_peer_bw(a: PeerBwArgs) -> CliResult<i32> {
     let capture = a
         .topo
         .as_deref()
-        .map(|p| {
-            topo::parse_capture(&read_input(p)?, a.vendor).map_err(|e| CliError::input(format!("{}: {e}", p.display())))
-        })
+        .map(|p| topo::parse_capture(&read_input(p)?, a.vendor).map_err(|e| CliError::input(format!("{}: {e}", p.display()))))
         .transpose()?;
     let rt = gpu_rt::detect().map_err(|e| {
         CliError::Unavailable(format!(
@@ -134,9 +130,9 @@ fn measure_peer_bw(a: PeerBwArgs) -> CliResult<i32> {
     }
     let mut devices = Vec::new();
     for i in 0..n {
-        let p = rt.device_properties(mori_gpu::Device(i)).map_err(|e| {
-            CliError::Unavailable(format!("properties of GPU {i}: {}", gpu_rt::one_line(&e.to_string())))
-        })?;
+        let p = rt
+            .device_properties(mori_gpu::Device(i))
+            .map_err(|e| CliError::Unavailable(format!("properties of GPU {i}: {}", gpu_rt::one_line(&e.to_string()))))?;
         devices.push(Dev { index: i, name: p.name, pci_bus_id: p.pci_bus_id.to_string() });
     }
     let bus: Vec<String> = devices.iter().map(|d| d.pci_bus_id.clone()).collect();
@@ -300,11 +296,7 @@ fn run_rdma(a: RdmaArgs) -> CliResult<i32> {
             let t = analyze_file(p)?;
             let need = |k: Kernel| {
                 t.mean_extent(k).map(|(d, _)| d).ok_or_else(|| {
-                    CliError::input(format!(
-                        "{}: no {} kernel in the trace (is it an internode trace?)",
-                        p.display(),
-                        k.label()
-                    ))
+                    CliError::input(format!("{}: no {} kernel in the trace (is it an internode trace?)", p.display(), k.label()))
                 })
             };
             let sync: f64 = [Kernel::DispatchSync, Kernel::CombineSync, Kernel::CombineSyncBarrier]

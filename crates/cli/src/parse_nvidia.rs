@@ -111,12 +111,7 @@ pub fn parse(text: &str) -> CliResult<TopoMatrix> {
         let Some(name) = c.first() else { continue };
         let Some(gi) = gpus.iter().position(|g| g == name) else { continue };
         if c.len() < devs.len() + 1 {
-            return Err(bad(format!(
-                "line {}: row {name} has {} cells, the header lists {} devices",
-                ln + 1,
-                c.len() - 1,
-                devs.len()
-            )));
+            return Err(bad(format!("line {}: row {name} has {} cells, the header lists {} devices", ln + 1, c.len() - 1, devs.len())));
         }
         rows[gi] = Some((ln + 1, c));
     }
@@ -131,10 +126,8 @@ pub fn parse(text: &str) -> CliResult<TopoMatrix> {
             }
         }
     }
-    let nics: Vec<String> = nic_cols
-        .iter()
-        .map(|c| legend.iter().find(|(k, _)| k == c).map_or_else(|| c.clone(), |(_, v)| v.clone()))
-        .collect();
+    let nics: Vec<String> =
+        nic_cols.iter().map(|c| legend.iter().find(|(k, _)| k == c).map_or_else(|| c.clone(), |(_, v)| v.clone())).collect();
     let n = gpus.len();
     let mut m = TopoMatrix {
         source: SOURCE.to_string(),
@@ -206,7 +199,8 @@ mod tests {
 
     #[test]
     fn single_gpu_and_unknown_codes() {
-        let m = parse("\tGPU0\tNIC0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tPHB\t0-7\t0\nNIC0\tPHB\t X\n\nNIC Legend:\n\n  NIC0: rxe0\n").unwrap();
+        let m = parse("\tGPU0\tNIC0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tPHB\t0-7\t0\nNIC0\tPHB\t X\n\nNIC Legend:\n\n  NIC0: rxe0\n")
+            .unwrap();
         assert_eq!((m.gpus.len(), m.nics.clone()), (1, vec!["rxe0".to_string()]));
         assert_eq!((m.gpu_nic[0][0], m.gpu_numa[0]), (LinkClass::PcieHost, Some(0)));
         let m = parse("\tGPU0\tGPU1\nGPU0\t X \tFOO\nGPU1\tFOO\t X \n").unwrap();

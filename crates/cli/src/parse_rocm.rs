@@ -39,12 +39,7 @@ fn section(lines: &[&str], title: &str) -> CliResult<Option<Vec<Vec<String>>>> {
         let toks: Vec<&str> = line.split_whitespace().collect();
         let want = format!("GPU{}", rows.len());
         if toks.first() != Some(&want.as_str()) || toks.len() != cols.len() + 1 {
-            return Err(bad(format!(
-                "line {}: expected {want} and {} values, got {:?}",
-                start + k + 2,
-                cols.len(),
-                line.trim()
-            )));
+            return Err(bad(format!("line {}: expected {want} and {} values, got {:?}", start + k + 2, cols.len(), line.trim())));
         }
         rows.push(toks[1..].iter().map(|s| s.to_string()).collect::<Vec<_>>());
         if rows.len() == cols.len() {
@@ -78,9 +73,8 @@ fn numa_nodes(lines: &[&str], n: usize) -> Vec<Option<u32>> {
 pub fn parse(text: &str) -> CliResult<TopoMatrix> {
     let text = crate::parse_nvidia::strip_ansi(text);
     let lines: Vec<&str> = text.lines().collect();
-    let links = section(&lines, "Link Type between two GPUs")?.ok_or_else(|| {
-        CliError::input(format!("not a usable `{SOURCE}` capture: no \"Link Type between two GPUs\" matrix"))
-    })?;
+    let links = section(&lines, "Link Type between two GPUs")?
+        .ok_or_else(|| CliError::input(format!("not a usable `{SOURCE}` capture: no \"Link Type between two GPUs\" matrix")))?;
     let hops = section(&lines, "Hops between two GPUs")?;
     let n = links.len();
     let numa = numa_nodes(&lines, n);
@@ -93,9 +87,7 @@ pub fn parse(text: &str) -> CliResult<TopoMatrix> {
         gpu_nic: vec![Vec::new(); n],
         gpu_nic_raw: vec![Vec::new(); n],
         gpu_numa: numa.clone(),
-        notes: vec![
-            "rocm-smi --showtopo lists no NICs; GPU-NIC classes come from sysfs (`mori topo` without --input)".into()
-        ],
+        notes: vec!["rocm-smi --showtopo lists no NICs; GPU-NIC classes come from sysfs (`mori topo` without --input)".into()],
     };
     if numa.iter().all(Option::is_none) {
         m.notes.push("no NUMA node per GPU in the capture: PCIE pairs are unknown".into());

@@ -100,10 +100,7 @@ pub fn cross_check(ms: &[Measurement], topo: &TopoMatrix, th: Thresholds) -> Cli
             )));
         }
         if !(m.gbps.is_finite() && m.gbps > 0.0) || m.bytes == 0 {
-            return Err(CliError::input(format!(
-                "measurement {} -> {}: bandwidth and size must be positive",
-                m.src, m.dst
-            )));
+            return Err(CliError::input(format!("measurement {} -> {}: bandwidth and size must be positive", m.src, m.dst)));
         }
         match out.iter_mut().find(|v| v.src == m.src && v.dst == m.dst) {
             Some(v) => {
@@ -131,9 +128,8 @@ pub fn cross_check(ms: &[Measurement], topo: &TopoMatrix, th: Thresholds) -> Cli
         .filter_map(|&c| {
             let mut b: Vec<f64> = out.iter().filter(|v| v.class == c).map(|v| v.gbps).collect();
             b.sort_by(f64::total_cmp);
-            (b.len() >= MIN_PAIRS_FOR_MEDIAN).then(|| {
-                (c, if b.len() % 2 == 1 { b[b.len() / 2] } else { (b[b.len() / 2 - 1] + b[b.len() / 2]) / 2.0 })
-            })
+            (b.len() >= MIN_PAIRS_FOR_MEDIAN)
+                .then(|| (c, if b.len() % 2 == 1 { b[b.len() / 2] } else { (b[b.len() / 2 - 1] + b[b.len() / 2]) / 2.0 }))
         })
         .collect();
     let ceil = th.pcie_ceiling_gbs;
@@ -144,32 +140,23 @@ pub fn cross_check(ms: &[Measurement], topo: &TopoMatrix, th: Thresholds) -> Cli
         };
         let (bw, class) = (v.gbps, v.class.name());
         if v.wrong_bytes > 0 {
-            flag(
-                "corrupt",
-                format!(
-                    "{} wrong bytes: the bandwidth of this pair means nothing until the copy is correct",
-                    v.wrong_bytes
-                ),
-            );
+            flag("corrupt", format!("{} wrong bytes: the bandwidth of this pair means nothing until the copy is correct", v.wrong_bytes));
         }
         if v.class == LinkClass::DirectLink && bw <= ceil {
-            flag("staged-on-direct", format!("class {class} but {bw:.1} GB/s is within PCIe/host-staging reach (<= {ceil} GB/s): silent fallback"));
+            flag(
+                "staged-on-direct",
+                format!("class {class} but {bw:.1} GB/s is within PCIe/host-staging reach (<= {ceil} GB/s): silent fallback"),
+            );
         }
         if v.class.is_pcie_or_host() && bw > ceil {
             flag("direct-on-pcie", format!("class {class} but {bw:.1} GB/s exceeds what PCIe carries (> {ceil} GB/s): a direct link the topology does not show (stale capture or renumbered devices?)"));
         }
         if v.class == LinkClass::DirectLink && !v.peer_access {
-            flag(
-                "no-peer-access",
-                format!("class {class} but the runtime reports no peer access: copies stage through the host"),
-            );
+            flag("no-peer-access", format!("class {class} but the runtime reports no peer access: copies stage through the host"));
         }
         if let Some(&(_, med)) = medians.iter().find(|(c, _)| *c == v.class) {
             if bw < th.outlier_fraction * med {
-                flag(
-                    "slow-outlier",
-                    format!("{bw:.1} GB/s is below {} x the {class} median {med:.1} GB/s", th.outlier_fraction),
-                );
+                flag("slow-outlier", format!("{bw:.1} GB/s is below {} x the {class} median {med:.1} GB/s", th.outlier_fraction));
             }
         }
     }

@@ -31,8 +31,7 @@ pub fn library(soname: &str) -> Library {
         let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
         if h.is_null() {
             let e = libc::dlerror();
-            let msg =
-                if e.is_null() { "not found".to_string() } else { CStr::from_ptr(e).to_string_lossy().into_owned() };
+            let msg = if e.is_null() { "not found".to_string() } else { CStr::from_ptr(e).to_string_lossy().into_owned() };
             return Library { name: soname.into(), loadable: false, error: Some(msg) };
         }
         libc::dlclose(h);
@@ -130,10 +129,7 @@ fn gpu_verdict_no_runtime(kind: BackendKind) -> (bool, String) {
         Err(e) => (false, format!("register_memory(GPU): {e}")),
         Ok(d) => {
             let _ = a.deregister_memory(&d);
-            (
-                false,
-                "the engine accepts GPU registrations, but this check cannot allocate GPU memory to test a pair".into(),
-            )
+            (false, "the engine accepts GPU registrations, but this check cannot allocate GPU memory to test a pair".into())
         }
     }
 }

@@ -95,10 +95,7 @@ pub fn rdma(r: &Report) -> String {
 /// The staged-versus-direct model.
 pub fn staging(m: &Staging) -> String {
     let mut s = format!("{MODEL_BANNER}\n");
-    s += &format!(
-        "message {} bytes, PCIe {} GB/s per side, network {} GB/s (GB = 1e9)\n",
-        m.bytes, m.pcie_gbs, m.net_gbs
-    );
+    s += &format!("message {} bytes, PCIe {} GB/s per side, network {} GB/s (GB = 1e9)\n", m.bytes, m.pcie_gbs, m.net_gbs);
     let mut t = table(&["path", "serial s", "pipelined s", "bottleneck", "host-memory bytes"]);
     for (name, p) in [("staged via host", &m.staged), ("direct (GPUDirect)", &m.direct)] {
         t.add_row(vec![
@@ -121,10 +118,7 @@ pub fn staging(m: &Staging) -> String {
 /// The injection model.
 pub fn injection(m: &Injection) -> String {
     let mut s = format!("{MODEL_BANNER}\n");
-    s += &format!(
-        "{} GPUs, {} adapters x {} GB/s, scale-up {} GB/s per GPU\n",
-        m.gpus, m.nics, m.nic_gbs, m.scaleup_gbs
-    );
+    s += &format!("{} GPUs, {} adapters x {} GB/s, scale-up {} GB/s per GPU\n", m.gpus, m.nics, m.nic_gbs, m.scaleup_gbs);
     s += &format!("node injection:  {} GB/s\n", m.node_gbs);
     s += &format!("per-GPU share:   {} GB/s\n", m.per_gpu_gbs);
     s += &format!("ratio to scale-up: {} (1/{:.1})\n", m.ratio_to_scaleup, 1.0 / m.ratio_to_scaleup);
@@ -136,11 +130,7 @@ pub fn injection(m: &Injection) -> String {
 
 /// The peer-copy cross-check.
 pub fn peer_bw(v: &[PairVerdict], th: &Thresholds, source: &str, measured_here: bool) -> String {
-    let what = if measured_here {
-        "the measurements above"
-    } else {
-        "supplied measurements"
-    };
+    let what = if measured_here { "the measurements above" } else { "supplied measurements" };
     let tail = if measured_here { "" } else { "; nothing was measured by this command" };
     let mut s = format!("cross-check of {what} against {source} (PCIe ceiling {} GB/s{tail})\n", th.pcie_ceiling_gbs);
     let mut t = table(&["src", "dst", "class", "bytes", "GB/s", "peer", "wrong", "flags"]);

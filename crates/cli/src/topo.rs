@@ -25,9 +25,7 @@ pub fn parse_capture(text: &str, vendor: Vendor) -> CliResult<TopoMatrix> {
         Vendor::Amd => parse_rocm::parse(text),
         Vendor::Auto if parse_rocm::looks_like(text) => parse_rocm::parse(text),
         Vendor::Auto if parse_nvidia::looks_like(text) => parse_nvidia::parse(text),
-        Vendor::Auto => Err(CliError::input(
-            "not a captured `nvidia-smi topo -m` or `rocm-smi --showtopo` output (no GPU matrix found)",
-        )),
+        Vendor::Auto => Err(CliError::input("not a captured `nvidia-smi topo -m` or `rocm-smi --showtopo` output (no GPU matrix found)")),
     }
 }
 

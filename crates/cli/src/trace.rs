@@ -204,9 +204,8 @@ fn extent<'a>(rows: impl Iterator<Item = &'a KernelRow>) -> Option<(f64, f64)> {
 /// kernel name in the trace.
 pub fn analyze(parsed: &Spans) -> CliResult<Analysis> {
     let anchor = parsed.spans.iter().filter_map(|s| Kernel::of(&s.name)).min_by_key(|k| k.phase());
-    let anchor = anchor.ok_or_else(|| {
-        CliError::input("the trace names no EP kernel (dispatch_inter_node_send, combine_intra_node, ...)")
-    })?;
+    let anchor =
+        anchor.ok_or_else(|| CliError::input("the trace names no EP kernel (dispatch_inter_node_send, combine_intra_node, ...)"))?;
     let mut warnings = parsed.warnings.clone();
     let mut groups: Vec<Vec<&Span>> = Vec::new();
     let (mut seen_later, mut before) = (false, 0usize);
@@ -238,14 +237,9 @@ pub fn analyze(parsed: &Spans) -> CliResult<Analysis> {
                     r.end_us = r.end_us.max(b);
                     r.spans += 1;
                 }
-                None => rows.push(KernelRow {
-                    name: s.name.clone(),
-                    lane: lane_of(&s.name),
-                    start_us: a,
-                    end_us: b,
-                    dur_us: 0.0,
-                    spans: 1,
-                }),
+                None => {
+                    rows.push(KernelRow { name: s.name.clone(), lane: lane_of(&s.name), start_us: a, end_us: b, dur_us: 0.0, spans: 1 })
+                }
             }
         }
         rows.iter_mut().for_each(|r| r.dur_us = r.end_us - r.start_us);
@@ -253,8 +247,7 @@ pub fn analyze(parsed: &Spans) -> CliResult<Analysis> {
         let mut concurrent = Vec::new();
         for (phase, p) in [("dispatch", 1u8), ("combine", 5u8)] {
             let in_phase = |lane: Lane| {
-                let rows =
-                    rows.iter().filter(move |r| r.lane == lane && Kernel::of(&r.name).is_some_and(|k| k.phase() == p));
+                let rows = rows.iter().filter(move |r| r.lane == lane && Kernel::of(&r.name).is_some_and(|k| k.phase() == p));
                 extent(rows)
             };
             if let (Some((a0, a1)), Some((b0, b1))) = (in_phase(Lane::Internode), in_phase(Lane::Intranode)) {
@@ -293,11 +286,8 @@ impl Analysis {
     /// Mean over iterations of the extent of the first kernel of kind `k` (us), with the
     /// number of iterations that had it; `None` when no iteration has it.
     pub fn mean_extent(&self, k: Kernel) -> Option<(f64, usize)> {
-        let d: Vec<f64> = self
-            .iterations
-            .iter()
-            .filter_map(|it| it.kernels.iter().find(|r| Kernel::of(&r.name) == Some(k)).map(|r| r.dur_us))
-            .collect();
+        let d: Vec<f64> =
+            self.iterations.iter().filter_map(|it| it.kernels.iter().find(|r| Kernel::of(&r.name) == Some(k)).map(|r| r.dur_us)).collect();
         (!d.is_empty()).then(|| (d.iter().sum::<f64>() / d.len() as f64, d.len()))
     }
 
@@ -342,12 +332,8 @@ mod tests {
             {"name": "late", "ph": "B", "ts": "x"}
         ]"#;
         let p = parse(t).unwrap();
-        let got: Vec<(&str, &str, f64, f64)> =
-            p.spans.iter().map(|s| (s.name.as_str(), s.thread.as_str(), s.start_us, s.end_us)).collect();
-        assert_eq!(
-            got,
-            [("combine_sync", "0/1", 0.0, 5.5), ("inner", "0/1", 1.0, 2.0), ("ep_combine_all", "0/w2", 6.0, 8.0)]
-        );
+        let got: Vec<(&str, &str, f64, f64)> = p.spans.iter().map(|s| (s.name.as_str(), s.thread.as_str(), s.start_us, s.end_us)).collect();
+        assert_eq!(got, [("combine_sync", "0/1", 0.0, 5.5), ("inner", "0/1", 1.0, 2.0), ("ep_combine_all", "0/w2", 6.0, 8.0)]);
         assert_eq!(
             p.warnings,
             [
@@ -365,9 +351,7 @@ mod tests {
 
     #[test]
     fn iterations_start_at_the_anchor() {
-        let ev = |n: &str, s: f64, e: f64| {
-            format!(r#"{{"name": "{n}", "ph": "X", "ts": {s}, "dur": {}, "pid": 0, "tid": 0}}"#, e - s)
-        };
+        let ev = |n: &str, s: f64, e: f64| format!(r#"{{"name": "{n}", "ph": "X", "ts": {s}, "dur": {}, "pid": 0, "tid": 0}}"#, e - s);
         let mut v = vec![ev("combine_all", 0.0, 1.0)]; // before the first anchor: ignored
         for k in 0..3 {
             let t = 100.0 * f64::from(k);

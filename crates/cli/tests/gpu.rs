@@ -107,8 +107,15 @@ fn peer_bw_measures_and_verifies_every_pair() {
     for m in ms {
         eprintln!(
             "GPU{} -> GPU{} ({}) {:>9} bytes: {:8.1} GB/s  peer {}  verified {}  {:.3} ms / {} copies",
-            m["src"], m["dst"], m["label"].as_str().unwrap(), m["bytes"], m["gbps"].as_f64().unwrap(),
-            m["peer_access"], m["verified"], m["elapsed_ms"].as_f64().unwrap(), m["iterations"]
+            m["src"],
+            m["dst"],
+            m["label"].as_str().unwrap(),
+            m["bytes"],
+            m["gbps"].as_f64().unwrap(),
+            m["peer_access"],
+            m["verified"],
+            m["elapsed_ms"].as_f64().unwrap(),
+            m["iterations"]
         );
     }
     assert_eq!(ms.len(), n * n * 2, "every ordered pair (self included) at both sizes");

@@ -33,10 +33,7 @@ fn nvidia_8gpu_nvswitch() {
     }
     assert_eq!(v["topology"]["gpu_gpu_raw"][0][7], "NV18");
     let nics: Vec<&str> = v["topology"]["nics"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
-    assert_eq!(
-        nics,
-        ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11", "mlx5_1", "mlx5_7"]
-    );
+    assert_eq!(nics, ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11", "mlx5_1", "mlx5_7"]);
     let n = classes(&v, "gpu_nic");
     assert_eq!(
         n[0],
@@ -66,10 +63,7 @@ fn rocm_8gpu_xgmi_mesh() {
     let v = topo_json("rocm_8gpu_xgmi.txt", "0,4");
     assert_eq!(v["topology"]["source"], "rocm-smi --showtopo");
     let g = classes(&v, "gpu_gpu");
-    assert!(g
-        .iter()
-        .enumerate()
-        .all(|(i, r)| r.iter().enumerate().all(|(j, c)| c == if i == j { "self" } else { "direct-link" })));
+    assert!(g.iter().enumerate().all(|(i, r)| r.iter().enumerate().all(|(j, c)| c == if i == j { "self" } else { "direct-link" })));
     assert_eq!(v["topology"]["gpu_gpu_raw"][3][6], "XGMI/1");
     assert_eq!(v["topology"]["nics"].as_array().unwrap().len(), 0);
     assert_eq!(v["topology"]["gpu_numa"][4], 1);
@@ -85,14 +79,9 @@ fn nvidia_pcie_only_4gpu() {
     assert_eq!(classes(&v, "gpu_nic"), [["pcie-switch"], ["pcie-switch"], ["pcie-host"], ["pcie-host"]]);
     assert_eq!(v["group"]["worst"], "pcie-switch");
     // The whole node: PHB-class pairs are the worst; a launcher asking for direct links refuses.
-    let r =
-        mori(&["topo", "--input", &data("nvidia_4gpu_pcie.txt"), "--group", "0,1,2,3", "--max-class", "direct-link"]);
+    let r = mori(&["topo", "--input", &data("nvidia_4gpu_pcie.txt"), "--group", "0,1,2,3", "--max-class", "direct-link"]);
     assert_eq!(r.code, 1, "{}", r.stderr);
-    assert!(
-        r.stdout.contains("group [0, 1, 2, 3]: worst class pcie-host (GPU0-GPU2, GPU0-GPU3, GPU1-GPU2, GPU1-GPU3)"),
-        "{}",
-        r.stdout
-    );
+    assert!(r.stdout.contains("group [0, 1, 2, 3]: worst class pcie-host (GPU0-GPU2, GPU0-GPU3, GPU1-GPU2, GPU1-GPU3)"), "{}", r.stdout);
     assert!(r.stdout.contains("max class direct-link: EXCEEDED"), "{}", r.stdout);
 }
 
@@ -115,8 +104,7 @@ fn nvidia_two_socket_with_nics_on_both() {
     assert_eq!(v["topology"]["gpu_numa"], serde_json::json!([0, 0, 1, 1]));
     assert_eq!(v["group"]["worst"], "cross-socket");
     assert_eq!(v["group"]["worst_pairs"], serde_json::json!([[1, 2]]));
-    let ok =
-        mori(&["topo", "--input", &data("nvidia_2socket_nics.txt"), "--group", "2,3", "--max-class", "direct-link"]);
+    let ok = mori(&["topo", "--input", &data("nvidia_2socket_nics.txt"), "--group", "2,3", "--max-class", "direct-link"]);
     assert_eq!(ok.code, 0, "{}", ok.stderr);
 }
 
@@ -156,10 +144,7 @@ fn sysfs_tree() {
     assert_eq!(v["topology"]["gpus"], serde_json::json!(["0000:03:00.0", "0000:05:00.0", "0000:81:00.0"]));
     assert_eq!(classes(&v, "gpu_gpu")[0], ["self", "pcie-host", "cross-socket"]);
     assert_eq!(v["topology"]["nics"], serde_json::json!(["mlx5_0", "mlx5_1"]));
-    assert_eq!(
-        classes(&v, "gpu_nic"),
-        [["pcie-switch", "cross-socket"], ["pcie-host", "cross-socket"], ["cross-socket", "pcie-host"]]
-    );
+    assert_eq!(classes(&v, "gpu_nic"), [["pcie-switch", "cross-socket"], ["pcie-host", "cross-socket"], ["cross-socket", "pcie-host"]]);
     assert_eq!(v["topology"]["gpu_gpu_raw"][0][1], "SameHostBridge/6");
     assert_eq!(v["group"]["worst"], "pcie-host");
     assert!(v["topology"]["notes"][0].as_str().unwrap().contains("NVLink/xGMI links are not visible"));
@@ -187,11 +172,7 @@ fn unparseable_inputs() {
             "=== Link Type between two GPUs ===\n       GPU0   GPU1\nGPU0   0      XGMI\nGPU1   XGMI\n",
             "expected GPU1 and 2 values",
         ),
-        (
-            "rocm-nolinks.txt",
-            "==== ROCm System Management Interface ====\nnothing\n",
-            "no \"Link Type between two GPUs\" matrix",
-        ),
+        ("rocm-nolinks.txt", "==== ROCm System Management Interface ====\nnothing\n", "no \"Link Type between two GPUs\" matrix"),
     ];
     for (name, text, msg) in cases {
         std::fs::write(s.0.join(name), text).unwrap();
@@ -201,10 +182,8 @@ fn unparseable_inputs() {
     mori(&["topo", "--input", &s.path("bin.txt")]).assert_one_line_error(2, "not UTF-8");
     mori(&["topo", "--input", &s.path("absent.txt")]).assert_one_line_error(2, "absent.txt");
     mori(&["topo", "--input", &data("nvidia_4gpu_pcie.txt"), "--vendor", "amd"]).assert_one_line_error(2, "rocm-smi");
-    mori(&["topo", "--input", &data("rocm_8gpu_xgmi.txt"), "--vendor", "nvidia"])
-        .assert_one_line_error(2, "nvidia-smi");
-    mori(&["topo", "--input", &data("nvidia_4gpu_pcie.txt"), "--group", "0,9"])
-        .assert_one_line_error(2, "GPU 9 does not exist");
+    mori(&["topo", "--input", &data("rocm_8gpu_xgmi.txt"), "--vendor", "nvidia"]).assert_one_line_error(2, "nvidia-smi");
+    mori(&["topo", "--input", &data("nvidia_4gpu_pcie.txt"), "--group", "0,9"]).assert_one_line_error(2, "GPU 9 does not exist");
     mori(&["topo", "--input", &data("nvidia_4gpu_pcie.txt"), "--group", "0,1", "--max-class", "fast"])
         .assert_one_line_error(2, "unknown link class");
 }

@@ -125,13 +125,7 @@ pub fn rdma_physical_tokens(algo_tokens: u64, num_nodes: u64) -> f64 {
 
 /// Dispatch wire bytes per token: `hidden x elem_size + top_k x 4 (indices) + top_k x 4
 /// (weights) + scale_dim x scale_type_size + 4` (seed 003, `xferBytes`).
-pub fn dispatch_xfer_bytes_per_token(
-    hidden: u64,
-    elem_size: u64,
-    top_k: u64,
-    scale_dim: u64,
-    scale_type_size: u64,
-) -> EpResult<u64> {
+pub fn dispatch_xfer_bytes_per_token(hidden: u64, elem_size: u64, top_k: u64, scale_dim: u64, scale_type_size: u64) -> EpResult<u64> {
     let parts = [
         hidden.checked_mul(elem_size),
         top_k.checked_mul(INDEX_BYTES),
@@ -153,10 +147,7 @@ pub fn combine_xfer_bytes_per_token(hidden: u64, elem_size: u64, top_k: u64, wit
 /// `cur_rank_tokens x bytes_per_token x (nodes - 1)` (seed 003, `dispatch_rdma_bytes`,
 /// `combine_rdma_bytes`). 0 nodes gives 0.
 pub fn rdma_send_bytes(cur_rank_tokens: u64, bytes_per_token: u64, num_nodes: u64) -> EpResult<u64> {
-    cur_rank_tokens
-        .checked_mul(bytes_per_token)
-        .and_then(|b| b.checked_mul(num_nodes.saturating_sub(1)))
-        .ok_or(ovf("RDMA send bytes"))
+    cur_rank_tokens.checked_mul(bytes_per_token).and_then(|b| b.checked_mul(num_nodes.saturating_sub(1))).ok_or(ovf("RDMA send bytes"))
 }
 
 /// Bytes as gigabytes (1e9).

@@ -93,13 +93,7 @@ impl EpConfig {
     /// (64 RDMA) x 8 warps (upstream's automatic launch table).
     ///
     /// Errors: [`EpError::ExpertsNotDivisible`] and everything [`EpConfig::validate`] reports.
-    pub fn new(
-        world_size: usize,
-        hidden: usize,
-        num_experts: usize,
-        top_k: usize,
-        max_tokens_per_rank: usize,
-    ) -> EpResult<Self> {
+    pub fn new(world_size: usize, hidden: usize, num_experts: usize, top_k: usize, max_tokens_per_rank: usize) -> EpResult<Self> {
         if world_size == 0 {
             return Err(invalid("world_size", 0, "must be at least 1"));
         }
@@ -199,15 +193,9 @@ impl EpConfig {
         if self.rdma_block_num > self.block_num {
             return Err(invalid("rdma_block_num", self.rdma_block_num, "must not exceed block_num"));
         }
-        let required = self
-            .world_size
-            .checked_mul(self.max_tokens_per_rank)
-            .ok_or(overflow("world_size x max_tokens_per_rank"))?;
+        let required = self.world_size.checked_mul(self.max_tokens_per_rank).ok_or(overflow("world_size x max_tokens_per_rank"))?;
         if required > i32::MAX as usize {
-            return Err(EpError::SizeOverflow {
-                what: "flat source index world_size x max_tokens_per_rank",
-                limit: "i32::MAX",
-            });
+            return Err(EpError::SizeOverflow { what: "flat source index world_size x max_tokens_per_rank", limit: "i32::MAX" });
         }
         if self.max_recv_tokens < required {
             return Err(EpError::RecvBufferTooSmall { max_recv_tokens: self.max_recv_tokens, required });

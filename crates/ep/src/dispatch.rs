@@ -184,12 +184,7 @@ fn check_inputs<X: Element, I: TopkIndex, S>(cfg: &EpConfig, inputs: &[RankInput
         });
     }
     if !(cfg.hidden * xs).is_multiple_of(16) {
-        return Err(EpError::HiddenBytesNotAligned {
-            what: "x",
-            hidden: cfg.hidden,
-            elem_size: xs,
-            bytes: cfg.hidden * xs,
-        });
+        return Err(EpError::HiddenBytesNotAligned { what: "x", hidden: cfg.hidden, elem_size: xs, bytes: cfg.hidden * xs });
     }
     if cfg.scale_dim > 0 && std::mem::size_of::<S>() != cfg.scale_type_size {
         return Err(EpError::ElementSize {

@@ -114,6 +114,5 @@ pub fn dequantize_fp8_blocks(q: &Tensor2<Fp8E4m3>, scales: &Tensor2<f32>) -> EpR
             out.extend(block.iter().map(|v| v.to_f32() * s));
         }
     }
-    Tensor2::new(q.rows(), q.cols(), out)
-        .map_err(|_| EpError::SizeOverflow { what: "dequantized tensor", limit: "usize" })
+    Tensor2::new(q.rows(), q.cols(), out).map_err(|_| EpError::SizeOverflow { what: "dequantized tensor", limit: "usize" })
 }

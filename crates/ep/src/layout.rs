@@ -46,11 +46,7 @@ impl Topology {
         }
         let ranks_per_node = gpus_per_node.min(world);
         if !world.is_multiple_of(ranks_per_node) {
-            return Err(invalid_arg(
-                "world_size",
-                world,
-                &format!("must be a multiple of gpus_per_node = {gpus_per_node}"),
-            ));
+            return Err(invalid_arg("world_size", world, &format!("must be a multiple of gpus_per_node = {gpus_per_node}")));
         }
         Ok(Self { num_experts, world, ranks_per_node })
     }
@@ -97,14 +93,7 @@ impl Topology {
 
     /// Validates slot `slot` of token `token` on rank `rank`: `Ok(None)` for -1 (and for an
     /// out-of-range id under [`OutOfRange::Drop`]), `Ok(Some(e))` for a valid expert.
-    pub fn expert_of<I: TopkIndex>(
-        &self,
-        id: I,
-        policy: OutOfRange,
-        rank: usize,
-        token: usize,
-        slot: usize,
-    ) -> EpResult<Option<usize>> {
+    pub fn expert_of<I: TopkIndex>(&self, id: I, policy: OutOfRange, rank: usize, token: usize, slot: usize) -> EpResult<Option<usize>> {
         let v = id.as_i64();
         if v == -1 {
             return Ok(None);
@@ -113,21 +102,13 @@ impl Topology {
             Ok(e) if e < self.num_experts => Ok(Some(e)),
             _ => match policy {
                 OutOfRange::Drop => Ok(None),
-                OutOfRange::Error => {
-                    Err(EpError::ExpertOutOfRange { rank, token, slot, expert: v, num_experts: self.num_experts })
-                }
+                OutOfRange::Error => Err(EpError::ExpertOutOfRange { rank, token, slot, expert: v, num_experts: self.num_experts }),
             },
         }
     }
 
     /// Destination ranks of one token's top-k row, deduplicated and ascending.
-    pub fn dest_ranks<I: TopkIndex>(
-        &self,
-        row: &[I],
-        policy: OutOfRange,
-        rank: usize,
-        token: usize,
-    ) -> EpResult<Vec<usize>> {
+    pub fn dest_ranks<I: TopkIndex>(&self, row: &[I], policy: OutOfRange, rank: usize, token: usize) -> EpResult<Vec<usize>> {
         let mut out = Vec::with_capacity(row.len());
         for (slot, &id) in row.iter().enumerate() {
             if let Some(e) = self.expert_of(id, policy, rank, token, slot)? {
@@ -169,22 +150,13 @@ pub struct Layout {
 /// use [`dispatch_layout_with`] to name the rank or drop them).
 ///
 /// Errors: as [`Topology::new`]; [`EpError::ExpertOutOfRange`].
-pub fn dispatch_layout<I: TopkIndex>(
-    topk_idx: &Tensor2<I>,
-    num_experts: usize,
-    world: usize,
-    gpus_per_node: usize,
-) -> EpResult<Layout> {
+pub fn dispatch_layout<I: TopkIndex>(topk_idx: &Tensor2<I>, num_experts: usize, world: usize, gpus_per_node: usize) -> EpResult<Layout> {
     let topo = Topology::new(num_experts, world, gpus_per_node)?;
     dispatch_layout_with(topk_idx, &topo, LayoutOptions::default())
 }
 
 /// [`dispatch_layout`] with an explicit [`Topology`] and [`LayoutOptions`].
-pub fn dispatch_layout_with<I: TopkIndex>(
-    topk_idx: &Tensor2<I>,
-    topo: &Topology,
-    opts: LayoutOptions,
-) -> EpResult<Layout> {
+pub fn dispatch_layout_with<I: TopkIndex>(topk_idx: &Tensor2<I>, topo: &Topology, opts: LayoutOptions) -> EpResult<Layout> {
     let world = topo.world();
     let mut tokens_per_rank = vec![0usize; world];
     let mut tokens_per_node = vec![0usize; topo.num_nodes()];

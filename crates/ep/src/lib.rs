@@ -66,14 +66,10 @@ mod tensor;
 
 pub use combine::{combine, CombineOptions, Combined, Weighting};
 pub use config::{EpConfig, KernelType, Quantization, MAX_TOP_K, MAX_WARPS_PER_BLOCK};
-pub use dispatch::{
-    dispatch, localize_indices, DispatchHandle, DispatchOptions, Dispatched, RankInput, RankRecv, SrcPos,
-};
+pub use dispatch::{dispatch, localize_indices, DispatchHandle, DispatchOptions, Dispatched, RankInput, RankRecv, SrcPos};
 pub use dtype::{CombineOut, DType, Element, TopkIndex};
 pub use error::{EpError, EpResult};
-pub use fp8::{
-    dequantize_fp8_blocks, fp8_scale_cols, quantize_fp8_blocks, Fp8E4m3, FP8_BLOCK, FP8_E4M3_MAX, FP8_MIN_AMAX,
-};
+pub use fp8::{dequantize_fp8_blocks, fp8_scale_cols, quantize_fp8_blocks, Fp8E4m3, FP8_BLOCK, FP8_E4M3_MAX, FP8_MIN_AMAX};
 pub use half::bf16;
 pub use layout::{dispatch_layout, dispatch_layout_with, Layout, LayoutOptions, OutOfRange, Topology};
 pub use order::{canonical_order, is_canonical};

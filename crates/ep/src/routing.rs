@@ -96,14 +96,12 @@ pub fn generate_routing(spec: RoutingSpec, rng: &mut SplitMix64) -> EpResult<(Te
         for s in scores.iter_mut() {
             *s = rng.normal().abs() as f32 + 1.0;
         }
-        let group_max: Vec<f32> =
-            scores.chunks(per_group).map(|c| c.iter().copied().fold(f32::MIN, f32::max)).collect();
+        let group_max: Vec<f32> = scores.chunks(per_group).map(|c| c.iter().copied().fold(f32::MIN, f32::max)).collect();
         order.clear();
         order.extend(0..g);
         order.sort_by(|&a, &b| group_max[b].total_cmp(&group_max[a]).then(a.cmp(&b)));
         let keep = &order[..topk_groups];
-        let masked: Vec<f32> =
-            scores.iter().enumerate().map(|(i, &s)| if keep.contains(&(i / per_group)) { s } else { 0.0 }).collect();
+        let masked: Vec<f32> = scores.iter().enumerate().map(|(i, &s)| if keep.contains(&(i / per_group)) { s } else { 0.0 }).collect();
         order.clear();
         order.extend(0..e);
         order.sort_by(|&a, &b| masked[b].total_cmp(&masked[a]).then(a.cmp(&b)));

@@ -122,13 +122,7 @@ impl<T: Clone> Tensor2<T> {
 }
 
 /// Checks that `t` is `[rows, cols]`, naming the input and rank on failure.
-pub(crate) fn expect_shape<T>(
-    t: &Tensor2<T>,
-    input: &'static str,
-    rank: usize,
-    rows: usize,
-    cols: usize,
-) -> EpResult<()> {
+pub(crate) fn expect_shape<T>(t: &Tensor2<T>, input: &'static str, rank: usize, rows: usize, cols: usize) -> EpResult<()> {
     if t.rows == rows && t.cols == cols {
         Ok(())
     } else {

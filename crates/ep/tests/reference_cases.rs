@@ -62,8 +62,7 @@ fn dispatch_and_combine_by_hand() {
 
     let xs: Vec<_> = d.ranks.iter().map(|r| r.x.clone()).collect();
     let ws: Vec<_> = d.ranks.iter().map(|r| r.weights.clone()).collect();
-    let out =
-        combine::<f32, f32, i32>(&c, &d.handle, &xs, Some(&ws), &indices_of(&inp), CombineOptions::default()).unwrap();
+    let out = combine::<f32, f32, i32>(&c, &d.handle, &xs, Some(&ws), &indices_of(&inp), CombineOptions::default()).unwrap();
     let firsts = |o: &Combined<f32>| o.x.iter_rows().map(|r| r[0]).collect::<Vec<_>>();
     assert_eq!(firsts(&out[0]), vec![2.0, 2.0, 3.0]); // 1 x 2 ranks, 2 x 1, 3 x 1
     assert_eq!(firsts(&out[1]), vec![11.0, 0.0]); // second token went nowhere
@@ -138,10 +137,7 @@ fn combine_refuses_dispatch_output_indices() {
 fn input_errors_name_input_and_limit() {
     let c = cfg();
     let opts = DispatchOptions::default();
-    assert_eq!(
-        dispatch(&c, &example()[..1], opts).unwrap_err(),
-        EpError::RankCount { input: "dispatch inputs", expected: 2, got: 1 }
-    );
+    assert_eq!(dispatch(&c, &example()[..1], opts).unwrap_err(), EpError::RankCount { input: "dispatch inputs", expected: 2, got: 1 });
     let mut inp = example();
     inp[1].weights = Tensor2::filled(2, 3, 0.0).unwrap();
     assert_eq!(
@@ -167,10 +163,7 @@ fn input_errors_name_input_and_limit() {
         scales: None,
         indices: Tensor2::filled(t, 2, 0).unwrap(),
     };
-    assert!(matches!(
-        dispatch(&c8, &[fp8(1), fp8(0)], opts),
-        Err(EpError::HiddenBytesNotAligned { what: "x", bytes: 8, .. })
-    ));
+    assert!(matches!(dispatch(&c8, &[fp8(1), fp8(0)], opts), Err(EpError::HiddenBytesNotAligned { what: "x", bytes: 8, .. })));
     // Combine shape and handle errors.
     let d = dispatch(&c, &example(), opts).unwrap();
     let mut xs: Vec<_> = d.ranks.iter().map(|r| r.x.clone()).collect();

@@ -19,22 +19,12 @@ pub struct Attempt {
 
 impl fmt::Display for Attempt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}): {}",
-            self.runtime,
-            self.runtime.library(),
-            self.reason
-        )
+        write!(f, "{} ({}): {}", self.runtime, self.runtime.library(), self.reason)
     }
 }
 
 fn attempts_text(attempts: &[Attempt]) -> String {
-    attempts
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
+    attempts.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 fn hint_text(hint: &Option<Cow<'static, str>>) -> String {

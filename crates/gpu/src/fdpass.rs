@@ -17,24 +17,12 @@ fn nix_io(op: &'static str, e: Errno) -> GpuError {
 /// Sends `payload` (non-empty) with `fd` attached to its first byte.
 pub fn send_with_fd(sock: &UnixStream, payload: &[u8], fd: Option<BorrowedFd<'_>>) -> Result<()> {
     if payload.is_empty() {
-        return Err(GpuError::invalid(
-            "an fd needs at least one payload byte to travel with",
-        ));
+        return Err(GpuError::invalid("an fd needs at least one payload byte to travel with"));
     }
     let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() {
-        Vec::new()
-    } else {
-        vec![ControlMessage::ScmRights(&fds)]
-    };
+    let cmsgs: Vec<ControlMessage<'_>> = if fds.is_empty() { Vec::new() } else { vec![ControlMessage::ScmRights(&fds)] };
     let sent = loop {
-        match sendmsg::<UnixAddr>(
-            sock.as_raw_fd(),
-            &[IoSlice::new(payload)],
-            &cmsgs,
-            MsgFlags::empty(),
-            None,
-        ) {
+        match sendmsg::<UnixAddr>(sock.as_raw_fd(), &[IoSlice::new(payload)], &cmsgs, MsgFlags::empty(), None) {
             Ok(n) => break n,
             Err(Errno::EINTR) => continue,
             Err(e) => return Err(nix_io("sendmsg with SCM_RIGHTS", e)),
@@ -42,8 +30,7 @@ pub fn send_with_fd(sock: &UnixStream, payload: &[u8], fd: Option<BorrowedFd<'_>
     };
     if sent < payload.len() {
         let mut s = sock;
-        s.write_all(&payload[sent..])
-            .map_err(|e| GpuError::io("sending the rest of an fd message", e))?;
+        s.write_all(&payload[sent..]).map_err(|e| GpuError::io("sending the rest of an fd message", e))?;
     }
     Ok(())
 }
@@ -57,17 +44,10 @@ pub fn recv_with_fd(sock: &UnixStream, buf: &mut [u8]) -> Result<Option<OwnedFd>
     let mut space = nix::cmsg_space!([RawFd; 4]);
     let (got, mut fds) = loop {
         let mut iov = [IoSliceMut::new(buf)];
-        match recvmsg::<UnixAddr>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
+        match recvmsg::<UnixAddr>(sock.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
             Ok(msg) => {
                 let mut fds: Vec<OwnedFd> = Vec::new();
-                let cmsgs = msg
-                    .cmsgs()
-                    .map_err(|e| nix_io("SCM_RIGHTS control data truncated", e))?;
+                let cmsgs = msg.cmsgs().map_err(|e| nix_io("SCM_RIGHTS control data truncated", e))?;
                 for c in cmsgs {
                     if let ControlMessageOwned::ScmRights(raw) = c {
                         for r in raw {
@@ -90,15 +70,11 @@ pub fn recv_with_fd(sock: &UnixStream, buf: &mut [u8]) -> Result<Option<OwnedFd>
         ));
     }
     if fds.len() > 1 {
-        return Err(GpuError::invalid(format!(
-            "expected at most one file descriptor, received {}",
-            fds.len()
-        )));
+        return Err(GpuError::invalid(format!("expected at most one file descriptor, received {}", fds.len())));
     }
     if got < buf.len() {
         let mut s = sock;
-        s.read_exact(&mut buf[got..])
-            .map_err(|e| GpuError::io("receiving the rest of an fd message", e))?;
+        s.read_exact(&mut buf[got..]).map_err(|e| GpuError::io("receiving the rest of an fd message", e))?;
     }
     Ok(fds.pop())
 }

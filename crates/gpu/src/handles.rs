@@ -12,10 +12,7 @@ use crate::types::RuntimeKind;
 pub const RAW_HANDLE_LEN: usize = 64;
 
 fn decode_err(what: &'static str, why: impl Into<String>) -> GpuError {
-    GpuError::Decode {
-        what,
-        why: why.into(),
-    }
+    GpuError::Decode { what, why: why.into() }
 }
 
 fn u64_at(b: &[u8], at: usize) -> u64 {
@@ -62,20 +59,8 @@ impl IpcHandle {
     const VERSION: u8 = 1;
 
     /// Builds a handle from its parts (the runtime's export fills these).
-    pub fn new(
-        runtime: RuntimeKind,
-        raw: [u8; RAW_HANDLE_LEN],
-        offset: u64,
-        len: u64,
-        exporter_pid: u32,
-    ) -> Self {
-        IpcHandle {
-            runtime,
-            raw,
-            offset,
-            len,
-            exporter_pid,
-        }
+    pub fn new(runtime: RuntimeKind, raw: [u8; RAW_HANDLE_LEN], offset: u64, len: u64, exporter_pid: u32) -> Self {
+        IpcHandle { runtime, raw, offset, len, exporter_pid }
     }
 
     /// Runtime that exported it.
@@ -125,22 +110,15 @@ impl IpcHandle {
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
         const WHAT: &str = "IPC handle";
         if b.len() != Self::ENCODED_LEN {
-            return Err(decode_err(
-                WHAT,
-                format!("{} bytes, expected {}", b.len(), Self::ENCODED_LEN),
-            ));
+            return Err(decode_err(WHAT, format!("{} bytes, expected {}", b.len(), Self::ENCODED_LEN)));
         }
         if b[0..4] != Self::MAGIC {
             return Err(decode_err(WHAT, "bad magic"));
         }
         if b[4] != Self::VERSION {
-            return Err(decode_err(
-                WHAT,
-                format!("version {} (this build reads {})", b[4], Self::VERSION),
-            ));
+            return Err(decode_err(WHAT, format!("version {} (this build reads {})", b[4], Self::VERSION)));
         }
-        let runtime = RuntimeKind::from_tag(b[5])
-            .ok_or_else(|| decode_err(WHAT, format!("runtime tag {}", b[5])))?;
+        let runtime = RuntimeKind::from_tag(b[5]).ok_or_else(|| decode_err(WHAT, format!("runtime tag {}", b[5])))?;
         let offset = u64_at(b, 16);
         let len = u64_at(b, 24);
         if offset.checked_add(len).is_none() {
@@ -148,13 +126,7 @@ impl IpcHandle {
         }
         let mut raw = [0u8; RAW_HANDLE_LEN];
         raw.copy_from_slice(&b[32..96]);
-        Ok(IpcHandle {
-            runtime,
-            raw,
-            offset,
-            len,
-            exporter_pid: u32_at(b, 8),
-        })
+        Ok(IpcHandle { runtime, raw, offset, len, exporter_pid: u32_at(b, 8) })
     }
 }
 
@@ -169,20 +141,11 @@ pub struct HandleKinds {
 
 impl HandleKinds {
     /// Not exportable.
-    pub const NONE: HandleKinds = HandleKinds {
-        posix_fd: false,
-        fabric: false,
-    };
+    pub const NONE: HandleKinds = HandleKinds { posix_fd: false, fabric: false };
     /// POSIX FD only.
-    pub const POSIX_FD: HandleKinds = HandleKinds {
-        posix_fd: true,
-        fabric: false,
-    };
+    pub const POSIX_FD: HandleKinds = HandleKinds { posix_fd: true, fabric: false };
     /// FABRIC only.
-    pub const FABRIC: HandleKinds = HandleKinds {
-        posix_fd: false,
-        fabric: true,
-    };
+    pub const FABRIC: HandleKinds = HandleKinds { posix_fd: false, fabric: true };
 
     /// Whether `kind` is in the set.
     pub fn contains(self, kind: ShareableKind) -> bool {
@@ -267,11 +230,7 @@ impl fmt::Debug for ShareableHandle {
             ShareableValue::PosixFd(fd) => format!("fd {fd:?}"),
             ShareableValue::Fabric(_) => "fabric".to_string(),
         };
-        write!(
-            f,
-            "ShareableHandle({} {v}, {} bytes)",
-            self.runtime, self.size
-        )
+        write!(f, "ShareableHandle({} {v}, {} bytes)", self.runtime, self.size)
     }
 }
 
@@ -283,20 +242,12 @@ impl ShareableHandle {
 
     /// A handle received from another process: a POSIX file descriptor and the allocation size.
     pub fn from_posix_fd(runtime: RuntimeKind, fd: OwnedFd, size: u64) -> Self {
-        ShareableHandle {
-            runtime,
-            size,
-            value: ShareableValue::PosixFd(fd),
-        }
+        ShareableHandle { runtime, size, value: ShareableValue::PosixFd(fd) }
     }
 
     /// A handle received from another process: FABRIC handle bytes and the allocation size.
     pub fn from_fabric(runtime: RuntimeKind, raw: [u8; RAW_HANDLE_LEN], size: u64) -> Self {
-        ShareableHandle {
-            runtime,
-            size,
-            value: ShareableValue::Fabric(raw),
-        }
+        ShareableHandle { runtime, size, value: ShareableValue::Fabric(raw) }
     }
 
     /// Its type.
@@ -353,31 +304,22 @@ impl ShareableHandle {
     pub fn from_descriptor(b: &[u8], fd: Option<OwnedFd>) -> Result<Self> {
         const WHAT: &str = "shareable handle descriptor";
         if b.len() != Self::DESCRIPTOR_LEN {
-            return Err(decode_err(
-                WHAT,
-                format!("{} bytes, expected {}", b.len(), Self::DESCRIPTOR_LEN),
-            ));
+            return Err(decode_err(WHAT, format!("{} bytes, expected {}", b.len(), Self::DESCRIPTOR_LEN)));
         }
         if b[0..4] != Self::MAGIC {
             return Err(decode_err(WHAT, "bad magic"));
         }
         if b[4] != Self::VERSION {
-            return Err(decode_err(
-                WHAT,
-                format!("version {} (this build reads {})", b[4], Self::VERSION),
-            ));
+            return Err(decode_err(WHAT, format!("version {} (this build reads {})", b[4], Self::VERSION)));
         }
-        let runtime = RuntimeKind::from_tag(b[5])
-            .ok_or_else(|| decode_err(WHAT, format!("runtime tag {}", b[5])))?;
+        let runtime = RuntimeKind::from_tag(b[5]).ok_or_else(|| decode_err(WHAT, format!("runtime tag {}", b[5])))?;
         let size = u64_at(b, 8);
         if size == 0 {
             return Err(decode_err(WHAT, "size 0"));
         }
         match b[6] {
             1 => {
-                let fd = fd.ok_or_else(|| {
-                    decode_err(WHAT, "POSIX_FD handle arrived without a file descriptor")
-                })?;
+                let fd = fd.ok_or_else(|| decode_err(WHAT, "POSIX_FD handle arrived without a file descriptor"))?;
                 Ok(Self::from_posix_fd(runtime, fd, size))
             }
             2 => {
@@ -407,37 +349,20 @@ pub struct DmabufFd {
 /// The host-page window `cuMemGetHandleForAddressRange` / `hipMemGetHandleForAddressRange` need
 /// for `ptr..ptr+len`: `(start, window_len, offset_of_ptr)`. Refuses a window that leaves the
 /// allocation `base..base+base_len` (it would expose a neighbour's memory).
-pub fn dmabuf_window(
-    ptr: u64,
-    len: u64,
-    base: u64,
-    base_len: u64,
-    page: u64,
-) -> Result<(u64, u64, u64)> {
+pub fn dmabuf_window(ptr: u64, len: u64, base: u64, base_len: u64, page: u64) -> Result<(u64, u64, u64)> {
     if len == 0 {
         return Err(GpuError::invalid("dmabuf export of an empty range"));
     }
     if page == 0 || !page.is_power_of_two() {
-        return Err(GpuError::invalid(format!(
-            "host page size {page} is not a power of two"
-        )));
+        return Err(GpuError::invalid(format!("host page size {page} is not a power of two")));
     }
-    let end = ptr
-        .checked_add(len)
-        .ok_or_else(|| GpuError::invalid("range end overflows"))?;
-    let base_end = base
-        .checked_add(base_len)
-        .ok_or_else(|| GpuError::invalid("allocation end overflows"))?;
+    let end = ptr.checked_add(len).ok_or_else(|| GpuError::invalid("range end overflows"))?;
+    let base_end = base.checked_add(base_len).ok_or_else(|| GpuError::invalid("allocation end overflows"))?;
     if ptr < base || end > base_end {
-        return Err(GpuError::invalid(format!(
-            "range {ptr:#x}+{len} is not inside its allocation {base:#x}+{base_len}"
-        )));
+        return Err(GpuError::invalid(format!("range {ptr:#x}+{len} is not inside its allocation {base:#x}+{base_len}")));
     }
     let start = ptr & !(page - 1);
-    let wend = end
-        .checked_add(page - 1)
-        .ok_or_else(|| GpuError::invalid("range end overflows"))?
-        & !(page - 1);
+    let wend = end.checked_add(page - 1).ok_or_else(|| GpuError::invalid("range end overflows"))? & !(page - 1);
     if start < base || wend > base_end {
         return Err(GpuError::invalid(format!(
             "range {ptr:#x}+{len} widened to host pages ({start:#x}..{wend:#x}) leaves its allocation \

@@ -37,20 +37,14 @@ mod runtime;
 mod stream;
 mod types;
 
-pub use error::{
-    cuda_error_name, hip_error_name, Attempt, GpuError, Result, CUDA_ERROR_NOT_PERMITTED,
-    CUDA_ERROR_NOT_SUPPORTED,
-};
-pub use handles::{
-    dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind, VmmOptions,
-    RAW_HANDLE_LEN,
-};
+pub use error::{cuda_error_name, hip_error_name, Attempt, GpuError, Result, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED};
+pub use handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind, VmmOptions, RAW_HANDLE_LEN};
 pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, VmmAllocation};
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
 pub use pool::{CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane};
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};
 pub use types::{
-    numa_node_from_sysfs, Capabilities, Device, DeviceProperties, LaunchConfig, MemInfo, PciBusId,
-    RuntimeChoice, RuntimeKind, WaitCondition,
+    numa_node_from_sysfs, Capabilities, Device, DeviceProperties, LaunchConfig, MemInfo, PciBusId, RuntimeChoice, RuntimeKind,
+    WaitCondition,
 };

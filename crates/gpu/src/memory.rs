@@ -23,11 +23,7 @@ pub struct DeviceSlice<'a> {
 
 impl fmt::Debug for DeviceSlice<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "DeviceSlice({:#x}+{} on {})",
-            self.ptr, self.len, self.device
-        )
+        write!(f, "DeviceSlice({:#x}+{} on {})", self.ptr, self.len, self.device)
     }
 }
 
@@ -38,12 +34,7 @@ impl<'a> DeviceSlice<'a> {
     /// `ptr..ptr+len` must be device memory of `device` in this process (or mapped into it) and
     /// stay allocated for `'a`.
     pub unsafe fn from_raw(ptr: u64, len: usize, device: Device) -> Self {
-        DeviceSlice {
-            ptr,
-            len,
-            device,
-            _owner: PhantomData,
-        }
+        DeviceSlice { ptr, len, device, _owner: PhantomData }
     }
 
     /// Device address of the first byte.
@@ -69,17 +60,9 @@ impl<'a> DeviceSlice<'a> {
     /// The sub-range `offset..offset+len`, bounds-checked.
     pub fn sub(&self, offset: usize, len: usize) -> Result<DeviceSlice<'a>> {
         if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(GpuError::invalid(format!(
-                "sub-range {offset}+{len} outside a slice of {} bytes",
-                self.len
-            )));
+            return Err(GpuError::invalid(format!("sub-range {offset}+{len} outside a slice of {} bytes", self.len)));
         }
-        Ok(DeviceSlice {
-            ptr: self.ptr + offset as u64,
-            len,
-            device: self.device,
-            _owner: PhantomData,
-        })
+        Ok(DeviceSlice { ptr: self.ptr + offset as u64, len, device: self.device, _owner: PhantomData })
     }
 }
 
@@ -93,14 +76,7 @@ pub struct DeviceBuffer {
 
 impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "DeviceBuffer({:#x}+{} on {} via {})",
-            self.ptr,
-            self.len,
-            self.device,
-            self.rt.kind()
-        )
+        write!(f, "DeviceBuffer({:#x}+{} on {} via {})", self.ptr, self.len, self.device, self.rt.kind())
     }
 }
 
@@ -141,11 +117,7 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // SAFETY: ptr came from mem_alloc on this runtime and device and is freed exactly once.
         if let Err(e) = unsafe { self.rt.raw().mem_free(self.device, self.ptr) } {
-            tracing::warn!(
-                ptr = self.ptr,
-                device = self.device.0,
-                "freeing a device buffer failed: {e}"
-            );
+            tracing::warn!(ptr = self.ptr, device = self.device.0, "freeing a device buffer failed: {e}");
         }
     }
 }
@@ -163,11 +135,7 @@ pub struct IpcMapping {
 
 impl fmt::Debug for IpcMapping {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "IpcMapping(base {:#x} + offset {} , {} bytes on {})",
-            self.base, self.offset, self.len, self.device
-        )
+        write!(f, "IpcMapping(base {:#x} + offset {} , {} bytes on {})", self.base, self.offset, self.len, self.device)
     }
 }
 
@@ -194,11 +162,7 @@ impl Drop for IpcMapping {
     fn drop(&mut self) {
         // SAFETY: base came from ipc_open on this runtime and is closed exactly once.
         if let Err(e) = unsafe { self.rt.raw().ipc_close(self.device, self.base) } {
-            tracing::warn!(
-                base = self.base,
-                device = self.device.0,
-                "closing an IPC mapping failed: {e}"
-            );
+            tracing::warn!(base = self.base, device = self.device.0, "closing an IPC mapping failed: {e}");
         }
     }
 }

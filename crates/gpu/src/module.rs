@@ -29,13 +29,11 @@ const FATBIN_MAGIC: u32 = 0xBA55_ED50;
 const BUNDLE_MAGIC: &[u8] = b"__CLANG_OFFLOAD_BUNDLE__";
 
 fn le_u16(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 2)
-        .map(|s| u64::from(u16::from_le_bytes([s[0], s[1]])))
+    b.get(at..at + 2).map(|s| u64::from(u16::from_le_bytes([s[0], s[1]])))
 }
 
 fn le_u32(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 4)
-        .map(|s| u64::from(u32::from_le_bytes([s[0], s[1], s[2], s[3]])))
+    b.get(at..at + 4).map(|s| u64::from(u32::from_le_bytes([s[0], s[1], s[2], s[3]])))
 }
 
 fn le_u64(b: &[u8], at: usize) -> Option<u64> {
@@ -71,15 +69,10 @@ fn check_elf(b: &[u8]) -> std::result::Result<(), String> {
         for i in 0..shnum {
             let sh = (shoff + i * shentsize) as usize;
             let kind = le_u32(b, sh + 4).ok_or("truncated section header")?;
-            let (off, size) = (
-                le_u64(b, sh + 0x18).ok_or("truncated")?,
-                le_u64(b, sh + 0x20).ok_or("truncated")?,
-            );
+            let (off, size) = (le_u64(b, sh + 0x18).ok_or("truncated")?, le_u64(b, sh + 0x20).ok_or("truncated")?);
             const SHT_NOBITS: u64 = 8;
             if kind != SHT_NOBITS && !within(b.len(), off, size) {
-                return Err(format!(
-                    "section {i} ends past the end of the image (truncated?)"
-                ));
+                return Err(format!("section {i} ends past the end of the image (truncated?)"));
             }
         }
     }
@@ -108,9 +101,7 @@ fn check_bundle(b: &[u8]) -> std::result::Result<(), String> {
             le_u64(b, at + 16).ok_or("truncated bundle entry")?,
         );
         if !within(b.len(), off, size) {
-            return Err(format!(
-                "bundle entry {i} past the end of the image (truncated?)"
-            ));
+            return Err(format!("bundle entry {i} past the end of the image (truncated?)"));
         }
         at = at
             .checked_add(24)
@@ -124,15 +115,9 @@ fn check_bundle(b: &[u8]) -> std::result::Result<(), String> {
 impl ModuleImage<'_> {
     /// Checks the image against the runtime that will load it.
     pub fn validate(&self, runtime: RuntimeKind) -> Result<()> {
-        let unsupported = |what: &'static str| GpuError::Unsupported {
-            runtime,
-            what,
-            why: "load a code object built for this vendor".into(),
-        };
-        let bad = |why: String| GpuError::Decode {
-            what: "module image",
-            why,
-        };
+        let unsupported =
+            |what: &'static str| GpuError::Unsupported { runtime, what, why: "load a code object built for this vendor".into() };
+        let bad = |why: String| GpuError::Decode { what: "module image", why };
         match (self, runtime) {
             (ModuleImage::Ptx(text), RuntimeKind::Cuda) => {
                 if text.trim().is_empty() {
@@ -153,12 +138,8 @@ impl ModuleImage<'_> {
                 }
             }
             (ModuleImage::Ptx(_), RuntimeKind::Hip) => Err(unsupported("loading PTX")),
-            (ModuleImage::Cubin(_) | ModuleImage::Fatbin(_), RuntimeKind::Hip) => {
-                Err(unsupported("loading CUDA binaries"))
-            }
-            (ModuleImage::HipCodeObject(_), RuntimeKind::Cuda) => {
-                Err(unsupported("loading AMD code objects"))
-            }
+            (ModuleImage::Cubin(_) | ModuleImage::Fatbin(_), RuntimeKind::Hip) => Err(unsupported("loading CUDA binaries")),
+            (ModuleImage::HipCodeObject(_), RuntimeKind::Cuda) => Err(unsupported("loading AMD code objects")),
         }
     }
 }
@@ -199,20 +180,10 @@ impl Module {
 
     /// Looks up an `extern "C"` kernel by name.
     pub fn function(&self, name: &str) -> Result<Function> {
-        let cname = std::ffi::CString::new(name)
-            .map_err(|_| GpuError::invalid(format!("kernel name {name:?} contains a NUL byte")))?;
+        let cname = std::ffi::CString::new(name).map_err(|_| GpuError::invalid(format!("kernel name {name:?} contains a NUL byte")))?;
         // SAFETY: the module handle is live (we hold its Arc); cname is NUL-terminated.
-        let raw = unsafe {
-            self.inner
-                .rt
-                .raw()
-                .module_function(self.inner.device, self.inner.raw, &cname)?
-        };
-        Ok(Function {
-            module: self.inner.clone(),
-            raw,
-            name: name.to_string(),
-        })
+        let raw = unsafe { self.inner.rt.raw().module_function(self.inner.device, self.inner.raw, &cname)? };
+        Ok(Function { module: self.inner.clone(), raw, name: name.to_string() })
     }
 }
 
@@ -243,25 +214,14 @@ impl Function {
     /// Allows launches with up to `bytes` of dynamic shared memory per block.
     pub fn set_max_dynamic_shared_mem(&self, bytes: u32) -> Result<()> {
         // SAFETY: the function handle is live while its module is (we hold the module's Arc).
-        unsafe {
-            self.module.rt.raw().function_set_max_dynamic_shared(
-                self.module.device,
-                self.raw,
-                bytes,
-            )
-        }
+        unsafe { self.module.rt.raw().function_set_max_dynamic_shared(self.module.device, self.raw, bytes) }
     }
 
     /// Launches the kernel; see [`Runtime::launch`].
     ///
     /// # Safety
     /// As [`Runtime::launch`].
-    pub unsafe fn launch(
-        &self,
-        stream: &Stream,
-        cfg: &LaunchConfig,
-        params: &[*mut c_void],
-    ) -> Result<()> {
+    pub unsafe fn launch(&self, stream: &Stream, cfg: &LaunchConfig, params: &[*mut c_void]) -> Result<()> {
         // SAFETY: forwarded contract.
         unsafe { self.module.rt.launch(self, stream, cfg, params) }
     }
@@ -288,12 +248,7 @@ impl KernelArgs {
 
     /// Appends a by-value argument (an integer, a float, a `#[repr(C)]` struct ...).
     pub fn push<T: Copy + 'static>(&mut self, value: T) -> &mut Self {
-        const {
-            assert!(
-                std::mem::align_of::<T>() <= 16,
-                "kernel argument aligned above 16 bytes"
-            )
-        };
+        const { assert!(std::mem::align_of::<T>() <= 16, "kernel argument aligned above 16 bytes") };
         let words = std::mem::size_of::<T>().div_ceil(16).max(1);
         let mut slot = vec![0u128; words].into_boxed_slice();
         // SAFETY: the slot is at least size_of::<T>() bytes and 16-byte aligned (>= align_of::<T>()).
@@ -319,10 +274,7 @@ impl KernelArgs {
 
     /// The `void*` array for the launch; valid while `self` is neither moved-from nor mutated.
     pub fn params(&self) -> Vec<*mut c_void> {
-        self.slots
-            .iter()
-            .map(|s| s.as_ptr() as *mut c_void)
-            .collect()
+        self.slots.iter().map(|s| s.as_ptr() as *mut c_void).collect()
     }
 }
 

@@ -12,17 +12,17 @@
 //! (`kernels/scatter_gather_copy.cu`: 0.15 µs per 4 KiB descriptor at batch 128 against
 //! about 6 µs as separate copies).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use parking_lot::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{GpuError, Result};
 use crate::memory::{DeviceBuffer, DeviceSlice};
 use crate::module::{Function, KernelArgs, KernelImages};
-use crate::LaunchConfig;
 use crate::stream::{Event, Stream};
 use crate::types::Device;
+use crate::LaunchConfig;
 use crate::Runtime;
 
 static SG_CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.cubin");
@@ -237,10 +237,7 @@ impl CopyPool {
             .name(thread_name.to_string())
             .spawn(move || s2.reap_loop())
             .map_err(|e| GpuError::io("spawn copy-pool completion thread", e))?;
-        Ok(CopyPool {
-            shared,
-            reaper: Some(reaper),
-        })
+        Ok(CopyPool { shared, reaper: Some(reaper) })
     }
 
     /// Sets a function the completion thread calls after every completion round, and every
@@ -345,13 +342,13 @@ impl CopyPool {
         let dp = s.dev_pool(dev)?;
         let segs = segs.into_iter().filter(|g| g.len > 0);
         let (n, total) = segs.clone().fold((0usize, 0u64), |(n, t), g| (n + 1, t + g.len));
-        let kernel = dp
-            .kernel
-            .as_ref()
-            .filter(|_| s.cfg.kernel_threshold > 0 && n >= s.cfg.kernel_threshold && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes);
+        let kernel = dp.kernel.as_ref().filter(|_| {
+            s.cfg.kernel_threshold > 0 && n >= s.cfg.kernel_threshold && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes
+        });
         if let Some(f) = kernel {
             let segs: Vec<CopySeg> = segs.collect();
-            let n32 = u32::try_from(n).map_err(|_| GpuError::invalid(format!("{n} segments in one scatter/gather batch: at most {}", u32::MAX)))?;
+            let n32 = u32::try_from(n)
+                .map_err(|_| GpuError::invalid(format!("{n} segments in one scatter/gather batch: at most {}", u32::MAX)))?;
             let need = n * std::mem::size_of::<CopySeg>();
             // SAFETY: CopySeg is plain old data (three u64, repr(C)); the byte view covers exactly
             // the vector's initialized elements; the vector's heap buffer does not move when the
@@ -378,8 +375,7 @@ impl CopyPool {
         let rt = &s.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
             for seg in segs {
-                let len = usize::try_from(seg.len)
-                    .map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
+                let len = usize::try_from(seg.len).map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
                 // SAFETY: forwarded contract: both ranges are mapped device memory of this process.
                 let (d, sr) = unsafe { (DeviceSlice::from_raw(seg.dst, len, dev), DeviceSlice::from_raw(seg.src, len, dev)) };
                 rt.copy_dtod_async(&d, &sr, lane.stream())?;
@@ -416,9 +412,10 @@ impl Drop for CopyPool {
 
 impl Shared {
     fn dev_pool(&self, dev: Device) -> Result<&DevPool> {
-        let cell = self.devs.get(dev.0 as usize).ok_or_else(|| {
-            GpuError::invalid(format!("copy pool: {dev} does not exist ({} device(s) present)", self.devs.len()))
-        })?;
+        let cell = self
+            .devs
+            .get(dev.0 as usize)
+            .ok_or_else(|| GpuError::invalid(format!("copy pool: {dev} does not exist ({} device(s) present)", self.devs.len())))?;
         if let Some(p) = cell.get() {
             return Ok(p);
         }
@@ -585,10 +582,7 @@ mod tests {
         // Concurrent submissions spread over the idle lanes first.
         assert_eq!([claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next)], [0, 1, 2]);
         // All busy: shared in turn.
-        assert_eq!(
-            [claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next)],
-            [0, 1, 2, 0]
-        );
+        assert_eq!([claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next), claim_lane(&busy, &next)], [0, 1, 2, 0]);
         assert_eq!(busy.iter().map(|b| b.load(Ordering::Relaxed)).collect::<Vec<_>>(), vec![3, 2, 2]);
         // Lane 1 drains: it is the first idle one again.
         busy[1].store(0, Ordering::Relaxed);

@@ -6,17 +6,11 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use crate::error::{Attempt, GpuError, Result};
-use crate::handles::{
-    dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind,
-    ShareableValue, VmmOptions,
-};
+use crate::handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind, ShareableValue, VmmOptions};
 use crate::memory::{DeviceBuffer, DeviceSlice, IpcMapping, VmmAllocation};
 use crate::module::{Function, Module, ModuleImage, ModuleInner};
 use crate::stream::{Event, Stream};
-use crate::types::{
-    round_up, Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeChoice, RuntimeKind,
-    WaitCondition,
-};
+use crate::types::{round_up, Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeChoice, RuntimeKind, WaitCondition};
 
 pub(crate) mod sealed {
     pub trait Sealed {}
@@ -57,22 +51,8 @@ pub trait RawDriver: Send + Sync {
     fn mem_alloc(&self, dev: Device, len: usize) -> Result<u64>;
     unsafe fn mem_free(&self, dev: Device, ptr: u64) -> Result<()>;
     unsafe fn address_range(&self, dev: Device, ptr: u64) -> Result<(u64, u64)>;
-    unsafe fn copy_htod(
-        &self,
-        dev: Device,
-        dst: u64,
-        src: *const u8,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()>;
-    unsafe fn copy_dtoh(
-        &self,
-        dev: Device,
-        dst: *mut u8,
-        src: u64,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()>;
+    unsafe fn copy_htod(&self, dev: Device, dst: u64, src: *const u8, len: usize, stream: Option<u64>) -> Result<()>;
+    unsafe fn copy_dtoh(&self, dev: Device, dst: *mut u8, src: u64, len: usize, stream: Option<u64>) -> Result<()>;
     unsafe fn copy_dtod(
         &self,
         dst_dev: Device,
@@ -82,30 +62,15 @@ pub trait RawDriver: Send + Sync {
         len: usize,
         stream: Option<(Device, u64)>,
     ) -> Result<()>;
-    unsafe fn memset(
-        &self,
-        dev: Device,
-        dst: u64,
-        byte: u8,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()>;
+    unsafe fn memset(&self, dev: Device, dst: u64, byte: u8, len: usize, stream: Option<u64>) -> Result<()>;
 
     fn stream_create(&self, dev: Device) -> Result<u64>;
     unsafe fn stream_destroy(&self, dev: Device, s: u64) -> Result<()>;
     unsafe fn stream_synchronize(&self, dev: Device, s: u64) -> Result<()>;
     unsafe fn stream_query(&self, dev: Device, s: u64) -> Result<bool>;
     unsafe fn stream_wait_event(&self, dev: Device, s: u64, e: u64) -> Result<()>;
-    unsafe fn stream_write_value32(&self, dev: Device, s: u64, addr: u64, value: u32)
-        -> Result<()>;
-    unsafe fn stream_wait_value32(
-        &self,
-        dev: Device,
-        s: u64,
-        addr: u64,
-        value: u32,
-        cond: WaitCondition,
-    ) -> Result<()>;
+    unsafe fn stream_write_value32(&self, dev: Device, s: u64, addr: u64, value: u32) -> Result<()>;
+    unsafe fn stream_wait_value32(&self, dev: Device, s: u64, addr: u64, value: u32, cond: WaitCondition) -> Result<()>;
     fn event_create(&self, dev: Device, timing: bool) -> Result<u64>;
     unsafe fn event_destroy(&self, dev: Device, e: u64) -> Result<()>;
     unsafe fn event_record(&self, dev: Device, e: u64, s: u64) -> Result<()>;
@@ -118,21 +83,14 @@ pub trait RawDriver: Send + Sync {
     unsafe fn ipc_close(&self, dev: Device, ptr: u64) -> Result<()>;
 
     fn vmm_granularity(&self, dev: Device, kinds: HandleKinds) -> Result<usize>;
-    fn vmm_create(
-        &self,
-        dev: Device,
-        size: usize,
-        kinds: HandleKinds,
-        gpu_direct_rdma: bool,
-    ) -> Result<u64>;
+    fn vmm_create(&self, dev: Device, size: usize, kinds: HandleKinds, gpu_direct_rdma: bool) -> Result<u64>;
     unsafe fn vmm_release(&self, dev: Device, handle: u64) -> Result<()>;
     fn vmm_reserve(&self, dev: Device, size: usize, align: usize) -> Result<u64>;
     unsafe fn vmm_free_va(&self, dev: Device, va: u64, size: usize) -> Result<()>;
     unsafe fn vmm_map(&self, dev: Device, va: u64, size: usize, handle: u64) -> Result<()>;
     unsafe fn vmm_unmap(&self, dev: Device, va: u64, size: usize) -> Result<()>;
     unsafe fn vmm_set_access(&self, dev: Device, va: u64, size: usize) -> Result<()>;
-    unsafe fn vmm_export(&self, dev: Device, handle: u64, kind: ShareableKind)
-        -> Result<RawExport>;
+    unsafe fn vmm_export(&self, dev: Device, handle: u64, kind: ShareableKind) -> Result<RawExport>;
     fn vmm_import(&self, dev: Device, handle: RawImport<'_>) -> Result<u64>;
 
     unsafe fn dmabuf_export(&self, dev: Device, start: u64, len: u64) -> Result<OwnedFd>;
@@ -140,27 +98,13 @@ pub trait RawDriver: Send + Sync {
     fn module_load(&self, dev: Device, image: &ModuleImage<'_>) -> Result<u64>;
     unsafe fn module_unload(&self, dev: Device, module: u64) -> Result<()>;
     unsafe fn module_function(&self, dev: Device, module: u64, name: &CStr) -> Result<u64>;
-    unsafe fn function_set_max_dynamic_shared(
-        &self,
-        dev: Device,
-        func: u64,
-        bytes: u32,
-    ) -> Result<()>;
-    unsafe fn launch(
-        &self,
-        dev: Device,
-        func: u64,
-        cfg: &LaunchConfig,
-        stream: u64,
-        params: *mut *mut c_void,
-    ) -> Result<()>;
+    unsafe fn function_set_max_dynamic_shared(&self, dev: Device, func: u64, bytes: u32) -> Result<()>;
+    unsafe fn launch(&self, dev: Device, func: u64, cfg: &LaunchConfig, stream: u64, params: *mut *mut c_void) -> Result<()>;
 }
 
 fn same_device(what: &str, a: Device, b: Device) -> Result<()> {
     if a != b {
-        return Err(GpuError::invalid(format!(
-            "{what}: memory on {a} but stream on {b}"
-        )));
+        return Err(GpuError::invalid(format!("{what}: memory on {a} but stream on {b}")));
     }
     Ok(())
 }
@@ -249,12 +193,7 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
         }
         let rt = self.shared()?;
         let ptr = self.raw().mem_alloc(dev, len)?;
-        Ok(DeviceBuffer {
-            rt,
-            device: dev,
-            ptr,
-            len,
-        })
+        Ok(DeviceBuffer { rt, device: dev, ptr, len })
     }
 
     /// Sets every byte of `dst` to `byte` (synchronous).
@@ -263,10 +202,7 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
             return Ok(());
         }
         // SAFETY: dst is a live device range of its device.
-        unsafe {
-            self.raw()
-                .memset(dst.device(), dst.ptr(), byte, dst.len(), None)
-        }
+        unsafe { self.raw().memset(dst.device(), dst.ptr(), byte, dst.len(), None) }
     }
 
     /// Host to device, synchronous; `src.len()` must equal `dst.len()`.
@@ -274,46 +210,26 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
         check_len("copy_htod", dst.len(), src.len())?;
         // SAFETY: src is a live host slice of len bytes; dst a live device range of len bytes;
         // the call returns after the copy.
-        unsafe {
-            self.raw()
-                .copy_htod(dst.device(), dst.ptr(), src.as_ptr(), src.len(), None)
-        }
+        unsafe { self.raw().copy_htod(dst.device(), dst.ptr(), src.as_ptr(), src.len(), None) }
     }
 
     /// Device to host, synchronous; lengths must match.
     fn copy_dtoh(&self, dst: &mut [u8], src: &DeviceSlice<'_>) -> Result<()> {
         check_len("copy_dtoh", src.len(), dst.len())?;
         // SAFETY: as in copy_htod, with the directions swapped.
-        unsafe {
-            self.raw()
-                .copy_dtoh(src.device(), dst.as_mut_ptr(), src.ptr(), dst.len(), None)
-        }
+        unsafe { self.raw().copy_dtoh(src.device(), dst.as_mut_ptr(), src.ptr(), dst.len(), None) }
     }
 
     /// Device to device (same or another device), synchronous; lengths must match.
     fn copy_dtod(&self, dst: &DeviceSlice<'_>, src: &DeviceSlice<'_>) -> Result<()> {
         check_len("copy_dtod", dst.len(), src.len())?;
         // SAFETY: both are live device ranges of len bytes.
-        unsafe {
-            self.raw().copy_dtod(
-                dst.device(),
-                dst.ptr(),
-                src.device(),
-                src.ptr(),
-                src.len(),
-                None,
-            )
-        }
+        unsafe { self.raw().copy_dtod(dst.device(), dst.ptr(), src.device(), src.ptr(), src.len(), None) }
     }
 
     /// Device to device queued on `stream` (whose device must hold `dst` or `src`). The memory
     /// must stay allocated until the stream has run the copy.
-    fn copy_dtod_async(
-        &self,
-        dst: &DeviceSlice<'_>,
-        src: &DeviceSlice<'_>,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn copy_dtod_async(&self, dst: &DeviceSlice<'_>, src: &DeviceSlice<'_>, stream: &Stream) -> Result<()> {
         check_len("copy_dtod_async", dst.len(), src.len())?;
         if dst.device() != stream.device() && src.device() != stream.device() {
             return Err(GpuError::invalid(format!(
@@ -324,16 +240,7 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
             )));
         }
         // SAFETY: both are live device ranges; the stream is live.
-        unsafe {
-            self.raw().copy_dtod(
-                dst.device(),
-                dst.ptr(),
-                src.device(),
-                src.ptr(),
-                src.len(),
-                Some((stream.device(), stream.raw())),
-            )
-        }
+        unsafe { self.raw().copy_dtod(dst.device(), dst.ptr(), src.device(), src.ptr(), src.len(), Some((stream.device(), stream.raw()))) }
     }
 
     /// Host to device queued on `stream`.
@@ -341,71 +248,36 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
     /// # Safety
     /// `src` must stay valid and unmodified until the stream has run the copy (pinned host
     /// memory is read asynchronously).
-    unsafe fn copy_htod_async(
-        &self,
-        dst: &DeviceSlice<'_>,
-        src: &[u8],
-        stream: &Stream,
-    ) -> Result<()> {
+    unsafe fn copy_htod_async(&self, dst: &DeviceSlice<'_>, src: &[u8], stream: &Stream) -> Result<()> {
         check_len("copy_htod_async", dst.len(), src.len())?;
         same_device("copy_htod_async", dst.device(), stream.device())?;
         // SAFETY: forwarded contract.
-        unsafe {
-            self.raw().copy_htod(
-                dst.device(),
-                dst.ptr(),
-                src.as_ptr(),
-                src.len(),
-                Some(stream.raw()),
-            )
-        }
+        unsafe { self.raw().copy_htod(dst.device(), dst.ptr(), src.as_ptr(), src.len(), Some(stream.raw())) }
     }
 
     /// Device to host queued on `stream`.
     ///
     /// # Safety
     /// `dst` must stay valid and must not be read or written until the stream has run the copy.
-    unsafe fn copy_dtoh_async(
-        &self,
-        dst: &mut [u8],
-        src: &DeviceSlice<'_>,
-        stream: &Stream,
-    ) -> Result<()> {
+    unsafe fn copy_dtoh_async(&self, dst: &mut [u8], src: &DeviceSlice<'_>, stream: &Stream) -> Result<()> {
         check_len("copy_dtoh_async", src.len(), dst.len())?;
         same_device("copy_dtoh_async", src.device(), stream.device())?;
         // SAFETY: forwarded contract.
-        unsafe {
-            self.raw().copy_dtoh(
-                src.device(),
-                dst.as_mut_ptr(),
-                src.ptr(),
-                dst.len(),
-                Some(stream.raw()),
-            )
-        }
+        unsafe { self.raw().copy_dtoh(src.device(), dst.as_mut_ptr(), src.ptr(), dst.len(), Some(stream.raw())) }
     }
 
     /// A non-blocking stream on `dev`.
     fn stream(&self, dev: Device) -> Result<Stream> {
         let rt = self.shared()?;
         let raw = self.raw().stream_create(dev)?;
-        Ok(Stream {
-            rt,
-            device: dev,
-            raw,
-        })
+        Ok(Stream { rt, device: dev, raw })
     }
 
     /// An event on `dev`; `timing` enables [`Event::elapsed_ms`].
     fn event(&self, dev: Device, timing: bool) -> Result<Event> {
         let rt = self.shared()?;
         let raw = self.raw().event_create(dev, timing)?;
-        Ok(Event {
-            rt,
-            device: dev,
-            raw,
-            timing,
-        })
+        Ok(Event { rt, device: dev, raw, timing })
     }
 
     /// Exports `src` for another process: the IPC handle of its containing allocation plus the
@@ -416,55 +288,26 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
         }
         // SAFETY: src is a live device range of its device.
         let (base, base_len) = unsafe { self.raw().address_range(src.device(), src.ptr())? };
-        let offset = src
-            .ptr()
-            .checked_sub(base)
-            .ok_or_else(|| GpuError::invalid("pointer below its allocation"))?;
+        let offset = src.ptr().checked_sub(base).ok_or_else(|| GpuError::invalid("pointer below its allocation"))?;
         if offset + src.len() as u64 > base_len {
-            return Err(GpuError::invalid(format!(
-                "range {:#x}+{} runs past its allocation {base:#x}+{base_len}",
-                src.ptr(),
-                src.len()
-            )));
+            return Err(GpuError::invalid(format!("range {:#x}+{} runs past its allocation {base:#x}+{base_len}", src.ptr(), src.len())));
         }
         // SAFETY: base is the start of a live allocation (just queried).
         let raw = unsafe { self.raw().ipc_get_handle(src.device(), base)? };
-        Ok(IpcHandle::new(
-            self.kind(),
-            raw,
-            offset,
-            src.len() as u64,
-            std::process::id(),
-        ))
+        Ok(IpcHandle::new(self.kind(), raw, offset, src.len() as u64, std::process::id()))
     }
 
     /// Maps memory another process exported with [`Runtime::ipc_export`] on `dev`; the mapping's
     /// slice starts at the exported range (the base mapping plus the handle's offset).
     fn ipc_import(&self, dev: Device, handle: &IpcHandle) -> Result<IpcMapping> {
         if handle.runtime() != self.kind() {
-            return Err(GpuError::RuntimeMismatch {
-                what: "IPC handle",
-                expected: self.kind(),
-                found: handle.runtime(),
-            });
+            return Err(GpuError::RuntimeMismatch { what: "IPC handle", expected: self.kind(), found: handle.runtime() });
         }
-        let len = usize::try_from(handle.len())
-            .map_err(|_| GpuError::invalid("IPC range longer than usize"))?;
-        let end = handle
-            .offset()
-            .checked_add(handle.len())
-            .ok_or_else(|| GpuError::invalid("IPC offset + len overflows"))?;
+        let len = usize::try_from(handle.len()).map_err(|_| GpuError::invalid("IPC range longer than usize"))?;
+        let end = handle.offset().checked_add(handle.len()).ok_or_else(|| GpuError::invalid("IPC offset + len overflows"))?;
         let rt = self.shared()?;
-        let base = self
-            .raw()
-            .ipc_open(dev, handle.raw(), handle.exporter_pid())?;
-        let mapping = IpcMapping {
-            rt,
-            device: dev,
-            base,
-            offset: handle.offset(),
-            len,
-        };
+        let base = self.raw().ipc_open(dev, handle.raw(), handle.exporter_pid())?;
+        let mapping = IpcMapping { rt, device: dev, base, offset: handle.offset(), len };
         // The mapping covers the exporter's whole allocation: check the range against it where the
         // driver reports the mapping's extent (dropping `mapping` on error closes it).
         // SAFETY: base is the live mapping just opened.
@@ -494,13 +337,9 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
             return Err(GpuError::invalid("VMM allocation of 0 bytes"));
         }
         let gran = self.raw().vmm_granularity(dev, opts.kinds)?;
-        let size = round_up(len, gran).ok_or_else(|| {
-            GpuError::invalid(format!("size {len} overflows when rounded to {gran}"))
-        })?;
+        let size = round_up(len, gran).ok_or_else(|| GpuError::invalid(format!("size {len} overflows when rounded to {gran}")))?;
         let rt = self.shared()?;
-        let handle = self
-            .raw()
-            .vmm_create(dev, size, opts.kinds, opts.gpu_direct_rdma)?;
+        let handle = self.raw().vmm_create(dev, size, opts.kinds, opts.gpu_direct_rdma)?;
         map_vmm(rt, self.raw(), dev, handle, size, gran, opts.kinds, false)
     }
 
@@ -521,31 +360,18 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
             RawExport::Fd(fd) => ShareableValue::PosixFd(fd),
             RawExport::Fabric(b) => ShareableValue::Fabric(b),
         };
-        Ok(ShareableHandle {
-            runtime: self.kind(),
-            size: alloc.size() as u64,
-            value,
-        })
+        Ok(ShareableHandle { runtime: self.kind(), size: alloc.size() as u64, value })
     }
 
     /// Imports a shareable handle from another process and maps it read-write on `dev`.
     fn vmm_import(&self, dev: Device, handle: &ShareableHandle) -> Result<VmmAllocation> {
         if handle.runtime() != self.kind() {
-            return Err(GpuError::RuntimeMismatch {
-                what: "shareable handle",
-                expected: self.kind(),
-                found: handle.runtime(),
-            });
+            return Err(GpuError::RuntimeMismatch { what: "shareable handle", expected: self.kind(), found: handle.runtime() });
         }
-        let size = usize::try_from(handle.size())
-            .map_err(|_| GpuError::invalid("handle size exceeds usize"))?;
-        let gran = self
-            .raw()
-            .vmm_granularity(dev, HandleKinds::from(handle.kind()))?;
+        let size = usize::try_from(handle.size()).map_err(|_| GpuError::invalid("handle size exceeds usize"))?;
+        let gran = self.raw().vmm_granularity(dev, HandleKinds::from(handle.kind()))?;
         if size == 0 || size % gran != 0 {
-            return Err(GpuError::invalid(format!(
-                "shared allocation size {size} is not a multiple of the granularity {gran}"
-            )));
+            return Err(GpuError::invalid(format!("shared allocation size {size} is not a multiple of the granularity {gran}")));
         }
         let raw = match &handle.value {
             ShareableValue::PosixFd(fd) => RawImport::Fd(std::os::fd::AsFd::as_fd(fd)),
@@ -561,21 +387,10 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
     fn dmabuf_export(&self, src: &DeviceSlice<'_>) -> Result<DmabufFd> {
         // SAFETY: src is a live device range of its device.
         let (base, base_len) = unsafe { self.raw().address_range(src.device(), src.ptr())? };
-        let (start, len, offset) = dmabuf_window(
-            src.ptr(),
-            src.len() as u64,
-            base,
-            base_len,
-            host_page_size(),
-        )?;
+        let (start, len, offset) = dmabuf_window(src.ptr(), src.len() as u64, base, base_len, host_page_size())?;
         // SAFETY: start..start+len lies inside the live allocation (checked by dmabuf_window).
         let fd = unsafe { self.raw().dmabuf_export(src.device(), start, len)? };
-        Ok(DmabufFd {
-            fd,
-            offset,
-            len,
-            start,
-        })
+        Ok(DmabufFd { fd, offset, len, start })
     }
 
     /// Loads a module on `dev` (PTX is JIT-compiled; a compile error carries the JIT log).
@@ -583,13 +398,7 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
         image.validate(self.kind())?;
         let rt = self.shared()?;
         let raw = self.raw().module_load(dev, &image)?;
-        Ok(Module {
-            inner: Arc::new(ModuleInner {
-                rt,
-                device: dev,
-                raw,
-            }),
-        })
+        Ok(Module { inner: Arc::new(ModuleInner { rt, device: dev, raw }) })
     }
 
     /// Launches `func` on `stream` with one pointer per kernel parameter (see
@@ -599,33 +408,17 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
     /// `params` must match the kernel's parameter list in number, size and meaning, each pointer
     /// must be valid for the launch call, and every device address the kernel touches must
     /// stay allocated until it has run.
-    unsafe fn launch(
-        &self,
-        func: &Function,
-        stream: &Stream,
-        cfg: &LaunchConfig,
-        params: &[*mut c_void],
-    ) -> Result<()> {
+    unsafe fn launch(&self, func: &Function, stream: &Stream, cfg: &LaunchConfig, params: &[*mut c_void]) -> Result<()> {
         cfg.validate()?;
         same_device("launch", func.device(), stream.device())?;
         // SAFETY: forwarded contract; the driver only reads the pointer array.
-        unsafe {
-            self.raw().launch(
-                func.device(),
-                func.raw,
-                cfg,
-                stream.raw(),
-                params.as_ptr() as *mut *mut c_void,
-            )
-        }
+        unsafe { self.raw().launch(func.device(), func.raw, cfg, stream.raw(), params.as_ptr() as *mut *mut c_void) }
     }
 }
 
 fn check_len(what: &str, device_len: usize, host_len: usize) -> Result<()> {
     if device_len != host_len {
-        return Err(GpuError::invalid(format!(
-            "{what}: lengths differ ({device_len} vs {host_len})"
-        )));
+        return Err(GpuError::invalid(format!("{what}: lengths differ ({device_len} vs {host_len})")));
     }
     Ok(())
 }
@@ -658,15 +451,7 @@ fn map_vmm(
         return Err(release(e));
     }
     // From here the allocation owns va, the mapping and the handle; its drop undoes them.
-    let alloc = VmmAllocation {
-        rt,
-        device: dev,
-        handle,
-        va,
-        size,
-        kinds,
-        imported,
-    };
+    let alloc = VmmAllocation { rt, device: dev, handle, va, size, kinds, imported };
     // SAFETY: va..va+size is mapped.
     unsafe { raw.vmm_set_access(dev, va, size)? };
     Ok(alloc)
@@ -687,10 +472,7 @@ pub fn detect_with(choice: RuntimeChoice) -> Result<Arc<dyn Runtime>> {
                 tracing::info!(library = rt.raw().library(), "GPU runtime: CUDA");
                 return Ok(rt);
             }
-            Err(e) => attempts.push(Attempt {
-                runtime: RuntimeKind::Cuda,
-                reason: e.to_string(),
-            }),
+            Err(e) => attempts.push(Attempt { runtime: RuntimeKind::Cuda, reason: e.to_string() }),
         }
     }
     if choice.allows(RuntimeKind::Hip) {
@@ -699,16 +481,10 @@ pub fn detect_with(choice: RuntimeChoice) -> Result<Arc<dyn Runtime>> {
                 tracing::info!(library = rt.raw().library(), "GPU runtime: HIP");
                 return Ok(rt);
             }
-            Err(e) => attempts.push(Attempt {
-                runtime: RuntimeKind::Hip,
-                reason: e.to_string(),
-            }),
+            Err(e) => attempts.push(Attempt { runtime: RuntimeKind::Hip, reason: e.to_string() }),
         }
     }
-    Err(GpuError::NoRuntime {
-        forced: choice.forced(),
-        attempts,
-    })
+    Err(GpuError::NoRuntime { forced: choice.forced(), attempts })
 }
 
 impl dyn Runtime {

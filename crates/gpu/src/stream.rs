@@ -23,22 +23,13 @@ impl fmt::Debug for Stream {
 
 fn check_word(what: &str, stream: Device, target: &DeviceSlice<'_>) -> Result<()> {
     if target.len() < 4 {
-        return Err(GpuError::invalid(format!(
-            "{what} needs a 4-byte word, the slice has {} bytes",
-            target.len()
-        )));
+        return Err(GpuError::invalid(format!("{what} needs a 4-byte word, the slice has {} bytes", target.len())));
     }
     if !target.ptr().is_multiple_of(4) {
-        return Err(GpuError::invalid(format!(
-            "{what} needs a 4-byte aligned address, got {:#x}",
-            target.ptr()
-        )));
+        return Err(GpuError::invalid(format!("{what} needs a 4-byte aligned address, got {:#x}", target.ptr())));
     }
     if target.device() != stream {
-        return Err(GpuError::invalid(format!(
-            "{what}: word on {} but stream on {stream}",
-            target.device()
-        )));
+        return Err(GpuError::invalid(format!("{what}: word on {} but stream on {stream}", target.device())));
     }
     Ok(())
 }
@@ -69,38 +60,21 @@ impl Stream {
     /// Makes later work on this stream wait for `event`.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         // SAFETY: both handles are live objects of this runtime.
-        unsafe {
-            self.rt
-                .raw()
-                .stream_wait_event(self.device, self.raw, event.raw)
-        }
+        unsafe { self.rt.raw().stream_wait_event(self.device, self.raw, event.raw) }
     }
 
     /// Queues a 32-bit write of `value` to the first word of `target`.
     pub fn write_value32(&self, target: &DeviceSlice<'_>, value: u32) -> Result<()> {
         check_word("write_value32", self.device, target)?;
         // SAFETY: the word is inside a live device slice of this stream's device.
-        unsafe {
-            self.rt
-                .raw()
-                .stream_write_value32(self.device, self.raw, target.ptr(), value)
-        }
+        unsafe { self.rt.raw().stream_write_value32(self.device, self.raw, target.ptr(), value) }
     }
 
     /// Queues a wait until the first word of `target` satisfies `cond` against `value`.
-    pub fn wait_value32(
-        &self,
-        target: &DeviceSlice<'_>,
-        value: u32,
-        cond: WaitCondition,
-    ) -> Result<()> {
+    pub fn wait_value32(&self, target: &DeviceSlice<'_>, value: u32, cond: WaitCondition) -> Result<()> {
         check_word("wait_value32", self.device, target)?;
         // SAFETY: as in `write_value32`.
-        unsafe {
-            self.rt
-                .raw()
-                .stream_wait_value32(self.device, self.raw, target.ptr(), value, cond)
-        }
+        unsafe { self.rt.raw().stream_wait_value32(self.device, self.raw, target.ptr(), value, cond) }
     }
 }
 
@@ -123,11 +97,7 @@ pub struct Event {
 
 impl fmt::Debug for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Event({:#x} on {}, timing {})",
-            self.raw, self.device, self.timing
-        )
+        write!(f, "Event({:#x} on {}, timing {})", self.raw, self.device, self.timing)
     }
 }
 
@@ -140,11 +110,7 @@ impl Event {
     /// Records the event at the current end of `stream`.
     pub fn record(&self, stream: &Stream) -> Result<()> {
         // SAFETY: both handles are live objects of this runtime.
-        unsafe {
-            self.rt
-                .raw()
-                .event_record(self.device, self.raw, stream.raw)
-        }
+        unsafe { self.rt.raw().event_record(self.device, self.raw, stream.raw) }
     }
 
     /// Blocks until the recorded work has completed.
@@ -162,16 +128,10 @@ impl Event {
     /// Milliseconds from `self` to `end` (both recorded, completed, created with timing).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         if !self.timing || !end.timing {
-            return Err(GpuError::invalid(
-                "elapsed time between events created without timing",
-            ));
+            return Err(GpuError::invalid("elapsed time between events created without timing"));
         }
         // SAFETY: both handles are live events of this runtime.
-        unsafe {
-            self.rt
-                .raw()
-                .event_elapsed_ms(self.device, self.raw, end.raw)
-        }
+        unsafe { self.rt.raw().event_elapsed_ms(self.device, self.raw, end.raw) }
     }
 }
 

@@ -72,9 +72,7 @@ impl RuntimeChoice {
             Some(v) if v.is_empty() || v == "auto" => Ok(RuntimeChoice::Auto),
             Some(v) if v == "cuda" => Ok(RuntimeChoice::Cuda),
             Some(v) if v == "hip" => Ok(RuntimeChoice::Hip),
-            Some(_) => Err(GpuError::BadRuntimeChoice {
-                value: value.unwrap_or_default().to_string(),
-            }),
+            Some(_) => Err(GpuError::BadRuntimeChoice { value: value.unwrap_or_default().to_string() }),
         }
     }
 
@@ -83,9 +81,7 @@ impl RuntimeChoice {
         match std::env::var(Self::ENV) {
             Ok(v) => Self::from_env_value(Some(&v)),
             Err(std::env::VarError::NotPresent) => Ok(RuntimeChoice::Auto),
-            Err(std::env::VarError::NotUnicode(v)) => Err(GpuError::BadRuntimeChoice {
-                value: v.to_string_lossy().into_owned(),
-            }),
+            Err(std::env::VarError::NotUnicode(v)) => Err(GpuError::BadRuntimeChoice { value: v.to_string_lossy().into_owned() }),
         }
     }
 
@@ -132,14 +128,9 @@ impl FromStr for PciBusId {
 
     /// Accepts `0000:1b:00.0`, `00000000:1B:00.0` (nvidia-smi) and `1b:00.0` (domain 0).
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |why: &str| GpuError::Decode {
-            what: "PCI bus id",
-            why: format!("{s:?}: {why}"),
-        };
+        let bad = |why: &str| GpuError::Decode { what: "PCI bus id", why: format!("{s:?}: {why}") };
         let s_trim = s.trim().trim_end_matches('\0');
-        let (head, function) = s_trim
-            .rsplit_once('.')
-            .ok_or_else(|| bad("no '.function'"))?;
+        let (head, function) = s_trim.rsplit_once('.').ok_or_else(|| bad("no '.function'"))?;
         let parts: Vec<&str> = head.split(':').collect();
         let (domain, bus, device) = match parts.as_slice() {
             [d, b, dev] => (*d, *b, *dev),
@@ -162,33 +153,21 @@ impl FromStr for PciBusId {
         if function > 7 {
             return Err(bad("function number above 7"));
         }
-        Ok(PciBusId {
-            domain,
-            bus,
-            device: device as u8,
-            function: function as u8,
-        })
+        Ok(PciBusId { domain, bus, device: device as u8, function: function as u8 })
     }
 }
 
 impl fmt::Display for PciBusId {
     /// The sysfs spelling: `0000:1b:00.0`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            self.domain, self.bus, self.device, self.function
-        )
+        write!(f, "{:04x}:{:02x}:{:02x}.{:x}", self.domain, self.bus, self.device, self.function)
     }
 }
 
 /// NUMA node of a PCI device from `<sysfs>/bus/pci/devices/<bus id>/numa_node`; `None` when the
 /// file is missing, unreadable or says -1 (no NUMA affinity).
 pub fn numa_node_from_sysfs(sysfs_root: &Path, bus_id: &PciBusId) -> Option<u32> {
-    let path = sysfs_root
-        .join("bus/pci/devices")
-        .join(bus_id.to_string())
-        .join("numa_node");
+    let path = sysfs_root.join("bus/pci/devices").join(bus_id.to_string()).join("numa_node");
     let text = std::fs::read_to_string(path).ok()?;
     let v: i64 = text.trim().parse().ok()?;
     u32::try_from(v).ok()
@@ -265,24 +244,15 @@ impl LaunchConfig {
             return Err(GpuError::invalid("block size 0"));
         }
         let blocks = n.div_ceil(u64::from(block)).max(1);
-        let blocks = u32::try_from(blocks).map_err(|_| {
-            GpuError::invalid(format!(
-                "{n} elements need {blocks} blocks of {block}: more than u32::MAX"
-            ))
-        })?;
-        Ok(LaunchConfig {
-            grid: (blocks, 1, 1),
-            block: (block, 1, 1),
-            shared_mem_bytes: 0,
-        })
+        let blocks = u32::try_from(blocks)
+            .map_err(|_| GpuError::invalid(format!("{n} elements need {blocks} blocks of {block}: more than u32::MAX")))?;
+        Ok(LaunchConfig { grid: (blocks, 1, 1), block: (block, 1, 1), shared_mem_bytes: 0 })
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
         let (g, b) = (self.grid, self.block);
         if g.0 == 0 || g.1 == 0 || g.2 == 0 || b.0 == 0 || b.1 == 0 || b.2 == 0 {
-            return Err(GpuError::invalid(format!(
-                "launch with a zero dimension: grid {g:?} block {b:?}"
-            )));
+            return Err(GpuError::invalid(format!("launch with a zero dimension: grid {g:?} block {b:?}")));
         }
         Ok(())
     }

@@ -9,9 +9,8 @@ use std::process::Command;
 use mori_gpu::cuda::CudaRuntime;
 use mori_gpu::hip::HipRuntime;
 use mori_gpu::{
-    cuda_error_name, detect, detect_with, dmabuf_window, fdpass, hip_error_name,
-    numa_node_from_sysfs, GpuError, HandleKinds, IpcHandle, KernelArgs, LaunchConfig, ModuleImage,
-    PciBusId, RuntimeChoice, RuntimeKind, ShareableHandle, ShareableKind,
+    cuda_error_name, detect, detect_with, dmabuf_window, fdpass, hip_error_name, numa_node_from_sysfs, GpuError, HandleKinds, IpcHandle,
+    KernelArgs, LaunchConfig, ModuleImage, PciBusId, RuntimeChoice, RuntimeKind, ShareableHandle, ShareableKind,
 };
 
 fn cuda_absent() -> bool {
@@ -38,10 +37,7 @@ fn detect_without_driver_names_both_libraries() {
     let err = detect_with(RuntimeChoice::Auto).expect_err("no driver here");
     let text = err.to_string();
     println!("{text}");
-    assert!(
-        matches!(err, GpuError::NoRuntime { forced: None, .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, GpuError::NoRuntime { forced: None, .. }), "{err:?}");
     assert!(text.starts_with("no GPU runtime: "), "{text}");
     assert!(text.contains("libcuda"), "{text}");
     assert!(text.contains("libamdhip64"), "{text}");
@@ -58,24 +54,10 @@ fn forced_runtimes_without_driver_name_only_their_library() {
     if !no_driver() {
         return;
     }
-    let cuda = detect_with(RuntimeChoice::Cuda)
-        .expect_err("no libcuda")
-        .to_string();
-    assert!(
-        cuda.contains("MORI_GPU_RUNTIME=CUDA")
-            && cuda.contains("libcuda")
-            && !cuda.contains("libamdhip64"),
-        "{cuda}"
-    );
-    let hip = detect_with(RuntimeChoice::Hip)
-        .expect_err("no libamdhip64")
-        .to_string();
-    assert!(
-        hip.contains("MORI_GPU_RUNTIME=HIP")
-            && hip.contains("libamdhip64")
-            && !hip.contains("libcuda"),
-        "{hip}"
-    );
+    let cuda = detect_with(RuntimeChoice::Cuda).expect_err("no libcuda").to_string();
+    assert!(cuda.contains("MORI_GPU_RUNTIME=CUDA") && cuda.contains("libcuda") && !cuda.contains("libamdhip64"), "{cuda}");
+    let hip = detect_with(RuntimeChoice::Hip).expect_err("no libamdhip64").to_string();
+    assert!(hip.contains("MORI_GPU_RUNTIME=HIP") && hip.contains("libamdhip64") && !hip.contains("libcuda"), "{hip}");
 }
 
 #[test]
@@ -87,56 +69,24 @@ fn vendor_loaders_error_cleanly_without_driver() {
     for _ in 0..2 {
         let e = CudaRuntime::load().expect_err("no libcuda");
         let t = e.to_string();
-        assert!(
-            t.contains("libcuda not found") && t.contains("libcuda.so"),
-            "{t}"
-        );
+        assert!(t.contains("libcuda not found") && t.contains("libcuda.so"), "{t}");
         let e = HipRuntime::load().expect_err("no libamdhip64");
         let t = e.to_string();
-        assert!(
-            t.contains("libamdhip64 not found") && t.contains("libamdhip64.so"),
-            "{t}"
-        );
+        assert!(t.contains("libamdhip64 not found") && t.contains("libamdhip64.so"), "{t}");
     }
 }
 
 #[test]
 fn runtime_choice_parsing() {
-    assert_eq!(
-        RuntimeChoice::from_env_value(None).unwrap(),
-        RuntimeChoice::Auto
-    );
-    assert_eq!(
-        RuntimeChoice::from_env_value(Some("")).unwrap(),
-        RuntimeChoice::Auto
-    );
-    assert_eq!(
-        RuntimeChoice::from_env_value(Some("auto")).unwrap(),
-        RuntimeChoice::Auto
-    );
-    assert_eq!(
-        RuntimeChoice::from_env_value(Some(" CUDA ")).unwrap(),
-        RuntimeChoice::Cuda
-    );
-    assert_eq!(
-        RuntimeChoice::from_env_value(Some("hip")).unwrap(),
-        RuntimeChoice::Hip
-    );
-    let e = RuntimeChoice::from_env_value(Some("rocm5"))
-        .unwrap_err()
-        .to_string();
-    assert_eq!(
-        e,
-        "MORI_GPU_RUNTIME=\"rocm5\" is not understood: expected cuda, hip or auto"
-    );
-    assert!(
-        RuntimeChoice::Cuda.allows(RuntimeKind::Cuda)
-            && !RuntimeChoice::Cuda.allows(RuntimeKind::Hip)
-    );
-    assert!(
-        RuntimeChoice::Auto.allows(RuntimeKind::Cuda)
-            && RuntimeChoice::Auto.allows(RuntimeKind::Hip)
-    );
+    assert_eq!(RuntimeChoice::from_env_value(None).unwrap(), RuntimeChoice::Auto);
+    assert_eq!(RuntimeChoice::from_env_value(Some("")).unwrap(), RuntimeChoice::Auto);
+    assert_eq!(RuntimeChoice::from_env_value(Some("auto")).unwrap(), RuntimeChoice::Auto);
+    assert_eq!(RuntimeChoice::from_env_value(Some(" CUDA ")).unwrap(), RuntimeChoice::Cuda);
+    assert_eq!(RuntimeChoice::from_env_value(Some("hip")).unwrap(), RuntimeChoice::Hip);
+    let e = RuntimeChoice::from_env_value(Some("rocm5")).unwrap_err().to_string();
+    assert_eq!(e, "MORI_GPU_RUNTIME=\"rocm5\" is not understood: expected cuda, hip or auto");
+    assert!(RuntimeChoice::Cuda.allows(RuntimeKind::Cuda) && !RuntimeChoice::Cuda.allows(RuntimeKind::Hip));
+    assert!(RuntimeChoice::Auto.allows(RuntimeKind::Cuda) && RuntimeChoice::Auto.allows(RuntimeKind::Hip));
 }
 
 /// Re-executed by `env_override_reaches_detect` with `MORI_GPU_RUNTIME` set; a no-op otherwise.
@@ -154,38 +104,20 @@ fn child_detect_env() {
 fn env_override_reaches_detect() {
     let mut cases = vec![("bogus", "MORI_GPU_RUNTIME=\"bogus\" is not understood")];
     if no_driver() {
-        cases.push((
-            "hip",
-            "no GPU runtime (MORI_GPU_RUNTIME=HIP): HIP (libamdhip64)",
-        ));
-        cases.push((
-            "cuda",
-            "no GPU runtime (MORI_GPU_RUNTIME=CUDA): CUDA (libcuda)",
-        ));
+        cases.push(("hip", "no GPU runtime (MORI_GPU_RUNTIME=HIP): HIP (libamdhip64)"));
+        cases.push(("cuda", "no GPU runtime (MORI_GPU_RUNTIME=CUDA): CUDA (libcuda)"));
     }
     let exe = std::env::current_exe().unwrap();
     for (value, expect) in cases {
         let out = Command::new(&exe)
-            .args([
-                "--exact",
-                "child_detect_env",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", "child_detect_env", "--nocapture", "--test-threads=1"])
             .env(RuntimeChoice::ENV, value)
             .env("MORI_GPU_TEST_EXPECT", expect)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "MORI_GPU_RUNTIME={value}: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            stdout.contains("child: "),
-            "the child test did not run: {stdout}"
-        );
+        assert!(out.status.success(), "MORI_GPU_RUNTIME={value}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("child: "), "the child test did not run: {stdout}");
     }
 }
 
@@ -204,18 +136,9 @@ fn error_texts_name_call_code_and_name() {
         name: "CUDA_ERROR_NOT_PERMITTED".into(),
         hint: Some("FABRIC handles need an IMEX channel".into()),
     };
-    assert_eq!(
-        e.to_string(),
-        "cuMemCreate failed: CUDA_ERROR_NOT_PERMITTED (800): FABRIC handles need an IMEX channel"
-    );
+    assert_eq!(e.to_string(), "cuMemCreate failed: CUDA_ERROR_NOT_PERMITTED (800): FABRIC handles need an IMEX channel");
     assert_eq!((e.code(), e.call()), (Some(800), Some("cuMemCreate")));
-    let e = GpuError::Call {
-        runtime: RuntimeKind::Hip,
-        call: "hipMalloc",
-        code: 2,
-        name: "hipErrorOutOfMemory".into(),
-        hint: None,
-    };
+    let e = GpuError::Call { runtime: RuntimeKind::Hip, call: "hipMalloc", code: 2, name: "hipErrorOutOfMemory".into(), hint: None };
     assert_eq!(e.to_string(), "hipMalloc failed: hipErrorOutOfMemory (2)");
 }
 
@@ -234,15 +157,7 @@ fn ipc_handle_round_trips_with_offset() {
     assert_eq!(b.len(), IpcHandle::ENCODED_LEN);
     let back = IpcHandle::from_bytes(&b).unwrap();
     assert_eq!(back, h);
-    assert_eq!(
-        (
-            back.offset(),
-            back.len(),
-            back.exporter_pid(),
-            back.runtime()
-        ),
-        (1_052_928, 65_536, 4242, RuntimeKind::Cuda)
-    );
+    assert_eq!((back.offset(), back.len(), back.exporter_pid(), back.runtime()), (1_052_928, 65_536, 4242, RuntimeKind::Cuda));
     assert_eq!(back.raw(), h.raw());
     let hip = IpcHandle::new(RuntimeKind::Hip, [9; 64], 0, 1, 1);
     assert_eq!(IpcHandle::from_bytes(&hip.to_bytes()).unwrap(), hip);
@@ -273,98 +188,45 @@ fn shareable_descriptor_round_trips() {
     let f = ShareableHandle::from_fabric(RuntimeKind::Cuda, raw, 4 << 20);
     let d = f.descriptor();
     let back = ShareableHandle::from_descriptor(&d, None).unwrap();
-    assert_eq!(
-        (back.kind(), back.size(), back.fabric(), back.runtime()),
-        (
-            ShareableKind::Fabric,
-            4 << 20,
-            Some(&raw),
-            RuntimeKind::Cuda
-        )
-    );
+    assert_eq!((back.kind(), back.size(), back.fabric(), back.runtime()), (ShareableKind::Fabric, 4 << 20, Some(&raw), RuntimeKind::Cuda));
     assert!(back.posix_fd().is_none());
 
     let (r, _w) = nix::unistd::pipe().unwrap();
     let p = ShareableHandle::from_posix_fd(RuntimeKind::Hip, r, 2 << 20);
     let d = p.descriptor();
-    let e = ShareableHandle::from_descriptor(&d, None)
-        .unwrap_err()
-        .to_string();
+    let e = ShareableHandle::from_descriptor(&d, None).unwrap_err().to_string();
     assert!(e.contains("without a file descriptor"), "{e}");
     let (r2, _w2) = nix::unistd::pipe().unwrap();
     let back = ShareableHandle::from_descriptor(&d, Some(r2)).unwrap();
-    assert_eq!(
-        (back.kind(), back.size(), back.runtime()),
-        (ShareableKind::PosixFd, 2 << 20, RuntimeKind::Hip)
-    );
+    assert_eq!((back.kind(), back.size(), back.runtime()), (ShareableKind::PosixFd, 2 << 20, RuntimeKind::Hip));
     assert!(ShareableHandle::from_descriptor(&d[..79], None).is_err());
     let mut bad = d;
     bad[6] = 7;
-    assert!(ShareableHandle::from_descriptor(&bad, None)
-        .unwrap_err()
-        .to_string()
-        .contains("kind tag 7"));
+    assert!(ShareableHandle::from_descriptor(&bad, None).unwrap_err().to_string().contains("kind tag 7"));
     let mut bad = d;
     bad[8..16].fill(0);
-    assert!(ShareableHandle::from_descriptor(&bad, None)
-        .unwrap_err()
-        .to_string()
-        .contains("size 0"));
+    assert!(ShareableHandle::from_descriptor(&bad, None).unwrap_err().to_string().contains("size 0"));
 }
 
 #[test]
 fn handle_kinds() {
-    assert!(
-        HandleKinds::POSIX_FD.contains(ShareableKind::PosixFd)
-            && !HandleKinds::POSIX_FD.contains(ShareableKind::Fabric)
-    );
+    assert!(HandleKinds::POSIX_FD.contains(ShareableKind::PosixFd) && !HandleKinds::POSIX_FD.contains(ShareableKind::Fabric));
     assert!(HandleKinds::FABRIC.contains(ShareableKind::Fabric));
-    assert_eq!(
-        HandleKinds::from(ShareableKind::Fabric),
-        HandleKinds::FABRIC
-    );
+    assert_eq!(HandleKinds::from(ShareableKind::Fabric), HandleKinds::FABRIC);
     assert_eq!(ShareableKind::PosixFd.to_string(), "POSIX_FD");
 }
 
 #[test]
 fn pci_bus_ids_parse_and_print() {
     let id: PciBusId = "0000:1b:00.0".parse().unwrap();
-    assert_eq!(
-        id,
-        PciBusId {
-            domain: 0,
-            bus: 0x1b,
-            device: 0,
-            function: 0
-        }
-    );
+    assert_eq!(id, PciBusId { domain: 0, bus: 0x1b, device: 0, function: 0 });
     assert_eq!(id.to_string(), "0000:1b:00.0");
     let nv: PciBusId = "00000001:C1:1F.7".parse().unwrap();
-    assert_eq!(
-        nv,
-        PciBusId {
-            domain: 1,
-            bus: 0xc1,
-            device: 0x1f,
-            function: 7
-        }
-    );
+    assert_eq!(nv, PciBusId { domain: 1, bus: 0xc1, device: 0x1f, function: 7 });
     assert_eq!(nv.to_string(), "0001:c1:1f.7");
-    assert_eq!(
-        "3b:00.1".parse::<PciBusId>().unwrap().to_string(),
-        "0000:3b:00.1"
-    );
+    assert_eq!("3b:00.1".parse::<PciBusId>().unwrap().to_string(), "0000:3b:00.1");
     assert_eq!("0000:1B:00.0\0\0".parse::<PciBusId>().unwrap(), id);
-    for bad in [
-        "",
-        "0000:1b:00",
-        "0000:1b:20.0",
-        "0000:1b:00.8",
-        "0000:1g:00.0",
-        "0:0:0:0.0",
-        "123456789:00:00.0",
-        "0000:100:00.0",
-    ] {
+    for bad in ["", "0000:1b:00", "0000:1b:20.0", "0000:1b:00.8", "0000:1g:00.0", "0:0:0:0.0", "123456789:00:00.0", "0000:100:00.0"] {
         assert!(bad.parse::<PciBusId>().is_err(), "{bad:?} parsed");
     }
 }
@@ -393,29 +255,15 @@ fn dmabuf_windows() {
     let base = 0x7f00_0020_0000u64;
     let len = 8 << 20;
     // Interior range: widened to pages, offset of the first byte kept.
-    assert_eq!(
-        dmabuf_window(base + 3 * 4096 + 100, 1 << 20, base, len, 4096).unwrap(),
-        (base + 3 * 4096, (1 << 20) + 4096, 100)
-    );
+    assert_eq!(dmabuf_window(base + 3 * 4096 + 100, 1 << 20, base, len, 4096).unwrap(), (base + 3 * 4096, (1 << 20) + 4096, 100));
     // Page-aligned range: unchanged.
-    assert_eq!(
-        dmabuf_window(base, len, base, len, 4096).unwrap(),
-        (base, len, 0)
-    );
+    assert_eq!(dmabuf_window(base, len, base, len, 4096).unwrap(), (base, len, 0));
     // Last byte of the allocation.
-    assert_eq!(
-        dmabuf_window(base + len - 1, 1, base, len, 4096).unwrap(),
-        (base + len - 4096, 4096, 4095)
-    );
+    assert_eq!(dmabuf_window(base + len - 1, 1, base, len, 4096).unwrap(), (base + len - 4096, 4096, 4095));
     // A small allocation whose page window would expose its neighbours.
-    let e = dmabuf_window(0x1000_0100, 1000, 0x1000_0100, 1000, 4096)
-        .unwrap_err()
-        .to_string();
+    let e = dmabuf_window(0x1000_0100, 1000, 0x1000_0100, 1000, 4096).unwrap_err().to_string();
     assert!(e.contains("leaves its allocation"), "{e}");
-    assert!(dmabuf_window(base - 1, 10, base, len, 4096)
-        .unwrap_err()
-        .to_string()
-        .contains("not inside"));
+    assert!(dmabuf_window(base - 1, 10, base, len, 4096).unwrap_err().to_string().contains("not inside"));
     assert!(dmabuf_window(base, len + 1, base, len, 4096).is_err());
     assert!(dmabuf_window(base, 0, base, len, 4096).is_err());
     assert!(dmabuf_window(base, 1, base, len, 3000).is_err());
@@ -425,15 +273,9 @@ fn dmabuf_windows() {
 #[test]
 fn launch_shapes() {
     let c = LaunchConfig::for_elements(1_000_003, 256).unwrap();
-    assert_eq!(
-        (c.grid, c.block, c.shared_mem_bytes),
-        ((3907, 1, 1), (256, 1, 1), 0)
-    );
+    assert_eq!((c.grid, c.block, c.shared_mem_bytes), ((3907, 1, 1), (256, 1, 1), 0));
     assert_eq!(LaunchConfig::for_elements(0, 128).unwrap().grid, (1, 1, 1));
-    assert_eq!(
-        LaunchConfig::for_elements(256, 256).unwrap().grid,
-        (1, 1, 1)
-    );
+    assert_eq!(LaunchConfig::for_elements(256, 256).unwrap().grid, (1, 1, 1));
     assert!(LaunchConfig::for_elements(10, 0).is_err());
     assert!(LaunchConfig::for_elements(u64::MAX, 1).is_err());
 }
@@ -447,11 +289,7 @@ fn kernel_args_point_at_their_values() {
         b: u32,
     }
     let mut args = KernelArgs::new();
-    args.push(7u32)
-        .push(-2.5f64)
-        .push(0xdead_beef_cafe_f00du64)
-        .push(Wide { a: 11, b: 12 })
-        .push(1u8);
+    args.push(7u32).push(-2.5f64).push(0xdead_beef_cafe_f00du64).push(Wide { a: 11, b: 12 }).push(1u8);
     let p = args.params();
     assert_eq!((p.len(), args.len()), (5, 5));
     for ptr in &p {
@@ -486,38 +324,20 @@ fn module_images_are_validated() {
     ModuleImage::Ptx(ptx).validate(cuda).unwrap();
     assert!(ModuleImage::Ptx("  ").validate(cuda).is_err());
     assert!(ModuleImage::Ptx("a\0b").validate(cuda).is_err());
-    let e = ModuleImage::Ptx(ptx)
-        .validate(RuntimeKind::Hip)
-        .unwrap_err()
-        .to_string();
+    let e = ModuleImage::Ptx(ptx).validate(RuntimeKind::Hip).unwrap_err().to_string();
     assert!(e.contains("loading PTX is not supported by HIP"), "{e}");
 
     let cubin = include_bytes!("fixtures/mori_test_fill.sm_90.cubin");
     ModuleImage::Cubin(cubin).validate(cuda).unwrap();
-    let e = ModuleImage::Cubin(&cubin[..cubin.len() - 200])
-        .validate(cuda)
-        .unwrap_err()
-        .to_string();
+    let e = ModuleImage::Cubin(&cubin[..cubin.len() - 200]).validate(cuda).unwrap_err().to_string();
     assert!(e.contains("truncated"), "{e}");
-    assert!(ModuleImage::Cubin(
-        b"not an elf at all, no sir, not one bit of it, nope nope nope nope!!"
-    )
-    .validate(cuda)
-    .is_err());
-    assert!(ModuleImage::Cubin(cubin)
-        .validate(RuntimeKind::Hip)
-        .is_err());
+    assert!(ModuleImage::Cubin(b"not an elf at all, no sir, not one bit of it, nope nope nope nope!!").validate(cuda).is_err());
+    assert!(ModuleImage::Cubin(cubin).validate(RuntimeKind::Hip).is_err());
     assert!(ModuleImage::HipCodeObject(cubin).validate(cuda).is_err());
-    ModuleImage::HipCodeObject(cubin)
-        .validate(RuntimeKind::Hip)
-        .unwrap(); // an ELF is an ELF
+    ModuleImage::HipCodeObject(cubin).validate(RuntimeKind::Hip).unwrap(); // an ELF is an ELF
 
-    ModuleImage::Cubin(&elf_header(0, 0))
-        .validate(cuda)
-        .unwrap();
-    assert!(ModuleImage::Cubin(&elf_header(64, 2))
-        .validate(cuda)
-        .is_err());
+    ModuleImage::Cubin(&elf_header(0, 0)).validate(cuda).unwrap();
+    assert!(ModuleImage::Cubin(&elf_header(64, 2)).validate(cuda).is_err());
 
     let mut fat = vec![0u8; 16 + 32];
     fat[0..4].copy_from_slice(&0xBA55_ED50u32.to_le_bytes());
@@ -534,12 +354,8 @@ fn module_images_are_validated() {
     bundle.extend_from_slice(&4u64.to_le_bytes());
     bundle.extend_from_slice(b"hipv");
     bundle.extend_from_slice(&[0u8; 8]);
-    ModuleImage::HipCodeObject(&bundle)
-        .validate(RuntimeKind::Hip)
-        .unwrap();
-    assert!(ModuleImage::HipCodeObject(&bundle[..bundle.len() - 1])
-        .validate(RuntimeKind::Hip)
-        .is_err());
+    ModuleImage::HipCodeObject(&bundle).validate(RuntimeKind::Hip).unwrap();
+    assert!(ModuleImage::HipCodeObject(&bundle[..bundle.len() - 1]).validate(RuntimeKind::Hip).is_err());
 }
 
 #[test]
@@ -571,16 +387,11 @@ fn fd_passing_over_a_unix_socket() {
     let mut d = [0u8; ShareableHandle::DESCRIPTOR_LEN];
     let fd = fdpass::recv_with_fd(&b, &mut d).unwrap();
     let back = ShareableHandle::from_descriptor(&d, fd).unwrap();
-    assert_eq!(
-        (back.kind(), back.size()),
-        (ShareableKind::PosixFd, 2 << 20)
-    );
+    assert_eq!((back.kind(), back.size()), (ShareableKind::PosixFd, 2 << 20));
 
     // Peer gone.
     drop(a);
-    let e = fdpass::recv_with_fd(&b, &mut [0u8; 4])
-        .unwrap_err()
-        .to_string();
+    let e = fdpass::recv_with_fd(&b, &mut [0u8; 4]).unwrap_err().to_string();
     assert!(e.contains("peer closed"), "{e}");
     assert!(fdpass::send_with_fd(&b, &[], None).is_err());
 }

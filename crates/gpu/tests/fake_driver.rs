@@ -17,12 +17,7 @@ mod fake_build;
 fn gpu_tests_pass_against_the_fake_driver() {
     let Some(dir) = fake_build::build_fake("gpu") else { return };
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "gpu_tests::",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["gpu_tests::", "--ignored", "--nocapture", "--test-threads=1"])
         .env("LD_LIBRARY_PATH", &dir)
         .env("MORI_GPU_RUNTIME", "cuda")
         .output()
@@ -31,16 +26,7 @@ fn gpu_tests_pass_against_the_fake_driver() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        out.status.success(),
-        "the GPU tests failed against the fake driver"
-    );
-    assert!(
-        stdout.contains("runtime: CUDA from "),
-        "the fake driver was not loaded"
-    );
-    assert!(
-        stdout.contains("test result: ok. 11 passed; 0 failed"),
-        "not all 11 GPU tests ran"
-    );
+    assert!(out.status.success(), "the GPU tests failed against the fake driver");
+    assert!(stdout.contains("runtime: CUDA from "), "the fake driver was not loaded");
+    assert!(stdout.contains("test result: ok. 11 passed; 0 failed"), "not all 11 GPU tests ran");
 }

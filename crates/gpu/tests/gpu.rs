@@ -23,9 +23,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mori_gpu::{
-    detect, fdpass, Device, DeviceProperties, Event, HandleKinds, IpcHandle, KernelArgs,
-    LaunchConfig, ModuleImage, PciBusId, Runtime, RuntimeKind, ShareableHandle, ShareableKind,
-    VmmOptions, WaitCondition,
+    detect, fdpass, Device, DeviceProperties, Event, HandleKinds, IpcHandle, KernelArgs, LaunchConfig, ModuleImage, PciBusId, Runtime,
+    RuntimeKind, ShareableHandle, ShareableKind, VmmOptions, WaitCondition,
 };
 
 const DEV: Device = Device(0);
@@ -63,10 +62,7 @@ fn rt() -> Result<Arc<dyn Runtime>, Fail> {
 
 /// A byte that depends on the index (including its high bits) and a seed.
 fn pat(i: usize, seed: u8) -> u8 {
-    (i.wrapping_mul(131)
-        .wrapping_add((i >> 8).wrapping_mul(7))
-        .wrapping_add(i >> 16) as u8)
-        ^ seed
+    (i.wrapping_mul(131).wrapping_add((i >> 8).wrapping_mul(7)).wrapping_add(i >> 16) as u8) ^ seed
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -75,12 +71,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 fn check(what: &str, got: &[u8], want: impl Fn(usize) -> u8) -> R {
     if let Some(i) = (0..got.len()).find(|&i| got[i] != want(i)) {
-        return fail(format!(
-            "{what}: byte {i} of {} is {:#04x}, expected {:#04x}",
-            got.len(),
-            got[i],
-            want(i)
-        ));
+        return fail(format!("{what}: byte {i} of {} is {:#04x}, expected {:#04x}", got.len(), got[i], want(i)));
     }
     Ok(())
 }
@@ -142,26 +133,14 @@ fn test_prefix() -> String {
 fn spawn_child(name: &'static str, envs: &[(&str, String)]) -> Result<ChildRun, Fail> {
     let mut cmd = Command::new(std::env::current_exe()?);
     let full = format!("{}{name}", test_prefix());
-    cmd.args([
-        "--exact",
-        full.as_str(),
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
+    cmd.args(["--exact", full.as_str(), "--ignored", "--nocapture", "--test-threads=1"]);
     for (k, v) in envs {
         cmd.env(k, v);
     }
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let out = child.stdout.take().map(drain);
     let err = child.stderr.take().map(drain);
-    Ok(ChildRun {
-        name,
-        child,
-        out,
-        err,
-        started: Instant::now(),
-    })
+    Ok(ChildRun { name, child, out, err, started: Instant::now() })
 }
 
 impl ChildRun {
@@ -179,38 +158,20 @@ impl ChildRun {
             if self.started.elapsed() > CHILD_TIMEOUT {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                return fail(format!(
-                    "child {} killed after {CHILD_TIMEOUT:?}",
-                    self.name
-                ));
+                return fail(format!("child {} killed after {CHILD_TIMEOUT:?}", self.name));
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let out = self
-            .out
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default();
-        let err = self
-            .err
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default();
-        for line in out
-            .lines()
-            .chain(err.lines())
-            .filter(|l| !l.trim().is_empty())
-        {
+        let out = self.out.take().and_then(|h| h.join().ok()).unwrap_or_default();
+        let err = self.err.take().and_then(|h| h.join().ok()).unwrap_or_default();
+        for line in out.lines().chain(err.lines()).filter(|l| !l.trim().is_empty()) {
             println!("    [child {}] {line}", self.name);
         }
         if !status.success() {
             return fail(format!("child {} failed ({status})", self.name));
         }
         if !out.contains(&format!("CHILD-OK {}", self.name)) {
-            return fail(format!(
-                "child {} exited 0 without running its body",
-                self.name
-            ));
+            return fail(format!("child {} exited 0 without running its body", self.name));
         }
         Ok(out)
     }
@@ -224,10 +185,7 @@ fn unhex(s: &str) -> Result<Vec<u8>, Fail> {
     if !s.len().is_multiple_of(2) {
         return fail("odd hex length");
     }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(Fail::from))
-        .collect()
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(Fail::from)).collect()
 }
 
 #[test]
@@ -245,11 +203,7 @@ fn device_properties_and_peers() -> R {
         let p = rt.device_properties(dev)?;
         println!("{p:#?}");
         let m = rt.mem_info(dev)?;
-        println!(
-            "{dev}: {:.1} GiB free of {:.1} GiB",
-            m.free as f64 / (1u64 << 30) as f64,
-            m.total as f64 / (1u64 << 30) as f64
-        );
+        println!("{dev}: {:.1} GiB free of {:.1} GiB", m.free as f64 / (1u64 << 30) as f64, m.total as f64 / (1u64 << 30) as f64);
         assert!(!p.name.is_empty(), "empty name");
         assert!(p.total_memory > 0 && m.total > 0 && m.free <= m.total);
         assert_eq!(p.pci_bus_id.to_string().parse::<PciBusId>()?, p.pci_bus_id);
@@ -301,11 +255,7 @@ fn alloc_and_copy_round_trips() -> R {
         rt.copy_dtoh(&mut back, &b.slice())?;
         let d2h = t.elapsed().as_secs_f64();
         check("H2D -> D2D -> D2H", &back, |i| pat(i, 0x11))?;
-        println!(
-            "{len:>9} bytes: H2D {:.2} GB/s, D2H {:.2} GB/s (pageable host memory)",
-            gbps(len, h2d),
-            gbps(len, d2h)
-        );
+        println!("{len:>9} bytes: H2D {:.2} GB/s, D2H {:.2} GB/s (pageable host memory)", gbps(len, h2d), gbps(len, d2h));
     }
 
     // Sub-ranges at odd offsets.
@@ -315,13 +265,7 @@ fn alloc_and_copy_round_trips() -> R {
     rt.copy_htod(&a.sub(777, 5000)?, &piece)?;
     let mut back = vec![0u8; 1 << 20];
     rt.copy_dtoh(&mut back, &a.slice())?;
-    check("sub-range write", &back, |i| {
-        if (777..5777).contains(&i) {
-            pat(i - 777, 0x22)
-        } else {
-            0
-        }
-    })?;
+    check("sub-range write", &back, |i| if (777..5777).contains(&i) { pat(i - 777, 0x22) } else { 0 })?;
     let b = rt.alloc(DEV, 4096)?;
     rt.copy_dtod(&b.sub(1, 3000)?, &a.sub(1000, 3000)?)?;
     let mut small = vec![0u8; 3000];
@@ -391,10 +335,7 @@ fn streams_events_and_stream_memory_ops() -> R {
     let t = Instant::now();
     s1.write_value32(&flag, 1)?;
     wait_event(&done, "s2 after the flag")?;
-    println!(
-        "flag set -> s2 done observed by the host in {:?}",
-        t.elapsed()
-    );
+    println!("flag set -> s2 done observed by the host in {:?}", t.elapsed());
     let mut word = [0u8; 4];
     rt.copy_dtoh(&mut word, &out)?;
     assert_eq!(u32::from_le_bytes(word), 7);
@@ -417,10 +358,7 @@ fn streams_events_and_stream_memory_ops() -> R {
     rt.copy_dtoh(&mut tail, &copy.sub((64 << 20) - 4096, 4096)?)?;
     check("copy ordered after the event", &tail, |_| 0x77)?;
 
-    assert!(
-        s1.write_value32(&mem.sub(2, 4)?, 1).is_err(),
-        "misaligned word accepted"
-    );
+    assert!(s1.write_value32(&mem.sub(2, 4)?, 1).is_err(), "misaligned word accepted");
     let untimed = rt.event(DEV, false)?;
     assert!(untimed.elapsed_ms(&fin).is_err());
     Ok(())
@@ -440,10 +378,7 @@ fn ipc_between_two_processes_honours_the_offset() -> R {
     let t = Instant::now();
     let h = rt.ipc_export(&sub)?;
     println!("exported {h:?} in {:?}", t.elapsed());
-    assert_eq!(
-        (h.offset(), h.len(), h.exporter_pid()),
-        (IPC_OFFSET as u64, IPC_SUB_LEN as u64, std::process::id())
-    );
+    assert_eq!((h.offset(), h.len(), h.exporter_pid()), (IPC_OFFSET as u64, IPC_SUB_LEN as u64, std::process::id()));
     assert!(rt.ipc_export(&buf.slice())?.offset() == 0);
 
     let child = spawn_child("ipc_child", &[("MORI_GPU_TEST_IPC", hex(&h.to_bytes()))])?;
@@ -453,17 +388,8 @@ fn ipc_between_two_processes_honours_the_offset() -> R {
     let mut back = vec![0u8; IPC_LEN];
     rt.copy_dtoh(&mut back, &buf.slice())?;
     let range = IPC_OFFSET..IPC_OFFSET + IPC_SUB_LEN;
-    check("after the child's write", &back, |i| {
-        if range.contains(&i) {
-            !pat(i, 0x44)
-        } else {
-            pat(i, 0x44)
-        }
-    })?;
-    println!(
-        "parent sees the child's write in [{}, {}) and nothing else changed",
-        range.start, range.end
-    );
+    check("after the child's write", &back, |i| if range.contains(&i) { !pat(i, 0x44) } else { pat(i, 0x44) })?;
+    println!("parent sees the child's write in [{}, {}) and nothing else changed", range.start, range.end);
     Ok(())
 }
 
@@ -481,15 +407,10 @@ fn ipc_child() -> R {
     let m = rt.ipc_import(DEV, &h)?;
     println!("imported {m:?} in {:?}", t.elapsed());
     let s = m.slice();
-    assert_eq!(
-        (m.offset(), s.len(), s.ptr()),
-        (IPC_OFFSET as u64, IPC_SUB_LEN, m.base() + IPC_OFFSET as u64)
-    );
+    assert_eq!((m.offset(), s.len(), s.ptr()), (IPC_OFFSET as u64, IPC_SUB_LEN, m.base() + IPC_OFFSET as u64));
     let mut got = vec![0u8; IPC_SUB_LEN];
     rt.copy_dtoh(&mut got, &s)?;
-    check("exported range seen by the child", &got, |i| {
-        pat(IPC_OFFSET + i, 0x44)
-    })?;
+    check("exported range seen by the child", &got, |i| pat(IPC_OFFSET + i, 0x44))?;
     // Device access to the mapping: D2D through a local buffer.
     let local = rt.alloc(DEV, IPC_SUB_LEN)?;
     rt.copy_dtod(&local.slice(), &s)?;
@@ -506,16 +427,10 @@ fn ipc_child() -> R {
 fn vmm_posix_fd_between_two_processes() -> R {
     let rt = rt()?;
     let caps = props0(&rt)?.capabilities;
-    println!(
-        "VMM {} POSIX_FD {} GPUDirect RDMA on VMM {}",
-        caps.vmm, caps.posix_fd_handles, caps.gpu_direct_rdma_vmm
-    );
+    println!("VMM {} POSIX_FD {} GPUDirect RDMA on VMM {}", caps.vmm, caps.posix_fd_handles, caps.gpu_direct_rdma_vmm);
     let gran = rt.vmm_granularity(DEV, HandleKinds::POSIX_FD)?;
     println!("granularity: {gran} bytes");
-    let opts = VmmOptions {
-        kinds: HandleKinds::POSIX_FD,
-        gpu_direct_rdma: false,
-    };
+    let opts = VmmOptions { kinds: HandleKinds::POSIX_FD, gpu_direct_rdma: false };
     let t = Instant::now();
     let a = rt.vmm_alloc(DEV, gran + 12_345, &opts)?;
     println!("{a:?} in {:?}", t.elapsed());
@@ -523,22 +438,13 @@ fn vmm_posix_fd_between_two_processes() -> R {
     rt.copy_htod(&a.slice(), &pattern(a.size(), 0x55))?;
     let h = rt.vmm_export(&a, ShareableKind::PosixFd)?;
     println!("exported {h:?}");
-    assert!(
-        rt.vmm_export(&a, ShareableKind::Fabric).is_err(),
-        "exported a kind it was not created with"
-    );
+    assert!(rt.vmm_export(&a, ShareableKind::Fabric).is_err(), "exported a kind it was not created with");
 
     let sock = std::env::temp_dir().join(format!("mori-gpu-vmm-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock)?;
     listener.set_nonblocking(true)?;
-    let mut child = spawn_child(
-        "vmm_child",
-        &[(
-            "MORI_GPU_TEST_VMM_SOCK",
-            sock.to_string_lossy().into_owned(),
-        )],
-    )?;
+    let mut child = spawn_child("vmm_child", &[("MORI_GPU_TEST_VMM_SOCK", sock.to_string_lossy().into_owned())])?;
     let deadline = Instant::now() + CHILD_TIMEOUT;
     let conn = loop {
         match listener.accept() {
@@ -562,9 +468,7 @@ fn vmm_posix_fd_between_two_processes() -> R {
 
     let mut back = vec![0u8; a.size()];
     rt.copy_dtoh(&mut back, &a.slice())?;
-    check("after the child's write through its mapping", &back, |i| {
-        !pat(i, 0x55)
-    })?;
+    check("after the child's write through its mapping", &back, |i| !pat(i, 0x55))?;
     println!("parent sees the child's write to all {} bytes", a.size());
     Ok(())
 }
@@ -582,10 +486,7 @@ fn vmm_child() -> R {
     conn.set_read_timeout(Some(CHILD_TIMEOUT))?;
     let mut d = [0u8; ShareableHandle::DESCRIPTOR_LEN];
     let fd = fdpass::recv_with_fd(&conn, &mut d)?;
-    println!(
-        "received descriptor and fd {:?}",
-        fd.as_ref().map(|f| f.as_raw_fd())
-    );
+    println!("received descriptor and fd {:?}", fd.as_ref().map(|f| f.as_raw_fd()));
     let h = ShareableHandle::from_descriptor(&d, fd)?;
     let t = Instant::now();
     let a = rt.vmm_import(DEV, &h)?;
@@ -608,37 +509,23 @@ fn fabric_handle_attempt_reports_imex_clearly() -> R {
     if !is_cuda(&rt, "FABRIC") {
         return Ok(());
     }
-    println!(
-        "FABRIC handle attribute: {}",
-        props0(&rt)?.capabilities.fabric_handles
-    );
-    let opts = VmmOptions {
-        kinds: HandleKinds::FABRIC,
-        gpu_direct_rdma: false,
-    };
+    println!("FABRIC handle attribute: {}", props0(&rt)?.capabilities.fabric_handles);
+    let opts = VmmOptions { kinds: HandleKinds::FABRIC, gpu_direct_rdma: false };
     match rt.vmm_alloc(DEV, 1 << 20, &opts) {
         Ok(a) => {
             println!("FABRIC allocation succeeded (an IMEX channel is available): {a:?}");
             let h = rt.vmm_export(&a, ShareableKind::Fabric)?;
             let back = ShareableHandle::from_descriptor(&h.descriptor(), None)?;
-            assert_eq!(
-                (back.kind(), back.size(), back.fabric()),
-                (ShareableKind::Fabric, h.size(), h.fabric())
-            );
+            assert_eq!((back.kind(), back.size(), back.fabric()), (ShareableKind::Fabric, h.size(), h.fabric()));
             println!("exported a FABRIC handle for {} bytes", h.size());
         }
         Err(e) => {
             println!("FABRIC attempt: {e}");
             if e.code() != Some(800) {
-                return fail(format!(
-                    "expected CUDA_ERROR_NOT_PERMITTED (800) without IMEX, got: {e}"
-                ));
+                return fail(format!("expected CUDA_ERROR_NOT_PERMITTED (800) without IMEX, got: {e}"));
             }
             let text = e.to_string();
-            assert!(
-                text.contains("CUDA_ERROR_NOT_PERMITTED (800)") && text.contains("IMEX"),
-                "{text}"
-            );
+            assert!(text.contains("CUDA_ERROR_NOT_PERMITTED (800)") && text.contains("IMEX"), "{text}");
         }
     }
     Ok(())
@@ -652,11 +539,7 @@ fn dmabuf_export_of_a_range() -> R {
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
     let len = 8usize << 20;
     let buf = rt.alloc(DEV, len)?;
-    println!(
-        "buffer at {:#x} ({} bytes), host page {page}",
-        buf.ptr(),
-        len
-    );
+    println!("buffer at {:#x} ({} bytes), host page {page}", buf.ptr(), len);
     for (off, sub_len) in [(0usize, len), (3 * 4096 + 100, 1 << 20), (len - 1, 1)] {
         let want_ptr = buf.ptr() + off as u64;
         let t = Instant::now();
@@ -666,11 +549,7 @@ fn dmabuf_export_of_a_range() -> R {
         // SAFETY: fd is a live descriptor owned by `d`; lseek only moves its file offset.
         let size = unsafe { libc::lseek(fd, 0, libc::SEEK_END) };
         let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
-        let exp = info
-            .lines()
-            .filter(|l| l.starts_with("exp_name") || l.starts_with("size"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let exp = info.lines().filter(|l| l.starts_with("exp_name") || l.starts_with("size")).collect::<Vec<_>>().join(", ");
         println!(
             "range +{off} ({sub_len} bytes): fd {fd}, start {:#x}, offset {}, len {}, lseek size {size}, fdinfo [{exp}], {took:?}",
             d.start, d.offset, d.len
@@ -679,11 +558,7 @@ fn dmabuf_export_of_a_range() -> R {
         assert_eq!(d.offset, want_ptr % page);
         assert!(d.start % page == 0 && d.len % page == 0 && d.len >= d.offset + sub_len as u64);
         if size >= 0 {
-            assert!(
-                size as u64 >= d.len,
-                "dmabuf of {size} bytes for a {}-byte window",
-                d.len
-            );
+            assert!(size as u64 >= d.len, "dmabuf of {size} bytes for a {}-byte window", d.len);
         }
     }
     Ok(())
@@ -722,35 +597,22 @@ fn module_load_and_launch() -> R {
         unsafe { f.launch(&s, &cfg, &args.params())? };
         e1.record(&s)?;
         wait_event(&e1, "kernel")?;
-        println!(
-            "{what}: kernel over {n} elements in {:.3} ms (grid {:?})",
-            e0.elapsed_ms(&e1)?,
-            cfg.grid
-        );
+        println!("{what}: kernel over {n} elements in {:.3} ms (grid {:?})", e0.elapsed_ms(&e1)?, cfg.grid);
         let mut back = vec![0u8; n as usize * 4];
         rt.copy_dtoh(&mut back, &out.slice())?;
         for i in 0..n as usize {
-            let v = u32::from_le_bytes([
-                back[4 * i],
-                back[4 * i + 1],
-                back[4 * i + 2],
-                back[4 * i + 3],
-            ]);
+            let v = u32::from_le_bytes([back[4 * i], back[4 * i + 1], back[4 * i + 2], back[4 * i + 3]]);
             let want = base.wrapping_add(3u32.wrapping_mul(i as u32));
             if v != want {
                 return fail(format!("{what}: out[{i}] = {v}, expected {want}"));
             }
         }
-        let e = m
-            .function("no_such_kernel")
-            .expect_err("missing kernel found");
+        let e = m.function("no_such_kernel").expect_err("missing kernel found");
         println!("missing kernel: {e}");
         assert_eq!(e.code(), Some(500));
     }
     let bad = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry broken()\n{\n    bogus.instruction;\n}\n";
-    let e = rt
-        .load_module(DEV, ModuleImage::Ptx(bad))
-        .expect_err("broken PTX loaded");
+    let e = rt.load_module(DEV, ModuleImage::Ptx(bad)).expect_err("broken PTX loaded");
     println!("broken PTX: {e}");
     assert_eq!(e.call(), Some("cuModuleLoadDataEx"));
     Ok(())
@@ -780,9 +642,11 @@ fn copy_pool_copies_and_survives_a_panicking_callback() -> R {
         let tx = tx.clone();
         let seg = [CopySeg { src: src + k * 4096, dst: dst + k * 4096, len: 4096 }];
         // SAFETY: as above.
-        unsafe { pool.copy(DEV, &seg, move |r| {
-            let _ = tx.send((k, r.is_ok()));
-        }) }?;
+        unsafe {
+            pool.copy(DEV, &seg, move |r| {
+                let _ = tx.send((k, r.is_ok()));
+            })
+        }?;
     }
     // This thread drives completion itself (as a spinning waiter does).
     let t = Instant::now();

@@ -176,11 +176,7 @@ pub trait Backend: Send + Sync {
     /// engine `from`. The backend owns the stream from now on. Default: `NotSupported` (the
     /// backend moves data without engine data connections).
     fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
-        Err(crate::IoError::not_supported(format!(
-            "the {} backend takes no data connections (from engine {:?})",
-            self.kind(),
-            from.key
-        )))
+        Err(crate::IoError::not_supported(format!("the {} backend takes no data connections (from engine {:?})", self.kind(), from.key)))
     }
 
     /// Forgets connections to a peer (the engine deregistered it).
@@ -188,11 +184,7 @@ pub trait Backend: Send + Sync {
 
     /// Answers a control request sent by engine `from`'s backend of the same kind.
     fn control(&self, from: &EngineDesc, _payload: &[u8]) -> IoResult<Vec<u8>> {
-        Err(crate::IoError::not_supported(format!(
-            "the {} backend takes no control requests (from engine {:?})",
-            self.kind(),
-            from.key
-        )))
+        Err(crate::IoError::not_supported(format!("the {} backend takes no control requests (from engine {:?})", self.kind(), from.key)))
     }
 }
 

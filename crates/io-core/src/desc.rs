@@ -99,13 +99,9 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> IoResult<T> {
-    let (&ver, body) = bytes
-        .split_first()
-        .ok_or_else(|| IoError::invalid(format!("{what}: empty input (expected version byte)")))?;
+    let (&ver, body) = bytes.split_first().ok_or_else(|| IoError::invalid(format!("{what}: empty input (expected version byte)")))?;
     if ver != DESC_VERSION {
-        return Err(IoError::invalid(format!(
-            "{what}: unknown descriptor version {ver} (this build reads version {DESC_VERSION})"
-        )));
+        return Err(IoError::invalid(format!("{what}: unknown descriptor version {ver} (this build reads version {DESC_VERSION})")));
     }
     let (v, rest) = postcard::take_from_bytes::<T>(body)
         .map_err(|e| IoError::invalid(format!("{what}: malformed or truncated ({e}), {} bytes", bytes.len())))?;
@@ -148,14 +144,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn engine() -> EngineDesc {
-        EngineDesc {
-            key: "prefill-0".into(),
-            node_id: "n1".into(),
-            hostname: "h".into(),
-            host: "127.0.0.1".into(),
-            port: 18516,
-            pid: 42,
-        }
+        EngineDesc { key: "prefill-0".into(), node_id: "n1".into(), hostname: "h".into(), host: "127.0.0.1".into(), port: 18516, pid: 42 }
     }
 
     #[test]

@@ -216,14 +216,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn peer(key: &str) -> Arc<EngineDesc> {
-        Arc::new(EngineDesc {
-            key: key.to_string(),
-            node_id: "n".into(),
-            hostname: "h".into(),
-            host: "127.0.0.1".into(),
-            port: 1,
-            pid: 1,
-        })
+        Arc::new(EngineDesc { key: key.to_string(), node_id: "n".into(), hostname: "h".into(), host: "127.0.0.1".into(), port: 1, pid: 1 })
     }
 
     #[test]
@@ -232,10 +225,7 @@ mod tests {
         let notes = vec![(a.clone(), 1), (b.clone(), 2), (a.clone(), 3), (a.clone(), 4), (b.clone(), 5), (a.clone(), 6)];
         let g = group_by_peer(notes, 2);
         let flat: Vec<(String, Vec<u64>)> = g.into_iter().map(|(p, ids)| (p.key.clone(), ids)).collect();
-        assert_eq!(
-            flat,
-            vec![("a".into(), vec![1, 3]), ("b".into(), vec![2, 5]), ("a".into(), vec![4, 6])]
-        );
+        assert_eq!(flat, vec![("a".into(), vec![1, 3]), ("b".into(), vec![2, 5]), ("a".into(), vec![4, 6])]);
         assert!(group_by_peer(Vec::new(), 0).is_empty());
         assert_eq!(group_by_peer(vec![(a.clone(), 7), (a, 8)], 0).len(), 2, "a cap of 0 acts as 1");
     }
@@ -278,10 +268,20 @@ mod tests {
     #[test]
     fn notifier_packs_a_burst_per_peer_then_sends_the_rest_in_order() {
         let rec = Arc::new(Recorder(Mutex::new(Vec::new())));
-        let n = Notifier::spawn("test-notify", rec.clone(), BackendKind::Xgmi, |ids| {
-            if ids.len() == 1 { Msg::Done(ids[0]) } else { Msg::Many(ids) }
-        })
-        .unwrap();
+        let n =
+            Notifier::spawn(
+                "test-notify",
+                rec.clone(),
+                BackendKind::Xgmi,
+                |ids| {
+                    if ids.len() == 1 {
+                        Msg::Done(ids[0])
+                    } else {
+                        Msg::Many(ids)
+                    }
+                },
+            )
+            .unwrap();
         let (a, b) = (peer("a"), peer("b"));
         for (p, id) in [(&a, 1), (&b, 2), (&a, 3)] {
             n.push_done(p.clone(), id);
@@ -327,7 +327,10 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         let tail: Vec<Msg> = decode().into_iter().skip(got.len()).map(|(_, _, m)| m).collect();
-        assert!(tail == vec![Msg::Many(vec![4, 5]), Msg::Forget(10)] || tail == vec![Msg::Done(4), Msg::Done(5), Msg::Forget(10)], "{tail:?}");
+        assert!(
+            tail == vec![Msg::Many(vec![4, 5]), Msg::Forget(10)] || tail == vec![Msg::Done(4), Msg::Done(5), Msg::Forget(10)],
+            "{tail:?}"
+        );
         // A message for a live peer only travels the same way, after what was queued.
         let before = decode().len();
         n.push_done(b.clone(), 6);

@@ -34,13 +34,7 @@ pub struct Piece {
 /// lengths, or "empty batch"); every entry must lie inside both regions (`InvalidArgs` naming
 /// the entry index, the side, the range and the region size); zero-length entries are allowed
 /// and skipped. Adjacent entries contiguous on both sides merge into one segment.
-pub fn check_batch(
-    local: (u64, u64),
-    remote: (u64, u64),
-    local_offs: &[u64],
-    remote_offs: &[u64],
-    sizes: &[u64],
-) -> IoResult<Vec<Seg>> {
+pub fn check_batch(local: (u64, u64), remote: (u64, u64), local_offs: &[u64], remote_offs: &[u64], sizes: &[u64]) -> IoResult<Vec<Seg>> {
     let (lid, llen) = local;
     let (rid, rlen) = remote;
     if local_offs.len() != remote_offs.len() || local_offs.len() != sizes.len() {

@@ -35,9 +35,7 @@ impl Region {
 pub fn check_range(id: MemId, region_len: u64, offset: u64, len: u64) -> IoResult<()> {
     match offset.checked_add(len) {
         Some(end) if end <= region_len => Ok(()),
-        _ => Err(IoError::invalid(format!(
-            "range offset {offset} + length {len} exceeds region {id} of {region_len} bytes"
-        ))),
+        _ => Err(IoError::invalid(format!("range offset {offset} + length {len} exceeds region {id} of {region_len} bytes"))),
     }
 }
 
@@ -60,10 +58,7 @@ impl MemRegistry {
             return Err(IoError::invalid("cannot register a region of 0 bytes"));
         }
         if (region.addr as u64).checked_add(region.len).is_none() {
-            return Err(IoError::invalid(format!(
-                "region at {:#x} of {} bytes wraps the address space",
-                region.addr, region.len
-            )));
+            return Err(IoError::invalid(format!("region at {:#x} of {} bytes wraps the address space", region.addr, region.len)));
         }
         let mut g = self.regions.write();
         if g.contains_key(&region.id) {

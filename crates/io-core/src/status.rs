@@ -155,12 +155,7 @@ impl Completion for TransferStatus {
             }
             Ok(()) => {
                 let prev = inner.pending.fetch_sub(1, Ordering::AcqRel);
-                if prev == 1
-                    && inner
-                        .state
-                        .compare_exchange(IN_PROGRESS, SUCCESS, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok()
-                {
+                if prev == 1 && inner.state.compare_exchange(IN_PROGRESS, SUCCESS, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
                     self.wake();
                 }
             }
@@ -192,12 +187,7 @@ impl TransferStatus {
         match self.inner.state.load(Ordering::SeqCst) {
             IN_PROGRESS => None,
             SUCCESS => Some(Ok(())),
-            _ => Some(Err(self
-                .inner
-                .error
-                .lock()
-                .clone()
-                .unwrap_or_else(|| IoError::transport("failed without a recorded error")))),
+            _ => Some(Err(self.inner.error.lock().clone().unwrap_or_else(|| IoError::transport("failed without a recorded error")))),
         }
     }
 
@@ -386,7 +376,16 @@ mod tests {
 
     #[test]
     fn caller_progress_switch() {
-        for (v, on) in [("1", Some(true)), (" OFF ", Some(false)), ("0", Some(false)), ("no", Some(false)), ("False", Some(false)), ("yes", Some(true)), ("2", None), ("", None)] {
+        for (v, on) in [
+            ("1", Some(true)),
+            (" OFF ", Some(false)),
+            ("0", Some(false)),
+            ("no", Some(false)),
+            ("False", Some(false)),
+            ("yes", Some(true)),
+            ("2", None),
+            ("", None),
+        ] {
             assert_eq!(parse_switch(v), on, "{v:?}");
         }
     }

@@ -119,8 +119,8 @@ pub fn dial(
 /// Encodes one frame: `len: u32 LE` then the postcard body.
 pub fn encode_frame<T: Serialize>(msg: &T) -> IoResult<Vec<u8>> {
     let body = postcard::to_allocvec(msg).map_err(|e| IoError::invalid(format!("control message encode: {e}")))?;
-    let len = u32::try_from(body.len())
-        .map_err(|_| IoError::invalid(format!("control message of {} bytes exceeds u32 framing", body.len())))?;
+    let len =
+        u32::try_from(body.len()).map_err(|_| IoError::invalid(format!("control message of {} bytes exceeds u32 framing", body.len())))?;
     let mut out = Vec::with_capacity(4 + body.len());
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(&body);
@@ -153,10 +153,7 @@ impl FrameDecoder {
         }
         let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
         if len > self.max {
-            return Err(IoError::invalid(format!(
-                "control frame declares {len} bytes, above the maximum of {} bytes",
-                self.max
-            )));
+            return Err(IoError::invalid(format!("control frame declares {len} bytes, above the maximum of {} bytes", self.max)));
         }
         if self.buf.len() < 4 + len {
             return Ok(None);
@@ -188,9 +185,7 @@ pub fn read_frame<T: for<'de> Deserialize<'de>, R: Read>(r: &mut R, max: usize) 
     r.read_exact(&mut len).map_err(|e| IoError::from_io("control read", &e))?;
     let len = u32::from_le_bytes(len) as usize;
     if len > max {
-        return Err(IoError::invalid(format!(
-            "control frame declares {len} bytes, above the maximum of {max} bytes"
-        )));
+        return Err(IoError::invalid(format!("control frame declares {len} bytes, above the maximum of {max} bytes")));
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(|e| IoError::from_io("control read", &e))?;

@@ -114,10 +114,7 @@ fn check_config(limits: &EndpointLimits, cfg: &WrPlanConfig) -> IoResult<()> {
         return bad(&format!("num_qps {} < num_nics {}: each NIC needs a QP", cfg.num_qps, cfg.num_nics));
     }
     if cfg.chunking && (cfg.chunk_bytes == 0 || cfg.max_chunks == 0) {
-        return bad(&format!(
-            "with chunking, chunk_bytes ({}) and max_chunks ({}) must be > 0",
-            cfg.chunk_bytes, cfg.max_chunks
-        ));
+        return bad(&format!("with chunking, chunk_bytes ({}) and max_chunks ({}) must be > 0", cfg.chunk_bytes, cfg.max_chunks));
     }
     Ok(())
 }
@@ -309,8 +306,13 @@ mod tests {
         let batch = contiguous(128, 32 * MIB);
         let e = plan_wrs(&batch, &LIM, &cfg(false, 8, 1, 1), 0).unwrap_err();
         assert_eq!(e.code, crate::ErrorCode::InvalidArgs);
-        for part in ["merged RDMA WR", "length 4294967296 bytes", "exceeds local max_msg_sz 2147483648",
-            "enable RDMA transfer chunking or reduce batch size", "128 batch entries"] {
+        for part in [
+            "merged RDMA WR",
+            "length 4294967296 bytes",
+            "exceeds local max_msg_sz 2147483648",
+            "enable RDMA transfer chunking or reduce batch size",
+            "128 batch entries",
+        ] {
             assert!(e.msg.contains(part), "{part:?} not in {e}");
         }
         // Eight workers over eight QPs: eight 512 MiB WRs, one per QP, all signaled.

@@ -1,15 +1,15 @@
 //! The fabric backend proper.
 
-use mori_io_core::status::Completion;
 use crate::domain::{self, FabricDomain, HandleType, DOMAIN_ENV};
 use crate::handle::{FabricHandle, Grant};
 use crate::memory::{Exported, FabricMemory};
 use crate::uds::{self, FdServer};
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHandle, VmmAllocation};
 use mori_io_core::plan::check_segs;
+use mori_io_core::status::Completion;
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
-    Notifier, PeerMap, Refusal, TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc, Notifier, PeerMap, Refusal,
+    TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -71,7 +71,6 @@ enum FabricCtrl {
     DoneMany(Vec<u64>),
 }
 
-
 struct LocalReg {
     mem: Arc<Exported>,
     device: Device,
@@ -88,7 +87,6 @@ struct RemoteMap {
     len: u64,
     _alloc: VmmAllocation,
 }
-
 
 struct Inner {
     ctx: BackendContext,
@@ -127,7 +125,10 @@ impl FabricBackend {
         if n == 0 {
             return Err(IoError::not_supported("fabric backend: no GPU visible"));
         }
-        drop(FabricMemory::alloc(&rt, 0, 1, cfg.handle).map_err(|e| IoError::new(e.code, format!("fabric backend ({} handles): {}", cfg.handle, e.msg)))?);
+        drop(
+            FabricMemory::alloc(&rt, 0, 1, cfg.handle)
+                .map_err(|e| IoError::new(e.code, format!("fabric backend ({} handles): {}", cfg.handle, e.msg)))?,
+        );
         let domain = match cfg.handle {
             HandleType::PosixFd => FabricDomain::this_node(&ctx.local.hostname)?,
             HandleType::Fabric => {
@@ -282,7 +283,11 @@ impl Backend for FabricBackend {
         let Some(d) = desc.loc.gpu() else { return Ok(()) };
         let i = &self.inner;
         let Some((mem, offset)) = crate::memory::find(d, desc.addr, desc.len) else {
-            tracing::info!(id = desc.id, device = d, "GPU memory not allocated by FabricMemory::alloc: the fabric backend will not serve it");
+            tracing::info!(
+                id = desc.id,
+                device = d,
+                "GPU memory not allocated by FabricMemory::alloc: the fabric backend will not serve it"
+            );
             return Ok(());
         };
         if mem.kind != i.cfg.handle {
@@ -336,7 +341,8 @@ impl Backend for FabricBackend {
             return refuse(format!("engine {:?}: {r}", peer.key));
         }
         let rdev = remote.bus_id.as_ref().and_then(|bus| {
-            (0..i.rt.device_count().unwrap_or(0)).find(|&d| i.rt.device_properties(Device(d)).is_ok_and(|p| p.pci_bus_id.to_string() == *bus))
+            (0..i.rt.device_count().unwrap_or(0))
+                .find(|&d| i.rt.device_properties(Device(d)).is_ok_and(|p| p.pci_bus_id.to_string() == *bus))
         });
         match rdev.map(|r| (r, i.rt.can_access_peer(Device(ld), Device(r)))) {
             None | Some((_, Ok(true))) => Ok(()),

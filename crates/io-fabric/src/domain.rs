@@ -137,7 +137,9 @@ pub fn check(local: &FabricDomain, remote: &FabricDomain) -> Result<(), String> 
         }
         (Fabric { cluster: c1, clique: q1 }, Fabric { cluster: c2, clique: q2 }) => {
             if c1 != c2 || q1 != q2 {
-                Err(format!("the remote engine is in another fabric domain (cluster {c2} clique {q2}; this engine: cluster {c1} clique {q1})"))
+                Err(format!(
+                    "the remote engine is in another fabric domain (cluster {c2} clique {q2}; this engine: cluster {c1} clique {q1})"
+                ))
             } else {
                 Ok(())
             }

@@ -112,7 +112,8 @@ fn decode<T: for<'de> Deserialize<'de>>(what: &str, b: &[u8]) -> IoResult<T> {
     if v != HANDLE_VERSION {
         return Err(IoError::invalid(format!("{what}: version {v} (this build reads {HANDLE_VERSION})")));
     }
-    let (x, rest) = postcard::take_from_bytes::<T>(body).map_err(|e| IoError::invalid(format!("{what}: malformed ({e}), {} bytes", b.len())))?;
+    let (x, rest) =
+        postcard::take_from_bytes::<T>(body).map_err(|e| IoError::invalid(format!("{what}: malformed ({e}), {} bytes", b.len())))?;
     if !rest.is_empty() {
         return Err(IoError::invalid(format!("{what}: {} trailing bytes", rest.len())));
     }

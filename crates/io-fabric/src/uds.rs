@@ -47,8 +47,8 @@ impl FdServer {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let tag: String = tag.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(48).collect();
         let name = format!("mori-fabric.{}.{}.{tag}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let listener = UnixListener::bind_addr(&abstract_addr(&name)?)
-            .map_err(|e| IoError::transport(format!("bind fabric socket @{name}: {e}")))?;
+        let listener =
+            UnixListener::bind_addr(&abstract_addr(&name)?).map_err(|e| IoError::transport(format!("bind fabric socket @{name}: {e}")))?;
         listener.set_nonblocking(true).map_err(|e| IoError::from_io("fabric socket non-blocking", &e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();

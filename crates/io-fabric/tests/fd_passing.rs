@@ -159,15 +159,13 @@ fn malformed_requests_are_refused_with_a_reason() {
 #[test]
 fn a_flood_of_silent_connections_is_capped() {
     use mori_io_fabric::uds::MAX_CONCURRENT_REQUESTS;
-    use std::os::linux::net::SocketAddrExt;
     use std::io::Read;
+    use std::os::linux::net::SocketAddrExt;
     let server = FdServer::start("flood", Duration::from_secs(3), Arc::new(|_: &str, _: u64| Err(IoError::bad_state("unused")))).unwrap();
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(server.name().as_bytes()).unwrap();
     // MAX_CONCURRENT_REQUESTS silent requesters occupy every request thread (each waits for a
     // request that never comes, until its deadline)...
-    let held: Vec<_> = (0..MAX_CONCURRENT_REQUESTS)
-        .map(|_| std::os::unix::net::UnixStream::connect_addr(&addr).unwrap())
-        .collect();
+    let held: Vec<_> = (0..MAX_CONCURRENT_REQUESTS).map(|_| std::os::unix::net::UnixStream::connect_addr(&addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(300));
     // ...so one more connection is closed at once, unanswered, instead of a new thread.
     let mut extra = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();

@@ -125,10 +125,13 @@ pub fn connect_qps(dev: &Device, qps: &mut [BasicQueuePair], psns: &[u32], remot
     for (i, qp) in qps.iter_mut().enumerate() {
         let r = remote.qps[i];
         let mut ah = AddressHandleAttribute::new();
-        ah.setup_dest_lid(remote.lid)
-            .setup_port(dev.port)
-            .setup_service_level(p.service_level)
-            .setup_grh(&Gid { raw: remote.gid }, 0, dev.gid_index, 64, p.traffic_class);
+        ah.setup_dest_lid(remote.lid).setup_port(dev.port).setup_service_level(p.service_level).setup_grh(
+            &Gid { raw: remote.gid },
+            0,
+            dev.gid_index,
+            64,
+            p.traffic_class,
+        );
         let mut a = QueuePairAttribute::new();
         a.setup_state(QueuePairState::ReadyToReceive)
             .setup_path_mtu(mtu)

@@ -111,9 +111,7 @@ pub fn dmabuf_mr_args(addr: u64, len: u64, start: u64, window: u64, offset: u64)
         )));
     }
     let end = offset.checked_add(len).filter(|&e| e <= window).ok_or_else(|| {
-        IoError::invalid(format!(
-            "rdma: the range {addr:#x}+{len} at offset {offset} does not fit in its dmabuf of {window} bytes"
-        ))
+        IoError::invalid(format!("rdma: the range {addr:#x}+{len} at offset {offset} does not fit in its dmabuf of {window} bytes"))
     })?;
     debug_assert!(end <= window);
     let len = usize::try_from(len).map_err(|_| IoError::invalid(format!("rdma: dmabuf registration length {len} exceeds usize")))?;

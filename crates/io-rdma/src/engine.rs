@@ -1,25 +1,25 @@
 //! The backend proper: registrations, connections, posting, completion reaping.
 
-use mori_io_core::status::Completion;
 use crate::config::{PollMode, RdmaConfig};
 use crate::conn::{connect_qps, create_qps, endpoint, psn, Conn, QpParams, RdmaCtrl};
 use crate::device::{open, Device};
-use crate::RdmaMemHandle;
-use mori_io_core::wr_plan::{plan_wrs, EndpointLimits, WrPlanConfig};
 use crate::dmabuf::{dmabuf_mr_args, reg_dmabuf_error, DmabufExporter, RuntimeDmabuf};
-use mori_mr::{MemDomain, MrCache, MrError, RegId, Registrar};
+use crate::RdmaMemHandle;
+use mori_io_core::status::Completion;
+use mori_io_core::wr_plan::{plan_wrs, EndpointLimits, WrPlanConfig};
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op, Refusal,
-    Region, TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op, Refusal, Region,
+    TransferRequest, TransferStatus,
 };
+use mori_mr::{MemDomain, MrCache, MrError, RegId, Registrar};
 use parking_lot::Mutex;
 use rdma_mummy_sys::ibv_sge;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue};
-use std::os::fd::AsRawFd;
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::queue_pair::{PostSendGuard, QueuePair, SetInlineData, SetScatterGatherEntry, WorkRequestFlags};
 use sideway::ibverbs::AccessFlags;
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -444,7 +444,11 @@ impl Inner {
             let mut g = q.start_post_send();
             let mut sges: Vec<ibv_sge> = Vec::with_capacity(self.params.max_sge as usize);
             for wr in wrs {
-                let flags = if wr.signaled || std::ptr::eq(wr, &wrs[wrs.len() - 1]) { WorkRequestFlags::Signaled } else { WorkRequestFlags::none() };
+                let flags = if wr.signaled || std::ptr::eq(wr, &wrs[wrs.len() - 1]) {
+                    WorkRequestFlags::Signaled
+                } else {
+                    WorkRequestFlags::none()
+                };
                 let h = g.construct_wr(key, flags);
                 let h = match op {
                     Op::Write => h.setup_write(rh.rkey, rh.addr + wr.remote_off),
@@ -672,9 +676,9 @@ fn mr_error(dev: &str, e: MrError) -> IoError {
 }
 
 fn remote_handle(remote: &MemoryDesc) -> IoResult<RdmaMemHandle> {
-    let b = remote.handle(BackendKind::Rdma).ok_or_else(|| {
-        IoError::invalid(format!("remote memory {} of engine {:?} carries no rdma key", remote.id, remote.engine_key))
-    })?;
+    let b = remote
+        .handle(BackendKind::Rdma)
+        .ok_or_else(|| IoError::invalid(format!("remote memory {} of engine {:?} carries no rdma key", remote.id, remote.engine_key)))?;
     postcard::from_bytes(b).map_err(|e| IoError::invalid(format!("remote memory {}: bad rdma handle: {e}", remote.id)))
 }
 
@@ -698,7 +702,10 @@ impl Backend for RdmaBackend {
         drop(cache);
         let h = RdmaMemHandle { rkey, addr: desc.addr };
         desc.handles.retain(|x| x.backend != BackendKind::Rdma);
-        desc.handles.push(BackendHandle { backend: BackendKind::Rdma, bytes: postcard::to_allocvec(&h).map_err(|e| IoError::invalid(e.to_string()))? });
+        desc.handles.push(BackendHandle {
+            backend: BackendKind::Rdma,
+            bytes: postcard::to_allocvec(&h).map_err(|e| IoError::invalid(e.to_string()))?,
+        });
         self.inner.mrs.lock().insert(desc.id, (id, lkey));
         Ok(())
     }

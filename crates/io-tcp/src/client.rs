@@ -1,8 +1,8 @@
 //! Initiator side: one worker thread per data connection ("lane"), fed by a channel.
 
-use mori_io_core::status::Completion;
 use crate::proto::*;
 use crate::vio::{read_exact_vectored, write_all_vectored, NoSigPipe};
+use mori_io_core::status::Completion;
 use mori_io_core::wire::Role;
 use mori_io_core::{BackendKind, EngineDesc, ErrorCode, IoError, IoResult, Op, Region, Seg, TransferStatus};
 use std::io::{IoSlice, IoSliceMut, Read};
@@ -84,8 +84,7 @@ impl Lane<'_> {
     /// A socket error of `what` on this lane; an expired deadline says which one.
     fn io_err(&self, what: &str, e: &std::io::Error) -> IoError {
         let p = self.peer;
-        let mut err =
-            IoError::from_io(&format!("{what} on tcp lane {} to engine {:?} at {}:{}", self.lane, p.key, p.host, p.port), e);
+        let mut err = IoError::from_io(&format!("{what} on tcp lane {} to engine {:?} at {}:{}", self.lane, p.key, p.host, p.port), e);
         if err.code == ErrorCode::Timeout {
             err.msg.push_str(&format!(
                 " (no progress within the data timeout of {:.3} s: TcpConfig::data_timeout, env MORI_IO_TCP_TIMEOUT_MS)",
@@ -134,10 +133,7 @@ fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
     let mut msg = vec![0u8; rh.msg_len as usize];
     s.read_exact(&mut msg).map_err(|e| lane.io_err("tcp reply", &e))?;
     if rh.code != 0 {
-        return Err(IoError::new(
-            ErrorCode::from_u32(rh.code),
-            format!("target engine refused: {}", String::from_utf8_lossy(&msg)),
-        ));
+        return Err(IoError::new(ErrorCode::from_u32(rh.code), format!("target engine refused: {}", String::from_utf8_lossy(&msg))));
     }
     if job.op == Op::Read {
         if rh.payload_len != total {

@@ -17,12 +17,11 @@ pub mod proto;
 mod server;
 pub mod vio;
 
-use mori_io_core::status::Completion;
 use client::{dial, run_lane, Job, LaneTimeouts};
 use crossbeam_channel::Sender;
+use mori_io_core::status::Completion;
 use mori_io_core::{
-    Backend, BackendContext, BackendKind, EngineDesc, IoError, IoResult, MemoryDesc, Refusal, TransferRequest,
-    TransferStatus,
+    Backend, BackendContext, BackendKind, EngineDesc, IoError, IoResult, MemoryDesc, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -47,12 +46,7 @@ pub struct TcpConfig {
 
 impl Default for TcpConfig {
     fn default() -> Self {
-        TcpConfig {
-            lanes: 4,
-            min_lane_bytes: 256 << 10,
-            connect_timeout: Duration::from_secs(10),
-            data_timeout: Duration::from_secs(30),
-        }
+        TcpConfig { lanes: 4, min_lane_bytes: 256 << 10, connect_timeout: Duration::from_secs(10), data_timeout: Duration::from_secs(30) }
     }
 }
 
@@ -165,13 +159,8 @@ impl Backend for TcpBackend {
             Err(e) => return status.complete_piece(Err(e)),
         };
         let n = peer.lanes.len();
-        let pieces = mori_io_core::plan::stripe(
-            &req.segs,
-            n,
-            (req.id % n as u64) as usize,
-            self.cfg.min_lane_bytes,
-            proto::MAX_SEGS_PER_REQ,
-        );
+        let pieces =
+            mori_io_core::plan::stripe(&req.segs, n, (req.id % n as u64) as usize, self.cfg.min_lane_bytes, proto::MAX_SEGS_PER_REQ);
         if pieces.is_empty() {
             return status.complete_piece(Ok(()));
         }

@@ -3,8 +3,8 @@
 
 use crate::proto::*;
 use crate::vio::{drain, read_exact_vectored, wait_readable, write_all_vectored, NoSigPipe};
-use mori_io_core::{BackendContext, ErrorCode, IoError, Region};
 use bytemuck::Zeroable;
+use mori_io_core::{BackendContext, ErrorCode, IoError, Region};
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;

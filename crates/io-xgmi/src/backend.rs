@@ -1,16 +1,16 @@
 //! The xgmi backend proper.
 
-use mori_io_core::status::Completion;
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
 use mori_io_core::plan::check_segs;
 use mori_io_core::registry::Region;
+use mori_io_core::status::Completion;
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc,
-    Notifier, Op, PeerMap, Refusal, Seg, TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc, Notifier, Op, PeerMap, Refusal,
+    Seg, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -131,14 +131,7 @@ impl XgmiBackend {
         let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-xgmi-events").map_err(|e| IoError::gpu("xgmi copy pool", e))?;
         let n2 = notifier.clone();
         pool.set_idle_hook(Box::new(move || n2.flush()));
-        let inner = Arc::new(Inner {
-            ctx,
-            rt,
-            local: Mutex::new(FxHashMap::default()),
-            maps: PeerMap::new(),
-            pool,
-            notifier,
-        });
+        let inner = Arc::new(Inner { ctx, rt, local: Mutex::new(FxHashMap::default()), maps: PeerMap::new(), pool, notifier });
         Ok(XgmiBackend { inner })
     }
 }
@@ -210,7 +203,17 @@ impl Inner {
     /// copies are queued and left there. The completion owns `keep` (so deregistering the
     /// local region waits for the copies, and the remote mapping stays open for them).
     #[allow(clippy::too_many_arguments)]
-    fn submit(&self, at: Place, keep: Keep, op: Op, id: u64, peer: &Arc<EngineDesc>, ids: (MemId, MemId), segs: &[Seg], status: &mut Option<TransferStatus>) -> IoResult<()> {
+    fn submit(
+        &self,
+        at: Place,
+        keep: Keep,
+        op: Op,
+        id: u64,
+        peer: &Arc<EngineDesc>,
+        ids: (MemId, MemId),
+        segs: &[Seg],
+        status: &mut Option<TransferStatus>,
+    ) -> IoResult<()> {
         // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued.
         check_segs((ids.0, at.llen), (ids.1, at.rlen), segs)?;
         let seg = |s: &Seg| {
@@ -259,7 +262,10 @@ impl XgmiRoute {
     /// taken on each before anything is queued: that is what makes deregistration wait).
     fn keep(&self) -> IoResult<Keep> {
         let hold = self.hold.upgrade().ok_or_else(|| {
-            IoError::not_found(format!("local memory {} is not xgmi-registered any more (deregistered since the session was opened)", self.ids.0))
+            IoError::not_found(format!(
+                "local memory {} is not xgmi-registered any more (deregistered since the session was opened)",
+                self.ids.0
+            ))
         })?;
         let gone = || {
             IoError::not_found(format!(
@@ -369,7 +375,12 @@ impl Backend for XgmiBackend {
         status.set_progress(me);
     }
 
-    fn route(&self, local: &Arc<MemoryDesc>, remote: &Arc<MemoryDesc>, peer: &Arc<EngineDesc>) -> IoResult<Option<Arc<dyn mori_io_core::Route>>> {
+    fn route(
+        &self,
+        local: &Arc<MemoryDesc>,
+        remote: &Arc<MemoryDesc>,
+        peer: &Arc<EngineDesc>,
+    ) -> IoResult<Option<Arc<dyn mori_io_core::Route>>> {
         let (at, (hold, _), region) = self.inner.resolve(local, remote, peer)?;
         Ok(Some(Arc::new(XgmiRoute {
             inner: self.inner.clone(),

@@ -1,13 +1,13 @@
 //! [`IoEngine`]: registrations, remote engines, backend choice and one-shot transfers.
 
-use mori_io_core::status::Completion;
 use crate::control::CtrlPool;
 use crate::session::Session;
 use mori_io_core::plan::check_batch;
+use mori_io_core::status::Completion;
 use mori_io_core::wire::{CtrlReply, CtrlRequest};
 use mori_io_core::{
-    Backend, BackendContext, BackendKind, EngineDesc, InboundTable, IoError, IoResult, MemId, MemLoc,
-    MemRegistry, MemoryDesc, Op, Refusal, Region, TransferId, TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendKind, EngineDesc, InboundTable, IoError, IoResult, MemId, MemLoc, MemRegistry, MemoryDesc, Op, Refusal,
+    Region, TransferId, TransferRequest, TransferStatus,
 };
 #[cfg(feature = "fabric")]
 use mori_io_fabric::{FabricBackend, FabricConfig};
@@ -137,7 +137,11 @@ fn hostname() -> String {
 }
 
 fn node_id(host: &str) -> String {
-    std::fs::read_to_string("/etc/machine-id").map(|s| s.trim().to_string()).ok().filter(|s| !s.is_empty()).unwrap_or_else(|| host.to_string())
+    std::fs::read_to_string("/etc/machine-id")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| host.to_string())
 }
 
 impl IoEngine {
@@ -370,12 +374,28 @@ impl IoEngine {
     }
 
     /// Reads `size` bytes at `remote_off` of `remote` into `local` at `local_off`.
-    pub fn read(&self, local: &MemoryDesc, local_off: u64, remote: &MemoryDesc, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
+    pub fn read(
+        &self,
+        local: &MemoryDesc,
+        local_off: u64,
+        remote: &MemoryDesc,
+        remote_off: u64,
+        size: u64,
+        id: TransferId,
+    ) -> TransferStatus {
         self.batch(Op::Read, local, &[local_off], remote, &[remote_off], &[size], id)
     }
 
     /// Writes `size` bytes at `local_off` of `local` to `remote` at `remote_off`.
-    pub fn write(&self, local: &MemoryDesc, local_off: u64, remote: &MemoryDesc, remote_off: u64, size: u64, id: TransferId) -> TransferStatus {
+    pub fn write(
+        &self,
+        local: &MemoryDesc,
+        local_off: u64,
+        remote: &MemoryDesc,
+        remote_off: u64,
+        size: u64,
+        id: TransferId,
+    ) -> TransferStatus {
         self.batch(Op::Write, local, &[local_off], remote, &[remote_off], &[size], id)
     }
 
@@ -383,18 +403,43 @@ impl IoEngine {
     /// Errors (through the returned status): see [`mori_io_core::plan::check_batch`] for the
     /// argument rules; `NotFound` for an unregistered engine; `NotSupported` with every
     /// backend's refusal when none serves the pair.
-    pub fn batch_read(&self, local: &MemoryDesc, local_offs: &[u64], remote: &MemoryDesc, remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+    pub fn batch_read(
+        &self,
+        local: &MemoryDesc,
+        local_offs: &[u64],
+        remote: &MemoryDesc,
+        remote_offs: &[u64],
+        sizes: &[u64],
+        id: TransferId,
+    ) -> TransferStatus {
         self.batch(Op::Read, local, local_offs, remote, remote_offs, sizes, id)
     }
 
     /// Batch write: entry `i` moves `sizes[i]` bytes from `local_offs[i]` to `remote_offs[i]`.
     /// Errors as [`IoEngine::batch_read`].
-    pub fn batch_write(&self, local: &MemoryDesc, local_offs: &[u64], remote: &MemoryDesc, remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+    pub fn batch_write(
+        &self,
+        local: &MemoryDesc,
+        local_offs: &[u64],
+        remote: &MemoryDesc,
+        remote_offs: &[u64],
+        sizes: &[u64],
+        id: TransferId,
+    ) -> TransferStatus {
         self.batch(Op::Write, local, local_offs, remote, remote_offs, sizes, id)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn batch(&self, op: Op, local: &MemoryDesc, lo: &[u64], remote: &MemoryDesc, ro: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+    fn batch(
+        &self,
+        op: Op,
+        local: &MemoryDesc,
+        lo: &[u64],
+        remote: &MemoryDesc,
+        ro: &[u64],
+        sizes: &[u64],
+        id: TransferId,
+    ) -> TransferStatus {
         let r = (|| {
             self.own(local)?;
             let peer = self.inner.remote(&remote.engine_key)?;
@@ -406,7 +451,10 @@ impl IoEngine {
             Err(e) => TransferStatus::failed(e),
             Ok((peer, segs, b)) => {
                 let st = TransferStatus::new(1);
-                b.post(TransferRequest { op, id, peer, local: Arc::new(local.clone()), remote: Arc::new(remote.clone()), segs }, st.clone());
+                b.post(
+                    TransferRequest { op, id, peer, local: Arc::new(local.clone()), remote: Arc::new(remote.clone()), segs },
+                    st.clone(),
+                );
                 st
             }
         }

@@ -25,9 +25,7 @@ mod listener;
 mod session;
 
 pub use engine::{BackendConfig, EngineConfig, IoEngine};
-pub use mori_io_core::{
-    BackendKind, EngineDesc, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, TransferId, TransferStatus,
-};
+pub use mori_io_core::{BackendKind, EngineDesc, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, TransferId, TransferStatus};
 #[cfg(feature = "fabric")]
 pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
 #[cfg(feature = "rdma")]

@@ -26,15 +26,13 @@ pub(crate) fn accept_loop(listener: TcpListener, eng: Arc<EngineInner>) {
         match listener.accept() {
             Ok((s, addr)) => {
                 let e = eng.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("mori-io-conn".into())
-                    .spawn(move || {
-                        if let Err(err) = handle(s, &e) {
-                            if err.code != ErrorCode::RemoteDisconnect {
-                                tracing::warn!(%addr, error = %err, "inbound connection ended");
-                            }
+                let spawned = std::thread::Builder::new().name("mori-io-conn".into()).spawn(move || {
+                    if let Err(err) = handle(s, &e) {
+                        if err.code != ErrorCode::RemoteDisconnect {
+                            tracing::warn!(%addr, error = %err, "inbound connection ended");
                         }
-                    });
+                    }
+                });
                 if let Err(e) = spawned {
                     tracing::error!(error = %e, "cannot spawn connection thread");
                 }
@@ -50,10 +48,8 @@ fn handle(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
     s.set_write_timeout(Some(eng.cfg.control_timeout)).ok();
     let hello: Hello = read_frame(&mut s, eng.cfg.max_frame)?;
     if hello.version != PROTOCOL_VERSION {
-        let e = IoError::invalid(format!(
-            "engine {:?} speaks protocol {}, this engine {}",
-            hello.from.key, hello.version, PROTOCOL_VERSION
-        ));
+        let e =
+            IoError::invalid(format!("engine {:?} speaks protocol {}, this engine {}", hello.from.key, hello.version, PROTOCOL_VERSION));
         write_frame(&mut s, &HelloReply::Refused(e.clone()))?;
         return Err(e);
     }
@@ -107,10 +103,7 @@ fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::Engine
             },
             CtrlRequest::LookupMemory(id) => match eng.local_memory(id) {
                 Some(d) => CtrlReply::Memory(d),
-                None => CtrlReply::Error(IoError::not_found(format!(
-                    "memory {id} is not registered at engine {:?}",
-                    eng.desc.key
-                ))),
+                None => CtrlReply::Error(IoError::not_found(format!("memory {id} is not registered at engine {:?}", eng.desc.key))),
             },
         };
         write_frame(&mut s, &reply)?;

@@ -1,7 +1,7 @@
 //! [`Session`]: a pre-resolved (local region, remote region, backend) triple.
 
-use mori_io_core::status::Completion;
 use mori_io_core::plan::{check_batch, check_entry};
+use mori_io_core::status::Completion;
 use mori_io_core::{Backend, BackendKind, EngineDesc, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus};
 use std::sync::Arc;
 
@@ -65,14 +65,8 @@ impl Session {
                 Some(r) => r.post(op, id, &segs),
                 None => {
                     let st = TransferStatus::new(1);
-                    let req = TransferRequest {
-                        op,
-                        id,
-                        peer: self.peer.clone(),
-                        local: self.local.clone(),
-                        remote: self.remote.clone(),
-                        segs,
-                    };
+                    let req =
+                        TransferRequest { op, id, peer: self.peer.clone(), local: self.local.clone(), remote: self.remote.clone(), segs };
                     self.backend.post(req, st.clone());
                     st
                 }

@@ -62,7 +62,8 @@ fn unavailable_paths_say_so() {
     let other = IoEngine::new("other", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
     eng.register_remote_engine(other.desc().clone()).unwrap();
     let local = unsafe { eng.register_memory(x.as_mut_ptr(), 8, MemLoc::Host { numa: None }) }.unwrap();
-    let gpu = MemoryDesc { engine_key: "other".into(), id: 1, addr: 0, len: 8, loc: MemLoc::Gpu { device: 0 }, bus_id: None, handles: vec![] };
+    let gpu =
+        MemoryDesc { engine_key: "other".into(), id: 1, addr: 0, len: 8, loc: MemLoc::Gpu { device: 0 }, bus_id: None, handles: vec![] };
     let e = eng.write(&local, 0, &gpu, 0, 8, 1).wait_for(T).unwrap_err();
     assert_eq!(e.code, ErrorCode::NotSupported);
     assert!(e.msg.contains("tcp: remote memory 1 of engine \"other\" is GPU memory"), "{e}");
@@ -140,9 +141,6 @@ fn a_dropped_target_engine_takes_no_more_writes() {
     }
     assert!(dst.iter().all(|&x| x == 0), "nothing was written after the drop");
     let e = first_err.unwrap();
-    assert!(
-        e.code == ErrorCode::RemoteDisconnect || e.code == ErrorCode::NotSupported || e.code == ErrorCode::Transport,
-        "{e}"
-    );
+    assert!(e.code == ErrorCode::RemoteDisconnect || e.code == ErrorCode::NotSupported || e.code == ErrorCode::Transport, "{e}");
     c.deregister_memory(&ms).unwrap();
 }

@@ -12,8 +12,7 @@
 //! reaped by a guard, and every wait has a deadline.
 
 use mori_io::{
-    BackendConfig, BackendKind, EngineConfig, EngineDesc, ErrorCode, FabricConfig, FabricMemory, HandleType, IoEngine, MemLoc,
-    MemoryDesc,
+    BackendConfig, BackendKind, EngineConfig, EngineDesc, ErrorCode, FabricConfig, FabricMemory, HandleType, IoEngine, MemLoc, MemoryDesc,
 };
 use mori_io_fabric::{FabricDomain, FabricHandle};
 use std::io::{BufRead, BufReader, Write};

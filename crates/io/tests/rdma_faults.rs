@@ -22,8 +22,7 @@
 //! retries forever, so on SoftRoCE a QP set up with 7 never reports a dead peer.
 
 use mori_io::{
-    BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemLoc, MemoryDesc, RdmaConfig, Session,
-    TransferStatus,
+    BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemLoc, MemoryDesc, RdmaConfig, Session, TransferStatus,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};

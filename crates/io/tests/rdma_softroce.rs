@@ -41,9 +41,8 @@ fn deregistration_rdma() {
 #[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
 fn tiny_send_queue_waits_for_room_and_succeeds() {
     // 4 WRs per QP and chunking off: 2000 scattered descriptors must pass through admission.
-    let cfg = || {
-        BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 1, max_send_wr: 4, chunking: false, ..RdmaConfig::from_env().unwrap() })
-    };
+    let cfg =
+        || BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 1, max_send_wr: 4, chunking: false, ..RdmaConfig::from_env().unwrap() });
     many_small_descriptors(&cfg, 2000);
 }
 
@@ -70,7 +69,10 @@ fn auto_backends_prefer_rdma_when_a_port_is_active() {
     use mori_io::{EngineConfig, IoEngine, MemLoc, TcpConfig};
     let mk = |key: &str| {
         let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
-        assert_eq!(e.create_backends_auto(TcpConfig::default(), RdmaConfig::from_env().unwrap()).unwrap(), vec![BackendKind::Rdma, BackendKind::Tcp]);
+        assert_eq!(
+            e.create_backends_auto(TcpConfig::default(), RdmaConfig::from_env().unwrap()).unwrap(),
+            vec![BackendKind::Rdma, BackendKind::Tcp]
+        );
         e
     };
     let (a, b) = (mk("auto-a"), mk("auto-b"));
@@ -87,9 +89,8 @@ fn auto_backends_prefer_rdma_when_a_port_is_active() {
 #[test]
 #[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
 fn event_completion_mode_moves_the_same_bytes() {
-    let cfg = || {
-        BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 2, poll_mode: mori_io::PollMode::Event, ..RdmaConfig::from_env().unwrap() })
-    };
+    let cfg =
+        || BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 2, poll_mode: mori_io::PollMode::Event, ..RdmaConfig::from_env().unwrap() });
     batch_write_then_read(&cfg, BackendKind::Rdma);
     many_small_descriptors(&cfg, 5000);
 }
@@ -99,9 +100,7 @@ fn event_completion_mode_moves_the_same_bytes() {
 fn posting_workers_split_the_batch_and_move_the_same_bytes() {
     // Chunking off and 4 workers: the planner gives each worker a share of the batch and its
     // own QPs; workers 1..3 post on their threads.
-    let cfg = || {
-        BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 4, workers: 4, chunking: false, ..RdmaConfig::from_env().unwrap() })
-    };
+    let cfg = || BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 4, workers: 4, chunking: false, ..RdmaConfig::from_env().unwrap() });
     batch_write_then_read(&cfg, BackendKind::Rdma);
     many_small_descriptors(&cfg, 8000);
 }
@@ -144,7 +143,14 @@ mod dmabuf_stand_in {
                 let fd = OwnedFd::from_raw_fd(fd);
                 assert_eq!(libc::ftruncate(fd.as_raw_fd(), size as libc::off_t), 0);
                 assert_eq!(libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0, "udmabuf needs F_SEAL_SHRINK");
-                let p = libc::mmap(std::ptr::null_mut(), size as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd.as_raw_fd(), 0);
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    size as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                );
                 assert_ne!(p, libc::MAP_FAILED);
                 let udmabuf = std::path::Path::new("/dev/udmabuf").exists();
                 Memfd { fd, base: p as u64, size, udmabuf }
@@ -183,7 +189,12 @@ mod dmabuf_stand_in {
                 if self.udmabuf {
                     let dev = libc::open(c"/dev/udmabuf".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
                     assert!(dev >= 0, "/dev/udmabuf: {}", std::io::Error::last_os_error());
-                    let arg = UdmabufCreate { memfd: self.fd.as_raw_fd() as u32, flags: UDMABUF_FLAGS_CLOEXEC, offset: start - self.base, size: end - start };
+                    let arg = UdmabufCreate {
+                        memfd: self.fd.as_raw_fd() as u32,
+                        flags: UDMABUF_FLAGS_CLOEXEC,
+                        offset: start - self.base,
+                        size: end - start,
+                    };
                     let fd = libc::ioctl(dev, UDMABUF_CREATE, &arg);
                     libc::close(dev);
                     assert!(fd >= 0, "UDMABUF_CREATE: {}", std::io::Error::last_os_error());

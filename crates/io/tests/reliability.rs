@@ -169,16 +169,17 @@ impl ChildEngine {
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("child stdout is piped");
         // From here on, a panic kills and reaps the child through the guard's Drop.
-        let placeholder = EngineDesc {
-            key: String::new(),
-            node_id: String::new(),
-            hostname: String::new(),
-            host: String::new(),
-            port: 0,
-            pid: 0,
+        let placeholder =
+            EngineDesc { key: String::new(), node_id: String::new(), hostname: String::new(), host: String::new(), port: 0, pid: 0 };
+        let placeholder_mem = MemoryDesc {
+            engine_key: String::new(),
+            id: 0,
+            addr: 0,
+            len: 0,
+            loc: MemLoc::Host { numa: None },
+            bus_id: None,
+            handles: vec![],
         };
-        let placeholder_mem =
-            MemoryDesc { engine_key: String::new(), id: 0, addr: 0, len: 0, loc: MemLoc::Host { numa: None }, bus_id: None, handles: vec![] };
         let mut g = ChildEngine { child, stdin, reaped: false, desc: placeholder, mem: placeholder_mem };
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -294,19 +295,13 @@ impl Drop for Local {
 }
 
 fn tcp(lanes: usize, data_timeout: Duration) -> TcpConfig {
-    TcpConfig {
-        lanes,
-        min_lane_bytes: 256 << 10,
-        connect_timeout: Duration::from_secs(5),
-        data_timeout,
-    }
+    TcpConfig { lanes, min_lane_bytes: 256 << 10, connect_timeout: Duration::from_secs(5), data_timeout }
 }
 
 /// True for the errors a transfer to a dead engine may end with: `RemoteDisconnect`, or
 /// `Transport` for a refused connect (its listener is gone) or a reset.
 fn is_dead_peer_error(e: &IoError) -> bool {
-    e.code == ErrorCode::RemoteDisconnect
-        || (e.code == ErrorCode::Transport && (e.msg.contains("refused") || e.msg.contains("reset")))
+    e.code == ErrorCode::RemoteDisconnect || (e.code == ErrorCode::Transport && (e.msg.contains("refused") || e.msg.contains("reset")))
 }
 
 #[test]

@@ -15,8 +15,8 @@
 
 use mori_gpu::{Device, DeviceBuffer, IpcHandle, ModuleImage, Runtime, RuntimeKind};
 use mori_io::{
-    BackendConfig, BackendKind, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemLoc, MemoryDesc, TcpConfig,
-    TransferStatus, XgmiConfig,
+    BackendConfig, BackendKind, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemLoc, MemoryDesc, TcpConfig, TransferStatus,
+    XgmiConfig,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{ChildStdin, Command, Stdio};
@@ -90,12 +90,7 @@ fn assert_bytes(what: &str, got: &[u8], want: &[u8]) {
     if got != want {
         let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
         let n = got.iter().zip(want).filter(|(a, b)| a != b).count();
-        panic!(
-            "{what}: {n} of {} bytes differ, the first at {first}: got {:#04x}, want {:#04x}",
-            got.len(),
-            got[first],
-            want[first]
-        );
+        panic!("{what}: {n} of {} bytes differ, the first at {first}: got {:#04x}, want {:#04x}", got.len(), got[first], want[first]);
     }
 }
 
@@ -324,10 +319,7 @@ fn many_descriptors_use_the_kernel_and_are_exact() {
     assert!(mis.len() >= 200, "only {} (local, remote) alignment classes mod 16", mis.len());
     let total: u64 = s.sz.iter().sum();
     let (llen, rlen) = (s.local_end as usize + 4096, s.remote_end as usize + 4096);
-    eprintln!(
-        "{n} descriptors of 8..=300 bytes, {total} bytes, {} alignment classes mod 16; regions {llen} / {rlen} bytes",
-        mis.len()
-    );
+    eprintln!("{n} descriptors of 8..=300 bytes, {total} bytes, {} alignment classes mod 16; regions {llen} / {rlen} bytes", mis.len());
 
     let kernel = kernel_image(&rt);
     eprintln!("scatter/gather kernel: {kernel:?}");
@@ -352,10 +344,7 @@ fn many_descriptors_use_the_kernel_and_are_exact() {
         // Read them back into a freshly patterned initiator.
         let fresh = patterned(0x77, llen);
         rt.copy_htod(&a.buf.slice(), &fresh).unwrap();
-        let t_r = wait(
-            &format!("batch read, {how}"),
-            a.eng.batch_read(&a.mem, &s.lo, &b.mem, &s.ro, &s.sz, a.eng.allocate_transfer_uid()),
-        );
+        let t_r = wait(&format!("batch read, {how}"), a.eng.batch_read(&a.mem, &s.lo, &b.mem, &s.ro, &s.sz, a.eng.allocate_transfer_uid()));
         let mut want_a = fresh;
         apply(&mut want_a, &s.lo, &want_b, &s.ro, &s.sz);
         let got_a = snapshot(&rt, &a.buf);
@@ -616,14 +605,7 @@ fn xgmi_child_target() {
         Some("target") => serve_as_child(),
         Some(other) => panic!("{ROLE_VAR}={other:?} is not a known child role"),
         None => {
-            let d = EngineDesc {
-                key: "k".into(),
-                node_id: "n".into(),
-                hostname: "h".into(),
-                host: "127.0.0.1".into(),
-                port: 1,
-                pid: 2,
-            };
+            let d = EngineDesc { key: "k".into(), node_id: "n".into(), hostname: "h".into(), host: "127.0.0.1".into(), port: 1, pid: 2 };
             let m = MemoryDesc { engine_key: "k".into(), id: 3, addr: 4, len: 5, loc: GPU0, bus_id: None, handles: vec![] };
             let line = format!("test {CHILD_ENTRY} ... {}", ready_line(&d, &m));
             assert_eq!(parse_ready(&line), Some((d, m)));
@@ -656,8 +638,7 @@ fn serve_as_child() -> ! {
     eng.create_backend(xgmi(32)).expect("child: xgmi backend");
     // SAFETY: the range lies inside `buf`, which is never freed: this function ends the process
     // with `exit`, so the memory stays valid while the engine's threads run.
-    let mem = unsafe { eng.register_memory((buf.ptr() as usize + CHILD_OFF) as *mut u8, CHILD_LEN, GPU0) }
-        .expect("child: register");
+    let mem = unsafe { eng.register_memory((buf.ptr() as usize + CHILD_OFF) as *mut u8, CHILD_LEN, GPU0) }.expect("child: register");
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", ready_line(eng.desc(), &mem)).unwrap();
@@ -875,10 +856,7 @@ fn two_process_ipc() {
     want[half as usize..].fill(0);
     apply(&mut want, &lo_rb, &alloc_model, &ro_abs, &s.sz);
     assert_bytes("initiator after the scattered batch read", &snapshot(&rt, &local.buf), &want);
-    eprintln!(
-        "IPC scattered batch of 500 descriptors ({} B): write {t_bw:?}, read {t_br:?}",
-        s.sz.iter().sum::<u64>()
-    );
+    eprintln!("IPC scattered batch of 500 descriptors ({} B): write {t_bw:?}, read {t_br:?}", s.sz.iter().sum::<u64>());
 
     // Bounds over IPC: the engine refuses a range past the region; a forged longer descriptor
     // (one-shot: no lookup) must be refused by the backend: the bytes after the region belong

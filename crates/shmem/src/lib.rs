@@ -21,8 +21,8 @@
 
 use mori_bootstrap::Bootstrap;
 use mori_gpu::{
-    Device, DeviceBuffer, DeviceSlice, Function, GpuError, IpcHandle, IpcMapping, KernelArgs, KernelImages, LaunchConfig,
-    Module, Runtime, Stream,
+    Device, DeviceBuffer, DeviceSlice, Function, GpuError, IpcHandle, IpcMapping, KernelArgs, KernelImages, LaunchConfig, Module, Runtime,
+    Stream,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -162,13 +162,7 @@ impl SymmetricHeap {
         Self::build(rt, local, world, bytes, Some(boot))
     }
 
-    fn build(
-        rt: Arc<dyn Runtime>,
-        local: &[(usize, Device)],
-        world: usize,
-        bytes: usize,
-        boot: Option<&dyn Bootstrap>,
-    ) -> Result<Self> {
+    fn build(rt: Arc<dyn Runtime>, local: &[(usize, Device)], world: usize, bytes: usize, boot: Option<&dyn Bootstrap>) -> Result<Self> {
         if world == 0 || world > 64 {
             return Err(invalid(format!("world = {world} PEs; supported: 1..=64")));
         }
@@ -226,10 +220,7 @@ impl SymmetricHeap {
                         Some(None) => {}
                     }
                     if handle.len() < bytes as u64 {
-                        return Err(invalid(format!(
-                            "PE {pe}'s heap is {} bytes, smaller than this process's {bytes}",
-                            handle.len()
-                        )));
+                        return Err(invalid(format!("PE {pe}'s heap is {} bytes, smaller than this process's {bytes}", handle.len())));
                     }
                     maps[pe] = Some(Mapping::Ipc(rt.ipc_import(import_dev, &handle)?));
                 }
@@ -314,10 +305,7 @@ impl SymmetricHeap {
     }
 
     fn device_state(&self, dev: Device) -> Result<&DeviceState> {
-        self.devices
-            .iter()
-            .find(|d| d.device == dev)
-            .ok_or_else(|| invalid(format!("no PE of this process lives on {dev}")))
+        self.devices.iter().find(|d| d.device == dev).ok_or_else(|| invalid(format!("no PE of this process lives on {dev}")))
     }
 
     fn check_range(&self, pe: usize, offset: usize, len: usize) -> Result<()> {
@@ -326,10 +314,7 @@ impl SymmetricHeap {
         }
         match offset.checked_add(len) {
             Some(end) if end <= self.bytes => Ok(()),
-            _ => Err(invalid(format!(
-                "range offset {offset} + {len} bytes leaves PE {pe}'s heap of {} bytes",
-                self.bytes
-            ))),
+            _ => Err(invalid(format!("range offset {offset} + {len} bytes leaves PE {pe}'s heap of {} bytes", self.bytes))),
         }
     }
 
@@ -370,14 +355,7 @@ impl SymmetricHeap {
     /// (8 bytes of device memory), the value before the add is written there.
     /// Errors: [`ShmemError::Invalid`] for a misaligned or out-of-heap offset or a stream on a
     /// device without a local PE; GPU errors.
-    pub fn atomic_add(
-        &self,
-        stream: &Stream,
-        pe: usize,
-        offset: usize,
-        value: u64,
-        old: Option<&DeviceSlice<'_>>,
-    ) -> Result<()> {
+    pub fn atomic_add(&self, stream: &Stream, pe: usize, offset: usize, value: u64, old: Option<&DeviceSlice<'_>>) -> Result<()> {
         if !offset.is_multiple_of(8) {
             return Err(invalid(format!("atomic_add offset {offset} is not 8-byte aligned")));
         }

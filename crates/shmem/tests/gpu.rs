@@ -80,8 +80,7 @@ fn gpu_put_signal_atomic_wait_and_bounds() {
 /// PE `rank` of a two-process heap on GPU 0 (process 0 roots the bootstrap at `master`).
 fn two_process_heap(rank: usize, master: std::net::SocketAddr) -> (Arc<dyn Runtime>, mori_bootstrap::SocketBootstrap, SymmetricHeap) {
     let rt = runtime();
-    let cfg = mori_bootstrap::SocketBootstrapConfig::new(rank, 2, master)
-        .with_timeouts(Duration::from_secs(30), Duration::from_secs(30));
+    let cfg = mori_bootstrap::SocketBootstrapConfig::new(rank, 2, master).with_timeouts(Duration::from_secs(30), Duration::from_secs(30));
     let boot = mori_bootstrap::SocketBootstrap::new(cfg).unwrap();
     let heap = SymmetricHeap::with_bootstrap(rt.clone(), &boot, &[(rank, Device(0))], 2, 1 << 20).unwrap();
     (rt, boot, heap)

@@ -57,10 +57,9 @@ impl DeviceFilter {
         match std::env::var(RDMA_DEVICES_ENV) {
             Ok(v) => Self::parse(&v),
             Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => Err(TopoError::BadDeviceList {
-                value: v.to_string_lossy().into_owned(),
-                why: "not valid UTF-8".to_string(),
-            }),
+            Err(std::env::VarError::NotUnicode(v)) => {
+                Err(TopoError::BadDeviceList { value: v.to_string_lossy().into_owned(), why: "not valid UTF-8".to_string() })
+            }
         }
     }
 

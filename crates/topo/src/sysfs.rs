@@ -1,6 +1,6 @@
 //! Reading sysfs: every file is optional, every value is parsed defensively.
 
-use crate::{Gpu, Nic, NumaNode, PciLink, PciPath, Port, PortState, Topology, TopoError, BMC_VENDORS, GPU_CLASSES};
+use crate::{Gpu, Nic, NumaNode, PciLink, PciPath, Port, PortState, TopoError, Topology, BMC_VENDORS, GPU_CLASSES};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -77,8 +77,7 @@ pub fn scan(root: &Path) -> Result<Topology, TopoError> {
 /// Entries of a directory as (name, path), sorted by name; empty when unreadable.
 fn list(dir: &Path) -> Vec<(String, PathBuf)> {
     let Ok(rd) = fs::read_dir(dir) else { return Vec::new() };
-    let mut v: Vec<(String, PathBuf)> =
-        rd.flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect();
+    let mut v: Vec<(String, PathBuf)> = rd.flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect();
     v.sort();
     v
 }

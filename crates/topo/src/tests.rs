@@ -114,8 +114,14 @@ fn odd_sysfs_contents_do_not_panic() {
     f.write("sys/devices/system/node/possible", "0");
     let t = scan(&f.root).unwrap();
     let w = t.warnings.join("\n");
-    for part in ["0000:00:02.0: class \"garbage\" is not hex", "0000:00:04.0: class", "0000:00:05.0: no readable class",
-        "bnxt_re0: no readable port", "mlx5_9: port directory \"x\"", "NUMA node 0: cpulist \"5-2\""] {
+    for part in [
+        "0000:00:02.0: class \"garbage\" is not hex",
+        "0000:00:04.0: class",
+        "0000:00:05.0: no readable class",
+        "bnxt_re0: no readable port",
+        "mlx5_9: port directory \"x\"",
+        "NUMA node 0: cpulist \"5-2\"",
+    ] {
         assert!(w.contains(part), "{part:?} not in:\n{w}");
     }
     assert_eq!(t.gpus.len(), 1);
@@ -136,7 +142,10 @@ fn odd_sysfs_contents_do_not_panic() {
 #[test]
 fn parsers() {
     assert_eq!([link_speed("32.0 GT/s PCIe"), link_speed("2.5 GT/s"), link_speed("Unknown")], [Some(32000), Some(2500), None]);
-    assert_eq!([rate("400 Gb/sec (4X NDR)"), rate("2.5 Gb/sec (1X SDR)"), rate("NaN Gb/sec"), rate("")], [Some(400_000), Some(2500), None, None]);
+    assert_eq!(
+        [rate("400 Gb/sec (4X NDR)"), rate("2.5 Gb/sec (1X SDR)"), rate("NaN Gb/sec"), rate("")],
+        [Some(400_000), Some(2500), None, None]
+    );
     assert_eq!([port_state("4: ACTIVE"), port_state("1: DOWN")], [PortState::Active, PortState::Down]);
     assert_eq!(cpulist("0-47,96-143").map(|v| v.len()), Some(96));
     assert_eq!(cpulist("0-4294967295").map(|v| v.len()), Some(1 << 16));
@@ -154,8 +163,13 @@ fn rdma_devices_env_syntax() {
     assert!(inc.allows("mlx5_1") && !inc.allows("mlx5_2"));
     let exc = p("^mlx5_0").unwrap().unwrap();
     assert!(!exc.allows("mlx5_0") && exc.allows("mlx5_1"));
-    for (bad, why) in [("mlx5_0,,mlx5_1", "device name 2 is empty"), ("^", "device name 1 is empty"),
-        ("mlx5_0:1", "port suffixes"), ("mlx5 0", "is not a device name"), ("a,^b", "is not a device name")] {
+    for (bad, why) in [
+        ("mlx5_0,,mlx5_1", "device name 2 is empty"),
+        ("^", "device name 1 is empty"),
+        ("mlx5_0:1", "port suffixes"),
+        ("mlx5 0", "is not a device name"),
+        ("a,^b", "is not a device name"),
+    ] {
         let e = p(bad).unwrap_err().to_string();
         assert!(e.contains(why) && e.contains(&format!("MORI_RDMA_DEVICES={bad:?}")), "{bad}: {e}");
     }

@@ -62,7 +62,11 @@ pub(super) fn ensure(cache: &Path) -> Result<Qemu, String> {
     if !starts(&q) {
         unpack(cache)?;
         if !starts(&q) {
-            return Err(format!("the unpacked {} does not start: {}", q.program.display(), output(q.command(false).arg("--version"), "qemu --version").err().unwrap_or_default()));
+            return Err(format!(
+                "the unpacked {} does not start: {}",
+                q.program.display(),
+                output(q.command(false).arg("--version"), "qemu --version").err().unwrap_or_default()
+            ));
         }
     }
     Ok(q)
@@ -74,7 +78,8 @@ fn packages() -> Result<Vec<String>, String> {
         Command::new("apt-get").args(["install", "-s", "--no-install-recommends", "qemu-system-x86"]),
         "apt-get install -s qemu-system-x86",
     )?;
-    let pkgs: Vec<String> = sim.lines().filter_map(|l| l.strip_prefix("Inst ")).filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect();
+    let pkgs: Vec<String> =
+        sim.lines().filter_map(|l| l.strip_prefix("Inst ")).filter_map(|l| l.split_whitespace().next()).map(str::to_string).collect();
     if pkgs.iter().any(|p| p == "qemu-system-x86") {
         Ok(pkgs)
     } else {

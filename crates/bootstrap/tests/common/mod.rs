@@ -12,13 +12,7 @@ pub fn free_master() -> SocketAddr {
     l.local_addr().expect("local_addr")
 }
 
-pub fn cfg(
-    rank: usize,
-    world: usize,
-    master: SocketAddr,
-    budget: Duration,
-    op: Duration,
-) -> SocketBootstrapConfig {
+pub fn cfg(rank: usize, world: usize, master: SocketAddr, budget: Duration, op: Duration) -> SocketBootstrapConfig {
     SocketBootstrapConfig::new(rank, world, master).with_timeouts(budget, op)
 }
 
@@ -39,36 +33,25 @@ pub fn a2a_payload(from: usize, to: usize, n: usize) -> Vec<u8> {
 }
 
 pub fn bcast_payload(root: usize) -> Vec<u8> {
-    (0..(root * 1000 + 7))
-        .map(|i| (i % 251) as u8 ^ root as u8)
-        .collect()
+    (0..(root * 1000 + 7)).map(|i| (i % 251) as u8 ^ root as u8).collect()
 }
 
 /// Runs allgather, all_to_all, two broadcasts and a barrier, checking every result.
 pub fn check_collectives(bs: &dyn Bootstrap) -> Result<(), String> {
     let (me, n) = (bs.rank(), bs.world_size());
-    let got = bs
-        .allgather(&gather_payload(me))
-        .map_err(|e| e.to_string())?;
+    let got = bs.allgather(&gather_payload(me)).map_err(|e| e.to_string())?;
     let want: Vec<Vec<u8>> = (0..n).map(gather_payload).collect();
     if got != want {
-        return Err(format!(
-            "rank {me}: allgather mismatch (lens {:?})",
-            got.iter().map(Vec::len).collect::<Vec<_>>()
-        ));
+        return Err(format!("rank {me}: allgather mismatch (lens {:?})", got.iter().map(Vec::len).collect::<Vec<_>>()));
     }
-    let got = bs
-        .all_to_all((0..n).map(|j| a2a_payload(me, j, n)).collect())
-        .map_err(|e| e.to_string())?;
+    let got = bs.all_to_all((0..n).map(|j| a2a_payload(me, j, n)).collect()).map_err(|e| e.to_string())?;
     let want: Vec<Vec<u8>> = (0..n).map(|i| a2a_payload(i, me, n)).collect();
     if got != want {
         return Err(format!("rank {me}: all_to_all mismatch"));
     }
     for root in [n - 1, 0] {
         let mine = bcast_payload(root);
-        let got = bs
-            .broadcast(root, (me == root).then_some(mine.as_slice()))
-            .map_err(|e| e.to_string())?;
+        let got = bs.broadcast(root, (me == root).then_some(mine.as_slice())).map_err(|e| e.to_string())?;
         if got != mine {
             return Err(format!("rank {me}: broadcast from {root} mismatch"));
         }

@@ -17,8 +17,7 @@ pub struct Run {
 impl Run {
     /// stdout as JSON (panics with the output when it is not).
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
     }
 
     /// Asserts a one-line error with exit status `code`, no panic or backtrace.
@@ -152,12 +151,7 @@ pub fn two_socket_sysfs(root: &Path) {
     pci(root, "pci0000:00", &["0000:00:02.0", "0000:05:00.0"], &gpu_files("0", "16"));
     pci(root, "pci0000:00", &["0000:00:1c.0", "0000:06:00.0"], &[("class", "0x030000"), ("vendor", "0x1a03")]);
     pci(root, "pci0000:80", &["0000:80:01.0", "0000:81:00.0"], &gpu_files("1", "8"));
-    let n1 = pci(
-        root,
-        "pci0000:80",
-        &["0000:80:02.0", "0000:82:00.0"],
-        &[("class", "0x020000"), ("vendor", "0x15b3"), ("numa_node", "1")],
-    );
+    let n1 = pci(root, "pci0000:80", &["0000:80:02.0", "0000:82:00.0"], &[("class", "0x020000"), ("vendor", "0x15b3"), ("numa_node", "1")]);
     nic(root, "mlx5_0", &n0, "4: ACTIVE");
     nic(root, "mlx5_1", &n1, "1: DOWN");
     write(&root.join("sys/devices/system/node/node0/cpulist"), "0-15,32-47");

@@ -10,8 +10,7 @@
 use std::ffi::{c_char, c_int, c_uchar, c_uint, c_ulonglong, c_void};
 
 use cudarc::driver::sys::{
-    CUcontext, CUdevice, CUevent, CUfunction, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
-    CUmodule, CUstream,
+    CUcontext, CUdevice, CUevent, CUfunction, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp, CUmodule, CUstream,
 };
 
 /// `CUresult` as returned by the driver.

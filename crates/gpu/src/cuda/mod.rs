@@ -17,9 +17,7 @@ use cudarc::driver::sys as cu;
 
 use crate::error::{cuda_error_name, GpuError, Result};
 use crate::runtime::{sealed, RawDriver};
-use crate::types::{
-    numa_node_from_sysfs, Capabilities, Device, DeviceProperties, PciBusId, RuntimeKind,
-};
+use crate::types::{numa_node_from_sysfs, Capabilities, Device, DeviceProperties, PciBusId, RuntimeKind};
 use crate::Runtime;
 use ffi::{CuResult, CudaApi};
 
@@ -41,11 +39,7 @@ pub struct CudaRuntime {
 
 impl std::fmt::Debug for CudaRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "CudaRuntime({}, {} devices)",
-            self.library, self.device_count
-        )
+        write!(f, "CudaRuntime({}, {} devices)", self.library, self.device_count)
     }
 }
 
@@ -82,27 +76,12 @@ fn code_name(api: Option<&CudaApi>, code: CuResult) -> Cow<'static, str> {
 }
 
 /// A failed CUDA call as an error (used by tests through the crate's error formatting).
-pub(crate) fn call_error(
-    api: Option<&CudaApi>,
-    call: &'static str,
-    code: CuResult,
-    hint: Option<Cow<'static, str>>,
-) -> GpuError {
-    GpuError::Call {
-        runtime: RuntimeKind::Cuda,
-        call,
-        code,
-        name: code_name(api, code),
-        hint,
-    }
+pub(crate) fn call_error(api: Option<&CudaApi>, call: &'static str, code: CuResult, hint: Option<Cow<'static, str>>) -> GpuError {
+    GpuError::Call { runtime: RuntimeKind::Cuda, call, code, name: code_name(api, code), hint }
 }
 
 fn cstr_buf(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -110,12 +89,8 @@ fn library_path(api: &CudaApi) -> String {
     // SAFETY: Dl_info is plain data; dladdr only reads the address and fills the struct.
     unsafe {
         let mut info: libc::Dl_info = std::mem::zeroed();
-        if libc::dladdr(api.cuInit as *const libc::c_void, &mut info) != 0
-            && !info.dli_fname.is_null()
-        {
-            return CStr::from_ptr(info.dli_fname)
-                .to_string_lossy()
-                .into_owned();
+        if libc::dladdr(api.cuInit as *const libc::c_void, &mut info) != 0 && !info.dli_fname.is_null() {
+            return CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned();
         }
     }
     "libcuda".to_string()
@@ -186,12 +161,7 @@ impl CudaRuntime {
         }
     }
 
-    fn check_hint(
-        &self,
-        call: &'static str,
-        code: CuResult,
-        hint: impl FnOnce(CuResult) -> Option<Cow<'static, str>>,
-    ) -> Result<()> {
+    fn check_hint(&self, call: &'static str, code: CuResult, hint: impl FnOnce(CuResult) -> Option<Cow<'static, str>>) -> Result<()> {
         if code == 0 {
             Ok(())
         } else {
@@ -201,16 +171,11 @@ impl CudaRuntime {
 
     fn cudev(&self, dev: Device) -> Result<cu::CUdevice> {
         if dev.0 >= self.device_count {
-            return Err(GpuError::invalid(format!(
-                "{dev} does not exist: {} CUDA devices visible",
-                self.device_count
-            )));
+            return Err(GpuError::invalid(format!("{dev} does not exist: {} CUDA devices visible", self.device_count)));
         }
         let mut d: cu::CUdevice = 0;
         // SAFETY: d is a valid out-pointer; the ordinal is in range.
-        self.check("cuDeviceGet", unsafe {
-            (self.api.cuDeviceGet)(&mut d, dev.0 as c_int)
-        })?;
+        self.check("cuDeviceGet", unsafe { (self.api.cuDeviceGet)(&mut d, dev.0 as c_int) })?;
         Ok(d)
     }
 
@@ -221,17 +186,16 @@ impl CudaRuntime {
         }
         let d = self.cudev(dev)?;
         let _g = self.retain.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = self.contexts.get(dev.0 as usize).ok_or_else(|| {
-            GpuError::invalid(format!("{dev} does not exist: {} CUDA devices visible", self.device_count))
-        })?;
+        let slot = self
+            .contexts
+            .get(dev.0 as usize)
+            .ok_or_else(|| GpuError::invalid(format!("{dev} does not exist: {} CUDA devices visible", self.device_count)))?;
         if let Some((_, ctx)) = slot.get() {
             return Ok(*ctx as usize as cu::CUcontext);
         }
         let mut ctx: cu::CUcontext = std::ptr::null_mut();
         // SAFETY: ctx is a valid out-pointer; d is a valid device.
-        self.check("cuDevicePrimaryCtxRetain", unsafe {
-            (self.api.cuDevicePrimaryCtxRetain)(&mut ctx, d)
-        })?;
+        self.check("cuDevicePrimaryCtxRetain", unsafe { (self.api.cuDevicePrimaryCtxRetain)(&mut ctx, d) })?;
         let _ = slot.set((d, ctx as usize as u64));
         Ok(ctx)
     }
@@ -240,14 +204,10 @@ impl CudaRuntime {
         let ctx = self.context(dev)?;
         let mut cur: cu::CUcontext = std::ptr::null_mut();
         // SAFETY: cur is a valid out-pointer.
-        self.check("cuCtxGetCurrent", unsafe {
-            (self.api.cuCtxGetCurrent)(&mut cur)
-        })?;
+        self.check("cuCtxGetCurrent", unsafe { (self.api.cuCtxGetCurrent)(&mut cur) })?;
         if cur != ctx {
             // SAFETY: ctx is a retained primary context, live until this runtime drops.
-            self.check("cuCtxSetCurrent", unsafe {
-                (self.api.cuCtxSetCurrent)(ctx)
-            })?;
+            self.check("cuCtxSetCurrent", unsafe { (self.api.cuCtxSetCurrent)(ctx) })?;
         }
         Ok(ctx)
     }
@@ -255,9 +215,7 @@ impl CudaRuntime {
     fn attr(&self, d: cu::CUdevice, a: cu::CUdevice_attribute) -> Result<i32> {
         let mut v: c_int = 0;
         // SAFETY: v is a valid out-pointer; the attribute is a value of the 13.0 enum.
-        self.check("cuDeviceGetAttribute", unsafe {
-            (self.api.cuDeviceGetAttribute)(&mut v, a as c_uint, d)
-        })?;
+        self.check("cuDeviceGetAttribute", unsafe { (self.api.cuDeviceGetAttribute)(&mut v, a as c_uint, d) })?;
         Ok(v)
     }
 
@@ -274,28 +232,19 @@ impl CudaRuntime {
         let d = self.cudev(dev)?;
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds 256 chars and its length is passed.
-        self.check("cuDeviceGetName", unsafe {
-            (self.api.cuDeviceGetName)(name.as_mut_ptr(), 256, d)
-        })?;
+        self.check("cuDeviceGetName", unsafe { (self.api.cuDeviceGetName)(name.as_mut_ptr(), 256, d) })?;
         let mut bus = [0 as c_char; 64];
         // SAFETY: as above, 64 chars.
-        self.check("cuDeviceGetPCIBusId", unsafe {
-            (self.api.cuDeviceGetPCIBusId)(bus.as_mut_ptr(), 64, d)
-        })?;
+        self.check("cuDeviceGetPCIBusId", unsafe { (self.api.cuDeviceGetPCIBusId)(bus.as_mut_ptr(), 64, d) })?;
         let pci_bus_id: PciBusId = cstr_buf(&bus).parse()?;
         let mut total: usize = 0;
         // SAFETY: total is a valid out-pointer.
-        self.check("cuDeviceTotalMem_v2", unsafe {
-            (self.api.cuDeviceTotalMem_v2)(&mut total, d)
-        })?;
+        self.check("cuDeviceTotalMem_v2", unsafe { (self.api.cuDeviceTotalMem_v2)(&mut total, d) })?;
         let flag = |a| -> Result<bool> { Ok(self.attr_or_zero(d, a)? != 0) };
         let numa_node = match numa_node_from_sysfs(Path::new("/sys"), &pci_bus_id) {
             Some(n) => Some(n),
             // -1 (no NUMA affinity) and an older driver without the attribute both mean "unknown".
-            None => self
-                .attr(d, A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)
-                .ok()
-                .and_then(|v| u32::try_from(v).ok()),
+            None => self.attr(d, A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID).ok().and_then(|v| u32::try_from(v).ok()),
         };
         Ok(DeviceProperties {
             device: dev,
@@ -308,21 +257,15 @@ impl CudaRuntime {
                 self.attr(d, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
             ),
             multiprocessors: self.attr(d, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-            max_shared_memory_per_block_optin: self
-                .attr_or_zero(d, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-                as u32,
+            max_shared_memory_per_block_optin: self.attr_or_zero(d, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
             capabilities: Capabilities {
                 unified_addressing: flag(A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?,
                 vmm: flag(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
-                posix_fd_handles: flag(
-                    A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                )?,
+                posix_fd_handles: flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
                 fabric_handles: flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
                 dmabuf: flag(A::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)?,
                 gpu_direct_rdma: flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)?,
-                gpu_direct_rdma_vmm: flag(
-                    A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
-                )?,
+                gpu_direct_rdma_vmm: flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)?,
                 stream_mem_ops: flag(A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)?,
             },
         })
@@ -335,11 +278,7 @@ impl Drop for CudaRuntime {
             // SAFETY: each context was retained once by this runtime; release it once.
             let code = unsafe { (self.api.cuDevicePrimaryCtxRelease_v2)(*d) };
             if code != 0 {
-                tracing::warn!(
-                    device = d,
-                    "{}",
-                    call_error(Some(self.api), "cuDevicePrimaryCtxRelease_v2", code, None)
-                );
+                tracing::warn!(device = d, "{}", call_error(Some(self.api), "cuDevicePrimaryCtxRelease_v2", code, None));
             }
         }
     }

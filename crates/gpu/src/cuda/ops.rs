@@ -38,18 +38,11 @@ fn imex_hint(code: c_uint) -> Option<Cow<'static, str>> {
     }
 }
 
-fn cuda_prop(
-    d: cu::CUdevice,
-    kinds: HandleKinds,
-    gpu_direct_rdma: bool,
-) -> cu::CUmemAllocationProp {
+fn cuda_prop(d: cu::CUdevice, kinds: HandleKinds, gpu_direct_rdma: bool) -> cu::CUmemAllocationProp {
     cu::CUmemAllocationProp {
         type_: cu::CUmemAllocationType_enum::CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: cu::CUmemAllocationHandleType_enum(kinds.mask()),
-        location: cu::CUmemLocation {
-            type_: cu::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: d,
-        },
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, id: d },
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: cu::CUmemAllocationProp_st__bindgen_ty_1 {
             compressionType: 0,
@@ -64,9 +57,7 @@ fn cuda_prop(
 fn aligned_copy(bytes: &[u8]) -> Vec<u64> {
     let mut v = vec![0u64; bytes.len().div_ceil(8) + 1];
     // SAFETY: v has at least bytes.len() bytes of storage; the regions do not overlap.
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len())
-    };
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len()) };
     v
 }
 
@@ -82,9 +73,7 @@ impl RawDriver for CudaRuntime {
     fn driver_version(&self) -> Result<u32> {
         let mut v: c_int = 0;
         // SAFETY: v is a valid out-pointer.
-        self.check("cuDriverGetVersion", unsafe {
-            (self.api.cuDriverGetVersion)(&mut v)
-        })?;
+        self.check("cuDriverGetVersion", unsafe { (self.api.cuDriverGetVersion)(&mut v) })?;
         Ok(v as u32)
     }
 
@@ -104,22 +93,15 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers; a context is current.
-        self.check("cuMemGetInfo_v2", unsafe {
-            (self.api.cuMemGetInfo_v2)(&mut free, &mut total)
-        })?;
-        Ok(MemInfo {
-            free: free as u64,
-            total: total as u64,
-        })
+        self.check("cuMemGetInfo_v2", unsafe { (self.api.cuMemGetInfo_v2)(&mut free, &mut total) })?;
+        Ok(MemInfo { free: free as u64, total: total as u64 })
     }
 
     fn can_access_peer(&self, dev: Device, peer: Device) -> Result<bool> {
         let (a, b) = (self.cudev(dev)?, self.cudev(peer)?);
         let mut v: c_int = 0;
         // SAFETY: v is a valid out-pointer; both devices exist.
-        self.check("cuDeviceCanAccessPeer", unsafe {
-            (self.api.cuDeviceCanAccessPeer)(&mut v, a, b)
-        })?;
+        self.check("cuDeviceCanAccessPeer", unsafe { (self.api.cuDeviceCanAccessPeer)(&mut v, a, b) })?;
         Ok(v != 0)
     }
 
@@ -131,18 +113,14 @@ impl RawDriver for CudaRuntime {
         if code == PEER_ACCESS_ALREADY_ENABLED {
             return Ok(());
         }
-        self.check_hint("cuCtxEnablePeerAccess", code, |c| {
-            (c == 217).then(|| format!("{dev} cannot access {peer} peer-to-peer").into())
-        })
+        self.check_hint("cuCtxEnablePeerAccess", code, |c| (c == 217).then(|| format!("{dev} cannot access {peer} peer-to-peer").into()))
     }
 
     fn mem_alloc(&self, dev: Device, len: usize) -> Result<u64> {
         self.bind_ctx(dev)?;
         let mut p: Dptr = 0;
         // SAFETY: p is a valid out-pointer; a context is current.
-        self.check("cuMemAlloc_v2", unsafe {
-            (self.api.cuMemAlloc_v2)(&mut p, len)
-        })?;
+        self.check("cuMemAlloc_v2", unsafe { (self.api.cuMemAlloc_v2)(&mut p, len) })?;
         Ok(p)
     }
 
@@ -156,49 +134,25 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         let (mut base, mut size): (Dptr, usize) = (0, 0);
         // SAFETY: valid out-pointers; the driver validates p.
-        self.check("cuMemGetAddressRange_v2", unsafe {
-            (self.api.cuMemGetAddressRange_v2)(&mut base, &mut size, p)
-        })?;
+        self.check("cuMemGetAddressRange_v2", unsafe { (self.api.cuMemGetAddressRange_v2)(&mut base, &mut size, p) })?;
         Ok((base, size as u64))
     }
 
-    unsafe fn copy_htod(
-        &self,
-        dev: Device,
-        dst: u64,
-        src: *const u8,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()> {
+    unsafe fn copy_htod(&self, dev: Device, dst: u64, src: *const u8, len: usize, stream: Option<u64>) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller guarantees src..src+len is readable and dst..dst+len is device memory.
         match stream {
-            None => self.check("cuMemcpyHtoD_v2", unsafe {
-                (self.api.cuMemcpyHtoD_v2)(dst, src.cast(), len)
-            }),
-            Some(s) => self.check("cuMemcpyHtoDAsync_v2", unsafe {
-                (self.api.cuMemcpyHtoDAsync_v2)(dst, src.cast(), len, ptr(s))
-            }),
+            None => self.check("cuMemcpyHtoD_v2", unsafe { (self.api.cuMemcpyHtoD_v2)(dst, src.cast(), len) }),
+            Some(s) => self.check("cuMemcpyHtoDAsync_v2", unsafe { (self.api.cuMemcpyHtoDAsync_v2)(dst, src.cast(), len, ptr(s)) }),
         }
     }
 
-    unsafe fn copy_dtoh(
-        &self,
-        dev: Device,
-        dst: *mut u8,
-        src: u64,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()> {
+    unsafe fn copy_dtoh(&self, dev: Device, dst: *mut u8, src: u64, len: usize, stream: Option<u64>) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller guarantees dst..dst+len is writable and src..src+len is device memory.
         match stream {
-            None => self.check("cuMemcpyDtoH_v2", unsafe {
-                (self.api.cuMemcpyDtoH_v2)(dst.cast(), src, len)
-            }),
-            Some(s) => self.check("cuMemcpyDtoHAsync_v2", unsafe {
-                (self.api.cuMemcpyDtoHAsync_v2)(dst.cast(), src, len, ptr(s))
-            }),
+            None => self.check("cuMemcpyDtoH_v2", unsafe { (self.api.cuMemcpyDtoH_v2)(dst.cast(), src, len) }),
+            Some(s) => self.check("cuMemcpyDtoHAsync_v2", unsafe { (self.api.cuMemcpyDtoHAsync_v2)(dst.cast(), src, len, ptr(s)) }),
         }
     }
 
@@ -217,33 +171,23 @@ impl RawDriver for CudaRuntime {
         match stream {
             Some((sdev, s)) if dst_dev == src_dev => {
                 self.bind_ctx(sdev)?;
-                self.check("cuMemcpyDtoDAsync_v2", unsafe {
-                    (a.cuMemcpyDtoDAsync_v2)(dst, src, len, ptr(s))
-                })
+                self.check("cuMemcpyDtoDAsync_v2", unsafe { (a.cuMemcpyDtoDAsync_v2)(dst, src, len, ptr(s)) })
             }
             Some((sdev, s)) => {
                 let (dc, sc) = (self.context(dst_dev)?, self.context(src_dev)?);
                 self.bind_ctx(sdev)?;
-                self.check("cuMemcpyPeerAsync", unsafe {
-                    (a.cuMemcpyPeerAsync)(dst, dc, src, sc, len, ptr(s))
-                })
+                self.check("cuMemcpyPeerAsync", unsafe { (a.cuMemcpyPeerAsync)(dst, dc, src, sc, len, ptr(s)) })
             }
             None if dst_dev == src_dev => {
                 self.bind_ctx(dst_dev)?;
-                self.check("cuMemcpyDtoD_v2", unsafe {
-                    (a.cuMemcpyDtoD_v2)(dst, src, len)
-                })?;
+                self.check("cuMemcpyDtoD_v2", unsafe { (a.cuMemcpyDtoD_v2)(dst, src, len) })?;
                 // Device-to-device copies return before completion: wait for the null stream.
-                self.check("cuStreamSynchronize", unsafe {
-                    (a.cuStreamSynchronize)(std::ptr::null_mut())
-                })
+                self.check("cuStreamSynchronize", unsafe { (a.cuStreamSynchronize)(std::ptr::null_mut()) })
             }
             None => {
                 let (dc, sc) = (self.context(dst_dev)?, self.context(src_dev)?);
                 self.bind_ctx(dst_dev)?;
-                self.check("cuMemcpyPeer", unsafe {
-                    (a.cuMemcpyPeer)(dst, dc, src, sc, len)
-                })?;
+                self.check("cuMemcpyPeer", unsafe { (a.cuMemcpyPeer)(dst, dc, src, sc, len) })?;
                 self.check("cuCtxSynchronize", unsafe { (a.cuCtxSynchronize)() })?;
                 self.bind_ctx(src_dev)?;
                 self.check("cuCtxSynchronize", unsafe { (a.cuCtxSynchronize)() })
@@ -251,28 +195,15 @@ impl RawDriver for CudaRuntime {
         }
     }
 
-    unsafe fn memset(
-        &self,
-        dev: Device,
-        dst: u64,
-        byte: u8,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()> {
+    unsafe fn memset(&self, dev: Device, dst: u64, byte: u8, len: usize, stream: Option<u64>) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller guarantees dst..dst+len is device memory; the stream (if any) is live.
         match stream {
-            Some(s) => self.check("cuMemsetD8Async", unsafe {
-                (self.api.cuMemsetD8Async)(dst, byte, len, ptr(s))
-            }),
+            Some(s) => self.check("cuMemsetD8Async", unsafe { (self.api.cuMemsetD8Async)(dst, byte, len, ptr(s)) }),
             None => {
-                self.check("cuMemsetD8_v2", unsafe {
-                    (self.api.cuMemsetD8_v2)(dst, byte, len)
-                })?;
+                self.check("cuMemsetD8_v2", unsafe { (self.api.cuMemsetD8_v2)(dst, byte, len) })?;
                 // Memset of device memory returns before completion: wait for the null stream.
-                self.check("cuStreamSynchronize", unsafe {
-                    (self.api.cuStreamSynchronize)(std::ptr::null_mut())
-                })
+                self.check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(std::ptr::null_mut()) })
             }
         }
     }
@@ -282,26 +213,20 @@ impl RawDriver for CudaRuntime {
         let mut s: cu::CUstream = std::ptr::null_mut();
         let flags = cu::CUstream_flags_enum::CU_STREAM_NON_BLOCKING as c_uint;
         // SAFETY: s is a valid out-pointer; a context is current.
-        self.check("cuStreamCreate", unsafe {
-            (self.api.cuStreamCreate)(&mut s, flags)
-        })?;
+        self.check("cuStreamCreate", unsafe { (self.api.cuStreamCreate)(&mut s, flags) })?;
         Ok(int(s))
     }
 
     unsafe fn stream_destroy(&self, dev: Device, s: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live stream, destroyed once.
-        self.check("cuStreamDestroy_v2", unsafe {
-            (self.api.cuStreamDestroy_v2)(ptr(s))
-        })
+        self.check("cuStreamDestroy_v2", unsafe { (self.api.cuStreamDestroy_v2)(ptr(s)) })
     }
 
     unsafe fn stream_synchronize(&self, dev: Device, s: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live stream.
-        self.check("cuStreamSynchronize", unsafe {
-            (self.api.cuStreamSynchronize)(ptr(s))
-        })
+        self.check("cuStreamSynchronize", unsafe { (self.api.cuStreamSynchronize)(ptr(s)) })
     }
 
     unsafe fn stream_query(&self, dev: Device, s: u64) -> Result<bool> {
@@ -317,38 +242,19 @@ impl RawDriver for CudaRuntime {
     unsafe fn stream_wait_event(&self, dev: Device, s: u64, e: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live stream and event.
-        self.check("cuStreamWaitEvent", unsafe {
-            (self.api.cuStreamWaitEvent)(ptr(s), ptr(e), 0)
-        })
+        self.check("cuStreamWaitEvent", unsafe { (self.api.cuStreamWaitEvent)(ptr(s), ptr(e), 0) })
     }
 
-    unsafe fn stream_write_value32(
-        &self,
-        dev: Device,
-        s: u64,
-        addr: u64,
-        value: u32,
-    ) -> Result<()> {
+    unsafe fn stream_write_value32(&self, dev: Device, s: u64, addr: u64, value: u32) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live stream and a 4-byte aligned device word.
-        self.check("cuStreamWriteValue32_v2", unsafe {
-            (self.api.cuStreamWriteValue32_v2)(ptr(s), addr, value, 0)
-        })
+        self.check("cuStreamWriteValue32_v2", unsafe { (self.api.cuStreamWriteValue32_v2)(ptr(s), addr, value, 0) })
     }
 
-    unsafe fn stream_wait_value32(
-        &self,
-        dev: Device,
-        s: u64,
-        addr: u64,
-        value: u32,
-        cond: WaitCondition,
-    ) -> Result<()> {
+    unsafe fn stream_wait_value32(&self, dev: Device, s: u64, addr: u64, value: u32, cond: WaitCondition) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: as in stream_write_value32.
-        self.check("cuStreamWaitValue32_v2", unsafe {
-            (self.api.cuStreamWaitValue32_v2)(ptr(s), addr, value, cond.flag())
-        })
+        self.check("cuStreamWaitValue32_v2", unsafe { (self.api.cuStreamWaitValue32_v2)(ptr(s), addr, value, cond.flag()) })
     }
 
     fn event_create(&self, dev: Device, timing: bool) -> Result<u64> {
@@ -360,34 +266,26 @@ impl RawDriver for CudaRuntime {
         };
         let mut e: cu::CUevent = std::ptr::null_mut();
         // SAFETY: e is a valid out-pointer; a context is current.
-        self.check("cuEventCreate", unsafe {
-            (self.api.cuEventCreate)(&mut e, flags)
-        })?;
+        self.check("cuEventCreate", unsafe { (self.api.cuEventCreate)(&mut e, flags) })?;
         Ok(int(e))
     }
 
     unsafe fn event_destroy(&self, dev: Device, e: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live event, destroyed once.
-        self.check("cuEventDestroy_v2", unsafe {
-            (self.api.cuEventDestroy_v2)(ptr(e))
-        })
+        self.check("cuEventDestroy_v2", unsafe { (self.api.cuEventDestroy_v2)(ptr(e)) })
     }
 
     unsafe fn event_record(&self, dev: Device, e: u64, s: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live event and stream.
-        self.check("cuEventRecord", unsafe {
-            (self.api.cuEventRecord)(ptr(e), ptr(s))
-        })
+        self.check("cuEventRecord", unsafe { (self.api.cuEventRecord)(ptr(e), ptr(s)) })
     }
 
     unsafe fn event_synchronize(&self, dev: Device, e: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live event.
-        self.check("cuEventSynchronize", unsafe {
-            (self.api.cuEventSynchronize)(ptr(e))
-        })
+        self.check("cuEventSynchronize", unsafe { (self.api.cuEventSynchronize)(ptr(e)) })
     }
 
     unsafe fn event_query(&self, dev: Device, e: u64) -> Result<bool> {
@@ -404,9 +302,7 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         let mut ms = 0f32;
         // SAFETY: ms is a valid out-pointer; caller passes live events.
-        self.check("cuEventElapsedTime_v2", unsafe {
-            (self.api.cuEventElapsedTime_v2)(&mut ms, ptr(start), ptr(end))
-        })?;
+        self.check("cuEventElapsedTime_v2", unsafe { (self.api.cuEventElapsedTime_v2)(&mut ms, ptr(start), ptr(end)) })?;
         Ok(ms)
     }
 
@@ -414,23 +310,15 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
         // SAFETY: h is a valid out-pointer; caller passes the base of a live cuMemAlloc allocation.
-        self.check_hint(
-            "cuIpcGetMemHandle",
-            unsafe { (self.api.cuIpcGetMemHandle)(&mut h, base) },
-            |c| {
-                (c == 1).then(|| {
-                    "IPC handles exist only for cuMemAlloc memory (not VMM, not host memory)".into()
-                })
-            },
-        )?;
+        self.check_hint("cuIpcGetMemHandle", unsafe { (self.api.cuIpcGetMemHandle)(&mut h, base) }, |c| {
+            (c == 1).then(|| "IPC handles exist only for cuMemAlloc memory (not VMM, not host memory)".into())
+        })?;
         Ok(h.reserved.map(|c| c as u8))
     }
 
     fn ipc_open(&self, dev: Device, handle: &[u8; 64], exporter_pid: u32) -> Result<u64> {
         self.bind_ctx(dev)?;
-        let h = cu::CUipcMemHandle {
-            reserved: handle.map(|b| b as std::ffi::c_char),
-        };
+        let h = cu::CUipcMemHandle { reserved: handle.map(|b| b as std::ffi::c_char) };
         let flags = cu::CUipcMem_flags_enum::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint;
         let mut p: Dptr = 0;
         // SAFETY: p is a valid out-pointer; the handle is passed by value and validated by the driver.
@@ -445,9 +333,7 @@ impl RawDriver for CudaRuntime {
     unsafe fn ipc_close(&self, dev: Device, p: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a pointer returned by ipc_open, closed once.
-        self.check("cuIpcCloseMemHandle", unsafe {
-            (self.api.cuIpcCloseMemHandle)(p)
-        })
+        self.check("cuIpcCloseMemHandle", unsafe { (self.api.cuIpcCloseMemHandle)(p) })
     }
 
     fn vmm_granularity(&self, dev: Device, kinds: HandleKinds) -> Result<usize> {
@@ -455,45 +341,24 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         let prop = cuda_prop(d, kinds, false);
         let mut g: usize = 0;
-        let opt =
-            cu::CUmemAllocationGranularity_flags_enum::CU_MEM_ALLOC_GRANULARITY_MINIMUM as c_uint;
+        let opt = cu::CUmemAllocationGranularity_flags_enum::CU_MEM_ALLOC_GRANULARITY_MINIMUM as c_uint;
         // SAFETY: g and prop are valid pointers for the call.
         let code = unsafe { (self.api.cuMemGetAllocationGranularity)(&mut g, &prop, opt) };
-        self.check_hint("cuMemGetAllocationGranularity", code, |c| {
-            if kinds.fabric {
-                imex_hint(c)
-            } else {
-                None
-            }
-        })?;
+        self.check_hint("cuMemGetAllocationGranularity", code, |c| if kinds.fabric { imex_hint(c) } else { None })?;
         if g == 0 {
-            return Err(GpuError::invalid(
-                "the driver reported a VMM granularity of 0",
-            ));
+            return Err(GpuError::invalid("the driver reported a VMM granularity of 0"));
         }
         Ok(g)
     }
 
-    fn vmm_create(
-        &self,
-        dev: Device,
-        size: usize,
-        kinds: HandleKinds,
-        gpu_direct_rdma: bool,
-    ) -> Result<u64> {
+    fn vmm_create(&self, dev: Device, size: usize, kinds: HandleKinds, gpu_direct_rdma: bool) -> Result<u64> {
         let d = self.cudev(dev)?;
         self.bind_ctx(dev)?;
         let prop = cuda_prop(d, kinds, gpu_direct_rdma);
         let mut h: u64 = 0;
         // SAFETY: h and prop are valid pointers for the call.
         let code = unsafe { (self.api.cuMemCreate)(&mut h, size, &prop, 0) };
-        self.check_hint("cuMemCreate", code, |c| {
-            if kinds.fabric {
-                imex_hint(c)
-            } else {
-                None
-            }
-        })?;
+        self.check_hint("cuMemCreate", code, |c| if kinds.fabric { imex_hint(c) } else { None })?;
         Ok(h)
     }
 
@@ -507,26 +372,20 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         let mut va: Dptr = 0;
         // SAFETY: va is a valid out-pointer.
-        self.check("cuMemAddressReserve", unsafe {
-            (self.api.cuMemAddressReserve)(&mut va, size, align, 0, 0)
-        })?;
+        self.check("cuMemAddressReserve", unsafe { (self.api.cuMemAddressReserve)(&mut va, size, align, 0, 0) })?;
         Ok(va)
     }
 
     unsafe fn vmm_free_va(&self, dev: Device, va: u64, size: usize) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a range from vmm_reserve, freed once.
-        self.check("cuMemAddressFree", unsafe {
-            (self.api.cuMemAddressFree)(va, size)
-        })
+        self.check("cuMemAddressFree", unsafe { (self.api.cuMemAddressFree)(va, size) })
     }
 
     unsafe fn vmm_map(&self, dev: Device, va: u64, size: usize, handle: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a reserved range and a live handle of at least size bytes.
-        self.check("cuMemMap", unsafe {
-            (self.api.cuMemMap)(va, size, 0, handle, 0)
-        })
+        self.check("cuMemMap", unsafe { (self.api.cuMemMap)(va, size, 0, handle, 0) })
     }
 
     unsafe fn vmm_unmap(&self, dev: Device, va: u64, size: usize) -> Result<()> {
@@ -539,43 +398,24 @@ impl RawDriver for CudaRuntime {
         let d = self.cudev(dev)?;
         self.bind_ctx(dev)?;
         let desc = cu::CUmemAccessDesc {
-            location: cu::CUmemLocation {
-                type_: cu::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: d,
-            },
+            location: cu::CUmemLocation { type_: cu::CUmemLocationType_enum::CU_MEM_LOCATION_TYPE_DEVICE, id: d },
             flags: cu::CUmemAccess_flags_enum::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: desc is one valid descriptor; caller passes a mapped range.
-        self.check("cuMemSetAccess", unsafe {
-            (self.api.cuMemSetAccess)(va, size, &desc, 1)
-        })
+        self.check("cuMemSetAccess", unsafe { (self.api.cuMemSetAccess)(va, size, &desc, 1) })
     }
 
-    unsafe fn vmm_export(
-        &self,
-        dev: Device,
-        handle: u64,
-        kind: ShareableKind,
-    ) -> Result<RawExport> {
+    unsafe fn vmm_export(&self, dev: Device, handle: u64, kind: ShareableKind) -> Result<RawExport> {
         self.bind_ctx(dev)?;
         let ty = kind.vendor_value();
         match kind {
             ShareableKind::PosixFd => {
                 let mut fd: c_int = -1;
                 // SAFETY: for POSIX_FD the driver writes an int through the pointer.
-                let code = unsafe {
-                    (self.api.cuMemExportToShareableHandle)(
-                        (&mut fd as *mut c_int).cast(),
-                        handle,
-                        ty,
-                        0,
-                    )
-                };
+                let code = unsafe { (self.api.cuMemExportToShareableHandle)((&mut fd as *mut c_int).cast(), handle, ty, 0) };
                 self.check("cuMemExportToShareableHandle", code)?;
                 if fd < 0 {
-                    return Err(GpuError::invalid(format!(
-                        "cuMemExportToShareableHandle returned fd {fd}"
-                    )));
+                    return Err(GpuError::invalid(format!("cuMemExportToShareableHandle returned fd {fd}")));
                 }
                 // SAFETY: the driver created fd for us; nothing else owns it.
                 Ok(RawExport::Fd(unsafe { OwnedFd::from_raw_fd(fd) }))
@@ -583,14 +423,8 @@ impl RawDriver for CudaRuntime {
             ShareableKind::Fabric => {
                 let mut fh = cu::CUmemFabricHandle { data: [0; 64] };
                 // SAFETY: for FABRIC the driver writes a CUmemFabricHandle through the pointer.
-                let code = unsafe {
-                    (self.api.cuMemExportToShareableHandle)(
-                        (&mut fh as *mut cu::CUmemFabricHandle).cast(),
-                        handle,
-                        ty,
-                        0,
-                    )
-                };
+                let code =
+                    unsafe { (self.api.cuMemExportToShareableHandle)((&mut fh as *mut cu::CUmemFabricHandle).cast(), handle, ty, 0) };
                 self.check_hint("cuMemExportToShareableHandle", code, imex_hint)?;
                 Ok(RawExport::Fabric(fh.data))
             }
@@ -606,13 +440,7 @@ impl RawDriver for CudaRuntime {
                 let os = fd.as_raw_fd() as usize as *mut c_void;
                 // SAFETY: for POSIX_FD the OS handle is the descriptor value itself; the driver
                 // does not take ownership of it.
-                unsafe {
-                    (self.api.cuMemImportFromShareableHandle)(
-                        &mut h,
-                        os,
-                        ShareableKind::PosixFd.vendor_value(),
-                    )
-                }
+                unsafe { (self.api.cuMemImportFromShareableHandle)(&mut h, os, ShareableKind::PosixFd.vendor_value()) }
             }
             RawImport::Fabric(bytes) => {
                 let mut fh = cu::CUmemFabricHandle { data: *bytes };
@@ -626,13 +454,7 @@ impl RawDriver for CudaRuntime {
                 }
             }
         };
-        self.check_hint("cuMemImportFromShareableHandle", code, |c| {
-            if fabric {
-                imex_hint(c)
-            } else {
-                None
-            }
-        })?;
+        self.check_hint("cuMemImportFromShareableHandle", code, |c| if fabric { imex_hint(c) } else { None })?;
         Ok(h)
     }
 
@@ -642,24 +464,13 @@ impl RawDriver for CudaRuntime {
         let ty = cu::CUmemRangeHandleType_enum::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD as c_uint;
         // SAFETY: for DMA_BUF_FD the driver writes an int; caller passes a page-aligned range
         // inside a live allocation.
-        let code = unsafe {
-            (self.api.cuMemGetHandleForAddressRange)(
-                (&mut fd as *mut c_int).cast(),
-                start,
-                len as usize,
-                ty,
-                0,
-            )
-        };
+        let code = unsafe { (self.api.cuMemGetHandleForAddressRange)((&mut fd as *mut c_int).cast(), start, len as usize, ty, 0) };
         self.check_hint("cuMemGetHandleForAddressRange", code, |c| {
-            (c == CUDA_ERROR_NOT_SUPPORTED).then(|| {
-                "dmabuf export needs the NVIDIA open kernel modules and a kernel with dmabuf (see the DMA_BUF capability)".into()
-            })
+            (c == CUDA_ERROR_NOT_SUPPORTED)
+                .then(|| "dmabuf export needs the NVIDIA open kernel modules and a kernel with dmabuf (see the DMA_BUF capability)".into())
         })?;
         if fd < 0 {
-            return Err(GpuError::invalid(format!(
-                "cuMemGetHandleForAddressRange returned fd {fd}"
-            )));
+            return Err(GpuError::invalid(format!("cuMemGetHandleForAddressRange returned fd {fd}")));
         }
         // SAFETY: the driver created fd for us; nothing else owns it.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -671,8 +482,7 @@ impl RawDriver for CudaRuntime {
         let bin;
         let data: *const c_void = match image {
             ModuleImage::Ptx(text) => {
-                ptx = CString::new(*text)
-                    .map_err(|_| GpuError::invalid("PTX contains a NUL byte"))?;
+                ptx = CString::new(*text).map_err(|_| GpuError::invalid("PTX contains a NUL byte"))?;
                 ptx.as_ptr().cast()
             }
             ModuleImage::Cubin(b) | ModuleImage::Fatbin(b) => {
@@ -680,26 +490,18 @@ impl RawDriver for CudaRuntime {
                 bin.as_ptr().cast()
             }
             ModuleImage::HipCodeObject(_) => {
-                return Err(GpuError::Unsupported {
-                    runtime: RuntimeKind::Cuda,
-                    what: "loading AMD code objects",
-                    why: "".into(),
-                })
+                return Err(GpuError::Unsupported { runtime: RuntimeKind::Cuda, what: "loading AMD code objects", why: "".into() })
             }
         };
         let mut log = vec![0u8; 16 * 1024];
-        let mut opts: [c_uint; 2] = [
-            cu::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER as c_uint,
-            cu::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES as c_uint,
-        ];
+        let mut opts: [c_uint; 2] =
+            [cu::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER as c_uint, cu::CUjit_option_enum::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES as c_uint];
         let mut vals: [*mut c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut c_void];
         let mut m: cu::CUmodule = std::ptr::null_mut();
         // SAFETY: data points to a NUL-terminated PTX string or a validated, 8-byte aligned
         // binary image that outlives the call; the option arrays hold 2 entries each, the log
         // buffer is as large as announced.
-        let code = unsafe {
-            (self.api.cuModuleLoadDataEx)(&mut m, data, 2, opts.as_mut_ptr(), vals.as_mut_ptr())
-        };
+        let code = unsafe { (self.api.cuModuleLoadDataEx)(&mut m, data, 2, opts.as_mut_ptr(), vals.as_mut_ptr()) };
         self.check_hint("cuModuleLoadDataEx", code, |c| {
             let jit = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]).trim().to_string();
             let what = match c {
@@ -721,9 +523,7 @@ impl RawDriver for CudaRuntime {
     unsafe fn module_unload(&self, dev: Device, module: u64) -> Result<()> {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live module, unloaded once.
-        self.check("cuModuleUnload", unsafe {
-            (self.api.cuModuleUnload)(ptr(module))
-        })
+        self.check("cuModuleUnload", unsafe { (self.api.cuModuleUnload)(ptr(module)) })
     }
 
     unsafe fn module_function(&self, dev: Device, module: u64, name: &CStr) -> Result<u64> {
@@ -732,37 +532,20 @@ impl RawDriver for CudaRuntime {
         // SAFETY: f is a valid out-pointer; name is NUL-terminated; caller passes a live module.
         let code = unsafe { (self.api.cuModuleGetFunction)(&mut f, ptr(module), name.as_ptr()) };
         self.check_hint("cuModuleGetFunction", code, |c| {
-            (c == 500)
-                .then(|| format!("no kernel named {:?} in the module (extern \"C\"?)", name).into())
+            (c == 500).then(|| format!("no kernel named {:?} in the module (extern \"C\"?)", name).into())
         })?;
         Ok(int(f))
     }
 
-    unsafe fn function_set_max_dynamic_shared(
-        &self,
-        dev: Device,
-        func: u64,
-        bytes: u32,
-    ) -> Result<()> {
+    unsafe fn function_set_max_dynamic_shared(&self, dev: Device, func: u64, bytes: u32) -> Result<()> {
         self.bind_ctx(dev)?;
-        let attr = cu::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            as c_uint;
-        let v = c_int::try_from(bytes)
-            .map_err(|_| GpuError::invalid(format!("{bytes} bytes of shared memory")))?;
+        let attr = cu::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as c_uint;
+        let v = c_int::try_from(bytes).map_err(|_| GpuError::invalid(format!("{bytes} bytes of shared memory")))?;
         // SAFETY: caller passes a live function.
-        self.check("cuFuncSetAttribute", unsafe {
-            (self.api.cuFuncSetAttribute)(ptr(func), attr, v)
-        })
+        self.check("cuFuncSetAttribute", unsafe { (self.api.cuFuncSetAttribute)(ptr(func), attr, v) })
     }
 
-    unsafe fn launch(
-        &self,
-        dev: Device,
-        func: u64,
-        cfg: &LaunchConfig,
-        stream: u64,
-        params: *mut *mut c_void,
-    ) -> Result<()> {
+    unsafe fn launch(&self, dev: Device, func: u64, cfg: &LaunchConfig, stream: u64, params: *mut *mut c_void) -> Result<()> {
         self.bind_ctx(dev)?;
         let (g, b) = (cfg.grid, cfg.block);
         // SAFETY: caller guarantees params matches the kernel's parameters and that the function
@@ -794,10 +577,7 @@ mod tests {
     #[test]
     fn fabric_not_permitted_names_imex() {
         let e = call_error(None, "cuMemCreate", 800, imex_hint(800)).to_string();
-        assert!(
-            e.starts_with("cuMemCreate failed: CUDA_ERROR_NOT_PERMITTED (800): FABRIC handles need an IMEX channel"),
-            "{e}"
-        );
+        assert!(e.starts_with("cuMemCreate failed: CUDA_ERROR_NOT_PERMITTED (800): FABRIC handles need an IMEX channel"), "{e}");
         assert!(imex_hint(2).is_none());
     }
 

@@ -15,9 +15,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use crate::error::{hip_error_name, GpuError, Result};
 use crate::runtime::{sealed, RawDriver};
-use crate::types::{
-    numa_node_from_sysfs, Capabilities, Device, DeviceProperties, PciBusId, RuntimeKind,
-};
+use crate::types::{numa_node_from_sysfs, Capabilities, Device, DeviceProperties, PciBusId, RuntimeKind};
 use crate::Runtime;
 use cubecl_hip_sys as h;
 use ffi::{HipApi, HipResult};
@@ -46,11 +44,7 @@ pub struct HipRuntime {
 
 impl std::fmt::Debug for HipRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "HipRuntime({}, {} devices)",
-            self.library, self.device_count
-        )
+        write!(f, "HipRuntime({}, {} devices)", self.library, self.device_count)
     }
 }
 
@@ -75,13 +69,7 @@ fn candidates() -> Vec<String> {
     let mut v = Vec::new();
     for var in ["ROCM_PATH", "HIP_PATH"] {
         if let Some(dir) = std::env::var_os(var) {
-            v.push(
-                Path::new(&dir)
-                    .join("lib")
-                    .join("libamdhip64.so")
-                    .to_string_lossy()
-                    .into_owned(),
-            );
+            v.push(Path::new(&dir).join("lib").join("libamdhip64.so").to_string_lossy().into_owned());
         }
     }
     for name in ["libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"] {
@@ -99,10 +87,7 @@ fn open() -> std::result::Result<Loaded, LoadFailure> {
         if let Ok(lib) = unsafe { libloading::Library::new(name) } {
             let lib: &'static libloading::Library = Box::leak(Box::new(lib));
             return match HipApi::load(lib) {
-                Ok(api) => Ok(Loaded {
-                    api,
-                    path: name.clone(),
-                }),
+                Ok(api) => Ok(Loaded { api, path: name.clone() }),
                 Err((sym, reason)) => Err(LoadFailure::Symbol(name.clone(), sym, reason)),
             };
         }
@@ -125,27 +110,12 @@ fn code_name(api: Option<&HipApi>, code: HipResult) -> Cow<'static, str> {
     Cow::Borrowed("hipErrorUnrecognized")
 }
 
-pub(crate) fn call_error(
-    api: Option<&HipApi>,
-    call: &'static str,
-    code: HipResult,
-    hint: Option<Cow<'static, str>>,
-) -> GpuError {
-    GpuError::Call {
-        runtime: RuntimeKind::Hip,
-        call,
-        code,
-        name: code_name(api, code),
-        hint,
-    }
+pub(crate) fn call_error(api: Option<&HipApi>, call: &'static str, code: HipResult, hint: Option<Cow<'static, str>>) -> GpuError {
+    GpuError::Call { runtime: RuntimeKind::Hip, call, code, name: code_name(api, code), hint }
 }
 
 fn cstr_buf(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -156,19 +126,10 @@ impl HipRuntime {
         let loaded = match LOADED.get_or_init(open) {
             Ok(l) => l,
             Err(LoadFailure::NotFound(searched)) => {
-                return Err(GpuError::LibraryNotFound {
-                    runtime: RuntimeKind::Hip,
-                    library: "libamdhip64",
-                    searched: searched.clone(),
-                })
+                return Err(GpuError::LibraryNotFound { runtime: RuntimeKind::Hip, library: "libamdhip64", searched: searched.clone() })
             }
             Err(LoadFailure::Symbol(lib, symbol, reason)) => {
-                return Err(GpuError::MissingSymbol {
-                    runtime: RuntimeKind::Hip,
-                    library: lib.clone(),
-                    symbol,
-                    reason: reason.clone(),
-                })
+                return Err(GpuError::MissingSymbol { runtime: RuntimeKind::Hip, library: lib.clone(), symbol, reason: reason.clone() })
             }
         };
         let api = &loaded.api;
@@ -200,12 +161,7 @@ impl HipRuntime {
         }
     }
 
-    fn check_hint(
-        &self,
-        call: &'static str,
-        code: HipResult,
-        hint: impl FnOnce(HipResult) -> Option<Cow<'static, str>>,
-    ) -> Result<()> {
+    fn check_hint(&self, call: &'static str, code: HipResult, hint: impl FnOnce(HipResult) -> Option<Cow<'static, str>>) -> Result<()> {
         if code == 0 {
             Ok(())
         } else {
@@ -215,10 +171,7 @@ impl HipRuntime {
 
     fn ordinal(&self, dev: Device) -> Result<c_int> {
         if dev.0 >= self.device_count {
-            return Err(GpuError::invalid(format!(
-                "{dev} does not exist: {} HIP devices visible",
-                self.device_count
-            )));
+            return Err(GpuError::invalid(format!("{dev} does not exist: {} HIP devices visible", self.device_count)));
         }
         Ok(dev.0 as c_int)
     }
@@ -239,9 +192,7 @@ impl HipRuntime {
     fn attr(&self, d: c_int, a: c_uint) -> Result<i32> {
         let mut v: c_int = 0;
         // SAFETY: v is a valid out-pointer.
-        self.check("hipDeviceGetAttribute", unsafe {
-            (self.api.hipDeviceGetAttribute)(&mut v, a, d)
-        })?;
+        self.check("hipDeviceGetAttribute", unsafe { (self.api.hipDeviceGetAttribute)(&mut v, a, d) })?;
         Ok(v)
     }
 
@@ -249,28 +200,18 @@ impl HipRuntime {
         let d = self.ordinal(dev)?;
         let mut name = [0 as c_char; 256];
         // SAFETY: the buffer holds 256 chars and its length is passed.
-        self.check("hipDeviceGetName", unsafe {
-            (self.api.hipDeviceGetName)(name.as_mut_ptr(), 256, d)
-        })?;
+        self.check("hipDeviceGetName", unsafe { (self.api.hipDeviceGetName)(name.as_mut_ptr(), 256, d) })?;
         let mut bus = [0 as c_char; 64];
         // SAFETY: as above, 64 chars.
-        self.check("hipDeviceGetPCIBusId", unsafe {
-            (self.api.hipDeviceGetPCIBusId)(bus.as_mut_ptr(), 64, d)
-        })?;
+        self.check("hipDeviceGetPCIBusId", unsafe { (self.api.hipDeviceGetPCIBusId)(bus.as_mut_ptr(), 64, d) })?;
         let pci_bus_id: PciBusId = cstr_buf(&bus).parse()?;
         let mut total: usize = 0;
         // SAFETY: total is a valid out-pointer.
-        self.check("hipDeviceTotalMem", unsafe {
-            (self.api.hipDeviceTotalMem)(&mut total, d)
-        })?;
+        self.check("hipDeviceTotalMem", unsafe { (self.api.hipDeviceTotalMem)(&mut total, d) })?;
         let opt = |a: c_uint| self.attr(d, a).unwrap_or(0);
-        let vmm =
-            opt(h::hipDeviceAttribute_t_hipDeviceAttributeVirtualMemoryManagementSupported) != 0;
-        let numa_node = numa_node_from_sysfs(Path::new("/sys"), &pci_bus_id).or_else(|| {
-            self.attr(d, h::hipDeviceAttribute_t_hipDeviceAttributeHostNumaId)
-                .ok()
-                .and_then(|v| u32::try_from(v).ok())
-        });
+        let vmm = opt(h::hipDeviceAttribute_t_hipDeviceAttributeVirtualMemoryManagementSupported) != 0;
+        let numa_node = numa_node_from_sysfs(Path::new("/sys"), &pci_bus_id)
+            .or_else(|| self.attr(d, h::hipDeviceAttribute_t_hipDeviceAttributeHostNumaId).ok().and_then(|v| u32::try_from(v).ok()));
         Ok(DeviceProperties {
             device: dev,
             name: cstr_buf(&name),
@@ -278,26 +219,13 @@ impl HipRuntime {
             numa_node,
             total_memory: total as u64,
             compute_capability: (
-                self.attr(
-                    d,
-                    h::hipDeviceAttribute_t_hipDeviceAttributeComputeCapabilityMajor,
-                )? as u32,
-                self.attr(
-                    d,
-                    h::hipDeviceAttribute_t_hipDeviceAttributeComputeCapabilityMinor,
-                )? as u32,
+                self.attr(d, h::hipDeviceAttribute_t_hipDeviceAttributeComputeCapabilityMajor)? as u32,
+                self.attr(d, h::hipDeviceAttribute_t_hipDeviceAttributeComputeCapabilityMinor)? as u32,
             ),
-            multiprocessors: self.attr(
-                d,
-                h::hipDeviceAttribute_t_hipDeviceAttributeMultiprocessorCount,
-            )? as u32,
-            max_shared_memory_per_block_optin: opt(
-                h::hipDeviceAttribute_t_hipDeviceAttributeSharedMemPerBlockOptin,
-            ) as u32,
+            multiprocessors: self.attr(d, h::hipDeviceAttribute_t_hipDeviceAttributeMultiprocessorCount)? as u32,
+            max_shared_memory_per_block_optin: opt(h::hipDeviceAttribute_t_hipDeviceAttributeSharedMemPerBlockOptin) as u32,
             capabilities: Capabilities {
-                unified_addressing: opt(
-                    h::hipDeviceAttribute_t_hipDeviceAttributeUnifiedAddressing,
-                ) != 0,
+                unified_addressing: opt(h::hipDeviceAttribute_t_hipDeviceAttributeUnifiedAddressing) != 0,
                 vmm,
                 // HIP on Linux exports VMM allocations as POSIX FDs wherever it has VMM.
                 posix_fd_handles: vmm,
@@ -307,9 +235,7 @@ impl HipRuntime {
                 // No HIP attribute reports GPUDirect RDMA.
                 gpu_direct_rdma: false,
                 gpu_direct_rdma_vmm: false,
-                stream_mem_ops: opt(
-                    h::hipDeviceAttribute_t_hipDeviceAttributeCanUseStreamWaitValue,
-                ) != 0,
+                stream_mem_ops: opt(h::hipDeviceAttribute_t_hipDeviceAttributeCanUseStreamWaitValue) != 0,
             },
         })
     }

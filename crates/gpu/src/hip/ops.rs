@@ -43,9 +43,7 @@ fn hip_prop(d: c_int, kinds: HandleKinds, gpu_direct_rdma: bool) -> h::hipMemAll
 fn aligned_copy(bytes: &[u8]) -> Vec<u64> {
     let mut v = vec![0u64; bytes.len().div_ceil(8) + 1];
     // SAFETY: v has at least bytes.len() bytes of storage; the regions do not overlap.
-    unsafe {
-        std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len())
-    };
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len()) };
     v
 }
 
@@ -61,9 +59,7 @@ impl RawDriver for HipRuntime {
     fn driver_version(&self) -> Result<u32> {
         let mut v: c_int = 0;
         // SAFETY: v is a valid out-pointer.
-        self.check("hipDriverGetVersion", unsafe {
-            (self.api.hipDriverGetVersion)(&mut v)
-        })?;
+        self.check("hipDriverGetVersion", unsafe { (self.api.hipDriverGetVersion)(&mut v) })?;
         Ok(v as u32)
     }
 
@@ -83,22 +79,15 @@ impl RawDriver for HipRuntime {
         self.set(dev)?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: valid out-pointers.
-        self.check("hipMemGetInfo", unsafe {
-            (self.api.hipMemGetInfo)(&mut free, &mut total)
-        })?;
-        Ok(MemInfo {
-            free: free as u64,
-            total: total as u64,
-        })
+        self.check("hipMemGetInfo", unsafe { (self.api.hipMemGetInfo)(&mut free, &mut total) })?;
+        Ok(MemInfo { free: free as u64, total: total as u64 })
     }
 
     fn can_access_peer(&self, dev: Device, peer: Device) -> Result<bool> {
         let (a, b) = (self.ordinal(dev)?, self.ordinal(peer)?);
         let mut v: c_int = 0;
         // SAFETY: v is a valid out-pointer.
-        self.check("hipDeviceCanAccessPeer", unsafe {
-            (self.api.hipDeviceCanAccessPeer)(&mut v, a, b)
-        })?;
+        self.check("hipDeviceCanAccessPeer", unsafe { (self.api.hipDeviceCanAccessPeer)(&mut v, a, b) })?;
         Ok(v != 0)
     }
 
@@ -131,49 +120,25 @@ impl RawDriver for HipRuntime {
         self.set(dev)?;
         let (mut base, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
         // SAFETY: valid out-pointers; the runtime validates p.
-        self.check("hipMemGetAddressRange", unsafe {
-            (self.api.hipMemGetAddressRange)(&mut base, &mut size, ptr(p))
-        })?;
+        self.check("hipMemGetAddressRange", unsafe { (self.api.hipMemGetAddressRange)(&mut base, &mut size, ptr(p)) })?;
         Ok((int(base), size as u64))
     }
 
-    unsafe fn copy_htod(
-        &self,
-        dev: Device,
-        dst: u64,
-        src: *const u8,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()> {
+    unsafe fn copy_htod(&self, dev: Device, dst: u64, src: *const u8, len: usize, stream: Option<u64>) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller guarantees both ranges.
         match stream {
-            None => self.check("hipMemcpy", unsafe {
-                (self.api.hipMemcpy)(ptr(dst), src.cast(), len, H2D)
-            }),
-            Some(s) => self.check("hipMemcpyAsync", unsafe {
-                (self.api.hipMemcpyAsync)(ptr(dst), src.cast(), len, H2D, ptr(s))
-            }),
+            None => self.check("hipMemcpy", unsafe { (self.api.hipMemcpy)(ptr(dst), src.cast(), len, H2D) }),
+            Some(s) => self.check("hipMemcpyAsync", unsafe { (self.api.hipMemcpyAsync)(ptr(dst), src.cast(), len, H2D, ptr(s)) }),
         }
     }
 
-    unsafe fn copy_dtoh(
-        &self,
-        dev: Device,
-        dst: *mut u8,
-        src: u64,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()> {
+    unsafe fn copy_dtoh(&self, dev: Device, dst: *mut u8, src: u64, len: usize, stream: Option<u64>) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller guarantees both ranges.
         match stream {
-            None => self.check("hipMemcpy", unsafe {
-                (self.api.hipMemcpy)(dst.cast(), ptr(src), len, D2H)
-            }),
-            Some(s) => self.check("hipMemcpyAsync", unsafe {
-                (self.api.hipMemcpyAsync)(dst.cast(), ptr(src), len, D2H, ptr(s))
-            }),
+            None => self.check("hipMemcpy", unsafe { (self.api.hipMemcpy)(dst.cast(), ptr(src), len, D2H) }),
+            Some(s) => self.check("hipMemcpyAsync", unsafe { (self.api.hipMemcpyAsync)(dst.cast(), ptr(src), len, D2H, ptr(s)) }),
         }
     }
 
@@ -193,54 +158,31 @@ impl RawDriver for HipRuntime {
             Some((sdev, s)) => {
                 self.set(sdev)?;
                 if dst_dev == src_dev {
-                    self.check("hipMemcpyAsync", unsafe {
-                        (a.hipMemcpyAsync)(ptr(dst), ptr(src), len, D2D, ptr(s))
-                    })
+                    self.check("hipMemcpyAsync", unsafe { (a.hipMemcpyAsync)(ptr(dst), ptr(src), len, D2D, ptr(s)) })
                 } else {
-                    self.check("hipMemcpyPeerAsync", unsafe {
-                        (a.hipMemcpyPeerAsync)(ptr(dst), dd, ptr(src), sd, len, ptr(s))
-                    })
+                    self.check("hipMemcpyPeerAsync", unsafe { (a.hipMemcpyPeerAsync)(ptr(dst), dd, ptr(src), sd, len, ptr(s)) })
                 }
             }
             None => {
                 self.set(dst_dev)?;
                 if dst_dev == src_dev {
-                    self.check("hipMemcpy", unsafe {
-                        (a.hipMemcpy)(ptr(dst), ptr(src), len, D2D)
-                    })?;
+                    self.check("hipMemcpy", unsafe { (a.hipMemcpy)(ptr(dst), ptr(src), len, D2D) })?;
                 } else {
-                    self.check("hipMemcpyPeer", unsafe {
-                        (a.hipMemcpyPeer)(ptr(dst), dd, ptr(src), sd, len)
-                    })?;
+                    self.check("hipMemcpyPeer", unsafe { (a.hipMemcpyPeer)(ptr(dst), dd, ptr(src), sd, len) })?;
                 }
-                self.check("hipStreamSynchronize", unsafe {
-                    (a.hipStreamSynchronize)(std::ptr::null_mut())
-                })
+                self.check("hipStreamSynchronize", unsafe { (a.hipStreamSynchronize)(std::ptr::null_mut()) })
             }
         }
     }
 
-    unsafe fn memset(
-        &self,
-        dev: Device,
-        dst: u64,
-        byte: u8,
-        len: usize,
-        stream: Option<u64>,
-    ) -> Result<()> {
+    unsafe fn memset(&self, dev: Device, dst: u64, byte: u8, len: usize, stream: Option<u64>) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller guarantees the range and the stream.
         match stream {
-            Some(s) => self.check("hipMemsetD8Async", unsafe {
-                (self.api.hipMemsetD8Async)(ptr(dst), byte, len, ptr(s))
-            }),
+            Some(s) => self.check("hipMemsetD8Async", unsafe { (self.api.hipMemsetD8Async)(ptr(dst), byte, len, ptr(s)) }),
             None => {
-                self.check("hipMemsetD8", unsafe {
-                    (self.api.hipMemsetD8)(ptr(dst), byte, len)
-                })?;
-                self.check("hipStreamSynchronize", unsafe {
-                    (self.api.hipStreamSynchronize)(std::ptr::null_mut())
-                })
+                self.check("hipMemsetD8", unsafe { (self.api.hipMemsetD8)(ptr(dst), byte, len) })?;
+                self.check("hipStreamSynchronize", unsafe { (self.api.hipStreamSynchronize)(std::ptr::null_mut()) })
             }
         }
     }
@@ -249,26 +191,20 @@ impl RawDriver for HipRuntime {
         self.set(dev)?;
         let mut s: *mut c_void = std::ptr::null_mut();
         // SAFETY: s is a valid out-pointer.
-        self.check("hipStreamCreateWithFlags", unsafe {
-            (self.api.hipStreamCreateWithFlags)(&mut s, h::hipStreamNonBlocking)
-        })?;
+        self.check("hipStreamCreateWithFlags", unsafe { (self.api.hipStreamCreateWithFlags)(&mut s, h::hipStreamNonBlocking) })?;
         Ok(int(s))
     }
 
     unsafe fn stream_destroy(&self, dev: Device, s: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live stream, destroyed once.
-        self.check("hipStreamDestroy", unsafe {
-            (self.api.hipStreamDestroy)(ptr(s))
-        })
+        self.check("hipStreamDestroy", unsafe { (self.api.hipStreamDestroy)(ptr(s)) })
     }
 
     unsafe fn stream_synchronize(&self, dev: Device, s: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live stream.
-        self.check("hipStreamSynchronize", unsafe {
-            (self.api.hipStreamSynchronize)(ptr(s))
-        })
+        self.check("hipStreamSynchronize", unsafe { (self.api.hipStreamSynchronize)(ptr(s)) })
     }
 
     unsafe fn stream_query(&self, dev: Device, s: u64) -> Result<bool> {
@@ -284,38 +220,19 @@ impl RawDriver for HipRuntime {
     unsafe fn stream_wait_event(&self, dev: Device, s: u64, e: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live stream and event.
-        self.check("hipStreamWaitEvent", unsafe {
-            (self.api.hipStreamWaitEvent)(ptr(s), ptr(e), 0)
-        })
+        self.check("hipStreamWaitEvent", unsafe { (self.api.hipStreamWaitEvent)(ptr(s), ptr(e), 0) })
     }
 
-    unsafe fn stream_write_value32(
-        &self,
-        dev: Device,
-        s: u64,
-        addr: u64,
-        value: u32,
-    ) -> Result<()> {
+    unsafe fn stream_write_value32(&self, dev: Device, s: u64, addr: u64, value: u32) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live stream and an aligned device word.
-        self.check("hipStreamWriteValue32", unsafe {
-            (self.api.hipStreamWriteValue32)(ptr(s), ptr(addr), value, 0)
-        })
+        self.check("hipStreamWriteValue32", unsafe { (self.api.hipStreamWriteValue32)(ptr(s), ptr(addr), value, 0) })
     }
 
-    unsafe fn stream_wait_value32(
-        &self,
-        dev: Device,
-        s: u64,
-        addr: u64,
-        value: u32,
-        cond: WaitCondition,
-    ) -> Result<()> {
+    unsafe fn stream_wait_value32(&self, dev: Device, s: u64, addr: u64, value: u32, cond: WaitCondition) -> Result<()> {
         self.set(dev)?;
         // SAFETY: as above; the mask keeps every bit.
-        self.check("hipStreamWaitValue32", unsafe {
-            (self.api.hipStreamWaitValue32)(ptr(s), ptr(addr), value, cond.flag(), u32::MAX)
-        })
+        self.check("hipStreamWaitValue32", unsafe { (self.api.hipStreamWaitValue32)(ptr(s), ptr(addr), value, cond.flag(), u32::MAX) })
     }
 
     fn event_create(&self, dev: Device, timing: bool) -> Result<u64> {
@@ -323,34 +240,26 @@ impl RawDriver for HipRuntime {
         let flags = if timing { 0 } else { h::hipEventDisableTiming };
         let mut e: *mut c_void = std::ptr::null_mut();
         // SAFETY: e is a valid out-pointer.
-        self.check("hipEventCreateWithFlags", unsafe {
-            (self.api.hipEventCreateWithFlags)(&mut e, flags)
-        })?;
+        self.check("hipEventCreateWithFlags", unsafe { (self.api.hipEventCreateWithFlags)(&mut e, flags) })?;
         Ok(int(e))
     }
 
     unsafe fn event_destroy(&self, dev: Device, e: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live event, destroyed once.
-        self.check("hipEventDestroy", unsafe {
-            (self.api.hipEventDestroy)(ptr(e))
-        })
+        self.check("hipEventDestroy", unsafe { (self.api.hipEventDestroy)(ptr(e)) })
     }
 
     unsafe fn event_record(&self, dev: Device, e: u64, s: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live event and stream.
-        self.check("hipEventRecord", unsafe {
-            (self.api.hipEventRecord)(ptr(e), ptr(s))
-        })
+        self.check("hipEventRecord", unsafe { (self.api.hipEventRecord)(ptr(e), ptr(s)) })
     }
 
     unsafe fn event_synchronize(&self, dev: Device, e: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live event.
-        self.check("hipEventSynchronize", unsafe {
-            (self.api.hipEventSynchronize)(ptr(e))
-        })
+        self.check("hipEventSynchronize", unsafe { (self.api.hipEventSynchronize)(ptr(e)) })
     }
 
     unsafe fn event_query(&self, dev: Device, e: u64) -> Result<bool> {
@@ -367,9 +276,7 @@ impl RawDriver for HipRuntime {
         self.set(dev)?;
         let mut ms = 0f32;
         // SAFETY: ms is a valid out-pointer; caller passes live events.
-        self.check("hipEventElapsedTime", unsafe {
-            (self.api.hipEventElapsedTime)(&mut ms, ptr(start), ptr(end))
-        })?;
+        self.check("hipEventElapsedTime", unsafe { (self.api.hipEventElapsedTime)(&mut ms, ptr(start), ptr(end)) })?;
         Ok(ms)
     }
 
@@ -377,21 +284,16 @@ impl RawDriver for HipRuntime {
         self.set(dev)?;
         let mut hd = h::hipIpcMemHandle_t { reserved: [0; 64] };
         // SAFETY: hd is a valid out-pointer; caller passes the base of a live hipMalloc allocation.
-        self.check("hipIpcGetMemHandle", unsafe {
-            (self.api.hipIpcGetMemHandle)(&mut hd, ptr(base))
-        })?;
+        self.check("hipIpcGetMemHandle", unsafe { (self.api.hipIpcGetMemHandle)(&mut hd, ptr(base)) })?;
         Ok(hd.reserved.map(|c| c as u8))
     }
 
     fn ipc_open(&self, dev: Device, handle: &[u8; 64], exporter_pid: u32) -> Result<u64> {
         self.set(dev)?;
-        let hd = h::hipIpcMemHandle_t {
-            reserved: handle.map(|b| b as std::ffi::c_char),
-        };
+        let hd = h::hipIpcMemHandle_t { reserved: handle.map(|b| b as std::ffi::c_char) };
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: p is a valid out-pointer; the handle is passed by value and validated by the runtime.
-        let code =
-            unsafe { (self.api.hipIpcOpenMemHandle)(&mut p, hd, h::hipIpcMemLazyEnablePeerAccess) };
+        let code = unsafe { (self.api.hipIpcOpenMemHandle)(&mut p, hd, h::hipIpcMemLazyEnablePeerAccess) };
         self.check_hint("hipIpcOpenMemHandle", code, |_| {
             (exporter_pid == std::process::id())
                 .then(|| "the handle was exported by this same process; IPC handles open in another process".into())
@@ -402,9 +304,7 @@ impl RawDriver for HipRuntime {
     unsafe fn ipc_close(&self, dev: Device, p: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a pointer from ipc_open, closed once.
-        self.check("hipIpcCloseMemHandle", unsafe {
-            (self.api.hipIpcCloseMemHandle)(ptr(p))
-        })
+        self.check("hipIpcCloseMemHandle", unsafe { (self.api.hipIpcCloseMemHandle)(ptr(p)) })
     }
 
     fn vmm_granularity(&self, dev: Device, kinds: HandleKinds) -> Result<usize> {
@@ -413,74 +313,52 @@ impl RawDriver for HipRuntime {
         let mut g: usize = 0;
         let opt = h::hipMemAllocationGranularity_flags_hipMemAllocationGranularityMinimum;
         // SAFETY: valid pointers.
-        self.check("hipMemGetAllocationGranularity", unsafe {
-            (self.api.hipMemGetAllocationGranularity)(&mut g, &prop, opt)
-        })?;
+        self.check("hipMemGetAllocationGranularity", unsafe { (self.api.hipMemGetAllocationGranularity)(&mut g, &prop, opt) })?;
         if g == 0 {
-            return Err(GpuError::invalid(
-                "the runtime reported a VMM granularity of 0",
-            ));
+            return Err(GpuError::invalid("the runtime reported a VMM granularity of 0"));
         }
         Ok(g)
     }
 
-    fn vmm_create(
-        &self,
-        dev: Device,
-        size: usize,
-        kinds: HandleKinds,
-        gpu_direct_rdma: bool,
-    ) -> Result<u64> {
+    fn vmm_create(&self, dev: Device, size: usize, kinds: HandleKinds, gpu_direct_rdma: bool) -> Result<u64> {
         let d = self.set(dev)?;
         let prop = hip_prop(d, kinds, gpu_direct_rdma);
         let mut hd: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid pointers.
-        self.check("hipMemCreate", unsafe {
-            (self.api.hipMemCreate)(&mut hd, size, &prop, 0)
-        })?;
+        self.check("hipMemCreate", unsafe { (self.api.hipMemCreate)(&mut hd, size, &prop, 0) })?;
         Ok(int(hd))
     }
 
     unsafe fn vmm_release(&self, dev: Device, handle: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live handle, released once.
-        self.check("hipMemRelease", unsafe {
-            (self.api.hipMemRelease)(ptr(handle))
-        })
+        self.check("hipMemRelease", unsafe { (self.api.hipMemRelease)(ptr(handle)) })
     }
 
     fn vmm_reserve(&self, dev: Device, size: usize, align: usize) -> Result<u64> {
         self.set(dev)?;
         let mut va: *mut c_void = std::ptr::null_mut();
         // SAFETY: va is a valid out-pointer.
-        self.check("hipMemAddressReserve", unsafe {
-            (self.api.hipMemAddressReserve)(&mut va, size, align, std::ptr::null_mut(), 0)
-        })?;
+        self.check("hipMemAddressReserve", unsafe { (self.api.hipMemAddressReserve)(&mut va, size, align, std::ptr::null_mut(), 0) })?;
         Ok(int(va))
     }
 
     unsafe fn vmm_free_va(&self, dev: Device, va: u64, size: usize) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a reserved range, freed once.
-        self.check("hipMemAddressFree", unsafe {
-            (self.api.hipMemAddressFree)(ptr(va), size)
-        })
+        self.check("hipMemAddressFree", unsafe { (self.api.hipMemAddressFree)(ptr(va), size) })
     }
 
     unsafe fn vmm_map(&self, dev: Device, va: u64, size: usize, handle: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a reserved range and a live handle.
-        self.check("hipMemMap", unsafe {
-            (self.api.hipMemMap)(ptr(va), size, 0, ptr(handle), 0)
-        })
+        self.check("hipMemMap", unsafe { (self.api.hipMemMap)(ptr(va), size, 0, ptr(handle), 0) })
     }
 
     unsafe fn vmm_unmap(&self, dev: Device, va: u64, size: usize) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a mapped range, unmapped once.
-        self.check("hipMemUnmap", unsafe {
-            (self.api.hipMemUnmap)(ptr(va), size)
-        })
+        self.check("hipMemUnmap", unsafe { (self.api.hipMemUnmap)(ptr(va), size) })
     }
 
     unsafe fn vmm_set_access(&self, dev: Device, va: u64, size: usize) -> Result<()> {
@@ -491,36 +369,20 @@ impl RawDriver for HipRuntime {
         desc.location.id = d;
         desc.flags = h::hipMemAccessFlags_hipMemAccessFlagsProtReadWrite;
         // SAFETY: one valid descriptor; caller passes a mapped range.
-        self.check("hipMemSetAccess", unsafe {
-            (self.api.hipMemSetAccess)(ptr(va), size, &desc, 1)
-        })
+        self.check("hipMemSetAccess", unsafe { (self.api.hipMemSetAccess)(ptr(va), size, &desc, 1) })
     }
 
-    unsafe fn vmm_export(
-        &self,
-        dev: Device,
-        handle: u64,
-        kind: ShareableKind,
-    ) -> Result<RawExport> {
+    unsafe fn vmm_export(&self, dev: Device, handle: u64, kind: ShareableKind) -> Result<RawExport> {
         self.set(dev)?;
         let ty = kind.vendor_value();
         match kind {
             ShareableKind::PosixFd => {
                 let mut fd: c_int = -1;
                 // SAFETY: for POSIX_FD the runtime writes an int through the pointer.
-                let code = unsafe {
-                    (self.api.hipMemExportToShareableHandle)(
-                        (&mut fd as *mut c_int).cast(),
-                        ptr(handle),
-                        ty,
-                        0,
-                    )
-                };
+                let code = unsafe { (self.api.hipMemExportToShareableHandle)((&mut fd as *mut c_int).cast(), ptr(handle), ty, 0) };
                 self.check("hipMemExportToShareableHandle", code)?;
                 if fd < 0 {
-                    return Err(GpuError::invalid(format!(
-                        "hipMemExportToShareableHandle returned fd {fd}"
-                    )));
+                    return Err(GpuError::invalid(format!("hipMemExportToShareableHandle returned fd {fd}")));
                 }
                 // SAFETY: the runtime created fd for us; nothing else owns it.
                 Ok(RawExport::Fd(unsafe { OwnedFd::from_raw_fd(fd) }))
@@ -528,14 +390,7 @@ impl RawDriver for HipRuntime {
             ShareableKind::Fabric => {
                 let mut raw = [0u8; 64];
                 // SAFETY: for FABRIC the runtime writes a 64-byte handle through the pointer.
-                let code = unsafe {
-                    (self.api.hipMemExportToShareableHandle)(
-                        raw.as_mut_ptr().cast(),
-                        ptr(handle),
-                        ty,
-                        0,
-                    )
-                };
+                let code = unsafe { (self.api.hipMemExportToShareableHandle)(raw.as_mut_ptr().cast(), ptr(handle), ty, 0) };
                 self.check("hipMemExportToShareableHandle", code)?;
                 Ok(RawExport::Fabric(raw))
             }
@@ -561,11 +416,7 @@ impl RawDriver for HipRuntime {
                 let mut raw = *bytes;
                 // SAFETY: for FABRIC the OS handle points to the 64 handle bytes.
                 unsafe {
-                    (self.api.hipMemImportFromShareableHandle)(
-                        &mut hd,
-                        raw.as_mut_ptr().cast(),
-                        ShareableKind::Fabric.vendor_value(),
-                    )
+                    (self.api.hipMemImportFromShareableHandle)(&mut hd, raw.as_mut_ptr().cast(), ShareableKind::Fabric.vendor_value())
                 }
             }
         };
@@ -575,31 +426,20 @@ impl RawDriver for HipRuntime {
 
     unsafe fn dmabuf_export(&self, dev: Device, start: u64, len: u64) -> Result<OwnedFd> {
         self.set(dev)?;
-        let f = self
-            .api
-            .hipMemGetHandleForAddressRange
-            .ok_or(GpuError::Unsupported {
-                runtime: RuntimeKind::Hip,
-                what: "dmabuf export",
-                why: "this libamdhip64 has no hipMemGetHandleForAddressRange (ROCm too old)".into(),
-            })?;
+        let f = self.api.hipMemGetHandleForAddressRange.ok_or(GpuError::Unsupported {
+            runtime: RuntimeKind::Hip,
+            what: "dmabuf export",
+            why: "this libamdhip64 has no hipMemGetHandleForAddressRange (ROCm too old)".into(),
+        })?;
         let mut fd: c_int = -1;
         // SAFETY: for DMA_BUF_FD the runtime writes an int; caller passes a page-aligned range
         // inside a live allocation.
         let code = unsafe {
-            f(
-                (&mut fd as *mut c_int).cast(),
-                ptr(start),
-                len as usize,
-                h::hipMemRangeHandleType_hipMemRangeHandleTypeDmaBufFd,
-                0,
-            )
+            f((&mut fd as *mut c_int).cast(), ptr(start), len as usize, h::hipMemRangeHandleType_hipMemRangeHandleTypeDmaBufFd, 0)
         };
         self.check("hipMemGetHandleForAddressRange", code)?;
         if fd < 0 {
-            return Err(GpuError::invalid(format!(
-                "hipMemGetHandleForAddressRange returned fd {fd}"
-            )));
+            return Err(GpuError::invalid(format!("hipMemGetHandleForAddressRange returned fd {fd}")));
         }
         // SAFETY: the runtime created fd for us; nothing else owns it.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -608,27 +448,19 @@ impl RawDriver for HipRuntime {
     fn module_load(&self, dev: Device, image: &ModuleImage<'_>) -> Result<u64> {
         self.set(dev)?;
         let ModuleImage::HipCodeObject(bytes) = image else {
-            return Err(GpuError::Unsupported {
-                runtime: RuntimeKind::Hip,
-                what: "loading non-AMD code",
-                why: "".into(),
-            });
+            return Err(GpuError::Unsupported { runtime: RuntimeKind::Hip, what: "loading non-AMD code", why: "".into() });
         };
         let bin = aligned_copy(bytes);
         let mut m: *mut c_void = std::ptr::null_mut();
         // SAFETY: bin holds a validated code object that outlives the call.
-        self.check("hipModuleLoadData", unsafe {
-            (self.api.hipModuleLoadData)(&mut m, bin.as_ptr().cast())
-        })?;
+        self.check("hipModuleLoadData", unsafe { (self.api.hipModuleLoadData)(&mut m, bin.as_ptr().cast()) })?;
         Ok(int(m))
     }
 
     unsafe fn module_unload(&self, dev: Device, module: u64) -> Result<()> {
         self.set(dev)?;
         // SAFETY: caller passes a live module, unloaded once.
-        self.check("hipModuleUnload", unsafe {
-            (self.api.hipModuleUnload)(ptr(module))
-        })
+        self.check("hipModuleUnload", unsafe { (self.api.hipModuleUnload)(ptr(module)) })
     }
 
     unsafe fn module_function(&self, dev: Device, module: u64, name: &CStr) -> Result<u64> {
@@ -637,37 +469,23 @@ impl RawDriver for HipRuntime {
         // SAFETY: valid out-pointer, NUL-terminated name, live module.
         let code = unsafe { (self.api.hipModuleGetFunction)(&mut f, ptr(module), name.as_ptr()) };
         self.check_hint("hipModuleGetFunction", code, |c| {
-            (c == 500)
-                .then(|| format!("no kernel named {:?} in the module (extern \"C\"?)", name).into())
+            (c == 500).then(|| format!("no kernel named {:?} in the module (extern \"C\"?)", name).into())
         })?;
         Ok(int(f))
     }
 
-    unsafe fn function_set_max_dynamic_shared(
-        &self,
-        _dev: Device,
-        _func: u64,
-        bytes: u32,
-    ) -> Result<()> {
+    unsafe fn function_set_max_dynamic_shared(&self, _dev: Device, _func: u64, bytes: u32) -> Result<()> {
         if bytes <= AMD_LDS_BYTES {
             return Ok(());
         }
         Err(GpuError::Unsupported {
             runtime: RuntimeKind::Hip,
             what: "dynamic shared memory above 64 KiB",
-            why: format!("{bytes} bytes requested; AMD GPUs have 64 KiB of LDS per workgroup")
-                .into(),
+            why: format!("{bytes} bytes requested; AMD GPUs have 64 KiB of LDS per workgroup").into(),
         })
     }
 
-    unsafe fn launch(
-        &self,
-        dev: Device,
-        func: u64,
-        cfg: &LaunchConfig,
-        stream: u64,
-        params: *mut *mut c_void,
-    ) -> Result<()> {
+    unsafe fn launch(&self, dev: Device, func: u64, cfg: &LaunchConfig, stream: u64, params: *mut *mut c_void) -> Result<()> {
         self.set(dev)?;
         let (g, b) = (cfg.grid, cfg.block);
         // SAFETY: caller guarantees params, function and stream.
@@ -696,13 +514,7 @@ mod tests {
 
     #[test]
     fn hip_codes_format_without_a_runtime() {
-        assert_eq!(
-            call_error(None, "hipMalloc", 2, None).to_string(),
-            "hipMalloc failed: hipErrorOutOfMemory (2)"
-        );
-        assert_eq!(
-            call_error(None, "hipFree", 99_999, None).to_string(),
-            "hipFree failed: hipErrorUnrecognized (99999)"
-        );
+        assert_eq!(call_error(None, "hipMalloc", 2, None).to_string(), "hipMalloc failed: hipErrorOutOfMemory (2)");
+        assert_eq!(call_error(None, "hipFree", 99_999, None).to_string(), "hipFree failed: hipErrorUnrecognized (99999)");
     }
 }
