@@ -102,6 +102,8 @@ fn softroce_suite() -> Result<(), String> {
         "test",
         "-p",
         "mori-io",
+        "--features",
+        "all-backends",
         "--test",
         "rdma_softroce",
         "--test",
