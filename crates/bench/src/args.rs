@@ -311,13 +311,9 @@ impl Args {
             }
         }
         if let Some(ip) = &self.self_ip {
-            if ip == "0.0.0.0" || ip == "::" {
-                return Err(format!(
-                    "--self-ip {ip}: it becomes the EngineDesc host the peer dials for the handshake and remote-memory lookup; \
-                     with a wildcard the peer dials its own loopback and fails with 'connect(...): Connection refused'. \
-                     Give an address the peer can reach"
-                ));
-            }
+            // Any spelling of a wildcard (0.0.0.0, 0, ::, ::0, ::ffff:0.0.0.0, ...): it becomes the
+            // EngineDesc host the peer dials for the handshake and remote-memory lookup.
+            mori_bootstrap::addr::advertised("--self-ip", ip, 1).map_err(|e| e.to_string())?;
         }
         match (self.backend, self.mem_type) {
             (BackendArg::Fabric, MemArg::Cpu) => {
@@ -331,10 +327,13 @@ impl Args {
             }
             _ => {}
         }
-        if let (Some(g), Some(d), Some(o)) = (self.gpu, self.dst_gpu, self.target_dev_offset) {
+        if let (Some(d), Some(o)) = (self.dst_gpu, self.target_dev_offset) {
+            // --gpu defaults to 0: the conflict is the same whether or not it was given.
+            let g = self.gpu.unwrap_or(0);
             if d as i64 - g as i64 != o {
                 return Err(format!(
-                    "--dst-gpu {d} conflicts with --target-dev-offset {o} (with --gpu {g} it means offset {})",
+                    "--dst-gpu {d} conflicts with --target-dev-offset {o} (with --gpu {g}{} it means offset {})",
+                    if self.gpu.is_none() { ", the default," } else { "" },
                     d as i64 - g as i64
                 ));
             }

@@ -12,7 +12,7 @@ use mori_io::{
     BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, IoError, MemoryDesc, PollMode, RdmaConfig, Session, TcpConfig,
     TransferStatus, XgmiConfig,
 };
-use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 /// What a rank ends with.
@@ -76,6 +76,34 @@ fn usage<S: Into<String>>(msg: S) -> Failure {
 }
 fn fail<S: Into<String>>(msg: S) -> Failure {
     Failure { msg: msg.into(), code: 1 }
+}
+
+/// `--master-ip` resolved (a name, or an IP literal, IPv6 bare or bracketed; IPv4 first).
+/// Errors: an unresolvable master; without `--local`, a *name* resolving only to loopback
+/// (Debian maps its own hostname to 127.0.1.1): a rank on another host would resolve it to its
+/// own loopback and both would wait out the bootstrap budget, so it is refused at once,
+/// naming the resolution and this host's routable addresses.
+pub fn master_addr(args: &Args, port: u16) -> Result<SocketAddr, Failure> {
+    let addrs = mori_bootstrap::addr::resolve(&args.master_ip, port).map_err(|e| usage(format!("--master-ip {}: {e}", args.master_ip)))?;
+    if !args.local {
+        if let Some(ips) = mori_bootstrap::addr::loopback_name(&args.master_ip, &addrs) {
+            let routable: Vec<String> = mori_bootstrap::ipv4_interfaces()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|i| i.up && !i.loopback)
+                .map(|i| format!("{} ({})", i.ip, i.name))
+                .collect();
+            let ips: Vec<String> = ips.iter().map(|ip| ip.to_string()).collect();
+            return Err(usage(format!(
+                "--master-ip {} resolves to {} (loopback only): a rank on another host would reach its own loopback; give rank 0's \
+                 routable address ({}), or 127.0.0.1 when both ranks run on this host",
+                args.master_ip,
+                ips.join(", "),
+                if routable.is_empty() { "this host has none up".to_string() } else { format!("here: {}", routable.join(", ")) }
+            )));
+        }
+    }
+    Ok(addrs[0])
 }
 
 /// Address this rank advertises: `--self-ip`, else 127.0.0.1 for a loopback master, else the
@@ -155,11 +183,7 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
     let n = args.pairs() as usize;
     let (me, world) = if local.is_some() { (rank, 2) } else { (args.global_rank(), 2 * n) };
     let peer_rank = (me + world / 2) % world;
-    let master = (args.master_ip.as_str(), port)
-        .to_socket_addrs()
-        .map_err(|e| usage(format!("--master-ip {}: {e}", args.master_ip)))?
-        .next()
-        .ok_or_else(|| usage(format!("--master-ip {} resolves to nothing", args.master_ip)))?;
+    let master = master_addr(args, port)?;
     let self_ip = self_ip(args, master)?;
 
     // Memory first: refuse before anything else if the buffers cannot fit.

@@ -395,6 +395,59 @@ fn local_write_batch_sweep() {
 }
 
 #[test]
+fn two_ranks_with_a_bracketed_ipv6_master() {
+    // `--master-ip '[::1]'` was "Name or service not known": brackets are accepted wherever an
+    // address is, and the engines advertise and dial IPv6 literals.
+    let port = free_base().to_string();
+    let side = |rank: &str| {
+        let mut a = vec!["--rank", rank, "--master-ip", "[::1]", "--self-ip", "[::1]", "--port", &port, "--op", "write"];
+        a.extend_from_slice(&SWEEP_64K);
+        a.extend_from_slice(&QUICK);
+        Proc::spawn(&format!("rank {rank}"), bench(&a), Duration::from_secs(40))
+    };
+    let t = side("1");
+    let i = side("0");
+    let (d0, d1) = (i.wait(), t.wait());
+    d1.expect_code(0, "rank 1 over [::1]");
+    d0.expect_code(0, "rank 0 over [::1]");
+    let (rows, validation) = parse_table(&d0.stdout);
+    assert_eq!(validation, "OK", "{}", d0.dump());
+    assert_eq!(rows.iter().map(|r| r.msg).collect::<Vec<_>>(), sizes_8_to_64k());
+}
+
+/// A name in /etc/hosts (not `localhost`) that maps only to loopback addresses: Debian maps the
+/// host's own name there (127.0.1.1); these machines map theirs to 127.0.0.1.
+fn loopback_alias() -> Option<String> {
+    let hosts = std::fs::read_to_string("/etc/hosts").ok()?;
+    let mut names: Vec<(String, bool)> = Vec::new();
+    for line in hosts.lines().map(|l| l.split('#').next().unwrap_or("")) {
+        let mut f = line.split_whitespace();
+        let Some(ip) = f.next().and_then(|ip| ip.parse::<std::net::IpAddr>().ok()) else { continue };
+        for n in f {
+            match names.iter_mut().find(|(m, _)| m == n) {
+                Some((_, lo)) => *lo &= ip.is_loopback(),
+                None => names.push((n.to_string(), ip.is_loopback())),
+            }
+        }
+    }
+    names.into_iter().find(|(n, lo)| *lo && !n.starts_with("localhost") && !n.starts_with("ip6-")).map(|(n, _)| n)
+}
+
+#[test]
+fn a_master_name_that_resolves_to_loopback_is_refused_at_once() {
+    let name = loopback_alias().expect("this rig's /etc/hosts maps a host name (other than localhost) to loopback");
+    let t = Instant::now();
+    let d = run("loopback master name", &["--rank", "0", "--master-ip", &name, "--port", "18601"], Duration::from_secs(10));
+    d.expect_code(2, "a master name resolving to loopback");
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}, not at once", t.elapsed());
+    for w in
+        [format!("--master-ip {name} resolves to 127."), "(loopback only)".to_string(), "127.0.0.1 when both ranks run on this host".into()]
+    {
+        assert!(d.stderr.contains(&w), "stderr lacks {w:?}: {}", d.stderr);
+    }
+}
+
+#[test]
 fn json_and_plot() {
     let dir = TempDir::new("plot");
     let (json, png) = (dir.path("out.json"), dir.path("p.png"));
@@ -523,10 +576,15 @@ fn pairs_started_by_hand_report_the_failing_pair() {
 
 #[test]
 fn usage_errors_name_the_flag() {
-    let cases: [(&[&str], &[&str]); 14] = [
+    let mut cases: Vec<(&[&str], &[&str])> = vec![
         (&["--buffer-size", "18446744073709551615"], &["does not fit in memory"]),
         (&["--port", "0"], &["--port 0", "allowed 1..=65533"]),
         (&["--self-ip", "0.0.0.0"], &["--self-ip", "0.0.0.0", "loopback"]),
+        // Every spelling of a wildcard, not only the two literal ones.
+        (&["--self-ip", "0"], &["--self-ip \"0\" is a wildcard (0.0.0.0)"]),
+        (&["--self-ip", "::0"], &["--self-ip \"::0\" is a wildcard (::)"]),
+        (&["--self-ip", "0:0:0:0:0:0:0:0"], &["is a wildcard (::)"]),
+        (&["--self-ip", "[::ffff:0.0.0.0]"], &["is a wildcard (::ffff:0.0.0.0)"]),
         (&["--buffer-size", "0"], &["--buffer-size"]),
         (&["--backend", "fabric"], &["--backend fabric moves GPU memory only", "--mem-type gpu"]),
         (&["--backend", "xgmi"], &["--backend xgmi", "--mem-type gpu"]),
@@ -535,6 +593,11 @@ fn usage_errors_name_the_flag() {
             &["--mem-type", "gpu", "--backend", "xgmi", "--gpu", "1", "--dst-gpu", "0", "--target-dev-offset", "1"],
             &["--dst-gpu 0 conflicts"],
         ),
+        // The same conflict with --gpu left at its default.
+        (
+            &["--mem-type", "gpu", "--backend", "xgmi", "--dst-gpu", "1", "--target-dev-offset", "3"],
+            &["--dst-gpu 1 conflicts with --target-dev-offset 3 (with --gpu 0, the default, it means offset 1)"],
+        ),
         (&["--gpu", "0"], &["--mem-type gpu"]),
         (&["--rank", "2"], &["--rank 2"]),
         (&["--num-initiator-dev", "2"], &["--num-initiator-dev 2 and --num-target-dev 1 must be equal"]),
@@ -542,7 +605,6 @@ fn usage_errors_name_the_flag() {
         (&["--num-initiator-dev", "2", "--num-target-dev", "2", "--xgmi-single-process"], &["--xgmi-single-process", "one pair"]),
         (&["--num-initiator-dev", "4", "--num-target-dev", "4", "--port", "65530"], &["--port 65530", "65531..=65538", "past 65535"]),
     ];
-    let mut cases = cases.to_vec();
     // Without an RDMA device (this host, CI) the rdma backend is refused at once, saying why.
     if std::fs::read_dir("/sys/class/infiniband").map(|d| d.count() == 0).unwrap_or(true) {
         cases.push((&["--backend", "rdma"], &["--backend rdma", "RDMA"]));

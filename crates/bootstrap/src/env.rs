@@ -2,7 +2,7 @@
 //!
 //! See [`BootstrapEnv`] for the variables and their precedence.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::config::{env_tuning, SocketBootstrapConfig, DEFAULT_PORT};
@@ -180,16 +180,16 @@ impl BootstrapEnv {
         BootstrapEnv::parse(&|k: &str| std::env::var(k).ok())
     }
 
-    /// Resolves the master host (std `ToSocketAddrs`, IPv4 preferred).
+    /// Resolves the master host ([`crate::addr::resolve`]: IPv6 literals bare or bracketed,
+    /// IPv4 preferred).
     ///
     /// # Errors
     /// [`BootstrapError::InvalidConfig`] naming the variable when resolution fails.
     pub fn master_addr(&self) -> Result<SocketAddr, BootstrapError> {
         let fail =
             |why: String| BootstrapError::InvalidConfig(format!("{}={:?} cannot be resolved: {why}", self.master_var, self.master_host));
-        let addrs: Vec<SocketAddr> =
-            (self.master_host.as_str(), self.master_port).to_socket_addrs().map_err(|e| fail(e.to_string()))?.collect();
-        addrs.iter().find(|a| a.is_ipv4()).or_else(|| addrs.first()).copied().ok_or_else(|| fail("no addresses".into()))
+        let addrs = crate::addr::resolve(&self.master_host, self.master_port).map_err(|e| fail(e.to_string()))?;
+        addrs.first().copied().ok_or_else(|| fail("no addresses".into()))
     }
 
     /// Resolves the master and builds the socket bootstrap config.

@@ -20,6 +20,7 @@
 
 use std::time::Duration;
 
+pub mod addr;
 mod collectives;
 mod config;
 mod conn;

@@ -91,14 +91,9 @@ pub fn dial(
     connect_timeout: std::time::Duration,
     io_timeout: std::time::Duration,
 ) -> IoResult<std::net::TcpStream> {
-    use std::net::ToSocketAddrs;
     let key = &peer.key;
-    let target = format!("{}:{}", peer.host, peer.port);
-    let addr = target
-        .to_socket_addrs()
-        .map_err(|e| IoError::invalid(format!("engine {key:?} address {target}: {e}")))?
-        .next()
-        .ok_or_else(|| IoError::invalid(format!("engine {key:?} address {target} resolves to nothing")))?;
+    let addr = mori_bootstrap::addr::resolve(&peer.host, peer.port)
+        .map_err(|e| IoError::invalid(format!("engine {key:?} address {:?} port {}: {e}", peer.host, peer.port)))?[0];
     let what = match role {
         Role::Control => "control".to_string(),
         Role::Data { backend, lane } => format!("{backend} lane {lane}"),

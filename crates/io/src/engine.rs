@@ -18,7 +18,7 @@ use mori_io_tcp::{TcpBackend, TcpConfig};
 use mori_io_xgmi::{XgmiBackend, XgmiConfig};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::net::{TcpListener, ToSocketAddrs};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -147,7 +147,11 @@ fn node_id(host: &str) -> String {
 impl IoEngine {
     /// Starts an engine named `key` listening on `cfg.host:cfg.port`.
     ///
-    /// Errors: `InvalidArgs` for an empty key, host `0.0.0.0`/`::` (peers would dial their own
+    /// `cfg.host` is a name or an IP literal (IPv6 bare or bracketed); the descriptor carries it
+    /// without brackets.
+    ///
+    /// Errors: `InvalidArgs` for an empty key, a host resolving to an unspecified address in any
+    /// spelling (`0.0.0.0`, `0`, `::`, `::0`, `::ffff:0.0.0.0`, ...: peers would dial their own
     /// loopback and fail with "connection refused"), or an unresolvable host; `BadState`
     /// naming the port when it is already in use.
     pub fn new(key: &str, cfg: EngineConfig) -> IoResult<Self> {
@@ -156,17 +160,7 @@ impl IoEngine {
         if key.is_empty() {
             return Err(IoError::invalid("engine key is empty"));
         }
-        if cfg.host == "0.0.0.0" || cfg.host == "::" || cfg.host == "[::]" {
-            return Err(IoError::invalid(format!(
-                "engine host {:?} is a wildcard: it becomes the address peers dial, so they would dial their own host and get 'connection refused'; give an address the peer can reach",
-                cfg.host
-            )));
-        }
-        let addr = (cfg.host.as_str(), cfg.port)
-            .to_socket_addrs()
-            .map_err(|e| IoError::invalid(format!("engine host {:?}: {e}", cfg.host)))?
-            .next()
-            .ok_or_else(|| IoError::invalid(format!("engine host {:?} resolves to nothing", cfg.host)))?;
+        let addr = mori_bootstrap::addr::advertised("engine host", &cfg.host, cfg.port).map_err(|e| IoError::invalid(e.to_string()))?;
         let listener = TcpListener::bind(addr).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AddrInUse {
                 IoError::bad_state(format!("control-plane port {} on {} is already in use", cfg.port, cfg.host))
@@ -180,7 +174,7 @@ impl IoEngine {
             key: key.to_string(),
             node_id: node_id(&hn),
             hostname: hn,
-            host: cfg.host.clone(),
+            host: mori_bootstrap::addr::unbracket(&cfg.host).to_string(),
             port,
             pid: std::process::id(),
         });
@@ -308,7 +302,9 @@ impl IoEngine {
 
     /// Deregisters memory: no new transfer can use it; waits (up to the drain timeout) for
     /// in-flight ones. Errors: `NotFound` if not registered here (double deregistration);
-    /// `InvalidArgs` if `desc` belongs to another engine; `Timeout` if operations still use it.
+    /// `InvalidArgs` if `desc` belongs to another engine; `Timeout` if operations still use it
+    /// after the drain timeout: the region then stays draining (new transfers refused) and must
+    /// not be freed yet; call `deregister_memory` again to wait again, until it returns `Ok`.
     pub fn deregister_memory(&self, desc: &MemoryDesc) -> IoResult<()> {
         self.own(desc)?;
         self.inner.registry.remove(desc.id, self.inner.cfg.drain_timeout)?;
@@ -474,7 +470,7 @@ impl IoEngine {
         }
         let b = self.inner.choose(local, remote, &peer)?;
         b.connect(&peer)?;
-        Session::new(Arc::new(local.clone()), Arc::new(remote.clone()), peer, b)
+        Session::new(self.inner.clone(), Arc::new(local.clone()), Arc::new(remote.clone()), peer, b)
     }
 
     /// The backend that would serve this pair (creating the cache entry), for diagnostics.
