@@ -2,7 +2,7 @@
 
 use crate::desc::{MemId, MemLoc};
 use crate::error::{IoError, IoResult};
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +43,9 @@ pub fn check_range(id: MemId, region_len: u64, offset: u64, len: u64) -> IoResul
 #[derive(Default, Debug)]
 pub struct MemRegistry {
     regions: RwLock<HashMap<MemId, Arc<Region>>>,
+    /// Regions being deregistered whose drain timed out: no new operation finds them, and a
+    /// retry of [`MemRegistry::remove`] waits for them again.
+    draining: Mutex<HashMap<MemId, Arc<Region>>>,
 }
 
 impl MemRegistry {
@@ -89,27 +92,41 @@ impl MemRegistry {
     }
 
     /// Removes a region so no new operation can use it, then waits up to `drain` for in-flight
-    /// operations holding it to finish. Errors: `NotFound` if not registered (a second
-    /// deregistration is an error, not a double free); `Timeout` if operations still hold it
-    /// after `drain` (the memory must then not be freed yet).
+    /// operations holding it to finish.
+    ///
+    /// Errors: `NotFound` if not registered (a second deregistration is an error, not a double
+    /// free); `Timeout` if operations still hold it after `drain`: the region then stays
+    /// *draining* (no new operation finds it) and the memory must not be freed yet; calling
+    /// `remove` again waits again, and returns `Ok` once the last operation let go.
     pub fn remove(&self, id: MemId, drain: Duration) -> IoResult<()> {
-        let r = self
-            .regions
-            .write()
-            .remove(&id)
-            .ok_or_else(|| IoError::not_found(format!("memory {id} is not registered (double deregistration?)")))?;
+        let r = match self.regions.write().remove(&id) {
+            Some(r) => r,
+            None => self
+                .draining
+                .lock()
+                .remove(&id)
+                .ok_or_else(|| IoError::not_found(format!("memory {id} is not registered (double deregistration?)")))?,
+        };
         let deadline = Instant::now() + drain;
         while Arc::strong_count(&r) > 1 {
             if Instant::now() >= deadline {
+                let users = Arc::strong_count(&r) - 1;
+                self.draining.lock().insert(id, r);
                 return Err(IoError::timeout(format!(
-                    "memory {id} deregistered but {} in-flight operation(s) still use it after {:?}",
-                    Arc::strong_count(&r) - 1,
-                    drain
+                    "memory {id} is draining: {users} in-flight operation(s) still use it after {drain:?}; new operations are refused; \
+                     do not free it yet, deregister it again to wait for the drain"
                 )));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         Ok(())
+    }
+
+    /// Ids of regions whose deregistration timed out and that are still draining.
+    pub fn draining(&self) -> Vec<MemId> {
+        let mut v: Vec<MemId> = self.draining.lock().keys().copied().collect();
+        v.sort_unstable();
+        v
     }
 }
 
@@ -137,7 +154,20 @@ mod tests {
         let r = reg.insert(Region { id: 2, addr: 0x1000, len: 8, loc: MemLoc::Host { numa: None } }).unwrap();
         let e = reg.remove(2, Duration::from_millis(20)).unwrap_err();
         assert_eq!(e.code, crate::ErrorCode::Timeout);
-        drop(r);
+        assert!(e.msg.contains("draining") && e.msg.contains("deregister it again"), "{e}");
+        // Draining: new operations do not find it, a retry waits again (and times out again
+        // while the holder is there), then succeeds once the holder let go.
+        assert_eq!(reg.get(2).unwrap_err().code, crate::ErrorCode::NotFound);
+        assert_eq!(reg.draining(), vec![2]);
+        assert_eq!(reg.remove(2, Duration::from_millis(5)).unwrap_err().code, crate::ErrorCode::Timeout);
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(r);
+        });
+        reg.remove(2, Duration::from_secs(5)).unwrap();
+        holder.join().unwrap();
+        assert!(reg.draining().is_empty());
+        assert_eq!(reg.remove(2, Duration::from_secs(1)).unwrap_err().code, crate::ErrorCode::NotFound);
     }
 
     proptest! {

@@ -1,15 +1,23 @@
 //! [`Session`]: a pre-resolved (local region, remote region, backend) triple.
 
+use crate::engine::EngineInner;
 use mori_io_core::plan::{check_batch, check_entry};
 use mori_io_core::status::Completion;
-use mori_io_core::{Backend, BackendKind, EngineDesc, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus};
+use mori_io_core::{
+    Backend, BackendKind, EngineDesc, IoError, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus,
+};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Transfers between one local and one remote region over a backend chosen once, with the
 /// remote region verified and connections open (see `IoEngine::create_session`). Cheaper per
 /// call than the engine's one-shot methods: no backend choice, and with a backend that
 /// prepares a [`Route`] (xgmi) no per-transfer lookups either.
+///
+/// A session lives no longer than its engine: once the `IoEngine` that created it is dropped,
+/// every call fails with `BadState`.
 pub struct Session {
+    engine: Arc<EngineInner>,
     local: Arc<MemoryDesc>,
     remote: Arc<MemoryDesc>,
     peer: Arc<EngineDesc>,
@@ -18,9 +26,25 @@ pub struct Session {
 }
 
 impl Session {
-    pub(crate) fn new(local: Arc<MemoryDesc>, remote: Arc<MemoryDesc>, peer: Arc<EngineDesc>, backend: Arc<dyn Backend>) -> IoResult<Self> {
+    pub(crate) fn new(
+        engine: Arc<EngineInner>,
+        local: Arc<MemoryDesc>,
+        remote: Arc<MemoryDesc>,
+        peer: Arc<EngineDesc>,
+        backend: Arc<dyn Backend>,
+    ) -> IoResult<Self> {
         let route = backend.route(&local, &remote, &peer)?;
-        Ok(Session { local, remote, peer, backend, route })
+        Ok(Session { engine, local, remote, peer, backend, route })
+    }
+
+    /// `BadState` once the engine that made this session was dropped.
+    fn engine_gone(&self) -> Option<TransferStatus> {
+        self.engine.shutdown.load(Ordering::Acquire).then(|| {
+            TransferStatus::failed(IoError::bad_state(format!(
+                "session of engine {:?} (to {:?}): the engine was dropped",
+                self.engine.desc.key, self.peer.key
+            )))
+        })
     }
 
     /// The backend serving this session.
@@ -51,6 +75,9 @@ impl Session {
     /// One entry: as a batch of one, without building a vector when the backend has a route.
     fn one(&self, op: Op, lo: u64, ro: u64, size: u64, id: TransferId) -> TransferStatus {
         let Some(r) = &self.route else { return self.batch(op, &[lo], &[ro], &[size], id) };
+        if let Some(gone) = self.engine_gone() {
+            return gone;
+        }
         if let Err(e) = check_entry(0, (self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, size) {
             return TransferStatus::failed(e);
         }
@@ -59,6 +86,9 @@ impl Session {
     }
 
     fn batch(&self, op: Op, lo: &[u64], ro: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+        if let Some(gone) = self.engine_gone() {
+            return gone;
+        }
         match check_batch((self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, sizes) {
             Err(e) => TransferStatus::failed(e),
             Ok(segs) => match &self.route {

@@ -4,6 +4,7 @@ mod conformance;
 
 use conformance::*;
 use mori_io::{BackendConfig, BackendKind, EngineConfig, ErrorCode, IoEngine, MemLoc, MemoryDesc, TcpConfig};
+use std::time::Duration;
 
 fn tcp(lanes: usize) -> impl Fn() -> BackendConfig {
     move || BackendConfig::Tcp(TcpConfig { lanes, min_lane_bytes: 4096, ..TcpConfig::default() })
@@ -52,8 +53,14 @@ fn unavailable_paths_say_so() {
     let e = unsafe { eng.register_memory(x.as_mut_ptr(), 8, MemLoc::Gpu { device: 0 }) }.unwrap_err();
     assert_eq!(e.code, ErrorCode::NotSupported);
     assert!(e.msg.contains("needs a GPU backend"), "{e}");
-    let e = IoEngine::new("wild", EngineConfig::new("0.0.0.0", 0).unwrap()).err().unwrap();
-    assert!(e.msg.contains("wildcard"), "{e}");
+    for wild in ["0.0.0.0", "0", "::", "[::]", "::0", "0:0:0:0:0:0:0:0", "::ffff:0.0.0.0"] {
+        let e = IoEngine::new("wild", EngineConfig::new(wild, 0).unwrap()).err().unwrap();
+        assert!(e.msg.contains("wildcard"), "{wild}: {e}");
+    }
+    // A bracketed IPv6 literal is an address like any other; the descriptor carries it bare.
+    let v6 = IoEngine::new("v6", EngineConfig::new("[::1]", 0).unwrap()).unwrap();
+    assert_eq!(v6.desc().host, "::1");
+    drop(v6);
     let port = eng.desc().port;
     let e = IoEngine::new("clash", EngineConfig::new("127.0.0.1", port).unwrap()).err().unwrap();
     assert!(e.msg.contains(&format!("port {port}")) && e.msg.contains("in use"), "{e}");
@@ -84,6 +91,26 @@ fn auto_backends_fall_back_to_tcp_without_rdma() {
 /// True when neither NVIDIA's nor AMD's driver device node exists (this host, CI).
 fn mori_gpu_absent() -> bool {
     !std::path::Path::new("/dev/nvidiactl").exists() && !std::path::Path::new("/dev/kfd").exists()
+}
+
+#[test]
+fn engines_on_ipv6_loopback_move_bytes() {
+    // Peers dialled "HOST:PORT", which is not an address for an IPv6 host ("::1:4000").
+    let mk = |key: &str| {
+        let e = IoEngine::new(key, EngineConfig::new("[::1]", 0).unwrap()).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 2, ..TcpConfig::default() })).unwrap();
+        e
+    };
+    let (a, b) = (mk("A6"), mk("B6"));
+    let mut src: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+    let mut dst = vec![0u8; 4096];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), src.len(), MemLoc::Host { numa: None }) }.unwrap();
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), dst.len(), MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    a.write(&ms, 0, &md, 0, 4096, 1).wait_for(T).unwrap();
+    b.deregister_memory(&md).unwrap();
+    a.deregister_memory(&ms).unwrap();
+    assert_eq!(src, dst);
 }
 
 #[test]
@@ -143,4 +170,71 @@ fn a_dropped_target_engine_takes_no_more_writes() {
     let e = first_err.unwrap();
     assert!(e.code == ErrorCode::RemoteDisconnect || e.code == ErrorCode::NotSupported || e.code == ErrorCode::Transport, "{e}");
     c.deregister_memory(&ms).unwrap();
+}
+
+#[test]
+fn a_deregistration_that_times_out_can_be_waited_for() {
+    // deregister_memory returned Timeout while a transfer still used the region, the region was
+    // already gone, and a retry said NotFound: the caller could not learn when to free it.
+    let mk = |key: &str, drain: Duration| {
+        let cfg = EngineConfig { drain_timeout: drain, ..EngineConfig::new("127.0.0.1", 0).unwrap() };
+        let e = IoEngine::new(key, cfg).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 1, ..TcpConfig::default() })).unwrap();
+        e
+    };
+    let (a, b) = (mk("A-drain", Duration::from_millis(1)), mk("B-drain", Duration::from_secs(10)));
+    let len = 256usize << 20;
+    let mut src = vec![0x3cu8; len];
+    let mut dst = vec![0u8; len];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), len, MemLoc::Host { numa: None }) }.unwrap();
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), len, MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    let st = a.write(&ms, 0, &md, 0, len as u64, 1);
+    // 256 MiB over one loopback connection takes ~100 ms: the 1 ms drain times out.
+    let e = a.deregister_memory(&ms).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Timeout, "{e}");
+    assert!(e.msg.contains("draining") && e.msg.contains("deregister it again"), "{e}");
+    // New operations on the draining region are refused; retries wait until the drain ends.
+    let e = a.write(&ms, 0, &md, 0, 8, 2).wait_for(T).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+    let mut tries = 1;
+    while let Err(e) = a.deregister_memory(&ms) {
+        assert_eq!(e.code, ErrorCode::Timeout, "a retry waits again: {e}");
+        tries += 1;
+        assert!(tries < 100_000, "the drain never ended");
+    }
+    st.wait_for(T).unwrap();
+    assert_eq!(a.deregister_memory(&ms).unwrap_err().code, ErrorCode::NotFound, "once drained it is gone");
+    b.deregister_memory(&md).unwrap();
+    assert!(dst.iter().all(|&x| x == 0x3c));
+    drop(src);
+}
+
+#[test]
+fn a_session_of_a_dropped_engine_fails() {
+    // A Session kept writing after its own engine was dropped.
+    let mk = |key: &str| {
+        let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 1, ..TcpConfig::default() })).unwrap();
+        e
+    };
+    let (a, b) = (mk("A-sess"), mk("B-sess"));
+    let mut src = vec![0x11u8; 64];
+    let mut dst = vec![0u8; 64];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    let sess = a.create_session(&ms, &md).unwrap();
+    sess.write(0, 0, 64, 1).wait_for(T).unwrap();
+    assert!(dst.iter().all(|&x| x == 0x11));
+    dst.fill(0);
+    drop(a); // without deregistering: the session alone must now refuse
+    for (i, st) in [sess.write(0, 0, 64, 2), sess.batch_write(&[0], &[0], &[64], 3)].into_iter().enumerate() {
+        let e = st.wait_for(T).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadState, "call {i}: {e}");
+        assert!(e.msg.contains("the engine was dropped"), "{e}");
+    }
+    assert!(dst.iter().all(|&x| x == 0), "nothing was written after the drop");
+    b.deregister_memory(&md).unwrap();
+    drop(src);
 }
