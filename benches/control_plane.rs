@@ -19,6 +19,7 @@ fn engine() -> EngineDesc {
         host: "10.0.17.4".into(),
         port: 18516,
         pid: 424242,
+        epoch: 0x9e37_79b9_7f4a_7c15,
     }
 }
 
@@ -26,6 +27,7 @@ fn engine() -> EngineDesc {
 fn memory() -> MemoryDesc {
     MemoryDesc {
         engine_key: "prefill-0".into(),
+        engine_epoch: 0x9e37_79b9_7f4a_7c15,
         id: 7,
         addr: 0x7f00_dead_0000,
         len: 512 << 20,

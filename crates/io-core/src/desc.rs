@@ -2,12 +2,18 @@
 //!
 //! Both serialize with postcard behind one version byte ([`DESC_VERSION`]); decoding rejects
 //! an unknown version, truncated input and trailing bytes with `InvalidArgs`.
+//!
+//! Incarnations: every engine draws a random [`EngineDesc::epoch`] when it starts, and every
+//! [`MemoryDesc`] carries the epoch of the engine that registered it
+//! ([`MemoryDesc::engine_epoch`]). An engine restarted under the same key has another epoch,
+//! so a descriptor of its previous life is told apart from one of the new (region ids restart
+//! at 1 with each engine) and refused as stale instead of landing in another region.
 
 use crate::error::{IoError, IoResult};
 use serde::{Deserialize, Serialize};
 
 /// Version byte that prefixes every serialized descriptor.
-pub const DESC_VERSION: u8 = 1;
+pub const DESC_VERSION: u8 = 2;
 
 /// Identifies an engine and tells peers how to reach its control plane.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -24,6 +30,22 @@ pub struct EngineDesc {
     pub port: u16,
     /// Process id of the owning process.
     pub pid: u32,
+    /// Random, non-zero, drawn once per engine ([`new_epoch`]): tells this engine from any
+    /// other that had or will have the same key (a restart), see the module doc.
+    pub epoch: u64,
+}
+
+/// A fresh random engine epoch, never 0 (std's randomly keyed hasher over the process id,
+/// the time and a per-process counter, so two engines of one process differ too).
+pub fn new_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    h.finish().max(1)
 }
 
 /// Where a registered region lives.
@@ -64,6 +86,9 @@ pub type MemId = u64;
 pub struct MemoryDesc {
     /// Key of the engine that registered it.
     pub engine_key: String,
+    /// [`EngineDesc::epoch`] of that engine: a peer restarted under the same key has another,
+    /// and transfers naming this descriptor are then refused as stale (`RemoteDisconnect`).
+    pub engine_epoch: u64,
     /// Region id within that engine.
     pub id: MemId,
     /// Virtual address of the region's first byte in the owner's address space.
@@ -144,7 +169,15 @@ mod tests {
     use proptest::prelude::*;
 
     fn engine() -> EngineDesc {
-        EngineDesc { key: "prefill-0".into(), node_id: "n1".into(), hostname: "h".into(), host: "127.0.0.1".into(), port: 18516, pid: 42 }
+        EngineDesc {
+            key: "prefill-0".into(),
+            node_id: "n1".into(),
+            hostname: "h".into(),
+            host: "127.0.0.1".into(),
+            port: 18516,
+            pid: 42,
+            epoch: 7,
+        }
     }
 
     #[test]
@@ -164,6 +197,14 @@ mod tests {
         assert!(EngineDesc::unpack(&long).unwrap_err().msg.contains("trailing"));
     }
 
+    #[test]
+    fn epochs_are_non_zero_and_differ() {
+        let v: Vec<u64> = (0..64).map(|_| new_epoch()).collect();
+        assert!(v.iter().all(|&e| e != 0));
+        let set: std::collections::HashSet<u64> = v.iter().copied().collect();
+        assert_eq!(set.len(), v.len(), "64 epochs of one process are distinct");
+    }
+
     proptest! {
         #[test]
         fn memory_desc_round_trips_and_every_truncation_fails(
@@ -171,7 +212,7 @@ mod tests {
             dev in 0u32..16, h in proptest::collection::vec(any::<u8>(), 0..64)
         ) {
             let d = MemoryDesc {
-                engine_key: "decode-3".into(), id, addr, len,
+                engine_key: "decode-3".into(), engine_epoch: addr ^ 5, id, addr, len,
                 loc: if gpu { MemLoc::Gpu { device: dev } } else { MemLoc::Host { numa: Some(dev) } },
                 bus_id: gpu.then(|| "0000:19:00.0".to_string()),
                 handles: vec![BackendHandle { backend: crate::BackendKind::Tcp, bytes: h }],

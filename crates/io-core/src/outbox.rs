@@ -216,7 +216,15 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn peer(key: &str) -> Arc<EngineDesc> {
-        Arc::new(EngineDesc { key: key.to_string(), node_id: "n".into(), hostname: "h".into(), host: "127.0.0.1".into(), port: 1, pid: 1 })
+        Arc::new(EngineDesc {
+            key: key.to_string(),
+            node_id: "n".into(),
+            hostname: "h".into(),
+            host: "127.0.0.1".into(),
+            port: 1,
+            pid: 1,
+            epoch: 1,
+        })
     }
 
     #[test]

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
 /// Protocol version carried in every [`Hello`].
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Default upper bound of one control frame's body, bytes (16 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
@@ -83,7 +83,8 @@ pub enum CtrlReply {
 /// `connect_timeout`, then every read and write of the stream bounded by `io_timeout`.
 /// Errors: `InvalidArgs` for an address that does not resolve; `Timeout`/`RemoteDisconnect`/
 /// `Transport` from the socket (naming the engine and address); the peer's refusal; `BadState`
-/// when another engine than `peer` answers.
+/// when another engine than `peer` answers; `RemoteDisconnect` when an engine of that key but
+/// another [`EngineDesc::epoch`] answers (the peer restarted since its descriptor was taken).
 pub fn dial(
     local: &EngineDesc,
     peer: &EngineDesc,
@@ -105,7 +106,12 @@ pub fn dial(
     s.set_write_timeout(Some(io_timeout)).ok();
     write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: local.clone(), role })?;
     match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME)? {
-        HelloReply::Ok(d) if d.key == *key => Ok(s),
+        HelloReply::Ok(d) if d.key == *key && d.epoch == peer.epoch => Ok(s),
+        HelloReply::Ok(d) if d.key == *key => Err(IoError::disconnected(format!(
+            "engine {key:?} at {addr} is another incarnation (epoch {:#x}, pid {}) than the one registered here (epoch {:#x}, pid {}): \
+             it restarted; register its new descriptor and look its memory up again",
+            d.epoch, d.pid, peer.epoch, peer.pid
+        ))),
         HelloReply::Ok(d) => Err(IoError::bad_state(format!("dialed engine {key:?} at {addr} but {:?} answered", d.key))),
         HelloReply::Refused(e) => Err(e),
     }

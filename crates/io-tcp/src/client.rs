@@ -15,6 +15,7 @@ pub(crate) struct Job {
     pub op: Op,
     pub transfer_id: u64,
     pub remote_mem: u64,
+    pub remote_epoch: u64,
     pub piece_total: u32,
     pub segs: Vec<Seg>,
     pub local: Arc<Region>,
@@ -105,7 +106,7 @@ fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
         total_len: total,
         nsegs: job.segs.len() as u32,
         piece_total: job.piece_total,
-        _pad: 0,
+        epoch: job.remote_epoch,
     };
     let table: Vec<SegWire> = job.segs.iter().map(|g| SegWire { remote_off: g.remote_off, len: g.len }).collect();
     let mut ptrs = Vec::with_capacity(job.segs.len());

@@ -171,6 +171,7 @@ impl Backend for TcpBackend {
                 op: req.op,
                 transfer_id: req.id,
                 remote_mem: req.remote.id,
+                remote_epoch: req.remote.engine_epoch,
                 piece_total: total,
                 segs: p.segs,
                 local: local.clone(),

@@ -35,8 +35,9 @@ pub struct ReqHeader {
     pub nsegs: u32,
     /// Number of requests (over all lanes) the transfer was cut into.
     pub piece_total: u32,
-    /// Reserved, zero.
-    pub _pad: u64,
+    /// The target engine's epoch as the initiator's descriptor of the region says
+    /// (`MemoryDesc::engine_epoch`); the target refuses a request naming another incarnation.
+    pub epoch: u64,
 }
 
 /// One remote segment, 16 bytes.
@@ -76,7 +77,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<ReqHeader>(), 48);
         assert_eq!(std::mem::size_of::<SegWire>(), 16);
         assert_eq!(std::mem::size_of::<ReplyHeader>(), 32);
-        let h = ReqHeader { magic: MAGIC, op: OP_READ, transfer_id: 9, mem_id: 3, total_len: 77, nsegs: 2, piece_total: 1, _pad: 0 };
+        let h = ReqHeader { magic: MAGIC, op: OP_READ, transfer_id: 9, mem_id: 3, total_len: 77, nsegs: 2, piece_total: 1, epoch: 5 };
         let b = bytemuck::bytes_of(&h);
         assert_eq!(&b[..4], b"MRIT");
         assert_eq!(bytemuck::pod_read_unaligned::<ReqHeader>(b), h);

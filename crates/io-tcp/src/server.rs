@@ -80,6 +80,13 @@ fn reply(s: &mut TcpStream, id: u64, r: &Result<(), IoError>, payload: &mut [IoS
 
 /// Validates the segments against the target region; returns it with the segment list.
 fn resolve(ctx: &BackendContext, h: &ReqHeader, segs: &[SegWire]) -> Result<Arc<Region>, IoError> {
+    if h.epoch != ctx.local.epoch {
+        return Err(IoError::disconnected(format!(
+            "stale descriptor: memory {} names engine {:?} epoch {:#x}, this engine of that key has epoch {:#x} (the engine the \
+             descriptor came from is gone); nothing was moved",
+            h.mem_id, ctx.local.key, h.epoch, ctx.local.epoch
+        )));
+    }
     let region = ctx.registry.get(h.mem_id)?;
     let mut sum: u64 = 0;
     for (i, sg) in segs.iter().enumerate() {

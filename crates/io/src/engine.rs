@@ -1,6 +1,7 @@
 //! [`IoEngine`]: registrations, remote engines, backend choice and one-shot transfers.
 
 use crate::control::CtrlPool;
+use crate::inflight::InFlight;
 use crate::session::Session;
 use mori_io_core::plan::check_batch;
 use mori_io_core::status::Completion;
@@ -107,6 +108,10 @@ pub(crate) struct EngineInner {
     ctrl: Arc<CtrlPool>,
     next_mem: AtomicU64,
     next_transfer: AtomicU64,
+    /// Bumped whenever a remote engine is deregistered or replaced: sessions re-check their
+    /// peer only when it moved (one atomic load per post otherwise).
+    pub(crate) remote_gen: AtomicU64,
+    pub(crate) inflight: InFlight,
 }
 
 /// A MORI-IO transfer engine: one control-plane listener, the backends created on it, the
@@ -177,6 +182,7 @@ impl IoEngine {
             host: mori_bootstrap::addr::unbracket(&cfg.host).to_string(),
             port,
             pid: std::process::id(),
+            epoch: mori_io_core::new_epoch(),
         });
         let ctrl = Arc::new(CtrlPool::new(desc.clone(), cfg.control_timeout, cfg.max_frame));
         let inner = Arc::new(EngineInner {
@@ -192,6 +198,8 @@ impl IoEngine {
             ctrl,
             next_mem: AtomicU64::new(1),
             next_transfer: AtomicU64::new(1),
+            remote_gen: AtomicU64::new(0),
+            inflight: InFlight::new(),
         });
         let e = inner.clone();
         std::thread::Builder::new()
@@ -285,6 +293,7 @@ impl IoEngine {
         let id = self.inner.next_mem.fetch_add(1, Ordering::Relaxed);
         let mut desc = MemoryDesc {
             engine_key: self.inner.desc.key.clone(),
+            engine_epoch: self.inner.desc.epoch,
             id,
             addr: ptr as u64,
             len: len as u64,
@@ -316,9 +325,13 @@ impl IoEngine {
     }
 
     /// Makes a remote engine known (its descriptor came out of band). Registering a key again
-    /// with a different descriptor (the peer restarted) drops the connections and cached
-    /// choices of the old one first. Memory descriptors of the old engine must not be reused:
-    /// region ids restart with each engine. Errors: `InvalidArgs` for this engine's own key.
+    /// with a different descriptor (the peer restarted, or another engine took the key) drops
+    /// the connections and cached choices of the old one first; sessions made against the old
+    /// one then fail with `RemoteDisconnect`, and so do transfers naming memory descriptors of
+    /// the old one (their `engine_epoch` is not the new engine's epoch: region ids restart with
+    /// each engine, so they would otherwise address another region). Connections check the
+    /// epoch too: an engine of that key but another epoch answering is refused.
+    /// Errors: `InvalidArgs` for this engine's own key.
     pub fn register_remote_engine(&self, desc: EngineDesc) -> IoResult<()> {
         if desc.key == self.inner.desc.key {
             return Err(IoError::invalid(format!("remote engine key {:?} equals this engine's key", desc.key)));
@@ -342,9 +355,12 @@ impl IoEngine {
         Ok(())
     }
 
-    /// Forgets a remote engine and its connections.
+    /// Forgets a remote engine and its connections; its sessions fail from now on
+    /// (`RemoteDisconnect`).
     pub fn deregister_remote_engine(&self, key: &str) {
-        self.inner.remotes.write().remove(key);
+        if self.inner.remotes.write().remove(key).is_some() {
+            self.inner.remote_gen.fetch_add(1, Ordering::AcqRel);
+        }
         self.inner.ctrl.forget(key);
         self.inner.choice.lock().retain(|k, _| k.0 != key);
         for b in self.inner.backends.read().iter() {
@@ -397,8 +413,10 @@ impl IoEngine {
 
     /// Batch read: entry `i` moves `sizes[i]` bytes from `remote_offs[i]` to `local_offs[i]`.
     /// Errors (through the returned status): see [`mori_io_core::plan::check_batch`] for the
-    /// argument rules; `NotFound` for an unregistered engine; `NotSupported` with every
-    /// backend's refusal when none serves the pair.
+    /// argument rules; `InvalidArgs` for an `id` of a transfer to that engine not finished yet;
+    /// `NotFound` for an unregistered engine; `RemoteDisconnect` for a stale `remote` (made by
+    /// an earlier engine of that key, see [`IoEngine::register_remote_engine`]);
+    /// `NotSupported` with every backend's refusal when none serves the pair.
     pub fn batch_read(
         &self,
         local: &MemoryDesc,
@@ -439,14 +457,17 @@ impl IoEngine {
         let r = (|| {
             self.own(local)?;
             let peer = self.inner.remote(&remote.engine_key)?;
+            check_incarnation(remote, &peer)?;
             let segs = check_batch((local.id, local.len), (remote.id, remote.len), lo, ro, sizes)?;
             let b = self.inner.choose(local, remote, &peer)?;
-            Ok((peer, segs, b))
+            let slot = self.inner.inflight.reserve(peer.epoch, &peer.key, id)?;
+            Ok((peer, segs, b, slot))
         })();
         match r {
             Err(e) => TransferStatus::failed(e),
-            Ok((peer, segs, b)) => {
+            Ok((peer, segs, b, slot)) => {
                 let st = TransferStatus::new(1);
+                self.inner.inflight.fill(slot, &st);
                 b.post(
                     TransferRequest { op, id, peer, local: Arc::new(local.clone()), remote: Arc::new(remote.clone()), segs },
                     st.clone(),
@@ -458,10 +479,20 @@ impl IoEngine {
 
     /// Opens a session between a local and a remote region: resolves the backend, checks the
     /// remote region exists (control-plane lookup: `NotFound` otherwise) and connects.
+    /// Errors also: `RemoteDisconnect` for a stale `remote` (see [`IoEngine::batch_read`]).
+    /// The session fails with `RemoteDisconnect` once its peer is deregistered or replaced
+    /// here, and with `BadState` once this engine is dropped.
     pub fn create_session(&self, local: &MemoryDesc, remote: &MemoryDesc) -> IoResult<Session> {
         self.own(local)?;
+        // Read before the peer: a replacement racing with this call is then noticed at the
+        // session's first post.
+        let gen = self.inner.remote_gen.load(Ordering::Acquire);
         let peer = self.inner.remote(&remote.engine_key)?;
+        check_incarnation(remote, &peer)?;
         let found = self.inner.lookup(&remote.engine_key, remote.id)?;
+        if found.engine_epoch != remote.engine_epoch {
+            return Err(stale(remote, found.engine_epoch, peer.pid));
+        }
         if found.len != remote.len || found.addr != remote.addr {
             return Err(IoError::invalid(format!(
                 "remote memory {} of engine {:?} is registered as {} bytes at {:#x}, the descriptor says {} bytes at {:#x}",
@@ -470,7 +501,7 @@ impl IoEngine {
         }
         let b = self.inner.choose(local, remote, &peer)?;
         b.connect(&peer)?;
-        Session::new(self.inner.clone(), Arc::new(local.clone()), Arc::new(remote.clone()), peer, b)
+        Session::new(self.inner.clone(), Arc::new(local.clone()), Arc::new(remote.clone()), peer, b, gen)
     }
 
     /// The backend that would serve this pair (creating the cache entry), for diagnostics.
@@ -488,6 +519,24 @@ impl IoEngine {
         }
         Ok(())
     }
+}
+
+/// `RemoteDisconnect` unless `remote` was registered by the incarnation of its engine that is
+/// registered here (`peer`).
+fn check_incarnation(remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<()> {
+    if remote.engine_epoch == peer.epoch {
+        Ok(())
+    } else {
+        Err(stale(remote, peer.epoch, peer.pid))
+    }
+}
+
+fn stale(remote: &MemoryDesc, now: u64, pid: u32) -> IoError {
+    IoError::disconnected(format!(
+        "stale descriptor: memory {} was registered by engine {:?} epoch {:#x}, but the engine of that key now has epoch {:#x} \
+         (pid {pid}): it restarted or was replaced; take a fresh descriptor from it (or lookup_remote_memory)",
+        remote.id, remote.engine_key, remote.engine_epoch, now
+    ))
 }
 
 impl Drop for IoEngine {
@@ -510,6 +559,10 @@ impl EngineInner {
 
     pub(crate) fn local_memory(&self, id: MemId) -> Option<MemoryDesc> {
         self.local_descs.read().get(&id).cloned()
+    }
+
+    pub(crate) fn registered_remote(&self, key: &str) -> Option<Arc<EngineDesc>> {
+        self.remotes.read().get(key).cloned()
     }
 
     fn remote(&self, key: &str) -> IoResult<Arc<EngineDesc>> {

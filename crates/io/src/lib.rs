@@ -21,6 +21,7 @@
 
 mod control;
 mod engine;
+mod inflight;
 mod listener;
 mod session;
 

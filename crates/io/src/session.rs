@@ -6,7 +6,7 @@ use mori_io_core::status::Completion;
 use mori_io_core::{
     Backend, BackendKind, EngineDesc, IoError, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus,
 };
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Transfers between one local and one remote region over a backend chosen once, with the
@@ -15,7 +15,9 @@ use std::sync::Arc;
 /// prepares a [`Route`] (xgmi) no per-transfer lookups either.
 ///
 /// A session lives no longer than its engine: once the `IoEngine` that created it is dropped,
-/// every call fails with `BadState`.
+/// every call fails with `BadState`. Nor longer than its peer's registration: once the remote
+/// engine is deregistered, or registered again with another descriptor (it restarted), every
+/// call fails with `RemoteDisconnect`.
 pub struct Session {
     engine: Arc<EngineInner>,
     local: Arc<MemoryDesc>,
@@ -23,6 +25,8 @@ pub struct Session {
     peer: Arc<EngineDesc>,
     backend: Arc<dyn Backend>,
     route: Option<Arc<dyn Route>>,
+    /// The engine's `remote_gen` when the peer was last seen registered.
+    gen: AtomicU64,
 }
 
 impl Session {
@@ -32,19 +36,54 @@ impl Session {
         remote: Arc<MemoryDesc>,
         peer: Arc<EngineDesc>,
         backend: Arc<dyn Backend>,
+        gen: u64,
     ) -> IoResult<Self> {
         let route = backend.route(&local, &remote, &peer)?;
-        Ok(Session { engine, local, remote, peer, backend, route })
+        Ok(Session { engine, local, remote, peer, backend, route, gen: AtomicU64::new(gen) })
     }
 
-    /// `BadState` once the engine that made this session was dropped.
+    /// `BadState` once the engine that made this session was dropped; `RemoteDisconnect` once
+    /// the peer is no longer registered there as the engine this session was made against.
     fn engine_gone(&self) -> Option<TransferStatus> {
-        self.engine.shutdown.load(Ordering::Acquire).then(|| {
-            TransferStatus::failed(IoError::bad_state(format!(
+        if self.engine.shutdown.load(Ordering::Acquire) {
+            return Some(TransferStatus::failed(IoError::bad_state(format!(
                 "session of engine {:?} (to {:?}): the engine was dropped",
                 self.engine.desc.key, self.peer.key
-            )))
-        })
+            ))));
+        }
+        let now = self.engine.remote_gen.load(Ordering::Acquire);
+        if now == self.gen.load(Ordering::Relaxed) {
+            return None;
+        }
+        match self.engine.registered_remote(&self.peer.key) {
+            Some(p) if Arc::ptr_eq(&p, &self.peer) => {
+                self.gen.store(now, Ordering::Relaxed);
+                None
+            }
+            other => Some(TransferStatus::failed(IoError::disconnected(format!(
+                "session to engine {:?} (epoch {:#x}, pid {}): that engine was {} here since the session was made; \
+                 make a new session with fresh descriptors",
+                self.peer.key,
+                self.peer.epoch,
+                self.peer.pid,
+                match other {
+                    Some(p) => format!("replaced (now epoch {:#x}, pid {})", p.epoch, p.pid),
+                    None => "deregistered".to_string(),
+                }
+            )))),
+        }
+    }
+
+    /// Takes `id` for this session's peer, posts with `post`, records the status.
+    fn admit(&self, id: TransferId, post: impl FnOnce() -> TransferStatus) -> TransferStatus {
+        match self.engine.inflight.reserve(self.peer.epoch, &self.peer.key, id) {
+            Err(e) => TransferStatus::failed(e),
+            Ok(slot) => {
+                let st = post();
+                self.engine.inflight.fill(slot, &st);
+                st
+            }
+        }
     }
 
     /// The backend serving this session.
@@ -82,7 +121,7 @@ impl Session {
             return TransferStatus::failed(e);
         }
         let seg = [Seg { local_off: lo, remote_off: ro, len: size }];
-        r.post(op, id, if size == 0 { &[] } else { &seg })
+        self.admit(id, || r.post(op, id, if size == 0 { &[] } else { &seg }))
     }
 
     fn batch(&self, op: Op, lo: &[u64], ro: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
@@ -91,7 +130,7 @@ impl Session {
         }
         match check_batch((self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, sizes) {
             Err(e) => TransferStatus::failed(e),
-            Ok(segs) => match &self.route {
+            Ok(segs) => self.admit(id, || match &self.route {
                 Some(r) => r.post(op, id, &segs),
                 None => {
                     let st = TransferStatus::new(1);
@@ -100,7 +139,7 @@ impl Session {
                     self.backend.post(req, st.clone());
                     st
                 }
-            },
+            }),
         }
     }
 }

@@ -69,8 +69,16 @@ fn unavailable_paths_say_so() {
     let other = IoEngine::new("other", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
     eng.register_remote_engine(other.desc().clone()).unwrap();
     let local = unsafe { eng.register_memory(x.as_mut_ptr(), 8, MemLoc::Host { numa: None }) }.unwrap();
-    let gpu =
-        MemoryDesc { engine_key: "other".into(), id: 1, addr: 0, len: 8, loc: MemLoc::Gpu { device: 0 }, bus_id: None, handles: vec![] };
+    let gpu = MemoryDesc {
+        engine_key: "other".into(),
+        engine_epoch: other.desc().epoch,
+        id: 1,
+        addr: 0,
+        len: 8,
+        loc: MemLoc::Gpu { device: 0 },
+        bus_id: None,
+        handles: vec![],
+    };
     let e = eng.write(&local, 0, &gpu, 0, 8, 1).wait_for(T).unwrap_err();
     assert_eq!(e.code, ErrorCode::NotSupported);
     assert!(e.msg.contains("tcp: remote memory 1 of engine \"other\" is GPU memory"), "{e}");
@@ -237,4 +245,19 @@ fn a_session_of_a_dropped_engine_fails() {
     assert!(dst.iter().all(|&x| x == 0), "nothing was written after the drop");
     b.deregister_memory(&md).unwrap();
     drop(src);
+}
+
+#[test]
+fn restarted_peer_refuses_stale_descriptors_tcp() {
+    restarted_peer_refuses_stale_descriptors(&tcp(2));
+}
+
+#[test]
+fn two_live_engines_under_one_key_never_mix_tcp() {
+    two_live_engines_under_one_key_never_mix(&tcp(2));
+}
+
+#[test]
+fn duplicate_in_flight_id_is_refused_tcp() {
+    duplicate_in_flight_id_is_refused(&tcp(4));
 }

@@ -249,3 +249,21 @@ fn dmabuf_registration_on_rxe() {
     let mut host = vec![0u8; 4096];
     unsafe { e.register_memory(host.as_mut_ptr(), host.len(), MemLoc::Host { numa: None }) }.unwrap();
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn restarted_peer_refuses_stale_descriptors_rdma() {
+    restarted_peer_refuses_stale_descriptors(&rdma(2));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn two_live_engines_under_one_key_never_mix_rdma() {
+    two_live_engines_under_one_key_never_mix(&rdma(2));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn duplicate_in_flight_id_is_refused_rdma() {
+    duplicate_in_flight_id_is_refused(&rdma(2));
+}

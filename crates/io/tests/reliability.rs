@@ -169,10 +169,18 @@ impl ChildEngine {
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("child stdout is piped");
         // From here on, a panic kills and reaps the child through the guard's Drop.
-        let placeholder =
-            EngineDesc { key: String::new(), node_id: String::new(), hostname: String::new(), host: String::new(), port: 0, pid: 0 };
+        let placeholder = EngineDesc {
+            key: String::new(),
+            node_id: String::new(),
+            hostname: String::new(),
+            host: String::new(),
+            port: 0,
+            pid: 0,
+            epoch: 0,
+        };
         let placeholder_mem = MemoryDesc {
             engine_key: String::new(),
+            engine_epoch: 0,
             id: 0,
             addr: 0,
             len: 0,

@@ -38,6 +38,9 @@ static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_cop
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 const SG_NAME: &str = "mori_scatter_gather_copy";
 
+#[path = "xgmi_gpu/incarnation.rs"]
+mod incarnation;
+
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
@@ -414,11 +417,12 @@ fn session_route_moves_bytes_and_notices_deregistration() {
     let e1 = a.eng.write(&a.mem, 0, &c.mem, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap_err();
     assert_eq!(e1.code, ErrorCode::NotFound, "one-shot after the owner deregistered: {e1}");
 
-    // The peer deregistered here: the session fails as the one-shot call does.
+    // The peer deregistered here: the session fails (RemoteDisconnect, naming it), the
+    // one-shot calls too (the engine is unknown).
     a.eng.deregister_remote_engine(b.key());
     let e2 = sess.write(0, 0, 4096, a.eng.allocate_transfer_uid()).spin_for(T).unwrap_err();
-    assert_eq!(e2.code, ErrorCode::NotFound, "{e2}");
-    assert!(e2.msg.contains("is gone from this engine"), "{e2}");
+    assert_eq!(e2.code, ErrorCode::RemoteDisconnect, "{e2}");
+    assert!(e2.msg.contains("was deregistered here"), "{e2}");
     // Registered again: a new session works.
     connect(&a, &b);
     let sess = a.eng.create_session(&a.mem, &b.mem).unwrap();
@@ -605,8 +609,17 @@ fn xgmi_child_target() {
         Some("target") => serve_as_child(),
         Some(other) => panic!("{ROLE_VAR}={other:?} is not a known child role"),
         None => {
-            let d = EngineDesc { key: "k".into(), node_id: "n".into(), hostname: "h".into(), host: "127.0.0.1".into(), port: 1, pid: 2 };
-            let m = MemoryDesc { engine_key: "k".into(), id: 3, addr: 4, len: 5, loc: GPU0, bus_id: None, handles: vec![] };
+            let d = EngineDesc {
+                key: "k".into(),
+                node_id: "n".into(),
+                hostname: "h".into(),
+                host: "127.0.0.1".into(),
+                port: 1,
+                pid: 2,
+                epoch: 9,
+            };
+            let m =
+                MemoryDesc { engine_key: "k".into(), engine_epoch: 9, id: 3, addr: 4, len: 5, loc: GPU0, bus_id: None, handles: vec![] };
             let line = format!("test {CHILD_ENTRY} ... {}", ready_line(&d, &m));
             assert_eq!(parse_ready(&line), Some((d, m)));
             assert_eq!(parse_ready("running 1 test"), None);
