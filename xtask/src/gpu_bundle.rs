@@ -7,7 +7,9 @@ use crate::util::{cargo, cargo_stdout, workspace_root};
 use std::process::Command;
 
 fn test_exe(pkg: &str, test: &str) -> Result<String, String> {
-    let json = cargo_stdout(&["test", "--release", "-p", pkg, "--test", test, "--no-run", "--message-format=json"])?;
+    // mori-io's GPU tests create every backend (required-features = all-backends).
+    let features: &[&str] = if pkg == "mori-io" { &["--features", "all-backends"] } else { &[] };
+    let json = cargo_stdout(&[&["test", "--release", "-p", pkg, "--test", test, "--no-run", "--message-format=json"], features].concat())?;
     json.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == test)

@@ -1,16 +1,13 @@
 //! `bench_engine --local`: the parent (rank 0) starts every other process itself, so the
 //! run must not collide with other runs on the same machine.
 //!
-//! - **Bootstrap port**: [`PortReservation`] holds a loopback port from before the children
-//!   start until the bootstrap root listens on it. The reservation is a socket bound with
-//!   `SO_REUSEADDR` to port 0 that never listens. The kernel gives it a port no other socket
-//!   holds; while it is held, `bind` to port 0 and outgoing connections never pick that port
-//!   and a socket without `SO_REUSEADDR` cannot bind it, but the bootstrap root, which binds
-//!   the port by number with `SO_REUSEADDR`, can (Linux lets two such sockets share a port
-//!   while neither listens). Another process that binds that very port by number with
-//!   `SO_REUSEADDR` (std's `TcpListener` does) could still take it first: then the root's
-//!   bind fails, loudly. `bench_engine --local` itself binds no port by number. (Probing a
-//!   port and closing it, as before, let a concurrent run take it in between.)
+//! - **Bootstrap port**: the parent binds and listens on it before any child starts
+//!   (`SocketBootstrap::bind_root`; `--port`, or a port the kernel picks) and its bootstrap
+//!   root serves on that very listener (`SocketBootstrap::with_root_listener`). No other
+//!   process can take the port in between, and a second run given the same `--port` fails at
+//!   once with "address in use" before it starts a child (so none of its children can dial
+//!   this run's root). (Probing a port and closing it, as before, let a concurrent run take it
+//!   in between; a reservation socket that never listened still let two runs share a `--port`.)
 //! - **Engine ports**: 0 (the kernel picks; the descriptors exchanged at rendezvous carry the
 //!   real port), so nothing is chosen in advance.
 //! - **Run token**: a random [`RunToken`] the parent hands to its children ([`TOKEN_ENV`]);
@@ -20,77 +17,12 @@
 //!   ([`die_with_parent`]), so no stray child outlives its run and dials a port that another
 //!   run reserves later.
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
 /// Environment variable through which the parent tells a child the bootstrap port.
 pub const PORT_ENV: &str = "MORI_BENCH_LOCAL_CHILD_PORT";
 /// Environment variable through which the parent tells a child the run token.
 pub const TOKEN_ENV: &str = "MORI_BENCH_LOCAL_TOKEN";
 /// Environment variable through which the parent tells a child its own pid.
 pub const PARENT_ENV: &str = "MORI_BENCH_LOCAL_PARENT";
-
-/// A loopback TCP port held for the bootstrap root (see the module documentation). Dropping
-/// it releases the port.
-#[derive(Debug)]
-pub struct PortReservation {
-    _fd: OwnedFd,
-    port: u16,
-}
-
-impl PortReservation {
-    /// Reserves a free port on 127.0.0.1. Errors: the socket calls' own, named.
-    pub fn loopback() -> io::Result<PortReservation> {
-        let named = |what: &str, e: io::Error| io::Error::new(e.kind(), format!("reserving a loopback port: {what}: {e}"));
-        // SAFETY: plain socket(2); the result is checked before use.
-        let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(named("socket", io::Error::last_os_error()));
-        }
-        // SAFETY: `raw` is a socket this function just created and owns alone.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let one: libc::c_int = 1;
-        // SAFETY: `fd` is a live socket; the option value is a c_int of the given size.
-        let rc = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_REUSEADDR,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(named("SO_REUSEADDR", io::Error::last_os_error()));
-        }
-        let mut addr = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: 0,
-            sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
-            sin_zero: [0; 8],
-        };
-        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: `addr` is a valid sockaddr_in of `len` bytes.
-        if unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_in).cast(), len) } != 0 {
-            return Err(named("bind 127.0.0.1:0", io::Error::last_os_error()));
-        }
-        let mut got = len;
-        // SAFETY: `addr` has room for a sockaddr_in; `got` holds its size.
-        if unsafe { libc::getsockname(fd.as_raw_fd(), (&mut addr as *mut libc::sockaddr_in).cast(), &mut got) } != 0 {
-            return Err(named("getsockname", io::Error::last_os_error()));
-        }
-        let port = u16::from_be(addr.sin_port);
-        if port == 0 {
-            return Err(io::Error::other("reserving a loopback port: the kernel gave port 0"));
-        }
-        Ok(PortReservation { _fd: fd, port })
-    }
-
-    /// The port held.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
 
 /// The random token of one `--local` run, shared by its parent and children.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,7 +83,7 @@ pub fn check_run_tokens(all: &[Vec<u8>], me: usize, mine: Option<RunToken>) -> R
 pub fn die_with_parent(parent: u32) -> Result<(), String> {
     // SAFETY: prctl(PR_SET_PDEATHSIG) takes a signal number and changes only this process.
     if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) } != 0 {
-        return Err(format!("prctl(PR_SET_PDEATHSIG): {}", io::Error::last_os_error()));
+        return Err(format!("prctl(PR_SET_PDEATHSIG): {}", std::io::Error::last_os_error()));
     }
     // SAFETY: getppid has no preconditions.
     check_parent(parent, unsafe { libc::getppid() } as u32)
@@ -174,58 +106,23 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn a_reserved_port_is_refused_to_others_and_distinct() {
-        let held: Vec<PortReservation> = (0..64).map(|_| PortReservation::loopback().unwrap()).collect();
-        let mut ports: Vec<u16> = held.iter().map(PortReservation::port).collect();
-        ports.sort_unstable();
-        ports.dedup();
-        assert_eq!(ports.len(), 64, "two reservations got one port");
-        for r in &held {
-            let e = bind_plain(r.port()).unwrap_err();
-            assert_eq!(e.kind(), io::ErrorKind::AddrInUse, "port {}", r.port());
-        }
-        // Nobody binding port 0 gets a reserved one.
-        let others: Vec<TcpListener> = (0..256).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        for o in &others {
-            assert!(!ports.contains(&o.local_addr().unwrap().port()));
-        }
-        // Released on drop.
-        let p = held[0].port();
-        drop(held);
-        assert!(bind_plain(p).is_ok());
-    }
-
-    /// bind(2) to 127.0.0.1:`port` without SO_REUSEADDR.
-    fn bind_plain(port: u16) -> io::Result<OwnedFd> {
-        // SAFETY: plain socket(2); the result is checked before use.
-        let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-        assert!(raw >= 0);
-        // SAFETY: a socket just created, owned here alone.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let addr = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: port.to_be(),
-            sin_addr: libc::in_addr { s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be() },
-            sin_zero: [0; 8],
-        };
-        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: `addr` is a valid sockaddr_in of `len` bytes.
-        if unsafe { libc::bind(fd.as_raw_fd(), (&addr as *const libc::sockaddr_in).cast(), len) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(fd)
-    }
-
-    #[test]
-    fn the_bootstrap_root_listens_on_a_reserved_port() {
-        let r = PortReservation::loopback().unwrap();
-        let master = SocketAddr::from(([127, 0, 0, 1], r.port()));
+    fn a_root_listener_bound_first_serves_the_group_and_keeps_the_port() {
+        let l = SocketBootstrap::bind_root(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let master = l.local_addr().unwrap();
+        // While held, nobody else can bind the port, with SO_REUSEADDR or without.
+        let e = SocketBootstrap::bind_root(master).unwrap_err();
+        assert!(matches!(e, mori_bootstrap::BootstrapError::AddressInUse { .. }), "{e}");
+        assert!(TcpListener::bind(master).is_err());
         let cfg = move |rank| SocketBootstrapConfig::new(rank, 2, master).with_timeouts(Duration::from_secs(20), Duration::from_secs(20));
+        // The other rank may dial before the root runs: the listener queues it.
         let t = std::thread::spawn(move || SocketBootstrap::new(cfg(1)).map(|b| b.allgather(&[1]).unwrap()));
-        let root = SocketBootstrap::new(cfg(0)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let root = SocketBootstrap::with_root_listener(cfg(0), l).unwrap();
         assert_eq!(root.local_addr(), master);
         assert_eq!(root.allgather(&[0]).unwrap(), vec![vec![0], vec![1]]);
         assert_eq!(t.join().unwrap().unwrap(), vec![vec![0], vec![1]]);
+        let e = SocketBootstrap::with_root_listener(cfg(1), TcpListener::bind("127.0.0.1:0").unwrap()).unwrap_err();
+        assert!(e.to_string().contains("rank 1"), "{e}");
     }
 
     #[test]

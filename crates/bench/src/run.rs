@@ -79,11 +79,14 @@ fn fail<S: Into<String>>(msg: S) -> Failure {
 }
 
 /// `--master-ip` resolved (a name, or an IP literal, IPv6 bare or bracketed; IPv4 first).
-/// Errors: an unresolvable master; without `--local`, a *name* resolving only to loopback
+/// Errors: an unresolvable master; a wildcard (`0`, `0.0.0.0`, `::`, `::ffff:0.0.0.0`, ...);
+/// without `--local`, a *name* resolving only to loopback
 /// (Debian maps its own hostname to 127.0.1.1): a rank on another host would resolve it to its
 /// own loopback and both would wait out the bootstrap budget, so it is refused at once,
 /// naming the resolution and this host's routable addresses.
 pub fn master_addr(args: &Args, port: u16) -> Result<SocketAddr, Failure> {
+    // Every rank dials it: a wildcard (any spelling) would make rank 1 dial its own host.
+    mori_bootstrap::addr::advertised("--master-ip", &args.master_ip, port).map_err(|e| usage(e.to_string()))?;
     let addrs = mori_bootstrap::addr::resolve(&args.master_ip, port).map_err(|e| usage(format!("--master-ip {}: {e}", args.master_ip)))?;
     if !args.local {
         if let Some(ips) = mori_bootstrap::addr::loopback_name(&args.master_ip, &addrs) {
@@ -138,9 +141,11 @@ const MAGIC_ABORT: u8 = 2;
 /// `--num-initiator-dev` processes. `port` is the bootstrap port (engines use
 /// port+1+global rank; with `--local`, ports the kernel picks). With `--local`, every rank's
 /// `args.run_token` must match at rendezvous ([`crate::local`]). `ranks_here` is how many processes share this machine's memory (all of
-/// them with --local) for the memory check.
-pub fn run(args: &Args, port: u16, ranks_here: u64) -> Result<Outcome, Failure> {
-    run_with(args, port, ranks_here, None)
+/// them with --local) for the memory check. `root`: rank 0's bootstrap listener when the
+/// caller bound it already (`--local`'s parent, before starting its children:
+/// `SocketBootstrap::bind_root`); `None` binds `--master-ip:port` here.
+pub fn run(args: &Args, port: u16, ranks_here: u64, root: Option<std::net::TcpListener>) -> Result<Outcome, Failure> {
+    run_with(args, port, ranks_here, None, root)
 }
 
 /// `--xgmi-single-process`: both ranks in this process (rank 1 on a thread), joined by an
@@ -162,11 +167,11 @@ pub fn run_single_process(args: &Args) -> Result<Outcome, Failure> {
     a1.rank = 1;
     let target = std::thread::Builder::new()
         .name("bench-rank1".into())
-        .spawn(move || run_with(&a1, 0, 2, Some(Box::new(b1))))
+        .spawn(move || run_with(&a1, 0, 2, Some(Box::new(b1)), None))
         .map_err(|e| fail(format!("spawn the target rank's thread: {e}")))?;
     let mut a0 = args.clone();
     a0.rank = 0;
-    let r0 = run_with(&a0, 0, 2, Some(Box::new(b0)));
+    let r0 = run_with(&a0, 0, 2, Some(Box::new(b0)), None);
     let r1 = target.join().map_err(|_| fail("the target rank's thread panicked"))?;
     match (r0, r1) {
         (Ok(o), Ok(_)) => Ok(o),
@@ -177,7 +182,13 @@ pub fn run_single_process(args: &Args) -> Result<Outcome, Failure> {
     }
 }
 
-fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Bootstrap>>) -> Result<Outcome, Failure> {
+fn run_with(
+    args: &Args,
+    port: u16,
+    ranks_here: u64,
+    local: Option<Box<dyn Bootstrap>>,
+    root: Option<std::net::TcpListener>,
+) -> Result<Outcome, Failure> {
     let rank = args.rank;
     let same_process = local.is_some();
     let n = args.pairs() as usize;
@@ -249,7 +260,11 @@ fn run_with(args: &Args, port: u16, ranks_here: u64, local: Option<Box<dyn Boots
             if std::env::var_os("MORI_BOOTSTRAP_OP_TIMEOUT").is_none() {
                 cfg.op_timeout = cfg.op_timeout.max(POINT_WAIT);
             }
-            Box::new(SocketBootstrap::new(cfg).map_err(|e| fail(format!("bootstrap (rank {me} of {world}, master {master}): {e}")))?)
+            let group = match root {
+                Some(l) => SocketBootstrap::with_root_listener(cfg, l),
+                None => SocketBootstrap::new(cfg),
+            };
+            Box::new(group.map_err(|e| fail(format!("bootstrap (rank {me} of {world}, master {master}): {e}")))?)
         }
     };
 

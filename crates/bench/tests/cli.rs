@@ -585,6 +585,11 @@ fn usage_errors_name_the_flag() {
         (&["--self-ip", "::0"], &["--self-ip \"::0\" is a wildcard (::)"]),
         (&["--self-ip", "0:0:0:0:0:0:0:0"], &["is a wildcard (::)"]),
         (&["--self-ip", "[::ffff:0.0.0.0]"], &["is a wildcard (::ffff:0.0.0.0)"]),
+        // Every rank dials --master-ip: a wildcard there is refused too (it used to wait out
+        // the bootstrap budget, or "work" only with both ranks on one host).
+        (&["--master-ip", "0"], &["--master-ip \"0\" is a wildcard (0.0.0.0)"]),
+        (&["--master-ip", "[::]"], &["--master-ip \"[::]\" is a wildcard (::)"]),
+        (&["--master-ip", "::ffff:0.0.0.0", "--rank", "1"], &["is a wildcard (::ffff:0.0.0.0)"]),
         (&["--buffer-size", "0"], &["--buffer-size"]),
         (&["--backend", "fabric"], &["--backend fabric moves GPU memory only", "--mem-type gpu"]),
         (&["--backend", "xgmi"], &["--backend xgmi", "--mem-type gpu"]),

@@ -1,5 +1,5 @@
-//! `bench_engine --local` runs side by side on one machine: each reserves its own bootstrap
-//! port, its engines take ports the kernel picks, and a process carrying another run's token
+//! `bench_engine --local` runs side by side on one machine: each holds its own bootstrap
+//! port (listening before its children start), its engines take ports the kernel picks, and a process carrying another run's token
 //! (or none) is refused at rendezvous. Every process has a deadline and is killed on drop.
 
 use std::io::Read;
@@ -110,6 +110,26 @@ fn thirty_two_local_runs_at_once_all_validate() {
         assert_eq!(row[..3], ["64", "2", "3"], "{}", d.dump());
     }
     assert!(t0.elapsed() < Duration::from_secs(60), "took {:?}", t0.elapsed());
+}
+
+/// Eight `--local` runs given one `--port`: the one whose parent holds the port validates, the
+/// others stop at once naming the port, before any child of theirs could join the winner
+/// (which used to fail too: a loser's child had dialled its root).
+#[test]
+fn local_runs_sharing_a_port_fail_cleanly_and_the_holder_validates() {
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(60);
+    let port = free_pair_below_ephemeral().to_string();
+    let mut args = vec!["--local", "--op", "write", "--port", &port];
+    args.extend_from_slice(&SMALL);
+    let procs: Vec<Proc> = (0..8).map(|_| spawn(bench(&args))).collect();
+    let done: Vec<Done> = procs.into_iter().enumerate().map(|(i, p)| wait(p, &format!("run {i}"), deadline)).collect();
+    let ok = done.iter().filter(|d| d.code == Some(0) && d.stdout.lines().any(|l| l == "validation: OK")).count();
+    let in_use =
+        done.iter().filter(|d| d.code == Some(2) && d.stderr.contains("in use") && d.stderr.contains("pick another --port")).count();
+    let all: Vec<String> = done.iter().map(Done::dump).collect();
+    assert!(ok >= 1, "no run validated:\n{}", all.join("\n"));
+    assert_eq!(ok + in_use, 8, "every run either validated or was refused for the port:\n{}", all.join("\n"));
 }
 
 /// A process posing as a `--local` child (another run's token) against a rank 0 started by

@@ -64,6 +64,30 @@ impl SocketBootstrap {
     /// [`BootstrapError::PeerLost`] / [`BootstrapError::Timeout`] (during ring setup),
     /// [`BootstrapError::Io`].
     pub fn new(cfg: SocketBootstrapConfig) -> Result<SocketBootstrap, BootstrapError> {
+        Self::connect(cfg, None)
+    }
+
+    /// Binds and listens on `addr` as rank 0's root listener, for
+    /// [`SocketBootstrap::with_root_listener`]: a process that must hold the root port before
+    /// it starts the other ranks (a launcher of its own children) binds it first, so no other
+    /// process can take it in between. Port 0 lets the kernel pick one (read it from
+    /// `local_addr`). Errors: [`BootstrapError::AddressInUse`], [`BootstrapError::Io`].
+    pub fn bind_root(addr: SocketAddr) -> Result<TcpListener, BootstrapError> {
+        bind_master(addr)
+    }
+
+    /// As [`SocketBootstrap::new`] for rank 0, on a listener from
+    /// [`SocketBootstrap::bind_root`] (the config's `master` port is then ignored in favour of
+    /// the listener's). Errors as `new`; [`BootstrapError::InvalidConfig`] when `cfg.rank` is
+    /// not 0.
+    pub fn with_root_listener(cfg: SocketBootstrapConfig, root: TcpListener) -> Result<SocketBootstrap, BootstrapError> {
+        if cfg.rank != 0 {
+            return Err(BootstrapError::InvalidConfig(format!("a root listener is for rank 0; this is rank {}", cfg.rank)));
+        }
+        Self::connect(cfg, Some(root))
+    }
+
+    fn connect(cfg: SocketBootstrapConfig, root: Option<TcpListener>) -> Result<SocketBootstrap, BootstrapError> {
         cfg.validate()?;
         let (rank, n, master) = (cfg.rank, cfg.world_size, cfg.master);
         let mesh = |conns| Mesh { conns, root: master, received: None };
@@ -72,7 +96,10 @@ impl SocketBootstrap {
             return Ok(Self::assemble(&cfg, master, empty));
         }
         let (listener, local_addr, star_conns, table) = if rank == 0 {
-            let l = bind_master(master)?;
+            let l = match root {
+                Some(l) => l,
+                None => bind_master(master)?,
+            };
             let local = l.local_addr().unwrap_or(master);
             tracing::debug!("bootstrap: rank 0 waiting for {} ranks on {local}", n - 1);
             let (star, table) = root_collect(&l, n, master, cfg.timeout)?;

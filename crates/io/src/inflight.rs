@@ -2,7 +2,6 @@
 //! not finished yet is refused at the initiator (the target counts pieces and keeps statuses by
 //! `(initiator, id)`, so two live transfers under one id would be merged into one status).
 
-use mori_io_core::status::Completion;
 use mori_io_core::{IoError, TransferId, TransferStatus};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -11,13 +10,14 @@ use rustc_hash::FxHashMap;
 /// doubled since, so its cost per post stays O(1) amortized).
 const SWEEP_AT: usize = 4096;
 
-/// `(target epoch, transfer id)` -> the status of the transfer posted under it.
+/// `(target epoch, transfer id)` -> the status of the transfer posted under it (`None`: reserved,
+/// being posted).
 pub(crate) struct InFlight {
     t: Mutex<Table>,
 }
 
 struct Table {
-    map: FxHashMap<(u64, TransferId), TransferStatus>,
+    map: FxHashMap<(u64, TransferId), Option<TransferStatus>>,
     sweep_at: usize,
 }
 
@@ -36,36 +36,37 @@ impl InFlight {
     pub(crate) fn reserve(&self, epoch: u64, peer_key: &str, id: TransferId) -> Result<Reserved, IoError> {
         let mut t = self.t.lock();
         if t.map.len() >= t.sweep_at {
-            t.map.retain(|_, st| !st.is_done());
+            t.map.retain(|_, st| st.as_ref().is_none_or(|s| !s.is_done()));
             t.sweep_at = (t.map.len() * 2).max(SWEEP_AT);
         }
         let key = (epoch, id);
-        if t.map.get(&key).is_some_and(|st| !st.is_done()) {
+        if t.map.get(&key).is_some_and(|st| st.as_ref().is_none_or(|s| !s.is_done())) {
             return Err(IoError::invalid(format!(
                 "transfer id {id} to engine {peer_key:?} is still in flight (an earlier transfer with this id has not finished); \
                  ids must be unique among unfinished transfers to one engine (allocate_transfer_uid gives fresh ones)"
             )));
         }
-        // In progress until filled, so a concurrent post of the same id is refused meanwhile.
-        t.map.insert(key, TransferStatus::new(1));
+        // Busy until filled, so a concurrent post of the same id is refused meanwhile.
+        t.map.insert(key, None);
         Ok(Reserved { key })
     }
 
     /// Records the status of the posted transfer in its reserved slot.
     pub(crate) fn fill(&self, r: Reserved, st: &TransferStatus) {
-        self.t.lock().map.insert(r.key, st.clone());
+        self.t.lock().map.insert(r.key, Some(st.clone()));
     }
 
     /// Unfinished entries (a diagnostic for tests).
     #[cfg(test)]
     fn live(&self) -> usize {
-        self.t.lock().map.values().filter(|s| !s.is_done()).count()
+        self.t.lock().map.values().filter(|s| s.as_ref().is_none_or(|s| !s.is_done())).count()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mori_io_core::status::Completion;
 
     #[test]
     fn an_unfinished_id_is_refused_and_a_finished_one_reused() {

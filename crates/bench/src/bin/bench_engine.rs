@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use mori_bench::args::{Args, MemArg};
-use mori_bench::local::{self, PortReservation, RunToken};
+use mori_bench::local::{self, RunToken};
 use mori_bench::report;
 use mori_bench::run::{run, run_single_process, Failure, Outcome};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -186,7 +186,7 @@ fn main() -> ExitCode {
         args.local_index = index;
     }
     let port;
-    let mut reservation: Option<PortReservation> = None;
+    let mut root: Option<std::net::TcpListener> = None;
     // Processes this one starts: with --local every other one (both sides), else the other
     // processes of its own side; started processes start nothing.
     let mut to_start: Vec<(usize, u32)> = Vec::new();
@@ -209,22 +209,28 @@ fn main() -> ExitCode {
                 }
             }
         } else {
-            // The bootstrap port stays reserved until the root listens on it (see
-            // mori_bench::local); the engines use ports the kernel picks.
-            port = match args.port {
-                Some(p) => p,
-                None => match PortReservation::loopback() {
-                    Ok(r) => {
-                        let p = r.port();
-                        reservation = Some(r);
-                        p
-                    }
-                    Err(e) => {
-                        eprintln!("error: --local: {e}; pass --port");
-                        return ExitCode::from(2);
-                    }
-                },
+            // The root listens on the bootstrap port before any child starts (--port, or one
+            // the kernel picks), so no other run can take it or join this one through it
+            // (see mori_bench::local); the engines use ports the kernel picks.
+            let want = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, args.port.unwrap_or(0)));
+            let l = match mori_bootstrap::SocketBootstrap::bind_root(want) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!(
+                        "error: --local: bootstrap port: {e}{}",
+                        if args.port.is_some() { "; pick another --port, or leave --port out (the kernel picks a free one)" } else { "" }
+                    );
+                    return ExitCode::from(2);
+                }
             };
+            port = match l.local_addr() {
+                Ok(a) => a.port(),
+                Err(e) => {
+                    eprintln!("error: --local: bootstrap listener address: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            root = Some(l);
             args.run_token = Some(RunToken::generate());
             to_start = (0..2).flat_map(|r| (0..n).map(move |i| (r, i))).skip(1).collect();
         }
@@ -259,8 +265,7 @@ fn main() -> ExitCode {
         std::thread::spawn(move || watch(started, d))
     });
     let ranks_here = if args.local { 2 * u64::from(n) } else { u64::from(n) };
-    let r = if args.xgmi_single_process { run_single_process(&args) } else { run(&args, port, ranks_here) };
-    drop(reservation);
+    let r = if args.xgmi_single_process { run_single_process(&args) } else { run(&args, port, ranks_here, root) };
     done.store(if r.is_err() { 2 } else { 1 }, Ordering::Release);
     let child_codes = watcher.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
     match r {
