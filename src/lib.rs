@@ -234,7 +234,8 @@ pub mod ep {
     pub use mori_ep::*;
 }
 
-/// README.md's Rust examples, compiled and run as doc-tests.
-#[cfg(doctest)]
+/// README.md's Rust examples, compiled and run as doc-tests (they use the io and tcp
+/// features, the defaults).
+#[cfg(all(doctest, feature = "io", feature = "tcp"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
