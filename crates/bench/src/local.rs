@@ -29,13 +29,9 @@ pub const PARENT_ENV: &str = "MORI_BENCH_LOCAL_PARENT";
 pub struct RunToken(pub u64);
 
 impl RunToken {
-    /// A fresh token (std's randomly keyed hasher over the pid and the time).
+    /// A fresh token ([`mori_bootstrap::random_u64`]).
     pub fn generate() -> RunToken {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-        RunToken(h.finish())
+        RunToken(mori_bootstrap::random_u64())
     }
 
     /// Reads the 16 hex digits [`RunToken`]'s `Display` writes. Errors name [`TOKEN_ENV`].

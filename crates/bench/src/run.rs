@@ -85,9 +85,9 @@ fn fail<S: Into<String>>(msg: S) -> Failure {
 /// own loopback and both would wait out the bootstrap budget, so it is refused at once,
 /// naming the resolution and this host's routable addresses.
 pub fn master_addr(args: &Args, port: u16) -> Result<SocketAddr, Failure> {
-    // Every rank dials it: a wildcard (any spelling) would make rank 1 dial its own host.
-    mori_bootstrap::addr::advertised("--master-ip", &args.master_ip, port).map_err(|e| usage(e.to_string()))?;
     let addrs = mori_bootstrap::addr::resolve(&args.master_ip, port).map_err(|e| usage(format!("--master-ip {}: {e}", args.master_ip)))?;
+    // Every rank dials it: a wildcard (any spelling) would make rank 1 dial its own host.
+    mori_bootstrap::addr::refuse_wildcard("--master-ip", &args.master_ip, &addrs).map_err(|e| usage(e.to_string()))?;
     if !args.local {
         if let Some(ips) = mori_bootstrap::addr::loopback_name(&args.master_ip, &addrs) {
             let routable: Vec<String> = mori_bootstrap::ipv4_interfaces()

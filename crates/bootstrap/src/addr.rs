@@ -59,7 +59,14 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 /// Errors: resolution failures and wildcards, as `InvalidInput` with the reason.
 pub fn advertised(what: &str, host: &str, port: u16) -> io::Result<SocketAddr> {
     let addrs = resolve(host, port).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("{what} {host:?}: {e}")))?;
-    if let Some(a) = addrs.iter().find(|a| is_unspecified(a.ip())) {
+    refuse_wildcard(what, host, &addrs)?;
+    Ok(addrs[0])
+}
+
+/// `InvalidInput` naming `what` and `host` when any of `resolved` (what `host` resolved to)
+/// is an unspecified address: peers dialling it would reach their own host.
+pub fn refuse_wildcard(what: &str, host: &str, resolved: &[SocketAddr]) -> io::Result<()> {
+    if let Some(a) = resolved.iter().find(|a| is_unspecified(a.ip())) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
@@ -69,7 +76,7 @@ pub fn advertised(what: &str, host: &str, port: u16) -> io::Result<SocketAddr> {
             ),
         ));
     }
-    Ok(addrs[0])
+    Ok(())
 }
 
 /// When `host` is a name other than `localhost` that resolves only to loopback addresses:

@@ -44,6 +44,7 @@ pub use error::BootstrapError;
 pub use iface::{choose_local_ip, ipv4_interfaces, InterfaceAddr};
 pub use local::LocalBootstrap;
 pub use nodelist::first_host as slurm_first_host;
+pub use rendezvous::random_u64;
 pub use socket::SocketBootstrap;
 
 /// Largest frame (one contribution, or one all_to_all bundle) in bytes: 1 GiB. A peer

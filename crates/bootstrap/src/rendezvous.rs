@@ -54,8 +54,9 @@ pub(crate) fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<TcpSt
     }
 }
 
-/// Random 64 bits (std's randomly seeded hasher over pid, time and a stack address).
-pub(crate) fn random_u64() -> u64 {
+/// Random 64 bits (std's randomly seeded hasher over pid, time and a stack address; each call
+/// builds a new `RandomState`, whose keys differ from the previous one's). Not for secrets.
+pub fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u32(std::process::id());

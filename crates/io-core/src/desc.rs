@@ -35,17 +35,9 @@ pub struct EngineDesc {
     pub epoch: u64,
 }
 
-/// A fresh random engine epoch, never 0 (std's randomly keyed hasher over the process id,
-/// the time and a per-process counter, so two engines of one process differ too).
+/// A fresh random engine epoch, never 0 ([`mori_bootstrap::random_u64`]).
 pub fn new_epoch() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNT: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    h.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.finish().max(1)
+    mori_bootstrap::random_u64().max(1)
 }
 
 /// Where a registered region lives.

@@ -489,10 +489,9 @@ impl IoEngine {
         let gen = self.inner.remote_gen.load(Ordering::Acquire);
         let peer = self.inner.remote(&remote.engine_key)?;
         check_incarnation(remote, &peer)?;
+        // The lookup's connection was accepted only from the engine of `peer.epoch`, which
+        // check_incarnation compared with the descriptor's.
         let found = self.inner.lookup(&remote.engine_key, remote.id)?;
-        if found.engine_epoch != remote.engine_epoch {
-            return Err(stale(remote, found.engine_epoch, peer.pid));
-        }
         if found.len != remote.len || found.addr != remote.addr {
             return Err(IoError::invalid(format!(
                 "remote memory {} of engine {:?} is registered as {} bytes at {:#x}, the descriptor says {} bytes at {:#x}",
@@ -525,18 +524,13 @@ impl IoEngine {
 /// registered here (`peer`).
 fn check_incarnation(remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<()> {
     if remote.engine_epoch == peer.epoch {
-        Ok(())
-    } else {
-        Err(stale(remote, peer.epoch, peer.pid))
+        return Ok(());
     }
-}
-
-fn stale(remote: &MemoryDesc, now: u64, pid: u32) -> IoError {
-    IoError::disconnected(format!(
+    Err(IoError::disconnected(format!(
         "stale descriptor: memory {} was registered by engine {:?} epoch {:#x}, but the engine of that key now has epoch {:#x} \
-         (pid {pid}): it restarted or was replaced; take a fresh descriptor from it (or lookup_remote_memory)",
-        remote.id, remote.engine_key, remote.engine_epoch, now
-    ))
+         (pid {}): it restarted or was replaced; take a fresh descriptor from it (or lookup_remote_memory)",
+        remote.id, remote.engine_key, remote.engine_epoch, peer.epoch, peer.pid
+    )))
 }
 
 impl Drop for IoEngine {

@@ -134,11 +134,16 @@ fn wait(what: &str, st: TransferStatus) -> Duration {
 
 /// Asserts `r` is an `InvalidArgs` error (containing `words`) and returns its message.
 fn expect_invalid(what: &str, r: Result<(), IoError>, words: &[&str]) -> String {
+    expect_code(what, r, ErrorCode::InvalidArgs, words)
+}
+
+/// Asserts `r` is an error of `code` (containing `words`) and returns its message.
+fn expect_code(what: &str, r: Result<(), IoError>, code: ErrorCode, words: &[&str]) -> String {
     let e = match r {
-        Ok(()) => panic!("{what}: succeeded, expected InvalidArgs"),
+        Ok(()) => panic!("{what}: succeeded, expected {code:?}"),
         Err(e) => e,
     };
-    assert_eq!(e.code, ErrorCode::InvalidArgs, "{what}: {e}");
+    assert_eq!(e.code, code, "{what}: {e}");
     for w in words {
         assert!(e.msg.contains(w), "{what}: message lacks {w:?}: {e}");
     }

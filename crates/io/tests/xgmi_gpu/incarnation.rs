@@ -6,12 +6,7 @@
 use super::*;
 
 fn expect_stale(what: &str, r: Result<(), IoError>, words: &[&str]) -> String {
-    let e = r.err().unwrap_or_else(|| panic!("{what}: succeeded, expected RemoteDisconnect"));
-    assert_eq!(e.code, ErrorCode::RemoteDisconnect, "{what}: {e}");
-    for w in words {
-        assert!(e.msg.contains(w), "{what}: message lacks {w:?}: {e}");
-    }
-    e.msg
+    expect_code(what, r, ErrorCode::RemoteDisconnect, words)
 }
 
 #[test]
