@@ -67,8 +67,8 @@ pub struct Args {
     #[arg(long, help_heading = "Rendezvous")]
     pub self_ip: Option<String>,
     /// Bootstrap port on the master; engines listen on port+1+rank [default: 18515]. With
-    /// --local: a free port is reserved unless --port is given, and the engines use ports the
-    /// kernel picks.
+    /// --local: the parent listens on it (a free one unless --port is given) before starting
+    /// the child, and the engines use ports the kernel picks.
     #[arg(long, help_heading = "Rendezvous")]
     pub port: Option<u16>,
     /// Run both ranks on this machine: rank 0 starts rank 1 as a child process on loopback.
