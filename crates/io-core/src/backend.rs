@@ -94,6 +94,9 @@ pub struct TransferRequest {
     pub remote: Arc<MemoryDesc>,
     /// Non-empty segments in batch order (adjacent contiguous entries merged).
     pub segs: Vec<Seg>,
+    /// Which of the caller's batch entries each segment carries, for errors and per-entry
+    /// outcomes ([`crate::TransferStatus::failed_entries`]).
+    pub entries: Arc<crate::plan::EntryMap>,
 }
 
 /// Sends a backend's control request to a peer engine's same backend over the engine's

@@ -26,9 +26,9 @@ pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
 pub use outbox::Notifier;
 pub use peer_map::PeerMap;
-pub use plan::{Piece, Seg};
+pub use plan::{EntryMap, Piece, Seg};
 pub use registry::{MemRegistry, Region};
-pub use status::{Progress, TransferId, TransferStatus, CALLER_PROGRESS_ENV};
+pub use status::{EntryFailure, Progress, TransferId, TransferStatus, CALLER_PROGRESS_ENV};
 
 /// Reads a duration in milliseconds from environment variable `var`, else `default`.
 /// Errors: `InvalidArgs` naming the variable and its value when it does not parse.

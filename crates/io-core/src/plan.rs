@@ -24,8 +24,53 @@ pub struct Seg {
 pub struct Piece {
     /// Lane (connection) index, `0..lanes`.
     pub lane: usize,
+    /// Offset of the piece's first byte in the transfer's byte stream (its segments' bytes in
+    /// order), for [`EntryMap::of_bytes`].
+    pub stream_off: u64,
     /// Segments, in stream order.
     pub segs: Vec<Seg>,
+}
+
+/// Where each of the caller's batch entries lies in the transfer's byte stream (the bytes of
+/// its segments in order): entry `i` is bytes `end[i-1]..end[i]`. Lets a backend that knows
+/// which stream bytes a failed request carried name the entries exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntryMap {
+    ends: Vec<u64>,
+}
+
+impl EntryMap {
+    /// Number of entries of the batch.
+    pub fn entries(&self) -> u32 {
+        self.ends.len() as u32
+    }
+
+    /// The entries having at least one byte in stream bytes `r` (a contiguous index range;
+    /// empty entries inside it included). Empty for an empty `r`.
+    pub fn of_bytes(&self, r: std::ops::Range<u64>) -> std::ops::Range<u32> {
+        if r.start >= r.end {
+            let at = self.ends.partition_point(|&e| e <= r.start) as u32;
+            return at..at;
+        }
+        // First entry ending after r.start; one past the last entry starting before r.end.
+        let lo = self.ends.partition_point(|&e| e <= r.start);
+        let k = self.ends.partition_point(|&e| e < r.end);
+        let mut hi = if k < self.ends.len() { k + 1 } else { k };
+        // Past the stream's end: trailing empty entries own no byte of `r`.
+        let start_of = |i: usize| if i == 0 { 0 } else { self.ends[i - 1] };
+        while hi > lo && self.ends[hi - 1] == start_of(hi - 1) {
+            hi -= 1;
+        }
+        lo as u32..hi.max(lo) as u32
+    }
+
+    /// Words for entries `r` as an error names them: `batch entry 3`, `batch entries 3..=7`.
+    pub fn describe(r: &std::ops::Range<u32>) -> String {
+        match r.end.saturating_sub(r.start) {
+            0 | 1 => format!("batch entry {}", r.start),
+            _ => format!("batch entries {}..={}", r.start, r.end - 1),
+        }
+    }
 }
 
 /// Checks a batch given as three parallel arrays and returns its non-empty segments, merged.
@@ -35,6 +80,18 @@ pub struct Piece {
 /// the entry index, the side, the range and the region size); zero-length entries are allowed
 /// and skipped. Adjacent entries contiguous on both sides merge into one segment.
 pub fn check_batch(local: (u64, u64), remote: (u64, u64), local_offs: &[u64], remote_offs: &[u64], sizes: &[u64]) -> IoResult<Vec<Seg>> {
+    check_batch_mapped(local, remote, local_offs, remote_offs, sizes).map(|(s, _)| s)
+}
+
+/// [`check_batch`], also returning which entries each segment carries. Errors also:
+/// `InvalidArgs` for more than `u32::MAX` entries.
+pub fn check_batch_mapped(
+    local: (u64, u64),
+    remote: (u64, u64),
+    local_offs: &[u64],
+    remote_offs: &[u64],
+    sizes: &[u64],
+) -> IoResult<(Vec<Seg>, EntryMap)> {
     let (lid, llen) = local;
     let (rid, rlen) = remote;
     if local_offs.len() != remote_offs.len() || local_offs.len() != sizes.len() {
@@ -48,9 +105,17 @@ pub fn check_batch(local: (u64, u64), remote: (u64, u64), local_offs: &[u64], re
     if sizes.is_empty() {
         return Err(IoError::invalid("empty batch: no entries"));
     }
+    if u32::try_from(sizes.len()).is_err() {
+        return Err(IoError::invalid(format!("batch of {} entries exceeds {} entries", sizes.len(), u32::MAX)));
+    }
     let mut out: Vec<Seg> = Vec::with_capacity(sizes.len().min(1 << 16));
+    let mut ends: Vec<u64> = Vec::with_capacity(sizes.len());
+    let mut stream = 0u64;
     for (i, ((&lo, &ro), &n)) in local_offs.iter().zip(remote_offs).zip(sizes).enumerate() {
         check_entry(i, (lid, llen), (rid, rlen), lo, ro, n)?;
+        // Saturating: a batch may name the same bytes many times over.
+        stream = stream.saturating_add(n);
+        ends.push(stream);
         if n == 0 {
             continue;
         }
@@ -59,7 +124,7 @@ pub fn check_batch(local: (u64, u64), remote: (u64, u64), local_offs: &[u64], re
             _ => out.push(Seg { local_off: lo, remote_off: ro, len: n }),
         }
     }
-    Ok(out)
+    Ok((out, EntryMap { ends }))
 }
 
 /// The checks of one entry `i` of [`check_batch`] (both ranges inside their regions), with its
@@ -99,11 +164,13 @@ pub fn stripe(segs: &[Seg], lanes: usize, first_lane: usize, min_lane_bytes: u64
     let mut pieces = Vec::new();
     let mut it = segs.iter().copied();
     let mut cur: Option<Seg> = None;
+    // Stream offset of the next byte taken.
+    let mut at = 0u64;
     for k in 0..used {
         let share = total / used as u64 + u64::from((k as u64) < total % used as u64);
         let lane = (first_lane + k) % lanes;
         let mut left = share;
-        let mut piece = Piece { lane, segs: Vec::new() };
+        let mut piece = Piece { lane, stream_off: at, segs: Vec::new() };
         while left > 0 {
             let s = match cur.take().or_else(|| it.next()) {
                 Some(s) => s,
@@ -115,8 +182,9 @@ pub fn stripe(segs: &[Seg], lanes: usize, first_lane: usize, min_lane_bytes: u64
                 cur = Some(Seg { local_off: s.local_off + take, remote_off: s.remote_off + take, len: s.len - take });
             }
             left -= take;
+            at += take;
             if piece.segs.len() == max_segs && left > 0 {
-                pieces.push(std::mem::replace(&mut piece, Piece { lane, segs: Vec::new() }));
+                pieces.push(std::mem::replace(&mut piece, Piece { lane, stream_off: at, segs: Vec::new() }));
             }
         }
         if !piece.segs.is_empty() {
@@ -154,7 +222,47 @@ mod tests {
         assert_eq!(s, vec![Seg { local_off: 0, remote_off: 0, len: 20 }, Seg { local_off: 50, remote_off: 60, len: 5 }]);
     }
 
+    #[test]
+    fn entry_map_names_the_entries_of_stream_bytes() {
+        // Entries: 0 (10 B) and 1 (10 B) merge; 2 is empty; 3 (5 B); 4 is empty.
+        let (segs, map) = check_batch_mapped((1, 100), (2, 100), &[0, 10, 20, 50, 60], &[0, 10, 30, 60, 70], &[10, 10, 0, 5, 0]).unwrap();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(map.entries(), 5);
+        assert_eq!(map.of_bytes(0..10), 0..1);
+        assert_eq!(map.of_bytes(9..11), 0..2);
+        assert_eq!(map.of_bytes(10..20), 1..2);
+        assert_eq!(map.of_bytes(15..21), 1..4);
+        assert_eq!(map.of_bytes(20..25), 3..4);
+        assert_eq!(map.of_bytes(0..25), 0..4);
+        assert_eq!(map.of_bytes(30..40).len(), 0);
+        assert_eq!(EntryMap::describe(&(3..4)), "batch entry 3");
+        assert_eq!(EntryMap::describe(&(0..3)), "batch entries 0..=2");
+    }
+
     proptest! {
+        #[test]
+        fn entry_map_matches_a_byte_oracle(sizes in proptest::collection::vec(0u64..6, 1..30), a in 0u64..120, n in 0u64..40) {
+            let offs: Vec<u64> = sizes.iter().scan(0u64, |acc, &s| { let o = *acc; *acc += s + 1; Some(o) }).collect();
+            let (_, map) = check_batch_mapped((1, 1 << 20), (2, 1 << 20), &offs, &offs, &sizes).unwrap();
+            // Oracle: the entries owning at least one byte of [a, a + n) of the stream.
+            let mut start = 0u64;
+            let mut hit = Vec::new();
+            for (i, &s) in sizes.iter().enumerate() {
+                if s > 0 && n > 0 && start < a + n && a < start + s {
+                    hit.push(i as u32);
+                }
+                start += s;
+            }
+            let r = map.of_bytes(a..a + n);
+            match (hit.first(), hit.last()) {
+                (Some(&lo), Some(&hi)) => {
+                    prop_assert_eq!(r.start, lo);
+                    prop_assert_eq!(r.end, hi + 1);
+                }
+                _ => prop_assert!(r.is_empty()),
+            }
+        }
+
         #[test]
         fn stripe_covers_every_byte_once_in_order(
             raw in proptest::collection::vec((0u64..64, 1u64..300), 0..40),
@@ -169,6 +277,12 @@ mod tests {
                 lo += len; ro += len;
             }
             let pieces = stripe(&segs, lanes, first, min_lane, max_segs);
+            // Each piece starts where the bytes before it end.
+            let mut at = 0u64;
+            for p in &pieces {
+                prop_assert_eq!(p.stream_off, at);
+                at += p.segs.iter().map(|g| g.len).sum::<u64>();
+            }
             let flat: Vec<Seg> = pieces.iter().flat_map(|p| p.segs.clone()).collect();
             prop_assert_eq!(bytes(&flat), bytes(&segs));
             let total: u64 = segs.iter().map(|s| s.len).sum();

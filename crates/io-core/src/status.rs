@@ -16,7 +16,8 @@ pub type TransferId = u64;
 struct Inner {
     state: AtomicU8,
     pending: AtomicU32,
-    error: Mutex<Option<IoError>>,
+    /// The first error (what [`TransferStatus::poll`] returns) and every failed piece's entries.
+    error: Mutex<Failures>,
     waiters: AtomicU32,
     lock: Mutex<()>,
     cv: Condvar,
@@ -69,12 +70,32 @@ pub fn parse_switch(v: &str) -> Option<bool> {
     }
 }
 
+#[derive(Default)]
+struct Failures {
+    first: Option<IoError>,
+    all: Vec<EntryFailure>,
+}
+
+/// Batch entries of a transfer that did not land, and why (see [`TransferStatus::failed_entries`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryFailure {
+    /// Indices into the caller's batch arrays (`local_offs`/`remote_offs`/`sizes`) of the
+    /// entries that did not (completely) land; `None`: the whole batch (the backend does not
+    /// attribute its pieces to entries, or the failure came before any piece was queued).
+    /// Conservative: a range may name entries that share a failed request with the bad one.
+    pub entries: Option<std::ops::Range<u32>>,
+    /// Why.
+    pub error: IoError,
+}
+
 /// Shared completion state of a transfer that was split into `pieces` (one per connection,
 /// QP or stream). Cloning shares the state.
 ///
-/// - It becomes `Success` when every piece completed without error.
-/// - The first error sticks: the status turns `Failed` at once with that error, and later
-///   pieces (successful or not) change nothing.
+/// - It is terminal only once every piece ended (completed, failed or was cancelled), so no
+///   byte of the transfer can still move when a caller sees `Success` or `Failed`.
+/// - It becomes `Success` when every piece completed without error, else `Failed` with the
+///   first error recorded; [`TransferStatus::failed_entries`] lists every failed piece's
+///   batch entries, [`TransferStatus::entry_landed`] answers per entry.
 /// - [`TransferStatus::poll`] never blocks; [`TransferStatus::spin_for`] spin-polls (running
 ///   the backend's completion step, see [`Progress`]) and [`TransferStatus::wait_for`] blocks,
 ///   both with a deadline.
@@ -104,8 +125,17 @@ pub trait Completion {
     /// Adds `n` more expected pieces to a status still in progress (used when a backend splits
     /// further after creation). No effect once the status is terminal.
     fn add_pieces(&self, n: u32);
-    /// Records the completion of one piece. The first `Err` makes the status `Failed` (sticky).
-    fn complete_piece(&self, r: Result<(), IoError>);
+    /// Records the end of one piece that carried the whole batch (or whose entries the backend
+    /// does not track). The status turns terminal when the last piece ended: `Failed` with the
+    /// first error when any piece failed.
+    fn complete_piece(&self, r: Result<(), IoError>) {
+        self.complete_entries(None, r)
+    }
+    /// Records the end of one piece carrying batch entries `entries` (see [`EntryFailure`]).
+    fn complete_entries(&self, entries: Option<std::ops::Range<u32>>, r: Result<(), IoError>);
+    /// Ends `n` pieces that will never run (their requests were never sent) with `err`, as
+    /// `n` failed [`Completion::complete_piece`] calls.
+    fn cancel_pieces(&self, n: u32, entries: Option<std::ops::Range<u32>>, err: IoError);
 }
 
 impl Completion for TransferStatus {
@@ -114,7 +144,7 @@ impl Completion for TransferStatus {
             inner: Arc::new(Inner {
                 state: AtomicU8::new(if pieces == 0 { SUCCESS } else { IN_PROGRESS }),
                 pending: AtomicU32::new(pieces),
-                error: Mutex::new(None),
+                error: Mutex::new(Failures::default()),
                 waiters: AtomicU32::new(0),
                 lock: Mutex::new(()),
                 cv: Condvar::new(),
@@ -141,29 +171,49 @@ impl Completion for TransferStatus {
         }
     }
 
-    fn complete_piece(&self, r: Result<(), IoError>) {
-        let inner = &self.inner;
+    fn complete_entries(&self, entries: Option<std::ops::Range<u32>>, r: Result<(), IoError>) {
         match r {
-            Err(e) => {
-                let mut slot = inner.error.lock();
-                if inner.state.load(Ordering::Acquire) == IN_PROGRESS {
-                    *slot = Some(e);
-                    inner.state.store(FAILED, Ordering::SeqCst);
-                    drop(slot);
-                    self.wake();
-                }
-            }
-            Ok(()) => {
-                let prev = inner.pending.fetch_sub(1, Ordering::AcqRel);
-                if prev == 1 && inner.state.compare_exchange(IN_PROGRESS, SUCCESS, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-                    self.wake();
-                }
-            }
+            Ok(()) => self.end_pieces(1),
+            Err(e) => self.cancel_pieces(1, entries, e),
         }
+    }
+
+    fn cancel_pieces(&self, n: u32, entries: Option<std::ops::Range<u32>>, err: IoError) {
+        if n == 0 {
+            return;
+        }
+        {
+            let mut f = self.inner.error.lock();
+            if self.inner.state.load(Ordering::Acquire) != IN_PROGRESS {
+                return;
+            }
+            if f.first.is_none() {
+                f.first = Some(err.clone());
+            }
+            f.all.push(EntryFailure { entries, error: err });
+        }
+        self.end_pieces(n);
     }
 }
 
 impl TransferStatus {
+    /// Ends `n` pieces; the last one makes the status terminal (`Failed` when an error was
+    /// recorded, else `Success`).
+    fn end_pieces(&self, n: u32) {
+        let inner = &self.inner;
+        let prev = inner.pending.fetch_sub(n, Ordering::AcqRel);
+        if prev > n {
+            return;
+        }
+        // The last piece: the error list is complete (every recording happens before its own
+        // decrement), so the verdict reads it under the lock.
+        let failed = inner.error.lock().first.is_some();
+        let to = if failed { FAILED } else { SUCCESS };
+        if inner.state.compare_exchange(IN_PROGRESS, to, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            self.wake();
+        }
+    }
+
     fn wake(&self) {
         // SeqCst pairs with the SeqCst increment in `wait_for`: either the waiter sees the new
         // state before sleeping, or we see the waiter and notify under the lock.
@@ -178,7 +228,7 @@ impl TransferStatus {
         match self.inner.state.load(Ordering::Acquire) {
             IN_PROGRESS => ErrorCode::InProgress,
             SUCCESS => ErrorCode::Success,
-            _ => self.inner.error.lock().as_ref().map(|e| e.code).unwrap_or(ErrorCode::Transport),
+            _ => self.inner.error.lock().first.as_ref().map(|e| e.code).unwrap_or(ErrorCode::Transport),
         }
     }
 
@@ -187,8 +237,29 @@ impl TransferStatus {
         match self.inner.state.load(Ordering::SeqCst) {
             IN_PROGRESS => None,
             SUCCESS => Some(Ok(())),
-            _ => Some(Err(self.inner.error.lock().clone().unwrap_or_else(|| IoError::transport("failed without a recorded error")))),
+            _ => Some(Err(self.inner.error.lock().first.clone().unwrap_or_else(|| IoError::transport("failed without a recorded error")))),
         }
+    }
+
+    /// Once terminal: every failed piece's entries and error, in the order they were recorded
+    /// (empty after `Success`); `None` while in progress. Entries named by no failure landed
+    /// completely.
+    pub fn failed_entries(&self) -> Option<Vec<EntryFailure>> {
+        if !self.is_done() {
+            return None;
+        }
+        Some(self.inner.error.lock().all.clone())
+    }
+
+    /// Once terminal: whether batch entry `i` (an index into the caller's arrays) landed
+    /// completely; `None` while in progress. After `Failed`, an entry of a failure that names
+    /// no entries (the whole batch) did not land.
+    pub fn entry_landed(&self, i: usize) -> Option<bool> {
+        if !self.is_done() {
+            return None;
+        }
+        let f = self.inner.error.lock();
+        Some(!f.all.iter().any(|x| x.entries.as_ref().is_none_or(|r| u32::try_from(i).map_or(true, |i| r.contains(&i)))))
     }
 
     /// True once `Success` or `Failed`.
@@ -209,7 +280,7 @@ impl TransferStatus {
         let deadline = Instant::now() + timeout;
         // Held for the spin (a status outliving its backend just does not drive); taken once,
         // not per round.
-        let driver = self.inner.driver.get().and_then(Weak::upgrade);
+        let mut driver = self.inner.driver.get().and_then(Weak::upgrade);
         let mut n: u32 = 0;
         loop {
             if let Some(r) = self.poll() {
@@ -222,6 +293,11 @@ impl TransferStatus {
             if n.is_multiple_of(64) {
                 if Instant::now() >= deadline {
                     return Err(self.timeout_error(timeout));
+                }
+                // A transfer posted by another thread (the engine's connector) may attach its
+                // backend's step after this wait began.
+                if driver.is_none() {
+                    driver = self.inner.driver.get().and_then(Weak::upgrade);
                 }
                 // Give the transport's threads a chance on small machines; still a poll loop.
                 std::thread::yield_now();
@@ -284,16 +360,46 @@ mod tests {
     }
 
     #[test]
-    fn first_error_sticks() {
+    fn first_error_sticks_and_the_status_ends_with_the_last_piece() {
         let s = TransferStatus::new(3);
         s.complete_piece(Ok(()));
-        s.complete_piece(Err(IoError::not_found("first")));
-        s.complete_piece(Err(IoError::transport("second")));
-        s.complete_piece(Ok(()));
+        s.complete_entries(Some(4..6), Err(IoError::not_found("first")));
+        assert!(s.poll().is_none(), "a piece is still running: not terminal yet");
+        assert_eq!(s.code(), ErrorCode::InProgress);
+        assert_eq!(s.failed_entries(), None);
+        assert_eq!(s.entry_landed(0), None);
+        s.complete_entries(Some(9..10), Err(IoError::transport("second")));
         let e = s.poll().unwrap().unwrap_err();
         assert_eq!(e.code, ErrorCode::NotFound);
         assert_eq!(e.msg, "first");
         assert_eq!(s.code(), ErrorCode::NotFound);
+        let f = s.failed_entries().unwrap();
+        assert_eq!(f.iter().map(|x| x.entries.clone()).collect::<Vec<_>>(), vec![Some(4..6), Some(9..10)]);
+        assert_eq!(f[1].error.msg, "second");
+        let landed: Vec<bool> = (0..11).map(|i| s.entry_landed(i).unwrap()).collect();
+        assert_eq!(landed, [true, true, true, true, false, false, true, true, true, false, true]);
+        // A completion past the end changes nothing.
+        s.complete_piece(Ok(()));
+        assert_eq!(s.code(), ErrorCode::NotFound);
+    }
+
+    #[test]
+    fn cancelled_pieces_end_the_status_and_a_whole_batch_failure_names_every_entry() {
+        let s = TransferStatus::new(1);
+        s.add_pieces(3);
+        s.complete_piece(Ok(()));
+        s.cancel_pieces(2, None, IoError::bad_state("lane gone"));
+        assert!(s.poll().is_none());
+        s.complete_piece(Ok(()));
+        assert_eq!(s.poll().unwrap().unwrap_err().msg, "lane gone");
+        assert_eq!(s.entry_landed(0), Some(false));
+        assert_eq!(s.entry_landed(usize::MAX), Some(false));
+        let ok = TransferStatus::new(2);
+        ok.complete_piece(Ok(()));
+        ok.complete_piece(Ok(()));
+        assert_eq!(ok.failed_entries(), Some(vec![]));
+        assert_eq!(ok.entry_landed(7), Some(true));
+        assert_eq!(TransferStatus::failed(IoError::invalid("x")).entry_landed(0), Some(false));
     }
 
     #[test]

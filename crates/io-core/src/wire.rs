@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
 /// Protocol version carried in every [`Hello`].
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Default upper bound of one control frame's body, bytes (16 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;

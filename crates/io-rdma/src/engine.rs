@@ -32,12 +32,48 @@ const KIND_RECV: u64 = 1 << 62;
 
 type PostJob = Box<dyn FnOnce() + Send>;
 
+/// One posted transfer: ends (its status turns terminal) only when every signaled chunk
+/// completed, failed or was never posted, so no WR of it is still moving bytes then.
 struct Xfer {
     status: TransferStatus,
     remaining: AtomicUsize,
+    /// The first failure among its chunks.
+    error: Mutex<Option<IoError>>,
     id: u64,
     conn: Arc<Conn>,
     _region: Arc<Region>,
+}
+
+impl Xfer {
+    /// Ends `n` signaled chunks with `r`. At the last end: a failed transfer's status is
+    /// completed here with the first error; for a successful one `Some(true)` is returned and
+    /// the caller notifies the target, then completes the status. `None` before the last end.
+    fn end(&self, n: usize, r: Result<(), IoError>) -> Option<bool> {
+        if n == 0 {
+            return None;
+        }
+        if let Err(e) = r {
+            let mut g = self.error.lock();
+            if g.is_none() {
+                *g = Some(e);
+            }
+        }
+        if self.remaining.fetch_sub(n, Ordering::AcqRel) != n {
+            return None;
+        }
+        match self.error.lock().take() {
+            None => Some(true),
+            Some(e) => {
+                self.status.complete_piece(Err(e));
+                Some(false)
+            }
+        }
+    }
+}
+
+/// Signaled WRs (= chunks posted by `post_chunk`) of `queues`.
+fn chunks_of(queues: &[mori_io_core::wr_plan::QpWrs]) -> usize {
+    queues.iter().map(|q| q.wrs.iter().enumerate().filter(|(i, w)| w.signaled || i + 1 == q.wrs.len()).count()).sum()
 }
 
 struct Piece {
@@ -349,6 +385,7 @@ impl Inner {
         let xfer = Arc::new(Xfer {
             status: status.clone(),
             remaining: AtomicUsize::new(plan.signaled),
+            error: Mutex::new(None),
             id: req.id,
             conn: conn.clone(),
             _region: region.clone(),
@@ -368,17 +405,14 @@ impl Inner {
         for (w, queues) in others {
             let (me, conn, xfer) = (self.clone(), conn.clone(), xfer.clone());
             let op = req.op;
-            let job: PostJob = Box::new(move || {
-                if let Err(e) = me.post_queues(&conn, &queues, &xfer, op, lkey, laddr, rh) {
-                    xfer.status.complete_piece(Err(e));
-                }
-            });
+            let job: PostJob = Box::new(move || me.post_queues(&conn, &queues, &xfer, op, lkey, laddr, rh));
             let tx = &self.posters[(w - 1) % self.posters.len()];
             if let Err(e) = tx.lock().send(job) {
                 (e.0)();
             }
         }
-        self.post_queues(&conn, &mine, &xfer, req.op, lkey, laddr, rh)
+        self.post_queues(&conn, &mine, &xfer, req.op, lkey, laddr, rh);
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -391,17 +425,23 @@ impl Inner {
         lkey: u32,
         laddr: u64,
         rh: RdmaMemHandle,
-    ) -> IoResult<()> {
+    ) {
+        let mut posted = 0usize;
         for q in queues {
             let mut start = 0;
             for (i, wr) in q.wrs.iter().enumerate() {
                 if wr.signaled || i + 1 == q.wrs.len() {
-                    self.post_chunk(conn, q.qp, &q.wrs[start..=i], xfer, op, lkey, laddr, rh)?;
+                    if let Err(e) = self.post_chunk(conn, q.qp, &q.wrs[start..=i], xfer, op, lkey, laddr, rh) {
+                        // The chunks not posted will never complete: end them now, with the
+                        // reason (the status still waits for the posted ones).
+                        xfer.end(chunks_of(queues) - posted, Err(e));
+                        return;
+                    }
+                    posted += 1;
                     start = i + 1;
                 }
             }
         }
-        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -579,13 +619,15 @@ impl Inner {
             let (code, hint) = wc_hint(status);
             let err = IoError::new(code, format!("rdma work request to engine {:?} failed on QP {}: {hint}", p.conn.peer, p.qp));
             match p.xfer {
-                Some(x) => x.status.complete_piece(Err(err)),
+                Some(x) => {
+                    x.end(1, Err(err));
+                }
                 None => tracing::warn!(error = %err, "rdma notification failed"),
             }
             return;
         }
         if let Some(x) = p.xfer {
-            if x.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if x.end(1, Ok(())) == Some(true) {
                 let mut note = [0u8; NOTE];
                 note[..8].copy_from_slice(&x.id.to_le_bytes());
                 self.notes.lock().push_back((x.conn.clone(), note));

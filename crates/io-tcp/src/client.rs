@@ -4,7 +4,7 @@ use crate::proto::*;
 use crate::vio::{read_exact_vectored, write_all_vectored, NoSigPipe};
 use mori_io_core::status::Completion;
 use mori_io_core::wire::Role;
-use mori_io_core::{BackendKind, EngineDesc, ErrorCode, IoError, IoResult, Op, Region, Seg, TransferStatus};
+use mori_io_core::{BackendKind, EngineDesc, EntryMap, ErrorCode, IoError, IoResult, Op, Region, Seg, TransferStatus};
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -18,8 +18,31 @@ pub(crate) struct Job {
     pub remote_epoch: u64,
     pub piece_total: u32,
     pub segs: Vec<Seg>,
+    /// Offset of the job's first byte in the transfer's byte stream (`Piece::stream_off`).
+    pub stream_off: u64,
+    /// Where the transfer's batch entries lie in its byte stream.
+    pub entries: Arc<EntryMap>,
     pub local: Arc<Region>,
     pub status: TransferStatus,
+}
+
+impl Job {
+    /// The caller's batch entries this job carries.
+    pub(crate) fn entry_range(&self) -> std::ops::Range<u32> {
+        let len: u64 = self.segs.iter().map(|g| g.len).sum();
+        self.entries.of_bytes(self.stream_off..self.stream_off + len)
+    }
+
+    /// The caller's batch entries of segment `k` of this job.
+    fn seg_entries(&self, k: usize) -> std::ops::Range<u32> {
+        let at = self.stream_off + self.segs[..k].iter().map(|g| g.len).sum::<u64>();
+        self.entries.of_bytes(at..at + self.segs[k].len)
+    }
+
+    /// Records the job's end on its transfer's status.
+    pub(crate) fn finish(&self, r: IoResult<()>) {
+        self.status.complete_entries(Some(self.entry_range()), r);
+    }
 }
 
 /// Timeouts of a lane.
@@ -49,7 +72,7 @@ pub(crate) fn run_lane(
             match dial(&local, &peer, lane, t) {
                 Ok(s) => conn = Some(s),
                 Err(e) => {
-                    job.status.complete_piece(Err(e));
+                    job.finish(Err(e));
                     continue;
                 }
             }
@@ -65,7 +88,7 @@ pub(crate) fn run_lane(
             }
             _ => {}
         }
-        job.status.complete_piece(r);
+        job.finish(r);
     }
 }
 
@@ -123,7 +146,7 @@ fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
     }
     write_all_vectored(&mut NoSigPipe(s), &mut out).map_err(|e| lane.io_err("tcp send", &e))?;
 
-    let mut rh = ReplyHeader { magic: 0, code: 0, transfer_id: 0, payload_len: 0, msg_len: 0, _pad: 0 };
+    let mut rh = ReplyHeader { magic: 0, code: 0, transfer_id: 0, payload_len: 0, msg_len: 0, seg: NO_SEG };
     s.read_exact(bytemuck::bytes_of_mut(&mut rh)).map_err(|e| lane.io_err("tcp reply", &e))?;
     if rh.magic != MAGIC || rh.transfer_id != job.transfer_id || rh.msg_len as usize > MAX_MSG {
         return Err(IoError::transport(format!(
@@ -134,7 +157,19 @@ fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
     let mut msg = vec![0u8; rh.msg_len as usize];
     s.read_exact(&mut msg).map_err(|e| lane.io_err("tcp reply", &e))?;
     if rh.code != 0 {
-        return Err(IoError::new(ErrorCode::from_u32(rh.code), format!("target engine refused: {}", String::from_utf8_lossy(&msg))));
+        let text = String::from_utf8_lossy(&msg);
+        let blamed = usize::try_from(rh.seg).ok().and_then(|k| job.segs.get(k).map(|g| (k, g)));
+        let what = match blamed {
+            Some((k, g)) => format!(
+                "{} (local offset {}, remote offset {}, {} bytes)",
+                EntryMap::describe(&job.seg_entries(k)),
+                g.local_off,
+                g.remote_off,
+                g.len
+            ),
+            None => EntryMap::describe(&job.entry_range()).replacen("batch entr", "request of batch entr", 1),
+        };
+        return Err(IoError::new(ErrorCode::from_u32(rh.code), format!("{what}: target engine refused: {text}")));
     }
     if job.op == Op::Read {
         if rh.payload_len != total {

@@ -174,11 +174,13 @@ impl Backend for TcpBackend {
                 remote_epoch: req.remote.engine_epoch,
                 piece_total: total,
                 segs: p.segs,
+                stream_off: p.stream_off,
+                entries: req.entries.clone(),
                 local: local.clone(),
                 status: status.clone(),
             };
             if let Err(e) = peer.lanes[p.lane].send(job) {
-                e.0.status.complete_piece(Err(IoError::bad_state("tcp lane worker is gone")));
+                e.0.finish(Err(IoError::bad_state("tcp lane worker is gone (the backend is shutting down); nothing was sent")));
             }
         }
     }

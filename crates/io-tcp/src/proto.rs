@@ -64,9 +64,13 @@ pub struct ReplyHeader {
     pub payload_len: u64,
     /// Error text bytes following the header.
     pub msg_len: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
+    /// For a refusal caused by one segment: its index in the request's segment table;
+    /// [`NO_SEG`] otherwise.
+    pub seg: u32,
 }
+
+/// [`ReplyHeader::seg`] of a reply that blames no single segment.
+pub const NO_SEG: u32 = u32::MAX;
 
 #[cfg(test)]
 mod tests {

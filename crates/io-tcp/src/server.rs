@@ -52,10 +52,13 @@ fn read_pod<T: bytemuck::Pod>(s: &mut TcpStream) -> Result<T, IoError> {
     Ok(v)
 }
 
-fn reply(s: &mut TcpStream, id: u64, r: &Result<(), IoError>, payload: &mut [IoSlice<'_>], payload_len: u64) -> Result<(), IoError> {
+/// A refusal, and the segment it blames ([`NO_SEG`] for none).
+type Refused = (IoError, u32);
+
+fn reply(s: &mut TcpStream, id: u64, r: &Result<(), Refused>, payload: &mut [IoSlice<'_>], payload_len: u64) -> Result<(), IoError> {
     let msg = match r {
         Ok(()) => String::new(),
-        Err(e) => {
+        Err((e, _)) => {
             let mut cut = e.msg.len().min(MAX_MSG);
             while !e.msg.is_char_boundary(cut) {
                 cut -= 1;
@@ -65,11 +68,11 @@ fn reply(s: &mut TcpStream, id: u64, r: &Result<(), IoError>, payload: &mut [IoS
     };
     let h = ReplyHeader {
         magic: MAGIC,
-        code: r.as_ref().map(|_| 0).unwrap_or_else(|e| e.code.as_u32()),
+        code: r.as_ref().map(|_| 0).unwrap_or_else(|(e, _)| e.code.as_u32()),
         transfer_id: id,
         payload_len,
         msg_len: msg.len() as u32,
-        _pad: 0,
+        seg: r.as_ref().map(|_| NO_SEG).unwrap_or_else(|(_, k)| *k),
     };
     let mut v = Vec::with_capacity(2 + payload.len());
     v.push(IoSlice::new(bytemuck::bytes_of(&h)));
@@ -78,23 +81,26 @@ fn reply(s: &mut TcpStream, id: u64, r: &Result<(), IoError>, payload: &mut [IoS
     write_all_vectored(&mut NoSigPipe(s), &mut v).map_err(|e| IoError::from_io("tcp reply", &e))
 }
 
-/// Validates the segments against the target region; returns it with the segment list.
-fn resolve(ctx: &BackendContext, h: &ReqHeader, segs: &[SegWire]) -> Result<Arc<Region>, IoError> {
+/// Validates the segments against the target region and returns it; a refusal names the
+/// segment at fault when there is one (its index travels in the reply header, and the
+/// initiator names the caller's batch entry).
+fn resolve(ctx: &BackendContext, h: &ReqHeader, segs: &[SegWire]) -> Result<Arc<Region>, Refused> {
+    let whole = |e: IoError| (e, NO_SEG);
     if h.epoch != ctx.local.epoch {
-        return Err(IoError::disconnected(format!(
+        return Err(whole(IoError::disconnected(format!(
             "stale descriptor: memory {} names engine {:?} epoch {:#x}, this engine of that key has epoch {:#x} (the engine the \
              descriptor came from is gone); nothing was moved",
             h.mem_id, ctx.local.key, h.epoch, ctx.local.epoch
-        )));
+        ))));
     }
-    let region = ctx.registry.get(h.mem_id)?;
+    let region = ctx.registry.get(h.mem_id).map_err(whole)?;
     let mut sum: u64 = 0;
     for (i, sg) in segs.iter().enumerate() {
-        region.range(sg.remote_off, sg.len).map_err(|e| IoError::invalid(format!("segment {i}: {}", e.msg)))?;
-        sum = sum.checked_add(sg.len).ok_or_else(|| IoError::invalid("segment lengths overflow"))?;
+        region.range(sg.remote_off, sg.len).map_err(|e| (IoError::invalid(e.msg), i as u32))?;
+        sum = sum.checked_add(sg.len).ok_or_else(|| whole(IoError::invalid("segment lengths overflow")))?;
     }
     if sum != h.total_len {
-        return Err(IoError::invalid(format!("segments sum to {sum} bytes but the header says {}", h.total_len)));
+        return Err(whole(IoError::invalid(format!("segments sum to {sum} bytes but the header says {}", h.total_len))));
     }
     Ok(region)
 }
@@ -106,7 +112,7 @@ fn serve_one(s: &mut TcpStream, ctx: &BackendContext, from: &str) -> Result<(), 
     }
     if h.nsegs as usize > MAX_SEGS_PER_REQ {
         let e = IoError::invalid(format!("request carries {} segments, above the limit of {MAX_SEGS_PER_REQ}", h.nsegs));
-        let _ = reply(s, h.transfer_id, &Err(e.clone()), &mut [], 0);
+        let _ = reply(s, h.transfer_id, &Err((e.clone(), NO_SEG)), &mut [], 0);
         return Err(e);
     }
     let mut segs = vec![SegWire::zeroed(); h.nsegs as usize];
@@ -135,7 +141,7 @@ fn serve_one(s: &mut TcpStream, ctx: &BackendContext, from: &str) -> Result<(), 
             }
         };
         // The data is in place (or refused): record, then acknowledge.
-        ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, r.clone());
+        ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, r.clone().map_err(|(e, _)| e));
         reply(s, h.transfer_id, &r, &mut [], 0)
     } else {
         match checked {
@@ -152,10 +158,9 @@ fn serve_one(s: &mut TcpStream, ctx: &BackendContext, from: &str) -> Result<(), 
                 ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, Ok(()));
                 Ok(())
             }
-            Err(e) => {
-                let r = Err(e);
-                ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, r.clone());
-                reply(s, h.transfer_id, &r, &mut [], 0)
+            Err(refused) => {
+                ctx.inbound.piece_done(from, h.transfer_id, h.piece_total, Err(refused.0.clone()));
+                reply(s, h.transfer_id, &Err(refused), &mut [], 0)
             }
         }
     }

@@ -3,7 +3,7 @@
 use crate::control::CtrlPool;
 use crate::inflight::InFlight;
 use crate::session::Session;
-use mori_io_core::plan::check_batch;
+use mori_io_core::plan::check_batch_mapped;
 use mori_io_core::status::Completion;
 use mori_io_core::wire::{CtrlReply, CtrlRequest};
 use mori_io_core::{
@@ -458,18 +458,26 @@ impl IoEngine {
             self.own(local)?;
             let peer = self.inner.remote(&remote.engine_key)?;
             check_incarnation(remote, &peer)?;
-            let segs = check_batch((local.id, local.len), (remote.id, remote.len), lo, ro, sizes)?;
+            let (segs, entries) = check_batch_mapped((local.id, local.len), (remote.id, remote.len), lo, ro, sizes)?;
             let b = self.inner.choose(local, remote, &peer)?;
             let slot = self.inner.inflight.reserve(peer.epoch, &peer.key, id)?;
-            Ok((peer, segs, b, slot))
+            Ok((peer, segs, entries, b, slot))
         })();
         match r {
             Err(e) => TransferStatus::failed(e),
-            Ok((peer, segs, b, slot)) => {
+            Ok((peer, segs, entries, b, slot)) => {
                 let st = TransferStatus::new(1);
                 self.inner.inflight.fill(slot, &st);
                 b.post(
-                    TransferRequest { op, id, peer, local: Arc::new(local.clone()), remote: Arc::new(remote.clone()), segs },
+                    TransferRequest {
+                        op,
+                        id,
+                        peer,
+                        local: Arc::new(local.clone()),
+                        remote: Arc::new(remote.clone()),
+                        segs,
+                        entries: Arc::new(entries),
+                    },
                     st.clone(),
                 );
                 st

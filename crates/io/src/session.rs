@@ -1,7 +1,7 @@
 //! [`Session`]: a pre-resolved (local region, remote region, backend) triple.
 
 use crate::engine::EngineInner;
-use mori_io_core::plan::{check_batch, check_entry};
+use mori_io_core::plan::{check_batch_mapped, check_entry};
 use mori_io_core::status::Completion;
 use mori_io_core::{
     Backend, BackendKind, EngineDesc, IoError, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus,
@@ -128,14 +128,21 @@ impl Session {
         if let Some(gone) = self.engine_gone() {
             return gone;
         }
-        match check_batch((self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, sizes) {
+        match check_batch_mapped((self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, sizes) {
             Err(e) => TransferStatus::failed(e),
-            Ok(segs) => self.admit(id, || match &self.route {
+            Ok((segs, entries)) => self.admit(id, || match &self.route {
                 Some(r) => r.post(op, id, &segs),
                 None => {
                     let st = TransferStatus::new(1);
-                    let req =
-                        TransferRequest { op, id, peer: self.peer.clone(), local: self.local.clone(), remote: self.remote.clone(), segs };
+                    let req = TransferRequest {
+                        op,
+                        id,
+                        peer: self.peer.clone(),
+                        local: self.local.clone(),
+                        remote: self.remote.clone(),
+                        segs,
+                        entries: Arc::new(entries),
+                    };
                     self.backend.post(req, st.clone());
                     st
                 }
