@@ -164,8 +164,17 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Whether a post to `remote` of `peer` can go without a network round trip (connection,
+    /// handshake or lookup already made), so the engine may run it on the caller's thread.
+    /// When false the engine hands the post to a connector thread, so posting never waits on
+    /// the network. Must not block. Default: true (a backend that never connects).
+    fn ready(&self, _peer: &EngineDesc, _remote: &MemoryDesc) -> bool {
+        true
+    }
+
     /// Posts a request; the backend completes `status` (which the engine created with one
-    /// piece; the backend may `add_pieces`). Errors are reported through `status`.
+    /// piece; the backend may `add_pieces`). Errors are reported through `status`. May
+    /// connect (with the backend's deadlines) when [`Backend::ready`] said false.
     fn post(&self, req: TransferRequest, status: TransferStatus);
 
     /// A prepared [`Route`] between `local` and `remote` (owned by `peer`) for a session, or

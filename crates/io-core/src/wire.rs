@@ -99,8 +99,16 @@ pub fn dial(
         Role::Control => "control".to_string(),
         Role::Data { backend, lane } => format!("{backend} lane {lane}"),
     };
-    let mut s = std::net::TcpStream::connect_timeout(&addr, connect_timeout)
-        .map_err(|e| IoError::from_io(&format!("{what} connect to engine {key:?} at {addr}"), &e))?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, connect_timeout).map_err(|e| {
+        let mut err = IoError::from_io(&format!("{what} connect to engine {key:?} at {addr}"), &e);
+        if err.code == crate::ErrorCode::Timeout {
+            err.msg.push_str(&format!(
+                " (no answer within the connect deadline of {:.3} s: EngineConfig::control_timeout / TcpConfig::connect_timeout, env MORI_IO_CONTROL_TIMEOUT_MS)",
+                connect_timeout.as_secs_f64()
+            ));
+        }
+        err
+    })?;
     s.set_nodelay(true).ok();
     s.set_read_timeout(Some(io_timeout)).ok();
     s.set_write_timeout(Some(io_timeout)).ok();

@@ -351,6 +351,11 @@ impl Backend for FabricBackend {
         }
     }
 
+    /// Ready once the remote region was looked up and mapped (the first post asks its owner).
+    fn ready(&self, _peer: &EngineDesc, remote: &MemoryDesc) -> bool {
+        self.inner.maps.get(&remote.engine_key, remote.id).is_some()
+    }
+
     fn post(&self, req: TransferRequest, status: TransferStatus) {
         if let Err(e) = self.inner.post(&req, &status) {
             status.complete_piece(Err(e));

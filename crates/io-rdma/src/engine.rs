@@ -779,6 +779,10 @@ impl Backend for RdmaBackend {
         self.inner.conn_for(peer).map(|_| ())
     }
 
+    fn ready(&self, peer: &EngineDesc, _remote: &MemoryDesc) -> bool {
+        self.inner.out.lock().get(&peer.key).is_some_and(|c| !c.broken.load(Ordering::Acquire))
+    }
+
     fn post(&self, req: TransferRequest, status: TransferStatus) {
         let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
         status.set_progress(me);

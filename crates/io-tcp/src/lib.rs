@@ -149,6 +149,10 @@ impl Backend for TcpBackend {
         self.lanes_for(peer).map(|_| ())
     }
 
+    fn ready(&self, peer: &EngineDesc, _remote: &MemoryDesc) -> bool {
+        self.peers.lock().contains_key(&peer.key)
+    }
+
     fn post(&self, req: TransferRequest, status: TransferStatus) {
         let local = match self.ctx.registry.get(req.local.id) {
             Ok(r) => r,

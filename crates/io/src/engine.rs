@@ -1,5 +1,6 @@
 //! [`IoEngine`]: registrations, remote engines, backend choice and one-shot transfers.
 
+use crate::connector::Connector;
 use crate::control::CtrlPool;
 use crate::inflight::InFlight;
 use crate::session::Session;
@@ -98,7 +99,9 @@ type ChoiceKey = (String, MemId, MemId);
 pub(crate) struct EngineInner {
     pub(crate) desc: Arc<EngineDesc>,
     pub(crate) cfg: EngineConfig,
-    pub(crate) shutdown: AtomicBool,
+    pub(crate) shutdown: Arc<AtomicBool>,
+    /// Posts that must wait for a connection run here, off the caller's thread.
+    connector: Arc<Connector>,
     registry: Arc<MemRegistry>,
     inbound: Arc<InboundTable>,
     local_descs: RwLock<HashMap<MemId, MemoryDesc>>,
@@ -188,7 +191,8 @@ impl IoEngine {
         let inner = Arc::new(EngineInner {
             desc,
             cfg,
-            shutdown: AtomicBool::new(false),
+            shutdown: Arc::new(AtomicBool::new(false)),
+            connector: Arc::new(Connector::default()),
             registry: Arc::new(MemRegistry::new()),
             inbound: Arc::new(InboundTable::new()),
             local_descs: RwLock::new(HashMap::new()),
@@ -412,6 +416,11 @@ impl IoEngine {
     }
 
     /// Batch read: entry `i` moves `sizes[i]` bytes from `remote_offs[i]` to `local_offs[i]`.
+    ///
+    /// Never waits on the network: a first transfer to a peer (no connection yet) is posted by
+    /// a connector thread, and a connect that fails or passes its deadline fails the status
+    /// (`Timeout` naming the deadline). The status ends only when no byte of the batch can
+    /// still move; then `failed_entries` / `entry_landed` tell which entries landed.
     /// Errors (through the returned status): see [`mori_io_core::plan::check_batch`] for the
     /// argument rules; `InvalidArgs` for an `id` of a transfer to that engine not finished yet;
     /// `NotFound` for an unregistered engine; `RemoteDisconnect` for a stale `remote` (made by
@@ -468,18 +477,16 @@ impl IoEngine {
             Ok((peer, segs, entries, b, slot)) => {
                 let st = TransferStatus::new(1);
                 self.inner.inflight.fill(slot, &st);
-                b.post(
-                    TransferRequest {
-                        op,
-                        id,
-                        peer,
-                        local: Arc::new(local.clone()),
-                        remote: Arc::new(remote.clone()),
-                        segs,
-                        entries: Arc::new(entries),
-                    },
-                    st.clone(),
-                );
+                let req = TransferRequest {
+                    op,
+                    id,
+                    peer,
+                    local: Arc::new(local.clone()),
+                    remote: Arc::new(remote.clone()),
+                    segs,
+                    entries: Arc::new(entries),
+                };
+                self.inner.connector.post(b, req, st.clone(), self.inner.shutdown.clone());
                 st
             }
         }

@@ -19,6 +19,7 @@
 //! cudarc and cubecl-hip-sys for xgmi and fabric, loaded at run time); `all-backends` adds the
 //! three.
 
+mod connector;
 mod control;
 mod engine;
 mod inflight;
