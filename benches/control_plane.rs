@@ -20,6 +20,7 @@ fn engine() -> EngineDesc {
         port: 18516,
         pid: 424242,
         epoch: 0x9e37_79b9_7f4a_7c15,
+        secret: mori::io_core::Secret(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210),
     }
 }
 

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// Environment variables the workspace reads, with what reads them.
-pub const KNOWN_ENV: [(&str, &str); 27] = [
+pub const KNOWN_ENV: [(&str, &str); 30] = [
     ("MORI_GPU_RUNTIME", "GPU runtime to load: cuda, hip or auto (mori-gpu)"),
     ("MORI_RDMA_DEVICES", "RDMA devices the rdma backend may use: a,b or ^a,b (mori-topo, mori-io-rdma)"),
     ("MORI_IB_GID_INDEX", "GID index override (mori-io-rdma)"),
@@ -29,6 +29,9 @@ pub const KNOWN_ENV: [(&str, &str); 27] = [
     ("MORI_FABRIC_DOMAIN", "FABRIC domain <cluster uuid>:<clique id> (mori-io-fabric)"),
     ("MORI_IO_CONTROL_TIMEOUT_MS", "control-plane deadline (mori-io, mori-io-tcp)"),
     ("MORI_IO_TCP_TIMEOUT_MS", "TCP data deadline (mori-io-tcp)"),
+    ("MORI_IO_AUTH", "connections must present the engine's secret: on (default) or off, for benchmarks (mori-io)"),
+    ("MORI_IO_MAX_INBOUND", "most inbound connections an engine serves at once (mori-io)"),
+    ("MORI_IO_IDLE_TIMEOUT_MS", "inbound connections idle this long are closed (mori-io)"),
     ("MORI_MASTER_ADDR", "bootstrap rendezvous address (mori-bootstrap)"),
     ("MORI_MASTER_PORT", "bootstrap rendezvous port (mori-bootstrap)"),
     ("MORI_RANK", "bootstrap rank (mori-bootstrap)"),
@@ -282,6 +285,8 @@ pub struct CheckReport {
     pub numa_nodes: Vec<NumaInfo>,
     /// Engine verdicts, preference order, host then GPU memory.
     pub backends: Vec<BackendVerdict>,
+    /// Whether engines check connection secrets (`MORI_IO_AUTH`), in words.
+    pub io_auth: String,
     /// Environment in effect.
     pub env: Vec<EnvVar>,
     /// The `--backend` verdict, if one was asked for.
@@ -348,7 +353,7 @@ impl GidIndex {
 
 /// Whole-number variables and the values their readers accept (inclusive; the limits are the
 /// readers' own where they export them).
-const NUMERIC_ENV: [(&str, u64, u64); 13] = [
+const NUMERIC_ENV: [(&str, u64, u64); 15] = [
     (GID_INDEX_ENV, 0, MAX_GID_INDEX),
     ("MORI_IO_NUM_NICS_PER_TRANSFER", 1, 1),
     ("MORI_IO_QP_MAX_SEND_WR", 2, u32::MAX as u64),
@@ -362,6 +367,8 @@ const NUMERIC_ENV: [(&str, u64, u64); 13] = [
     ("MORI_IO_CONTROL_TIMEOUT_MS", 1, u64::MAX),
     ("MORI_IO_TCP_TIMEOUT_MS", 1, u64::MAX),
     ("MORI_IO_FABRIC_TIMEOUT_MS", 1, u64::MAX),
+    ("MORI_IO_MAX_INBOUND", 1, mori_io::MAX_INBOUND_LIMIT as u64),
+    ("MORI_IO_IDLE_TIMEOUT_MS", 1, u64::MAX),
 ];
 
 /// What its reader makes of a known variable's value: `Err` with why it would be refused, or
@@ -380,7 +387,7 @@ fn check_value(name: &str, value: &str) -> Result<Option<String>, String> {
         }
         mori_topo::RDMA_DEVICES_ENV => mori_topo::DeviceFilter::parse(value).map(|_| None).map_err(|e| e.to_string()),
         mori_io_fabric::HANDLE_ENV => mori_io_fabric::HandleType::parse(value).map(|_| None).map_err(|e| e.msg),
-        mori_io_core::CALLER_PROGRESS_ENV => match mori_io_core::status::parse_switch(value) {
+        mori_io_core::CALLER_PROGRESS_ENV | crate::check_io::AUTH_ENV => match mori_io_core::status::parse_switch(value) {
             Some(on) => Ok(Some(format!("{} here", if on { "on" } else { "off" }))),
             None => Err(format!("{value:?} is not one of {}", mori_io_core::status::SWITCH_VALUES)),
         },
@@ -454,6 +461,7 @@ pub fn report(
             .collect(),
         numa_nodes: topo.numa_nodes.iter().map(|n| NumaInfo { id: n.id, cpus: n.cpus.len() }).collect(),
         backends: probe::backends(runtime.ok()),
+        io_auth: crate::check_io::auth_line(vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))),
         env: env_in_effect(vars.into_iter()),
         requested: None,
         warnings: topo.warnings.clone(),
@@ -563,6 +571,7 @@ impl CheckReport {
         for v in &self.backends {
             s += &format!("  {:<7} {:<5} {:<3} {}\n", v.backend, v.memory, yes(v.serves), v.reason);
         }
+        s += &format!("  connection checks: {}\n", self.io_auth);
         s += "Environment\n";
         if self.env.is_empty() {
             s += "  no MORI_* variable set\n";
@@ -632,5 +641,9 @@ mod tests {
         let r = with(vec![("MORI_IB_GID_INDEX", "300")]);
         assert!(r.render().contains("\n  GID index: INVALID: MORI_IB_GID_INDEX: 300 is outside 0..=255\n"), "{}", r.render());
         assert_eq!(r.env[0].note, "INVALID: 300 is outside 0..=255");
+        assert!(r.render().contains("\n  connection checks: on: every connection must present"), "{}", r.render());
+        let r = with(vec![("MORI_IO_AUTH", "off")]);
+        assert!(r.render().contains("\n  connection checks: OFF (MORI_IO_AUTH=off)"), "{}", r.render());
+        assert_eq!(r.env[0].note.split(';').nth(1), Some(" off here"), "{:?}", r.env);
     }
 }

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod check;
+pub mod check_io;
 pub mod class;
 pub mod error;
 pub mod gantt;

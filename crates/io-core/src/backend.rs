@@ -133,6 +133,34 @@ pub trait Route: Send + Sync {
     fn post(&self, op: Op, id: TransferId, segs: &[Seg]) -> TransferStatus;
 }
 
+/// One of an engine's inbound connections, counted against its cap
+/// (`EngineConfig::max_inbound`) until dropped.
+pub struct InboundSlot {
+    count: Arc<std::sync::atomic::AtomicUsize>,
+    idle: std::time::Duration,
+}
+
+impl InboundSlot {
+    /// Takes a slot of `count` unless `max` are taken; `None` then. `idle`: how long the
+    /// connection may stay idle.
+    pub fn take(count: &Arc<std::sync::atomic::AtomicUsize>, max: usize, idle: std::time::Duration) -> Option<InboundSlot> {
+        use std::sync::atomic::Ordering;
+        count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)).ok()?;
+        Some(InboundSlot { count: count.clone(), idle })
+    }
+
+    /// How long the connection may stay without a request before it is closed.
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        self.idle
+    }
+}
+
+impl Drop for InboundSlot {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 /// A transport. Implementations never block the caller without a deadline, never complete a
 /// write before its data is at the target, and never touch memory outside a registration.
 pub trait Backend: Send + Sync {
@@ -185,9 +213,11 @@ pub trait Backend: Send + Sync {
     }
 
     /// Takes over an inbound data connection whose hello named this backend, sent by the
-    /// engine `from`. The backend owns the stream from now on. Default: `NotSupported` (the
-    /// backend moves data without engine data connections).
-    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32) -> IoResult<()> {
+    /// engine `from`. The backend owns the stream from now on, and keeps `slot` for as long as
+    /// it serves it (the engine's inbound connection cap counts it until dropped); it closes a
+    /// connection idle for [`InboundSlot::idle_timeout`]. Default: `NotSupported` (the backend
+    /// moves data without engine data connections).
+    fn accept(&self, _stream: TcpStream, from: EngineDesc, _lane: u32, _slot: InboundSlot) -> IoResult<()> {
         Err(crate::IoError::not_supported(format!("the {} backend takes no data connections (from engine {:?})", self.kind(), from.key)))
     }
 

@@ -8,12 +8,61 @@
 //! ([`MemoryDesc::engine_epoch`]). An engine restarted under the same key has another epoch,
 //! so a descriptor of its previous life is told apart from one of the new (region ids restart
 //! at 1 with each engine) and refused as stale instead of landing in another region.
+//!
+//! Capabilities: every engine also draws a random 128-bit [`EngineDesc::secret`] that travels
+//! only inside its packed descriptor (through the caller's own channel). Every connection to
+//! the engine (control and data) must present it in its hello; one that does not is refused
+//! before any memory is touched. `MORI_IO_AUTH=off` turns the check off (benchmarks): the
+//! engine then advertises [`Secret::NONE`] and accepts any hello.
 
 use crate::error::{IoError, IoResult};
 use serde::{Deserialize, Serialize};
 
 /// Version byte that prefixes every serialized descriptor.
-pub const DESC_VERSION: u8 = 2;
+pub const DESC_VERSION: u8 = 3;
+
+/// An engine's capability secret (128 random bits from `getrandom(2)`). Its `Debug` form
+/// never shows the value.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub u128);
+
+impl Secret {
+    /// The secret of an engine that checks none (`MORI_IO_AUTH=off`).
+    pub const NONE: Secret = Secret(0);
+
+    /// 128 fresh random bits. Errors: `Transport` when the kernel's random source fails.
+    pub fn random() -> IoResult<Secret> {
+        let mut b = [0u8; 16];
+        let mut got = 0usize;
+        while got < b.len() {
+            // SAFETY: the pointer and length describe the unfilled tail of `b`.
+            let r = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(IoError::transport(format!("getrandom for the engine secret: {e}")));
+            }
+            got += r as usize;
+        }
+        Ok(Secret(u128::from_le_bytes(b).max(1)))
+    }
+
+    /// Compares without an early exit (the time taken does not tell how many leading bits of
+    /// a guess were right).
+    pub fn matches(&self, other: &Secret) -> bool {
+        let (a, b) = (self.0.to_le_bytes(), other.0.to_le_bytes());
+        a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if *self == Secret::NONE { "Secret(none)" } else { "Secret(..)" })
+    }
+}
 
 /// Identifies an engine and tells peers how to reach its control plane.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -33,6 +82,10 @@ pub struct EngineDesc {
     /// Random, non-zero, drawn once per engine ([`new_epoch`]): tells this engine from any
     /// other that had or will have the same key (a restart), see the module doc.
     pub epoch: u64,
+    /// The capability every connection to this engine must present ([`Secret::NONE`] when
+    /// the engine checks none); see the module doc. Give the packed descriptor only to
+    /// engines that may read and write this engine's registered memory.
+    pub secret: Secret,
 }
 
 /// A fresh random engine epoch, never 0 ([`mori_bootstrap::random_u64`]).
@@ -169,7 +222,19 @@ mod tests {
             port: 18516,
             pid: 42,
             epoch: 7,
+            secret: Secret(0x1234_5678_9abc_def0_0fed_cba9_8765_4321),
         }
+    }
+
+    #[test]
+    fn secrets_are_random_compare_whole_and_never_print() {
+        let (a, b) = (Secret::random().unwrap(), Secret::random().unwrap());
+        assert_ne!(a, b);
+        assert_ne!(a, Secret::NONE);
+        assert!(a.matches(&a) && !a.matches(&b) && !a.matches(&Secret(a.0 ^ (1 << 127))));
+        let shown = format!("{:?}", engine());
+        assert!(shown.contains("Secret(..)") && !shown.contains("1234") && !shown.contains(&format!("{}", engine().secret.0)), "{shown}");
+        assert_eq!(format!("{:?}", Secret::NONE), "Secret(none)");
     }
 
     #[test]

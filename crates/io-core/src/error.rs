@@ -28,6 +28,9 @@ pub enum ErrorCode {
     RemoteDisconnect,
     /// The requested path is not available on this build or machine.
     NotSupported,
+    /// The connection did not present the engine's secret (its descriptor), or the engine
+    /// took no more connections.
+    Refused,
 }
 
 impl ErrorCode {
@@ -51,6 +54,7 @@ impl ErrorCode {
             7 => Timeout,
             8 => RemoteDisconnect,
             9 => NotSupported,
+            10 => Refused,
             _ => Transport,
         }
     }
@@ -102,6 +106,11 @@ impl IoError {
     pub fn timeout(msg: impl Into<String>) -> Self {
         Self::new(ErrorCode::Timeout, msg)
     }
+    /// `Refused` with a message.
+    pub fn refused(msg: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Refused, msg)
+    }
+
     /// `NotSupported` with a message.
     pub fn not_supported(msg: impl Into<String>) -> Self {
         Self::new(ErrorCode::NotSupported, msg)

@@ -20,8 +20,8 @@ pub mod status;
 pub mod wire;
 pub mod wr_plan;
 
-pub use backend::{Backend, BackendContext, BackendKind, ControlClient, Op, Refusal, Route, TransferRequest};
-pub use desc::{new_epoch, BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, DESC_VERSION};
+pub use backend::{Backend, BackendContext, BackendKind, ControlClient, InboundSlot, Op, Refusal, Route, TransferRequest};
+pub use desc::{new_epoch, BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, Secret, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
 pub use outbox::Notifier;

@@ -224,6 +224,7 @@ mod tests {
             port: 1,
             pid: 1,
             epoch: 1,
+            secret: crate::Secret::NONE,
         })
     }
 

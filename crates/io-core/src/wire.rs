@@ -4,7 +4,7 @@
 //! [`write_frame`] are thin blocking helpers over `std::io`.
 
 use crate::backend::BackendKind;
-use crate::desc::{EngineDesc, MemId, MemoryDesc};
+use crate::desc::{EngineDesc, MemId, MemoryDesc, Secret};
 use crate::error::{IoError, IoResult};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -20,10 +20,16 @@ pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
 pub struct Hello {
     /// Must equal [`PROTOCOL_VERSION`].
     pub version: u16,
-    /// The connecting engine.
+    /// The connecting engine's descriptor, secret included: the listener may dial back (an
+    /// owner tells the engines that looked a region up when it is deregistered). So a dialer
+    /// trusts the engines it dials as they trust it: it dials only engines whose descriptors
+    /// it registered.
     pub from: EngineDesc,
     /// What the connection is for.
     pub role: Role,
+    /// The listening engine's secret as the dialer's descriptor of it says; a listener that
+    /// checks secrets refuses any other before serving anything.
+    pub secret: Secret,
 }
 
 /// Purpose of a connection.
@@ -112,7 +118,7 @@ pub fn dial(
     s.set_nodelay(true).ok();
     s.set_read_timeout(Some(io_timeout)).ok();
     s.set_write_timeout(Some(io_timeout)).ok();
-    write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: local.clone(), role })?;
+    write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: local.clone(), role, secret: peer.secret })?;
     match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME)? {
         HelloReply::Ok(d) if d.key == *key && d.epoch == peer.epoch => Ok(s),
         HelloReply::Ok(d) if d.key == *key => Err(IoError::disconnected(format!(

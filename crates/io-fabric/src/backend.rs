@@ -174,7 +174,7 @@ impl FabricBackend {
                     tracing::debug!(from, id, "fabric POSIX FD handed out");
                     Ok((g, fd))
                 };
-                let s = FdServer::start(&inner.ctx.local.key, inner.cfg.handle_timeout, Arc::new(grant))?;
+                let s = FdServer::start(&inner.ctx.local.key, inner.cfg.handle_timeout, inner.ctx.local.secret, Arc::new(grant))?;
                 let _ = inner.socket.set(s.name().to_string());
                 Some(s)
             }
@@ -213,7 +213,7 @@ impl Inner {
             HandleType::Fabric => ShareableHandle::from_descriptor(&grant.descriptor, None),
             HandleType::PosixFd => {
                 let sock = h.socket.as_deref().ok_or_else(|| IoError::invalid(format!("{what}: no socket name")))?;
-                let (g2, fd) = uds::fetch(sock, &self.ctx.local.key, remote.id, self.cfg.handle_timeout)?;
+                let (g2, fd) = uds::fetch(sock, &self.ctx.local.key, remote.id, &peer.secret, self.cfg.handle_timeout)?;
                 if g2 != grant {
                     return Err(IoError::bad_state(format!("{what}: the owner's socket and control plane grant different ranges")));
                 }

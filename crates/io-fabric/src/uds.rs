@@ -3,14 +3,16 @@
 //! abstract Unix socket; importers fetch them. Only processes of the owner's user are served
 //! (`SO_PEERCRED`). Every read and write has a deadline.
 //!
-//! Request: `"MFR1"`, region id (u64 LE), requester key length (u16 LE, at most
-//! [`MAX_KEY`]), key bytes. Reply: status (u32 LE, an `ErrorCode` value, 0 = success) and body
+//! Request: `"MFR2"`, region id (u64 LE), the owner engine's secret as the requester's
+//! descriptor of it says (16 bytes LE: only holders of the owner's `EngineDesc` are served,
+//! unless the owner checks none), requester key length (u16 LE, at most [`MAX_KEY`]), key
+//! bytes. Reply: status (u32 LE, an `ErrorCode` value, 0 = success) and body
 //! length (u32 LE, at most [`MAX_BODY`]) with the descriptor attached, then the body: the
 //! encoded [`Grant`], or the error message.
 
 use crate::handle::Grant;
 use mori_gpu::fdpass;
-use mori_io_core::{ErrorCode, IoError, IoResult, MemId};
+use mori_io_core::{ErrorCode, IoError, IoResult, MemId, Secret};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
@@ -19,7 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const MAGIC: [u8; 4] = *b"MFR1";
+const MAGIC: [u8; 4] = *b"MFR2";
+
+/// Bytes before the requester key.
+const HEAD: usize = 4 + 8 + 16 + 2;
 /// Longest requester key accepted, bytes.
 pub const MAX_KEY: usize = 1024;
 /// Longest reply body accepted, bytes.
@@ -42,8 +47,9 @@ pub struct FdServer {
 impl FdServer {
     /// Listens on a fresh abstract name (`mori-fabric.<pid>.<n>.<tag>`, `tag` cut to fit) and
     /// answers each request with `grant` (which runs on a server thread), within `timeout`
-    /// per connection. Errors: `Transport` if the socket cannot be bound or the thread spawned.
-    pub fn start(tag: &str, timeout: Duration, grant: Arc<GrantFn>) -> IoResult<Self> {
+    /// per connection, to requesters presenting `secret` (any, when it is [`Secret::NONE`]).
+    /// Errors: `Transport` if the socket cannot be bound or the thread spawned.
+    pub fn start(tag: &str, timeout: Duration, secret: Secret, grant: Arc<GrantFn>) -> IoResult<Self> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let tag: String = tag.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(48).collect();
         let name = format!("mori-fabric.{}.{}.{tag}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
@@ -55,7 +61,7 @@ impl FdServer {
         let n2 = name.clone();
         let thread = std::thread::Builder::new()
             .name("mori-fabric-fds".into())
-            .spawn(move || accept_loop(listener, &n2, &s2, timeout, grant))
+            .spawn(move || accept_loop(listener, &n2, &s2, timeout, secret, grant))
             .map_err(|e| IoError::transport(format!("spawn fabric socket thread: {e}")))?;
         Ok(FdServer { name, stop, thread: Some(thread) })
     }
@@ -80,7 +86,7 @@ impl Drop for FdServer {
 /// threads.
 pub const MAX_CONCURRENT_REQUESTS: usize = 64;
 
-fn accept_loop(listener: UnixListener, name: &str, stop: &AtomicBool, timeout: Duration, grant: Arc<GrantFn>) {
+fn accept_loop(listener: UnixListener, name: &str, stop: &AtomicBool, timeout: Duration, secret: Secret, grant: Arc<GrantFn>) {
     let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !stop.load(Ordering::Acquire) {
         match listener.accept() {
@@ -94,7 +100,7 @@ fn accept_loop(listener: UnixListener, name: &str, stop: &AtomicBool, timeout: D
                 let g = grant.clone();
                 let count = in_flight.clone();
                 let spawned = std::thread::Builder::new().name("mori-fabric-fd".into()).spawn(move || {
-                    if let Err(e) = serve(s, timeout, &*g) {
+                    if let Err(e) = serve(s, timeout, &secret, &*g) {
                         tracing::warn!(error = %e, "fabric handle request failed");
                     }
                     count.fetch_sub(1, Ordering::AcqRel);
@@ -129,13 +135,13 @@ fn set_deadline(s: &UnixStream, timeout: Duration) -> IoResult<()> {
     s.set_write_timeout(Some(timeout)).map_err(io_err("fabric socket write timeout"))
 }
 
-fn serve(s: UnixStream, timeout: Duration, grant: &GrantFn) -> IoResult<()> {
+fn serve(s: UnixStream, timeout: Duration, secret: &Secret, grant: &GrantFn) -> IoResult<()> {
     set_deadline(&s, timeout)?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     let cred = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| IoError::transport(format!("fabric socket SO_PEERCRED: {e}")))?;
-    let mut head = [0u8; 14];
+    let mut head = [0u8; HEAD];
     (&s).read_exact(&mut head).map_err(io_err("read fabric handle request"))?;
     let reply = |code: ErrorCode, body: &[u8], fd: Option<&OwnedFd>| -> IoResult<()> {
         let mut h = [0u8; 8];
@@ -160,7 +166,14 @@ fn serve(s: UnixStream, timeout: Duration, grant: &GrantFn) -> IoResult<()> {
         )));
     }
     let id = u64::from_le_bytes(head[4..12].try_into().unwrap_or_default());
-    let klen = u16::from_le_bytes([head[12], head[13]]) as usize;
+    let given = Secret(u128::from_le_bytes(head[12..28].try_into().unwrap_or_default()));
+    if *secret != Secret::NONE && !secret.matches(&given) {
+        return refuse(IoError::refused(format!(
+            "fabric handle request for memory {id} from pid {} does not carry the owner engine's secret (the requester must hold its EngineDesc)",
+            cred.pid()
+        )));
+    }
+    let klen = u16::from_le_bytes([head[28], head[29]]) as usize;
     if klen > MAX_KEY {
         return refuse(IoError::invalid(format!("fabric handle request: key of {klen} bytes (at most {MAX_KEY})")));
     }
@@ -174,9 +187,10 @@ fn serve(s: UnixStream, timeout: Duration, grant: &GrantFn) -> IoResult<()> {
 }
 
 /// The importer's side: asks the owner listening at `name` for region `id` on behalf of engine
-/// `me`, within `timeout`. Errors: `Transport` when the socket cannot be reached (naming it),
-/// `Timeout`, the owner's own error (its code and message), `InvalidArgs` for a malformed reply.
-pub fn fetch(name: &str, me: &str, id: MemId, timeout: Duration) -> IoResult<(Grant, OwnedFd)> {
+/// `me`, presenting the owner's `secret`, within `timeout`. Errors: `Transport` when the socket
+/// cannot be reached (naming it), `Timeout`, the owner's own error (its code and message:
+/// `Refused` for a wrong secret), `InvalidArgs` for a malformed reply.
+pub fn fetch(name: &str, me: &str, id: MemId, secret: &Secret, timeout: Duration) -> IoResult<(Grant, OwnedFd)> {
     let s = UnixStream::connect_addr(&abstract_addr(name)?).map_err(|e| {
         IoError::transport(format!(
             "connect to the fabric handle socket @{name}: {e} (is the owner alive, on this node, in this network namespace?)"
@@ -187,9 +201,10 @@ pub fn fetch(name: &str, me: &str, id: MemId, timeout: Duration) -> IoResult<(Gr
     if key.len() > MAX_KEY {
         return Err(IoError::invalid(format!("engine key of {} bytes (fabric requests allow {MAX_KEY})", key.len())));
     }
-    let mut req = Vec::with_capacity(14 + key.len());
+    let mut req = Vec::with_capacity(HEAD + key.len());
     req.extend_from_slice(&MAGIC);
     req.extend_from_slice(&id.to_le_bytes());
+    req.extend_from_slice(&secret.0.to_le_bytes());
     req.extend_from_slice(&(key.len() as u16).to_le_bytes());
     req.extend_from_slice(key);
     (&s).write_all(&req).map_err(io_err("send fabric handle request"))?;

@@ -5,7 +5,7 @@
 //! The real GPU handles go through the same code in `crates/io/tests/fabric_gpu.rs`.
 
 use mori_gpu::{RuntimeKind, ShareableHandle, ShareableKind};
-use mori_io_core::{ErrorCode, IoError};
+use mori_io_core::{ErrorCode, IoError, Secret};
 use mori_io_fabric::uds::{fetch, FdServer};
 use mori_io_fabric::Grant;
 use std::fs::File;
@@ -19,6 +19,8 @@ const CHILD_ENV: &str = "MORI_FABRIC_TEST_SOCKET";
 const SIZE: u64 = 1 << 20;
 const OFF: u64 = 4096;
 const LEN: u64 = 8192;
+/// The owner engine's secret in these tests.
+const SECRET: Secret = Secret(0x00c0_ffee_5ec2_e7aa_0102_0304_0506_0708);
 
 fn memfd() -> File {
     // SAFETY: the name is NUL-terminated; the returned descriptor is owned by the File below.
@@ -53,6 +55,7 @@ fn fd_passing_between_processes() {
     let server = FdServer::start(
         "fd-test",
         Duration::from_secs(5),
+        SECRET,
         Arc::new(move |from: &str, id: u64| {
             if id != 7 {
                 return Err(IoError::not_found(format!("memory {id} is not registered (asked by {from})")));
@@ -98,7 +101,10 @@ fn fd_passing_between_processes() {
 #[test]
 fn child_side() {
     let Ok(name) = std::env::var(CHILD_ENV) else { return };
-    let (g, fd) = fetch(&name, "child-engine", 7, Duration::from_secs(5)).unwrap();
+    let e = fetch(&name, "child-engine", 7, &Secret(SECRET.0 ^ 1), Duration::from_secs(5)).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Refused, "{e}");
+    assert!(e.msg.contains("does not carry the owner engine's secret"), "{e}");
+    let (g, fd) = fetch(&name, "child-engine", 7, &SECRET, Duration::from_secs(5)).unwrap();
     assert_eq!((g.offset, g.len), (OFF, LEN));
     let h = ShareableHandle::from_descriptor(&g.descriptor, Some(fd)).unwrap();
     assert_eq!((h.kind(), h.size(), h.runtime()), (ShareableKind::PosixFd, SIZE, RuntimeKind::Cuda));
@@ -110,7 +116,7 @@ fn child_side() {
         assert_eq!(*b, pattern(g.offset + i as u64), "byte {i} of the granted range");
     }
     f.write_all_at(b"CHILD-WROTE", g.offset).unwrap();
-    let e = fetch(&name, "child-engine", 8, Duration::from_secs(5)).unwrap_err();
+    let e = fetch(&name, "child-engine", 8, &SECRET, Duration::from_secs(5)).unwrap_err();
     assert_eq!(e.code, ErrorCode::NotFound, "{e}");
     assert!(e.msg.contains("owner of memory 8: memory 8 is not registered (asked by child-engine)"), "{e}");
     println!("CHILD-OK pid {} read {} bytes at offset {}", std::process::id(), got.len(), g.offset);
@@ -128,24 +134,25 @@ fn a_silent_owner_times_out_and_a_missing_one_is_named() {
         drop(s);
     });
     let t0 = Instant::now();
-    let e = fetch(&name, "me", 1, Duration::from_millis(300)).unwrap_err();
+    let e = fetch(&name, "me", 1, &SECRET, Duration::from_millis(300)).unwrap_err();
     assert!(t0.elapsed() < Duration::from_millis(1200), "took {:?}", t0.elapsed());
     assert_eq!(e.code, ErrorCode::Timeout, "{e}");
     assert!(e.msg.contains("no answer within 300ms"), "{e}");
     keep.join().unwrap();
-    let e = fetch("mori-fabric-test-nobody-listens", "me", 1, Duration::from_millis(300)).unwrap_err();
+    let e = fetch("mori-fabric-test-nobody-listens", "me", 1, &SECRET, Duration::from_millis(300)).unwrap_err();
     assert_eq!(e.code, ErrorCode::Transport, "{e}");
     assert!(e.msg.contains("@mori-fabric-test-nobody-listens") && e.msg.contains("on this node"), "{e}");
 }
 
 #[test]
 fn malformed_requests_are_refused_with_a_reason() {
-    let server = FdServer::start("bad", Duration::from_secs(2), Arc::new(|_: &str, _: u64| Err(IoError::bad_state("unused")))).unwrap();
+    let server =
+        FdServer::start("bad", Duration::from_secs(2), SECRET, Arc::new(|_: &str, _: u64| Err(IoError::bad_state("unused")))).unwrap();
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(server.name().as_bytes()).unwrap();
     let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"XXXX0123456789").unwrap();
+    s.write_all(b"XXXX0123456789abcdef0123456789").unwrap();
     let mut h = [0u8; 8];
     let fd = mori_gpu::fdpass::recv_with_fd(&s, &mut h).unwrap();
     assert!(fd.is_none());
@@ -161,7 +168,8 @@ fn a_flood_of_silent_connections_is_capped() {
     use mori_io_fabric::uds::MAX_CONCURRENT_REQUESTS;
     use std::io::Read;
     use std::os::linux::net::SocketAddrExt;
-    let server = FdServer::start("flood", Duration::from_secs(3), Arc::new(|_: &str, _: u64| Err(IoError::bad_state("unused")))).unwrap();
+    let server =
+        FdServer::start("flood", Duration::from_secs(3), SECRET, Arc::new(|_: &str, _: u64| Err(IoError::bad_state("unused")))).unwrap();
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(server.name().as_bytes()).unwrap();
     // MAX_CONCURRENT_REQUESTS silent requesters occupy every request thread (each waits for a
     // request that never comes, until its deadline)...

@@ -7,6 +7,7 @@ use mori_io_core::wire::Role;
 use mori_io_core::{BackendKind, EngineDesc, EntryMap, ErrorCode, IoError, IoResult, Op, Region, Seg, TransferStatus};
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,6 +69,11 @@ pub(crate) fn run_lane(
     t: LaneTimeouts,
 ) {
     while let Ok(job) = rx.recv() {
+        // A cached connection the target closed meanwhile (its idle timeout, a restart) reads
+        // as end-of-stream: no reply is ever pending between jobs, so readable means closed.
+        if conn.as_ref().is_some_and(|s| crate::vio::wait_readable(s.as_raw_fd(), Duration::ZERO).unwrap_or(true)) {
+            conn = None;
+        }
         if conn.is_none() {
             match dial(&local, &peer, lane, t) {
                 Ok(s) => conn = Some(s),

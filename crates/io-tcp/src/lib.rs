@@ -21,7 +21,7 @@ use client::{dial, run_lane, Job, LaneTimeouts};
 use crossbeam_channel::Sender;
 use mori_io_core::status::Completion;
 use mori_io_core::{
-    Backend, BackendContext, BackendKind, EngineDesc, IoError, IoResult, MemoryDesc, Refusal, TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendKind, EngineDesc, InboundSlot, IoError, IoResult, MemoryDesc, Refusal, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -189,14 +189,14 @@ impl Backend for TcpBackend {
         }
     }
 
-    fn accept(&self, stream: TcpStream, from: EngineDesc, lane: u32) -> IoResult<()> {
+    fn accept(&self, stream: TcpStream, from: EngineDesc, lane: u32, slot: InboundSlot) -> IoResult<()> {
         stream.set_nodelay(true).ok();
         stream.set_read_timeout(Some(self.cfg.data_timeout)).ok();
         stream.set_write_timeout(Some(self.cfg.data_timeout)).ok();
         let (ctx, sd) = (self.ctx.clone(), self.shutdown.clone());
         std::thread::Builder::new()
             .name(format!("mori-tcp-serve{lane}"))
-            .spawn(move || server::serve(stream, ctx, from.key, sd))
+            .spawn(move || server::serve(stream, ctx, from.key, sd, slot))
             .map(|_| ())
             .map_err(|e| IoError::transport(format!("spawn tcp server thread: {e}")))
     }

@@ -4,7 +4,7 @@
 use crate::proto::*;
 use crate::vio::{drain, read_exact_vectored, wait_readable, write_all_vectored, NoSigPipe};
 use bytemuck::Zeroable;
-use mori_io_core::{BackendContext, ErrorCode, IoError, Region};
+use mori_io_core::{BackendContext, ErrorCode, InboundSlot, IoError, Region};
 use std::io::{IoSlice, IoSliceMut, Read};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
@@ -15,14 +15,21 @@ use std::time::Duration;
 /// How often an idle connection checks for shutdown.
 const IDLE_POLL: Duration = Duration::from_millis(200);
 
-/// Serves one inbound data connection until the peer closes it, a protocol error occurs, or
-/// `shutdown` is set (checked before every request, and every [`IDLE_POLL`] while idle).
-/// `from` is the initiator's engine key.
-pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdown: Arc<AtomicBool>) {
+/// Serves one inbound data connection until the peer closes it, a protocol error occurs,
+/// `shutdown` is set (checked before every request, and every [`IDLE_POLL`] while idle), or
+/// it stayed idle for the slot's idle timeout. `from` is the initiator's engine key; `slot`
+/// (the engine's inbound cap) is held until the connection ends.
+pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdown: Arc<AtomicBool>, slot: InboundSlot) {
+    let mut idle_since = std::time::Instant::now();
     loop {
         match wait_readable(s.as_raw_fd(), IDLE_POLL) {
             Ok(false) => {
                 if shutdown.load(Ordering::Acquire) {
+                    return;
+                }
+                if idle_since.elapsed() >= slot.idle_timeout() {
+                    tracing::debug!(peer = %from, idle_s = slot.idle_timeout().as_secs_f64(), "idle tcp data connection closed");
+                    let _ = s.shutdown(std::net::Shutdown::Both);
                     return;
                 }
                 continue;
@@ -43,6 +50,7 @@ pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdow
             let _ = s.shutdown(std::net::Shutdown::Both);
             return;
         }
+        idle_since = std::time::Instant::now();
     }
 }
 

@@ -9,7 +9,7 @@ use mori_io_core::status::Completion;
 use mori_io_core::wire::{CtrlReply, CtrlRequest};
 use mori_io_core::{
     Backend, BackendContext, BackendKind, EngineDesc, InboundTable, IoError, IoResult, MemId, MemLoc, MemRegistry, MemoryDesc, Op, Refusal,
-    Region, TransferId, TransferRequest, TransferStatus,
+    Region, Secret, TransferId, TransferRequest, TransferStatus,
 };
 #[cfg(feature = "fabric")]
 use mori_io_fabric::{FabricBackend, FabricConfig};
@@ -40,6 +40,31 @@ pub struct EngineConfig {
     pub max_frame: usize,
     /// How long `deregister_memory` waits for in-flight operations (default 10 s).
     pub drain_timeout: Duration,
+    /// Require every connection to present this engine's secret (default on; env
+    /// `MORI_IO_AUTH=off` turns it off, for benchmarks: anyone who can reach the port may then
+    /// read and write registered memory within bounds). See `mori_io_core::desc`.
+    pub auth: bool,
+    /// Most inbound connections (control and data, from all peers) served at once; more are
+    /// refused with `Refused` naming the limit (default 1024, env `MORI_IO_MAX_INBOUND`,
+    /// 1..=65536: a peer uses one control connection plus one per tcp lane).
+    pub max_inbound: usize,
+    /// An inbound connection idle this long is closed (default 300 s, env
+    /// `MORI_IO_IDLE_TIMEOUT_MS`); peers reconnect on their next request.
+    pub idle_timeout: Duration,
+}
+
+/// Largest [`EngineConfig::max_inbound`].
+pub const MAX_INBOUND_LIMIT: usize = 65536;
+
+/// Whether engines of this process check secrets: `MORI_IO_AUTH` unset or on (`1`, `true`,
+/// `on`, `yes`) -> true, off (`0`, `false`, `off`, `no`) -> false. Errors: `InvalidArgs` for
+/// any other value, naming it.
+pub fn auth_from_env() -> IoResult<bool> {
+    match std::env::var("MORI_IO_AUTH") {
+        Err(_) => Ok(true),
+        Ok(v) => mori_io_core::status::parse_switch(&v)
+            .ok_or_else(|| IoError::invalid(format!("MORI_IO_AUTH={v:?} is not one of {}", mori_io_core::status::SWITCH_VALUES))),
+    }
 }
 
 impl Default for EngineConfig {
@@ -50,6 +75,9 @@ impl Default for EngineConfig {
             control_timeout: Duration::from_secs(10),
             max_frame: mori_io_core::wire::DEFAULT_MAX_FRAME,
             drain_timeout: Duration::from_secs(10),
+            auth: true,
+            max_inbound: 1024,
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -63,6 +91,14 @@ impl EngineConfig {
             host: host.into(),
             port,
             control_timeout: mori_io_core::env_millis("MORI_IO_CONTROL_TIMEOUT_MS", d.control_timeout)?,
+            auth: auth_from_env()?,
+            max_inbound: match std::env::var("MORI_IO_MAX_INBOUND") {
+                Err(_) => d.max_inbound,
+                Ok(v) => v.trim().parse::<usize>().ok().filter(|n| (1..=MAX_INBOUND_LIMIT).contains(n)).ok_or_else(|| {
+                    IoError::invalid(format!("MORI_IO_MAX_INBOUND={v:?} is not a connection count in 1..={MAX_INBOUND_LIMIT}"))
+                })?,
+            },
+            idle_timeout: mori_io_core::env_millis("MORI_IO_IDLE_TIMEOUT_MS", d.idle_timeout)?,
             ..d
         })
     }
@@ -115,6 +151,8 @@ pub(crate) struct EngineInner {
     /// peer only when it moved (one atomic load per post otherwise).
     pub(crate) remote_gen: AtomicU64,
     pub(crate) inflight: InFlight,
+    /// Inbound connections being served (against `cfg.max_inbound`).
+    pub(crate) inbound_conns: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A MORI-IO transfer engine: one control-plane listener, the backends created on it, the
@@ -168,6 +206,18 @@ impl IoEngine {
         if key.is_empty() {
             return Err(IoError::invalid("engine key is empty"));
         }
+        if !(1..=MAX_INBOUND_LIMIT).contains(&cfg.max_inbound) {
+            return Err(IoError::invalid(format!("max_inbound = {}, allowed 1..={MAX_INBOUND_LIMIT}", cfg.max_inbound)));
+        }
+        if cfg.idle_timeout.is_zero() {
+            return Err(IoError::invalid("idle_timeout is 0: every connection would close at once"));
+        }
+        let secret = if cfg.auth {
+            Secret::random()?
+        } else {
+            tracing::warn!(key, "MORI_IO_AUTH=off: this engine serves any connection that reaches its port, without its secret");
+            Secret::NONE
+        };
         let addr = mori_bootstrap::addr::advertised("engine host", &cfg.host, cfg.port).map_err(|e| IoError::invalid(e.to_string()))?;
         let listener = TcpListener::bind(addr).map_err(|e| {
             if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -186,6 +236,7 @@ impl IoEngine {
             port,
             pid: std::process::id(),
             epoch: mori_io_core::new_epoch(),
+            secret,
         });
         let ctrl = Arc::new(CtrlPool::new(desc.clone(), cfg.control_timeout, cfg.max_frame));
         let inner = Arc::new(EngineInner {
@@ -204,6 +255,7 @@ impl IoEngine {
             next_transfer: AtomicU64::new(1),
             remote_gen: AtomicU64::new(0),
             inflight: InFlight::new(),
+            inbound_conns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         });
         let e = inner.clone();
         std::thread::Builder::new()
@@ -486,7 +538,7 @@ impl IoEngine {
                     segs,
                     entries: Arc::new(entries),
                 };
-                self.inner.connector.post(b, req, st.clone(), self.inner.shutdown.clone());
+                self.inner.connector.post(b, req, st.clone(), &self.inner.registry, self.inner.shutdown.clone());
                 st
             }
         }

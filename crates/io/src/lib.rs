@@ -26,8 +26,10 @@ mod inflight;
 mod listener;
 mod session;
 
-pub use engine::{BackendConfig, EngineConfig, IoEngine};
-pub use mori_io_core::{BackendKind, EngineDesc, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, TransferId, TransferStatus};
+pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT};
+pub use mori_io_core::{
+    BackendKind, EngineDesc, EntryFailure, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, Secret, TransferId, TransferStatus,
+};
 #[cfg(feature = "fabric")]
 pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
 #[cfg(feature = "rdma")]

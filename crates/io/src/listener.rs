@@ -2,8 +2,9 @@
 
 use crate::engine::EngineInner;
 use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, PROTOCOL_VERSION};
-use mori_io_core::{ErrorCode, IoError};
+use mori_io_core::{ErrorCode, InboundSlot, IoError};
 use mori_io_tcp::vio::wait_readable;
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -14,6 +15,7 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// Accept loop; returns when the engine shuts down.
 pub(crate) fn accept_loop(listener: TcpListener, eng: Arc<EngineInner>) {
+    let mut refused = 0u64;
     while !eng.shutdown.load(Ordering::Acquire) {
         match wait_readable(listener.as_raw_fd(), POLL) {
             Ok(true) => {}
@@ -25,9 +27,13 @@ pub(crate) fn accept_loop(listener: TcpListener, eng: Arc<EngineInner>) {
         }
         match listener.accept() {
             Ok((s, addr)) => {
+                let Some(slot) = InboundSlot::take(&eng.inbound_conns, eng.cfg.max_inbound, eng.cfg.idle_timeout) else {
+                    refuse_over_cap(s, addr, &eng, &mut refused);
+                    continue;
+                };
                 let e = eng.clone();
                 let spawned = std::thread::Builder::new().name("mori-io-conn".into()).spawn(move || {
-                    if let Err(err) = handle(s, &e) {
+                    if let Err(err) = handle(s, addr, &e, slot) {
                         if err.code != ErrorCode::RemoteDisconnect {
                             tracing::warn!(%addr, error = %err, "inbound connection ended");
                         }
@@ -42,7 +48,25 @@ pub(crate) fn accept_loop(listener: TcpListener, eng: Arc<EngineInner>) {
     }
 }
 
-fn handle(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
+/// A connection past `max_inbound`: told why (best effort, never blocking the accept loop),
+/// then closed; logged once and then every 1000th time.
+fn refuse_over_cap(s: TcpStream, addr: std::net::SocketAddr, eng: &EngineInner, refused: &mut u64) {
+    let e = IoError::refused(format!(
+        "engine {:?} serves at most {} inbound connections at once (EngineConfig::max_inbound, env MORI_IO_MAX_INBOUND) and all are in use; connection from {addr} closed",
+        eng.desc.key, eng.cfg.max_inbound
+    ));
+    if refused.is_multiple_of(1000) {
+        tracing::warn!(%addr, limit = eng.cfg.max_inbound, refused_so_far = *refused, "inbound connection refused: the cap is reached");
+    }
+    *refused += 1;
+    if s.set_nonblocking(true).is_ok() {
+        if let Ok(f) = mori_io_core::wire::encode_frame(&HelloReply::Refused(e)) {
+            let _ = (&s).write(&f);
+        }
+    }
+}
+
+fn handle(mut s: TcpStream, addr: std::net::SocketAddr, eng: &EngineInner, slot: InboundSlot) -> Result<(), IoError> {
     s.set_nodelay(true).ok();
     s.set_read_timeout(Some(eng.cfg.control_timeout)).ok();
     s.set_write_timeout(Some(eng.cfg.control_timeout)).ok();
@@ -53,15 +77,24 @@ fn handle(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
         write_frame(&mut s, &HelloReply::Refused(e.clone()))?;
         return Err(e);
     }
+    // Before anything is served: the dialer must hold this engine's descriptor.
+    if eng.cfg.auth && !hello.secret.matches(&eng.desc.secret) {
+        let e = IoError::refused(format!(
+            "connection from {addr} (says it is engine {:?}) does not carry the secret of engine {:?}: only holders of this engine's current descriptor (EngineDesc, through register_remote_engine) may connect; MORI_IO_AUTH=off turns the check off",
+            hello.from.key, eng.desc.key
+        ));
+        write_frame(&mut s, &HelloReply::Refused(e.clone()))?;
+        return Err(e);
+    }
     match hello.role {
         Role::Control => {
             write_frame(&mut s, &HelloReply::Ok((*eng.desc).clone()))?;
-            serve_control(s, eng, hello.from)
+            serve_control(s, eng, hello.from, slot)
         }
         Role::Data { backend, lane } => match eng.backend(backend) {
             Some(b) => {
                 write_frame(&mut s, &HelloReply::Ok((*eng.desc).clone()))?;
-                b.accept(s, hello.from, lane)
+                b.accept(s, hello.from, lane, slot)
             }
             None => {
                 let e = IoError::not_supported(format!(
@@ -75,11 +108,17 @@ fn handle(mut s: TcpStream, eng: &EngineInner) -> Result<(), IoError> {
     }
 }
 
-fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::EngineDesc) -> Result<(), IoError> {
+fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::EngineDesc, slot: InboundSlot) -> Result<(), IoError> {
     loop {
-        // Idle wait without a deadline, but wake up to notice shutdown.
+        // Idle wait up to the idle timeout, waking up to notice shutdown.
+        let idle_since = std::time::Instant::now();
         loop {
             if eng.shutdown.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if idle_since.elapsed() >= slot.idle_timeout() {
+                tracing::debug!(peer = %from.key, "idle control connection closed");
+                let _ = s.shutdown(std::net::Shutdown::Both);
                 return Ok(());
             }
             match wait_readable(s.as_raw_fd(), POLL) {

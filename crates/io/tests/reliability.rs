@@ -177,6 +177,7 @@ impl ChildEngine {
             port: 0,
             pid: 0,
             epoch: 0,
+            secret: mori_io::Secret::NONE,
         };
         let placeholder_mem = MemoryDesc {
             engine_key: String::new(),

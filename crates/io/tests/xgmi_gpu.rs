@@ -622,6 +622,7 @@ fn xgmi_child_target() {
                 port: 1,
                 pid: 2,
                 epoch: 9,
+                secret: mori_io::Secret(77),
             };
             let m =
                 MemoryDesc { engine_key: "k".into(), engine_epoch: 9, id: 3, addr: 4, len: 5, loc: GPU0, bus_id: None, handles: vec![] };

@@ -1,0 +1,169 @@
+//! Who may touch registered memory: only connections presenting the engine's secret (from its
+//! descriptor); a cap on inbound connections; idle connections closed (tcp, loopback).
+
+use mori_io::{BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, MemLoc, Secret, TcpConfig};
+use mori_io_core::wire::{read_frame, write_frame, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
+use mori_io_core::BackendKind;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(10);
+
+/// The tests count this process's threads: they run one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn engine(key: &str, f: impl FnOnce(&mut EngineConfig)) -> IoEngine {
+    let mut cfg = EngineConfig::new("127.0.0.1", 0).unwrap();
+    f(&mut cfg);
+    let e = IoEngine::new(key, cfg).unwrap();
+    e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 1, ..TcpConfig::default() })).unwrap();
+    e
+}
+
+fn connect(d: &EngineDesc) -> TcpStream {
+    let s = TcpStream::connect((d.host.as_str(), d.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// Says hello to `to` as a stranger presenting `secret`; returns the stream and the reply.
+fn hello(to: &EngineDesc, role: Role, secret: Secret) -> (TcpStream, HelloReply) {
+    let mut s = connect(to);
+    let from = EngineDesc { key: "stranger".into(), secret: Secret::NONE, ..to.clone() };
+    write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from, role, secret }).unwrap();
+    let r: HelloReply = read_frame(&mut s, DEFAULT_MAX_FRAME).unwrap();
+    (s, r)
+}
+
+fn threads() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn connections_without_the_secret_are_refused_before_any_memory_is_touched() {
+    let _g = serial();
+    let (a, b) = (engine("A-auth", |_| {}), engine("B-auth", |_| {}));
+    assert_ne!(b.desc().secret, Secret::NONE, "engines check secrets by default");
+    let mut src = vec![0x77u8; 4096];
+    let mut dst = vec![0u8; 4096];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), src.len(), MemLoc::Host { numa: None }) }.unwrap();
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), dst.len(), MemLoc::Host { numa: None }) }.unwrap();
+
+    // A stranger on the control plane: refused, nothing looked up.
+    for (role, what) in [(Role::Control, "control"), (Role::Data { backend: BackendKind::Tcp, lane: 0 }, "tcp data")] {
+        let (mut s, r) = hello(b.desc(), role, Secret(b.desc().secret.0 ^ 1));
+        let HelloReply::Refused(e) = r else { panic!("{what} hello with a wrong secret was accepted") };
+        assert_eq!(e.code, ErrorCode::Refused, "{e}");
+        assert!(e.msg.contains("does not carry the secret of engine \"B-auth\"") && e.msg.contains("MORI_IO_AUTH=off"), "{e}");
+        // Whatever follows is never read: the connection is closed.
+        let _ = s.write_all(&[0u8; 64]);
+        let mut one = [0u8; 1];
+        assert!(matches!(s.read(&mut one), Ok(0) | Err(_)), "{what}: the refused connection stays open");
+    }
+    // An engine holding a descriptor of B without its secret: its write is refused.
+    let blind = EngineDesc { secret: Secret::NONE, ..b.desc().clone() };
+    a.register_remote_engine(blind).unwrap();
+    let e = a.write(&ms, 0, &md, 0, 4096, 1).wait_for(T).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Refused, "{e}");
+    assert!(dst.iter().all(|&x| x == 0), "a refused connection wrote into registered memory");
+    // With the real descriptor it works.
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    a.write(&ms, 0, &md, 0, 4096, 2).wait_for(T).unwrap();
+    assert!(dst.iter().all(|&x| x == 0x77));
+    // The right secret from a raw client is accepted (the check is the secret, not the key).
+    let (_s, r) = hello(b.desc(), Role::Control, b.desc().secret);
+    assert!(matches!(r, HelloReply::Ok(d) if d.key == "B-auth"));
+    a.deregister_memory(&ms).unwrap();
+    b.deregister_memory(&md).unwrap();
+    drop(src);
+}
+
+#[test]
+fn with_auth_off_the_engine_says_so_and_serves_anyone() {
+    let _g = serial();
+    let b = engine("B-noauth", |c| c.auth = false);
+    assert_eq!(b.desc().secret, Secret::NONE);
+    let (_s, r) = hello(b.desc(), Role::Control, Secret(12345));
+    assert!(matches!(r, HelloReply::Ok(_)), "{r:?}");
+}
+
+#[test]
+fn inbound_connections_are_capped_with_a_refusal_naming_the_limit() {
+    let _g = serial();
+    let b = engine("B-cap", |c| {
+        c.max_inbound = 4;
+        c.control_timeout = Duration::from_secs(3);
+    });
+    let before = threads();
+    // Four silent connections take every slot (each waits for its hello until the deadline).
+    let held: Vec<TcpStream> = (0..4).map(|_| connect(b.desc())).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut refusals = 0;
+    for i in 0..50 {
+        let mut s = connect(b.desc());
+        match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME) {
+            Ok(HelloReply::Refused(e)) => {
+                assert_eq!(e.code, ErrorCode::Refused, "{e}");
+                assert!(e.msg.contains("serves at most 4 inbound connections") && e.msg.contains("MORI_IO_MAX_INBOUND"), "{e}");
+                refusals += 1;
+            }
+            other => panic!("connection {i} past the cap: {other:?}"),
+        }
+    }
+    assert_eq!(refusals, 50);
+    let grown = threads().saturating_sub(before);
+    assert!(grown <= 6, "54 connections made {grown} threads (cap 4)");
+    // Once the silent ones are gone, a real peer connects again.
+    drop(held);
+    let a = engine("A-cap", |_| {});
+    let mut src = vec![1u8; 64];
+    let mut dst = vec![0u8; 64];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    let t0 = Instant::now();
+    loop {
+        match a.write(&ms, 0, &md, 0, 64, a.allocate_transfer_uid()).wait_for(T) {
+            Ok(()) => break,
+            Err(e) if t0.elapsed() < Duration::from_secs(5) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("no slot came free: {e}"),
+        }
+    }
+    assert!(dst.iter().all(|&x| x == 1));
+    a.deregister_memory(&ms).unwrap();
+    b.deregister_memory(&md).unwrap();
+    drop(src);
+}
+
+#[test]
+fn idle_connections_are_closed_and_peers_reconnect() {
+    let _g = serial();
+    let b = engine("B-idle", |c| c.idle_timeout = Duration::from_millis(300));
+    let a = engine("A-idle", |_| {});
+    let mut src = vec![3u8; 64];
+    let mut dst = vec![0u8; 64];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    a.write(&ms, 0, &md, 0, 64, 1).wait_for(T).unwrap();
+    let serving = threads();
+    std::thread::sleep(Duration::from_millis(900));
+    let after_idle = threads();
+    assert!(after_idle < serving, "the idle data connection's thread is still there ({serving} -> {after_idle} threads)");
+    // The lane notices its connection was closed and dials again.
+    dst.fill(0);
+    a.write(&ms, 0, &md, 0, 64, 2).wait_for(T).unwrap();
+    assert!(dst.iter().all(|&x| x == 3));
+    a.deregister_memory(&ms).unwrap();
+    b.deregister_memory(&md).unwrap();
+    drop(src);
+}
