@@ -64,6 +64,26 @@ impl EntryMap {
         lo as u32..hi.max(lo) as u32
     }
 
+    /// The entries with at least one byte in remote range `r` of the transfer whose segments
+    /// are `segs` (a contiguous index range spanning every such entry; `None` when none).
+    /// Linear in `segs`: for error paths.
+    pub fn of_remote(&self, segs: &[Seg], r: std::ops::Range<u64>) -> Option<std::ops::Range<u32>> {
+        let mut at = 0u64;
+        let mut out: Option<std::ops::Range<u32>> = None;
+        for s in segs {
+            let (lo, hi) = (s.remote_off.max(r.start), (s.remote_off + s.len).min(r.end));
+            if lo < hi {
+                let e = self.of_bytes(at + (lo - s.remote_off)..at + (hi - s.remote_off));
+                out = Some(match out {
+                    None => e,
+                    Some(o) => o.start.min(e.start)..o.end.max(e.end),
+                });
+            }
+            at += s.len;
+        }
+        out
+    }
+
     /// Words for entries `r` as an error names them: `batch entry 3`, `batch entries 3..=7`.
     pub fn describe(r: &std::ops::Range<u32>) -> String {
         match r.end.saturating_sub(r.start) {
@@ -144,6 +164,20 @@ fn check_both(what: &str, i: usize, local: (u64, u64), remote: (u64, u64), s: &S
 /// forged). Errors: `InvalidArgs` naming the segment, side and range.
 pub fn check_segs(local: (u64, u64), remote: (u64, u64), segs: &[Seg]) -> IoResult<()> {
     segs.iter().enumerate().try_for_each(|(i, s)| check_both("segment", i, local, remote, s))
+}
+
+/// [`check_segs`] for a request's whole segment list, naming the caller's batch entries
+/// (through `map`) instead of segment indices.
+pub fn check_segs_mapped(local: (u64, u64), remote: (u64, u64), segs: &[Seg], map: &EntryMap) -> IoResult<()> {
+    let mut at = 0u64;
+    for s in segs {
+        if let Err(e) = check_both("segment", 0, local, remote, s) {
+            let what = EntryMap::describe(&map.of_bytes(at..at + s.len));
+            return Err(IoError::new(e.code, e.msg.replacen("segment 0", &what, 1)));
+        }
+        at += s.len;
+    }
+    Ok(())
 }
 
 /// Cuts `segs` into pieces over at most `lanes` lanes.
@@ -237,6 +271,13 @@ mod tests {
         assert_eq!(map.of_bytes(30..40).len(), 0);
         assert_eq!(EntryMap::describe(&(3..4)), "batch entry 3");
         assert_eq!(EntryMap::describe(&(0..3)), "batch entries 0..=2");
+        // Remote ranges: segment 0 is remote [0, 20) (entries 0 and 1), segment 1 is [60, 65).
+        assert_eq!(map.of_remote(&segs, 0..5), Some(0..1));
+        assert_eq!(map.of_remote(&segs, 15..62), Some(1..4));
+        assert_eq!(map.of_remote(&segs, 20..60), None);
+        let e = check_segs_mapped((1, 100), (2, 62), &segs, &map).unwrap_err();
+        assert!(e.msg.starts_with("batch entry 3: remote range"), "{e}");
+        check_segs_mapped((1, 100), (2, 100), &segs, &map).unwrap();
     }
 
     proptest! {

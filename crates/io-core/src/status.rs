@@ -135,7 +135,12 @@ pub trait Completion {
     fn complete_entries(&self, entries: Option<std::ops::Range<u32>>, r: Result<(), IoError>);
     /// Ends `n` pieces that will never run (their requests were never sent) with `err`, as
     /// `n` failed [`Completion::complete_piece`] calls.
-    fn cancel_pieces(&self, n: u32, entries: Option<std::ops::Range<u32>>, err: IoError);
+    fn cancel_pieces(&self, n: u32, entries: Option<std::ops::Range<u32>>, err: IoError) {
+        self.cancel_pieces_in(n, entries.into_iter().collect(), err)
+    }
+    /// Ends `n` failed pieces that carried the batch entries `ranges` (one [`EntryFailure`]
+    /// each; none given: the whole batch).
+    fn cancel_pieces_in(&self, n: u32, ranges: Vec<std::ops::Range<u32>>, err: IoError);
 }
 
 impl Completion for TransferStatus {
@@ -178,7 +183,7 @@ impl Completion for TransferStatus {
         }
     }
 
-    fn cancel_pieces(&self, n: u32, entries: Option<std::ops::Range<u32>>, err: IoError) {
+    fn cancel_pieces_in(&self, n: u32, ranges: Vec<std::ops::Range<u32>>, err: IoError) {
         if n == 0 {
             return;
         }
@@ -190,7 +195,11 @@ impl Completion for TransferStatus {
             if f.first.is_none() {
                 f.first = Some(err.clone());
             }
-            f.all.push(EntryFailure { entries, error: err });
+            if ranges.is_empty() {
+                f.all.push(EntryFailure { entries: None, error: err });
+            } else {
+                f.all.extend(ranges.into_iter().map(|r| EntryFailure { entries: Some(r), error: err.clone() }));
+            }
         }
         self.end_pieces(n);
     }

@@ -5,7 +5,7 @@ use crate::handle::{FabricHandle, Grant};
 use crate::memory::{Exported, FabricMemory};
 use crate::uds::{self, FdServer};
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHandle, VmmAllocation};
-use mori_io_core::plan::check_segs;
+use mori_io_core::plan::check_segs_mapped;
 use mori_io_core::status::Completion;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc, Notifier, PeerMap, Refusal,
@@ -237,7 +237,7 @@ impl Inner {
             IoError::not_found(format!("local memory {} is not fabric-registered (allocate it with FabricMemory::alloc)", req.local.id))
         })?;
         let rm = self.remote_region(&req.remote, &req.peer, l.device)?;
-        check_segs((req.local.id, l.len), (req.remote.id, rm.len), &req.segs)?;
+        check_segs_mapped((req.local.id, l.len), (req.remote.id, rm.len), &req.segs, &req.entries)?;
         let (laddr, rbase, dev) = (l.addr, rm.base, l.device);
         let copies = req.segs.iter().map(|s| {
             let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);

@@ -8,8 +8,8 @@ use crate::RdmaMemHandle;
 use mori_io_core::status::Completion;
 use mori_io_core::wr_plan::{plan_wrs, EndpointLimits, WrPlanConfig};
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op, Refusal, Region,
-    TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, EntryMap, IoError, IoResult, MemId, MemLoc, MemoryDesc, Op, Refusal,
+    Region, TransferRequest, TransferStatus,
 };
 use mori_mr::{MemDomain, MrCache, MrError, RegId, Registrar};
 use parking_lot::Mutex;
@@ -32,48 +32,66 @@ const KIND_RECV: u64 = 1 << 62;
 
 type PostJob = Box<dyn FnOnce() + Send>;
 
-/// One posted transfer: ends (its status turns terminal) only when every signaled chunk
-/// completed, failed or was never posted, so no WR of it is still moving bytes then.
+/// One posted transfer. Its status has one piece per signaled chunk, so it turns terminal
+/// only when every chunk completed, failed or was never posted: no WR of it moves bytes then.
+/// A failed chunk's entries are named from the remote span its WRs covered.
 struct Xfer {
     status: TransferStatus,
+    /// Chunks not ended yet; the last successful end notifies the target first.
     remaining: AtomicUsize,
-    /// The first failure among its chunks.
-    error: Mutex<Option<IoError>>,
+    /// Set (before the decrement) by every failed end: the target is then not notified.
+    failed: AtomicBool,
     id: u64,
     conn: Arc<Conn>,
     _region: Arc<Region>,
+    /// The request's segments and entry map, for naming failed entries.
+    segs: Vec<mori_io_core::Seg>,
+    entries: Arc<EntryMap>,
+    /// The plan's queues (posted from here; a failed chunk's WRs are looked up in them).
+    queues: Vec<mori_io_core::wr_plan::QpWrs>,
 }
 
 impl Xfer {
-    /// Ends `n` signaled chunks with `r`. At the last end: a failed transfer's status is
-    /// completed here with the first error; for a successful one `Some(true)` is returned and
-    /// the caller notifies the target, then completes the status. `None` before the last end.
-    fn end(&self, n: usize, r: Result<(), IoError>) -> Option<bool> {
+    /// Ends `n` chunks that failed with `e`; `wrs` are their WRs (each named by the caller's
+    /// batch entries it carried).
+    fn fail<'a>(&self, n: usize, wrs: impl Iterator<Item = &'a mori_io_core::wr_plan::Wr>, e: IoError) {
         if n == 0 {
-            return None;
+            return;
         }
-        if let Err(e) = r {
-            let mut g = self.error.lock();
-            if g.is_none() {
-                *g = Some(e);
+        let mut ranges: Vec<std::ops::Range<u32>> =
+            wrs.filter_map(|w| self.entries.of_remote(&self.segs, w.remote_off..w.remote_off + w.len)).collect();
+        ranges.sort_by_key(|r| r.start);
+        let mut merged: Vec<std::ops::Range<u32>> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            match merged.last_mut() {
+                Some(m) if r.start <= m.end => m.end = m.end.max(r.end),
+                _ => merged.push(r),
             }
         }
-        if self.remaining.fetch_sub(n, Ordering::AcqRel) != n {
-            return None;
+        let e = match merged.as_slice() {
+            [] => e,
+            [r] => IoError::new(e.code, format!("{}: {}", EntryMap::describe(r), e.msg)),
+            [r, rest @ ..] => IoError::new(e.code, format!("{} and {} more entry ranges: {}", EntryMap::describe(r), rest.len(), e.msg)),
+        };
+        self.failed.store(true, Ordering::Release);
+        self.remaining.fetch_sub(n, Ordering::AcqRel);
+        self.status.cancel_pieces_in(n as u32, merged, e);
+    }
+
+    /// Ends one chunk that succeeded. Returns true when it was the transfer's last end and no
+    /// chunk failed: the caller then notifies the target and completes the last piece itself.
+    fn chunk_ok(&self) -> bool {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 && !self.failed.load(Ordering::Acquire) {
+            return true;
         }
-        match self.error.lock().take() {
-            None => Some(true),
-            Some(e) => {
-                self.status.complete_piece(Err(e));
-                Some(false)
-            }
-        }
+        self.status.complete_piece(Ok(()));
+        false
     }
 }
 
-/// Signaled WRs (= chunks posted by `post_chunk`) of `queues`.
-fn chunks_of(queues: &[mori_io_core::wr_plan::QpWrs]) -> usize {
-    queues.iter().map(|q| q.wrs.iter().enumerate().filter(|(i, w)| w.signaled || i + 1 == q.wrs.len()).count()).sum()
+/// Signaled WRs (= chunks posted by `post_chunk`) of `wrs`, the tail of a queue.
+fn chunks_in(wrs: &[mori_io_core::wr_plan::Wr]) -> usize {
+    wrs.iter().enumerate().filter(|(i, w)| w.signaled || i + 1 == wrs.len()).count()
 }
 
 struct Piece {
@@ -81,6 +99,8 @@ struct Piece {
     conn: Arc<Conn>,
     qp: usize,
     covered: usize,
+    /// Where the chunk's WRs are in its transfer's plan: queue index and WR range.
+    wrs: (usize, std::ops::Range<usize>),
 }
 
 struct InboundConn {
@@ -382,30 +402,36 @@ impl Inner {
             status.complete_piece(Ok(()));
             return Ok(());
         }
+        let chunks =
+            u32::try_from(plan.signaled).map_err(|_| IoError::invalid(format!("{} signaled WRs in one transfer", plan.signaled)))?;
+        status.add_pieces(chunks - 1);
         let xfer = Arc::new(Xfer {
             status: status.clone(),
             remaining: AtomicUsize::new(plan.signaled),
-            error: Mutex::new(None),
+            failed: AtomicBool::new(false),
             id: req.id,
             conn: conn.clone(),
             _region: region.clone(),
+            segs: req.segs,
+            entries: req.entries,
+            queues: plan.queues,
         });
         // Worker 0's queues are posted here; the others' on the posting threads (the seed's
         // --num-worker-threads), in parallel.
         let laddr = region.addr as u64;
         let mut mine = Vec::new();
-        let mut others: HashMap<usize, Vec<mori_io_core::wr_plan::QpWrs>> = HashMap::new();
-        for q in plan.queues {
+        let mut others: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, q) in xfer.queues.iter().enumerate() {
             if q.worker == 0 || self.posters.is_empty() {
-                mine.push(q);
+                mine.push(i);
             } else {
-                others.entry(q.worker).or_default().push(q);
+                others.entry(q.worker).or_default().push(i);
             }
         }
         for (w, queues) in others {
-            let (me, conn, xfer) = (self.clone(), conn.clone(), xfer.clone());
+            let (me, conn, x) = (self.clone(), conn.clone(), xfer.clone());
             let op = req.op;
-            let job: PostJob = Box::new(move || me.post_queues(&conn, &queues, &xfer, op, lkey, laddr, rh));
+            let job: PostJob = Box::new(move || me.post_queues(&conn, &queues, &x, op, lkey, laddr, rh));
             let tx = &self.posters[(w - 1) % self.posters.len()];
             if let Err(e) = tx.lock().send(job) {
                 (e.0)();
@@ -416,28 +442,20 @@ impl Inner {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn post_queues(
-        &self,
-        conn: &Arc<Conn>,
-        queues: &[mori_io_core::wr_plan::QpWrs],
-        xfer: &Arc<Xfer>,
-        op: Op,
-        lkey: u32,
-        laddr: u64,
-        rh: RdmaMemHandle,
-    ) {
-        let mut posted = 0usize;
-        for q in queues {
+    fn post_queues(&self, conn: &Arc<Conn>, queues: &[usize], xfer: &Arc<Xfer>, op: Op, lkey: u32, laddr: u64, rh: RdmaMemHandle) {
+        for (k, &qi) in queues.iter().enumerate() {
+            let q = &xfer.queues[qi];
             let mut start = 0;
             for (i, wr) in q.wrs.iter().enumerate() {
                 if wr.signaled || i + 1 == q.wrs.len() {
-                    if let Err(e) = self.post_chunk(conn, q.qp, &q.wrs[start..=i], xfer, op, lkey, laddr, rh) {
+                    if let Err(e) = self.post_chunk(conn, (qi, start..i + 1), xfer, op, lkey, laddr, rh) {
                         // The chunks not posted will never complete: end them now, with the
                         // reason (the status still waits for the posted ones).
-                        xfer.end(chunks_of(queues) - posted, Err(e));
+                        let later = queues[k + 1..].iter().map(|&j| &xfer.queues[j]);
+                        let n = chunks_in(&q.wrs[start..]) + later.clone().map(|q| chunks_in(&q.wrs)).sum::<usize>();
+                        xfer.fail(n, q.wrs[start..].iter().chain(later.flat_map(|q| q.wrs.iter())), e);
                         return;
                     }
-                    posted += 1;
                     start = i + 1;
                 }
             }
@@ -448,14 +466,15 @@ impl Inner {
     fn post_chunk(
         &self,
         conn: &Arc<Conn>,
-        qp: usize,
-        wrs: &[mori_io_core::wr_plan::Wr],
+        at: (usize, std::ops::Range<usize>),
         xfer: &Arc<Xfer>,
         op: Op,
         lkey: u32,
         laddr: u64,
         rh: RdmaMemHandle,
     ) -> IoResult<()> {
+        let q = &xfer.queues[at.0];
+        let (qp, wrs) = (q.qp, &q.wrs[at.1.clone()]);
         let cap = self.params.max_send_wr as usize;
         let deadline = Instant::now() + self.cfg.sq_timeout;
         let mut spins = 0u32;
@@ -477,7 +496,7 @@ impl Inner {
             }
         }
         let key = self.next_piece.fetch_add(1, Ordering::Relaxed) & (KIND_RECV - 1);
-        self.pieces.lock().insert(key, Piece { xfer: Some(xfer.clone()), conn: conn.clone(), qp, covered: wrs.len() });
+        self.pieces.lock().insert(key, Piece { xfer: Some(xfer.clone()), conn: conn.clone(), qp, covered: wrs.len(), wrs: at });
         conn.outstanding[qp].fetch_add(wrs.len(), Ordering::AcqRel);
         let r = {
             let mut q = conn.qps[qp].lock();
@@ -620,14 +639,15 @@ impl Inner {
             let err = IoError::new(code, format!("rdma work request to engine {:?} failed on QP {}: {hint}", p.conn.peer, p.qp));
             match p.xfer {
                 Some(x) => {
-                    x.end(1, Err(err));
+                    let (qi, r) = p.wrs;
+                    x.fail(1, x.queues[qi].wrs[r].iter(), err);
                 }
                 None => tracing::warn!(error = %err, "rdma notification failed"),
             }
             return;
         }
         if let Some(x) = p.xfer {
-            if x.end(1, Ok(())) == Some(true) {
+            if x.chunk_ok() {
                 let mut note = [0u8; NOTE];
                 note[..8].copy_from_slice(&x.id.to_le_bytes());
                 self.notes.lock().push_back((x.conn.clone(), note));
@@ -651,7 +671,7 @@ impl Inner {
                 continue;
             }
             let key = self.next_piece.fetch_add(1, Ordering::Relaxed) & (KIND_RECV - 1);
-            self.pieces.lock().insert(key, Piece { xfer: None, conn: conn.clone(), qp: 0, covered: 1 });
+            self.pieces.lock().insert(key, Piece { xfer: None, conn: conn.clone(), qp: 0, covered: 1, wrs: (0, 0..0) });
             conn.outstanding[0].fetch_add(1, Ordering::AcqRel);
             let r = {
                 let mut qp = conn.qps[0].lock();

@@ -1,7 +1,7 @@
 //! The xgmi backend proper.
 
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
-use mori_io_core::plan::check_segs;
+use mori_io_core::plan::{check_segs, check_segs_mapped};
 use mori_io_core::registry::Region;
 use mori_io_core::status::Completion;
 use mori_io_core::{
@@ -195,6 +195,8 @@ impl Inner {
 
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
         let (at, keep, _) = self.resolve(&req.local, &req.remote, &req.peer)?;
+        // Named by the caller's batch entries here (submit checks again, by segment, for routes).
+        check_segs_mapped((req.local.id, at.llen), (req.remote.id, at.rlen), &req.segs, &req.entries)?;
         self.submit(at, keep, req.op, req.id, &req.peer, (req.local.id, req.remote.id), &req.segs, &mut Some(status.clone()))
     }
 

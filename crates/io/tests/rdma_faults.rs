@@ -471,3 +471,45 @@ fn write_to_a_region_the_peer_deregistered_is_a_remote_access_error() {
     let e = local.eng.create_session(&local.mem, &child.mem).err().expect("a session to a deregistered region");
     assert_eq!(e.code, ErrorCode::NotFound, "{e}");
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn a_batch_with_an_entry_outside_the_peers_region_names_it_and_the_rest_is_accounted_for() {
+    // Entry 0 lies past the end of the child's region (a descriptor claiming more than was
+    // registered: only the target NIC can tell); entries 1..=32 are valid, 4 KiB each, apart
+    // (no merging), spread over 4 QPs. The QP that carries entry 0 fails (remote access
+    // error) and flushes the rest of its WRs; the other QPs land theirs.
+    let local = Local::new("rdma-faults-init-4", MIB, RdmaConfig { qps_per_transfer: 4, ..RdmaConfig::from_env().unwrap() });
+    let child = TargetChild::spawn(MIB);
+    local.eng.register_remote_engine(child.desc.clone()).unwrap();
+    let mut forged = child.mem.clone();
+    forged.len += 64 * KIB as u64;
+    let mut lo = vec![0u64];
+    let mut ro = vec![MIB as u64];
+    for i in 1..=32u64 {
+        lo.push(i * 8 * KIB as u64);
+        ro.push(i * 8 * KIB as u64);
+    }
+    let sizes = vec![4 * KIB as u64; lo.len()];
+    let st = local.eng.batch_write(&local.mem, &lo, &forged, &ro, &sizes, local.id());
+    let (e, _) = expect_failure(&st, DETECT_BOUND, "batch with an entry past the region");
+    eprintln!("batch with entry 0 past the region: {e}");
+    assert_eq!(e.code, ErrorCode::InvalidArgs, "{e}");
+    assert!(e.msg.contains("remote access error"), "{e}");
+    let failed = st.failed_entries().unwrap();
+    eprintln!("failed entry ranges: {:?}", failed.iter().map(|f| f.entries.clone()).collect::<Vec<_>>());
+    assert!(failed.iter().all(|f| f.entries.is_some()), "every failed chunk is attributed to entries: {failed:?}");
+    assert_eq!(st.entry_landed(0), Some(false));
+    assert!(failed.iter().any(|f| f.error.msg.contains("batch entr") && f.entries.as_ref().is_some_and(|r| r.contains(&0))), "{failed:?}");
+    // Entries reported landed are at the target: read them back on a fresh connection.
+    let landed: Vec<usize> = (1..lo.len()).filter(|&i| st.entry_landed(i) == Some(true)).collect();
+    eprintln!("entries landed: {} of 32", landed.len());
+    assert!(!landed.is_empty(), "the QPs not carrying entry 0 land their entries");
+    let sess = local.eng.create_session(&local.mem, &child.mem).unwrap();
+    let back = MIB / 2;
+    for &i in &landed {
+        sess.read(back as u64, ro[i], 4 * KIB as u64, local.id()).wait_for(DETECT_BOUND).unwrap();
+        let want: Vec<u8> = (0..4 * KIB).map(|k| (lo[i] as usize + k).wrapping_mul(7).wrapping_add(3) as u8).collect();
+        assert!(local.buf[back..back + 4 * KIB] == want[..], "entry {i} is reported landed but its bytes are not at the target");
+    }
+}
