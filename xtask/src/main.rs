@@ -9,6 +9,8 @@
 //! - `compare-tcp`: bench_engine against iperf3 and ucx_perftest on loopback, in one run,
 //!   printing the ratios recorded in docs/PERFORMANCE.md.
 //! - `softroce [--] CMD [ARGS...]`: runs CMD in a QEMU guest with SoftRoCE (rxe0); see softroce.rs.
+//! - `soak [--phase P] [--count N] [--time-limit-s S] [--quick]`: the soak phases (issue 19),
+//!   bounded in count and time, loopback only; rdma-burst in the SoftRoCE guest; see soak.rs.
 //! - `kernels [--check]`: builds kernels/*.cu into kernels/prebuilt/ (nvcc sm_90, clang HIP
 //!   gfx942/gfx950), or checks that the committed artifacts are fresh; see kernels.rs.
 //! - `bare-machine --yes`: purges what the xtask installs (Debian packages the image lacks, the
@@ -25,6 +27,7 @@ mod embedder;
 mod gpu_bundle;
 mod kernels;
 mod prereq;
+mod soak;
 mod softroce;
 mod util;
 
@@ -38,12 +41,13 @@ fn main() -> ExitCode {
         Some("compare-tcp") => compare::run(&args[1..]),
         Some("compare-rdma") => compare_rdma::run(&args[1..]),
         Some("softroce") => return softroce::main(&args[1..]),
+        Some("soak") => soak::run(&args[1..]),
         Some("kernels") => kernels::run(&args[1..]),
         Some("gpu-bundle") => gpu_bundle::run(&args[1..]),
         Some("bare-machine") => bare::run(&args[1..]),
         Some("embedder-check") => embedder::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | soak [--phase P] [--count N] [--time-limit-s S] [--quick] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check>");
             return ExitCode::from(2);
         }
     };
