@@ -129,6 +129,8 @@ impl IoError {
             UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe | NotConnected => {
                 (ErrorCode::RemoteDisconnect, " (the peer's engine shut down or exited)")
             }
+            // Nobody listens at the address: the peer engine exited (or the address is wrong).
+            ConnectionRefused => (ErrorCode::RemoteDisconnect, " (nothing listens there: the engine exited, or its address is wrong)"),
             WouldBlock | TimedOut => (ErrorCode::Timeout, ""),
             _ => (ErrorCode::Transport, ""),
         };
@@ -138,3 +140,24 @@ impl IoError {
 
 /// Result alias of the engine crates.
 pub type IoResult<T> = Result<T, IoError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_errors_map_to_codes_with_hints() {
+        let e = |k: std::io::ErrorKind| IoError::from_io("connect to engine \"b\"", &std::io::Error::from(k));
+        let refused = e(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(refused.code, ErrorCode::RemoteDisconnect);
+        assert!(refused.msg.contains("nothing listens there"), "{refused}");
+        assert_eq!(e(std::io::ErrorKind::ConnectionReset).code, ErrorCode::RemoteDisconnect);
+        assert_eq!(e(std::io::ErrorKind::TimedOut).code, ErrorCode::Timeout);
+        assert_eq!(e(std::io::ErrorKind::PermissionDenied).code, ErrorCode::Transport);
+        for v in 0..12 {
+            assert_eq!(ErrorCode::from_u32(ErrorCode::from_u32(v).as_u32()), ErrorCode::from_u32(v));
+        }
+        assert_eq!(ErrorCode::from_u32(10), ErrorCode::Refused);
+        assert_eq!(ErrorCode::from_u32(11), ErrorCode::Transport);
+    }
+}
