@@ -153,7 +153,11 @@ impl BootstrapEnv {
         let (master_host, master_var) = host.ok_or_else(|| {
             BootstrapError::InvalidConfig("MORI_MASTER_ADDR (or MASTER_ADDR) is not set: rank 0's host is unknown".into())
         })?;
-        let master_host = master_host.trim_start_matches('[').trim_end_matches(']').to_string();
+        let bare = master_host.trim_start_matches('[').trim_end_matches(']');
+        if bare.trim().is_empty() {
+            return Err(BootstrapError::InvalidConfig(format!("{master_var}={master_host:?} names no host")));
+        }
+        let master_host = bare.to_string();
         let (timeout, op_timeout, ifname) = env_tuning(vars)?;
         let env = BootstrapEnv {
             launcher,

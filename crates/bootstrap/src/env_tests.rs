@@ -120,3 +120,14 @@ fn unresolvable_host_names_the_variable() {
     let m = e.master_addr().unwrap_err().to_string();
     assert!(m.starts_with("invalid bootstrap configuration: MORI_MASTER_ADDR=\"xxx"), "{m}");
 }
+
+#[test]
+fn brackets_around_nothing_are_no_host() {
+    // Found by the env_strings fuzz target: `[` alone used to give an empty master host.
+    for h in ["[", "[]", "[ ]", "]]"] {
+        let m = err(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2"), ("MASTER_ADDR", h)]);
+        assert!(m.contains(&format!("MASTER_ADDR={h:?} names no host")), "{m}");
+    }
+    let e = parse(&[("MORI_RANK", "0"), ("MORI_WORLD_SIZE", "1"), ("MORI_MASTER_ADDR", "[::1]")]).unwrap();
+    assert_eq!(e.master_host, "::1");
+}
