@@ -38,6 +38,13 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
     }
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).map_err(|_| err(&"font"))?;
     let xmax = its.iter().map(|i| i.dur_us).fold(1.0, f64::max) * 1.02;
+    // Time stamps near the float limit (1e308 us) give an infinite extent, on which the axis
+    // layout never ends (found by the trace_analyze fuzz target).
+    if !xmax.is_finite() {
+        return Err(err(
+            &"an iteration lasts longer than a plot axis can hold (time stamps near the float limit); --no-png skips the plot",
+        ));
+    }
     let h = 60 + 170 * its.len() as u32;
     let root = BitMapBackend::new(path, (1400, h)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
@@ -95,4 +102,21 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
             .map_err(|e| err(&e))?;
     }
     root.present().map_err(|e| err(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_infinite_extent_is_refused_not_drawn_forever() {
+        let t = r#"[{"name":"ep_dispatch_copy_to_staging","ph":"B","ts":-1e308,"tid":1},
+                   {"name":"ep_dispatch_copy_to_staging","ph":"E","ts":1e308,"tid":1}]"#;
+        let a = crate::trace::analyze(&crate::trace::parse(t).unwrap()).unwrap();
+        assert!(a.iterations[0].dur_us.is_infinite());
+        let path = std::env::temp_dir().join(format!("mori-gantt-inf-{}.png", std::process::id()));
+        let e = draw(&a, &path, "t").unwrap_err().to_string();
+        assert!(e.contains("longer than a plot axis can hold"), "{e}");
+        assert!(!path.exists());
+    }
 }
