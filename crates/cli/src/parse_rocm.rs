@@ -77,6 +77,14 @@ pub fn parse(text: &str) -> CliResult<TopoMatrix> {
         .ok_or_else(|| CliError::input(format!("not a usable `{SOURCE}` capture: no \"Link Type between two GPUs\" matrix")))?;
     let hops = section(&lines, "Hops between two GPUs")?;
     let n = links.len();
+    // Both are square (see `section`); of another size, hops would be read out of bounds
+    // (found by the topo_capture fuzz target).
+    if let Some(h) = hops.as_ref().filter(|h| h.len() != n) {
+        return Err(CliError::input(format!(
+            "not a usable `{SOURCE}` capture: the \"Hops between two GPUs\" matrix has {} GPUs, the \"Link Type\" matrix {n}",
+            h.len()
+        )));
+    }
     let numa = numa_nodes(&lines, n);
     let mut m = TopoMatrix {
         source: SOURCE.to_string(),

@@ -173,6 +173,11 @@ fn unparseable_inputs() {
             "expected GPU1 and 2 values",
         ),
         ("rocm-nolinks.txt", "==== ROCm System Management Interface ====\nnothing\n", "no \"Link Type between two GPUs\" matrix"),
+        (
+            "rocm-hops-size.txt",
+            "=== Link Type between two GPUs ===\n  GPU0  GPU1\nGPU0  0  XGMI\nGPU1  XGMI  0\n=== Hops between two GPUs ===\n  GPU0\nGPU0  0\n",
+            "the \"Hops between two GPUs\" matrix has 1 GPUs, the \"Link Type\" matrix 2",
+        ),
     ];
     for (name, text, msg) in cases {
         std::fs::write(s.0.join(name), text).unwrap();
