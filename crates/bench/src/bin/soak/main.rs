@@ -24,7 +24,8 @@
 //!   64): `--count` rounds (default 1), each one write and one read batch of `--batch`
 //!   entries (default 32768) of `--entry-bytes` (default 8), every byte checked, then a
 //!   failing batch behind a valid one and a batch whose source goes mid-way (see rdma.rs for
-//!   the constructions and what is checked).
+//!   the constructions and what is checked); with 3 rounds or more, this process's resources
+//!   must also stay flat after the first round.
 //!
 //! Exit status: 0 when the phase passed, 1 when it failed (a transfer failed, a byte
 //! differed, a resource was not flat, the time limit was reached), 2 on bad arguments.
