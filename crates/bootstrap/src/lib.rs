@@ -26,6 +26,8 @@ mod config;
 mod conn;
 mod env;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod iface;
 mod local;
 mod mesh;
