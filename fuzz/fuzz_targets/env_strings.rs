@@ -1,0 +1,3 @@
+#![no_main]
+//! See `mori_fuzz::env_strings`.
+mori_fuzz::target!(env_strings);

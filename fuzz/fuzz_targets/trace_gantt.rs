@@ -1,0 +1,3 @@
+#![no_main]
+//! See `mori_fuzz::trace_gantt`.
+mori_fuzz::target!(trace_gantt);

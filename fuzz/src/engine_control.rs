@@ -1,0 +1,198 @@
+//! `engine_control`: the engine's listener, end to end: the hello every connection starts
+//! with, then the control requests of a control connection, sent over loopback to a real
+//! engine (see [`crate::engine`]) and answered by its own connection threads.
+//!
+//! Input: `[mode] bytes...`. Mode 0 sends the bytes as they are (the hello is fuzzed too,
+//! and cannot carry the engine's random secret); mode 1 the same, except that a first frame
+//! that decodes as a hello gets the engine's secret put in; mode 2 sends a valid control
+//! hello first, then the bytes; mode 3 sends a valid hello, then frames the bytes itself
+//! (`[len] body` pieces, each sent as one frame), so that the request decoding is reached at
+//! once.
+//!
+//! A model predicts the answer from the same bytes, decoding them with the public decoders:
+//! no answer to a hello that does not decode; a refusal naming `InvalidArgs` for another
+//! protocol version, `Refused` for a hello without the engine's secret, and `NotSupported`
+//! for a data lane of a backend the engine lacks; for a
+//! control connection, one reply per request up to the first one that does not decode (`Pong`
+//! for `Ping`; the registered descriptor, or `NotFound`, for `LookupMemory`; `NotSupported`
+//! for a backend request, as no backend here takes one); a tcp data lane is answered `Ok`
+//! (its bytes are `tcp_data`'s business). Asserted: the answer is exactly that stream of frames,
+//! and the engine closes the connection once the input ends.
+
+use crate::engine::{self, Target};
+use mori_io_core::wire::{
+    encode_frame, read_frame, CtrlReply, CtrlRequest, FrameDecoder, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
+};
+use mori_io_core::{BackendKind, EngineDesc, ErrorCode, Secret};
+
+/// A reply the model expects; errors are compared by code (their text is the engine's).
+#[derive(Debug)]
+enum Want {
+    Hello(Result<(), ErrorCode>),
+    Reply(Result<CtrlReply, ErrorCode>),
+}
+
+/// The replies to the control requests in `stream`, up to the first that does not decode.
+fn control(stream: &[u8], t: &Target, out: &mut Vec<Want>) {
+    let mut d = FrameDecoder::new(DEFAULT_MAX_FRAME);
+    d.push(stream);
+    while let Ok(Some(req)) = d.next_message::<CtrlRequest>() {
+        out.push(Want::Reply(match req {
+            CtrlRequest::Ping => Ok(CtrlReply::Pong),
+            CtrlRequest::LookupMemory(id) => {
+                t.bufs.iter().find(|b| b.desc.id == id).map(|b| CtrlReply::Memory(b.desc.clone())).ok_or(ErrorCode::NotFound)
+            }
+            CtrlRequest::Backend { .. } => Err(ErrorCode::NotSupported),
+        }));
+    }
+}
+
+/// What the engine must answer to `stream` sent on a fresh connection (`dialed`: after a valid
+/// control hello of the harness), and whether the connection became a tcp data lane.
+fn model(stream: &[u8], dialed: bool, t: &Target) -> (Vec<Want>, bool) {
+    let mut out = Vec::new();
+    if dialed {
+        control(stream, t, &mut out);
+        return (out, false);
+    }
+    let mut r = stream;
+    let Ok(hello) = read_frame::<Hello, _>(&mut r, DEFAULT_MAX_FRAME) else { return (out, false) };
+    if hello.version != PROTOCOL_VERSION {
+        out.push(Want::Hello(Err(ErrorCode::InvalidArgs)));
+        return (out, false);
+    }
+    if hello.secret != t.eng().desc().secret {
+        out.push(Want::Hello(Err(ErrorCode::Refused)));
+        return (out, false);
+    }
+    match hello.role {
+        Role::Control => {
+            out.push(Want::Hello(Ok(())));
+            control(r, t, &mut out);
+        }
+        Role::Data { backend: BackendKind::Tcp, .. } => {
+            out.push(Want::Hello(Ok(())));
+            return (out, true);
+        }
+        Role::Data { .. } => out.push(Want::Hello(Err(ErrorCode::NotSupported))),
+    }
+    (out, false)
+}
+
+/// Checks the engine's answer against the model: exactly the expected frames, nothing after
+/// them (a connection that ended with a reset may stop early; after the hello of a tcp data lane the rest is the data protocol's, not checked here).
+fn check(answer: &[u8], want: &[Want], data_lane: bool, reset: bool, eng: &EngineDesc) {
+    let mut r = answer;
+    for (i, w) in want.iter().enumerate() {
+        match w {
+            Want::Hello(h) => {
+                let got = match read_frame::<HelloReply, _>(&mut r, DEFAULT_MAX_FRAME) {
+                    Ok(g) => g,
+                    Err(_) if reset && r.is_empty() => return,
+                    Err(e) => panic!("answer {i}: no hello reply: {e}"),
+                };
+                match (h, got) {
+                    (Ok(()), HelloReply::Ok(desc)) => assert_eq!(&desc, eng, "hello answered with another descriptor"),
+                    (Err(code), HelloReply::Refused(e)) => assert_eq!(e.code, *code, "hello refused with {e}"),
+                    (h, got) => panic!("hello: got {got:?}, the model expects {h:?}"),
+                }
+            }
+            Want::Reply(w) => {
+                let got = match read_frame::<CtrlReply, _>(&mut r, DEFAULT_MAX_FRAME) {
+                    Ok(g) => g,
+                    Err(_) if reset && r.is_empty() => return,
+                    Err(e) => panic!("answer {i}: no control reply: {e}"),
+                };
+                match (w, got) {
+                    (Ok(w), g) => assert_eq!(&g, w, "reply {i}"),
+                    (Err(code), CtrlReply::Error(e)) => assert_eq!(e.code, *code, "reply {i}: {e}"),
+                    (w, got) => panic!("reply {i}: got {got:?}, the model expects {w:?}"),
+                }
+            }
+        }
+    }
+    assert!(data_lane || r.is_empty(), "{} bytes after the answers the model expects", r.len());
+}
+
+/// One input.
+pub fn run(data: &[u8]) {
+    let t = engine::target();
+    let mut c = crate::Cursor::new(data);
+    let mode = c.u8() % 4;
+    let rest = c.rest();
+    let (s, stream) = match mode {
+        0 => (engine::connect(&t), rest.to_vec()),
+        1 => {
+            let mut r = rest;
+            let stream = match read_frame::<Hello, _>(&mut r, DEFAULT_MAX_FRAME) {
+                Ok(h) => {
+                    let f = encode_frame(&Hello { secret: t.eng().desc().secret, ..h }).expect("a decoded hello encodes");
+                    [&f[..], r].concat()
+                }
+                Err(_) => rest.to_vec(),
+            };
+            (engine::connect(&t), stream)
+        }
+        2 => (engine::dial(&t, Role::Control), rest.to_vec()),
+        _ => {
+            let mut c = crate::Cursor::new(rest);
+            let mut v = Vec::new();
+            while !c.is_empty() {
+                let n = c.u8() as usize;
+                let body = c.take(n);
+                v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+                v.extend_from_slice(body);
+            }
+            (engine::dial(&t, Role::Control), v)
+        }
+    };
+    let (want, data_lane) = model(&stream, mode >= 2, &t);
+    let (answer, reset) = engine::exchange(s, &stream);
+    check(&answer, &want, data_lane, reset, t.eng().desc());
+}
+
+fn frames<T: serde::Serialize>(msgs: &[T]) -> Vec<u8> {
+    msgs.iter().flat_map(|m| encode_frame(m).unwrap_or_default()).collect()
+}
+
+/// Hellos of each kind followed by requests of each kind, raw and pre-framed.
+pub fn seeds() -> Vec<Vec<u8>> {
+    let from = EngineDesc {
+        key: "prefill-0".into(),
+        node_id: "n".into(),
+        hostname: "h".into(),
+        host: "127.0.0.1".into(),
+        port: 2,
+        pid: 3,
+        epoch: 4,
+        secret: Secret::NONE,
+    };
+    let hello = |version, role| encode_frame(&Hello { version, from: from.clone(), role, secret: Secret(1) }).unwrap_or_default();
+    let reqs = frames(&[
+        CtrlRequest::Ping,
+        CtrlRequest::LookupMemory(1),
+        CtrlRequest::LookupMemory(4),
+        CtrlRequest::Backend { backend: BackendKind::Tcp, payload: vec![1, 2] },
+        CtrlRequest::Backend { backend: BackendKind::Xgmi, payload: vec![] },
+    ]);
+    let mut pre = Vec::new();
+    for m in [CtrlRequest::Ping, CtrlRequest::LookupMemory(2), CtrlRequest::LookupMemory(99)] {
+        let f = encode_frame(&m).unwrap_or_default();
+        pre.push((f.len() - 4) as u8);
+        pre.extend_from_slice(&f[4..]);
+    }
+    vec![
+        [&[0u8][..], &hello(PROTOCOL_VERSION, Role::Control), &reqs].concat(),
+        [&[1u8][..], &hello(PROTOCOL_VERSION, Role::Control), &reqs].concat(),
+        [&[1u8][..], &hello(PROTOCOL_VERSION + 1, Role::Control)].concat(),
+        [&[1u8][..], &hello(PROTOCOL_VERSION, Role::Data { backend: BackendKind::Rdma, lane: 0 })].concat(),
+        [&[1u8][..], &hello(PROTOCOL_VERSION, Role::Data { backend: BackendKind::Tcp, lane: 1 })].concat(),
+        [&[2u8][..], &reqs].concat(),
+        [&[3u8][..], &pre].concat(),
+    ]
+}
+
+/// No dictionary (binary format).
+pub fn dict() -> Vec<&'static str> {
+    Vec::new()
+}
