@@ -16,15 +16,21 @@ struct Peer {
     /// The initiator's key, shared with `Table::order`.
     key: Arc<str>,
     partial: FxHashMap<TransferId, (u32, Option<IoError>)>,
-    finished: FxHashMap<TransferId, Result<(), IoError>>,
+    /// Finished transfers: their status and the sequence number of their `order` entry.
+    finished: FxHashMap<TransferId, (u64, Result<(), IoError>)>,
 }
 
 #[derive(Default)]
 struct Table {
     warned: bool,
     peers: FxHashMap<String, Peer>,
-    /// Finished entries, oldest first (entries popped since are skipped when trimming).
-    order: VecDeque<(Arc<str>, TransferId)>,
+    /// Finished entries, oldest first, with their sequence numbers: an entry whose status was
+    /// popped (or replaced by a newer one under the same id) no longer matches and is skipped.
+    order: VecDeque<(Arc<str>, TransferId, u64)>,
+    /// The next sequence number.
+    seq: u64,
+    /// Statuses finished and not popped (what [`MAX_FINISHED`] bounds).
+    unpopped: usize,
 }
 
 /// Counts the pieces of each inbound transfer `(initiator key, transfer id)`; once all
@@ -61,8 +67,12 @@ impl InboundTable {
     pub fn pop(&self, from: &str, id: TransferId) -> Option<Result<(), IoError>> {
         // `order` keeps the key; trimming skips keys already popped.
         let mut t = self.t.lock();
-        let r = t.peers.get_mut(from)?.finished.remove(&id);
+        let r = t.peers.get_mut(from)?.finished.remove(&id).map(|(_, r)| r);
+        if r.is_some() {
+            t.unpopped -= 1;
+        }
         t.tidy(from);
+        t.skip_stale();
         r
     }
 
@@ -80,6 +90,22 @@ pub const MAX_IDLE_PEERS: usize = 64;
 const KEEP_CAPACITY: usize = 4096;
 
 impl Table {
+    /// Whether `order`'s entry still names a status waiting to be popped.
+    fn live(&self, (engine, id, seq): &(Arc<str>, TransferId, u64)) -> bool {
+        self.peers.get(&**engine).and_then(|p| p.finished.get(id)).is_some_and(|(s, _)| s == seq)
+    }
+
+    /// Drops entries of already-popped statuses from the front of `order`, so a target that
+    /// pops what it receives keeps `order` as short as its unpopped statuses.
+    fn skip_stale(&mut self) {
+        while self.order.front().is_some_and(|f| !self.live(f)) {
+            self.order.pop_front();
+        }
+        if self.order.is_empty() && self.order.capacity() > KEEP_CAPACITY {
+            self.order.shrink_to(KEEP_CAPACITY);
+        }
+    }
+
     /// Drops `engine`'s records when it has none left and there are many initiators; else
     /// releases the memory of a burst once its maps are empty.
     fn tidy(&mut self, engine: &str) {
@@ -116,12 +142,30 @@ impl Table {
             let (_, err) = p.partial.remove(&id).unwrap_or((0, None));
             err.map_or(Ok(()), Err)
         };
-        p.finished.insert(id, r);
+        let seq = self.seq;
+        self.seq += 1;
+        if p.finished.insert(id, (seq, r)).is_none() {
+            self.unpopped += 1;
+        }
         let key = p.key.clone();
-        self.order.push_back((key, id));
-        while self.order.len() > MAX_FINISHED {
-            let Some((engine, old)) = self.order.pop_front() else { break };
-            let dropped = self.peers.get_mut(&*engine).and_then(|p| p.finished.remove(&old)).is_some();
+        self.order.push_back((key, id, seq));
+        self.skip_stale();
+        // Entries of popped statuses behind an unpopped one: compacted once they outnumber
+        // the live ones (amortized O(1) per insert).
+        if self.order.len() > 2 * self.unpopped + KEEP_CAPACITY {
+            let order = std::mem::take(&mut self.order);
+            self.order = order.into_iter().filter(|e| self.live(e)).collect();
+        }
+        while self.unpopped > MAX_FINISHED {
+            let Some((engine, old, seq)) = self.order.pop_front() else { break };
+            let p = self.peers.get_mut(&*engine);
+            let dropped = p.is_some_and(|p| match p.finished.get(&old) {
+                Some((s, _)) if *s == seq => p.finished.remove(&old).is_some(),
+                _ => false,
+            });
+            if dropped {
+                self.unpopped -= 1;
+            }
             self.tidy(&engine);
             if dropped && !self.warned {
                 self.warned = true;
@@ -166,6 +210,27 @@ mod tests {
         assert_eq!(t.pop("a", MAX_FINISHED as u64 - 1), Some(Ok(())));
         assert_eq!([t.pop("b", 7), t.pop("b", 8), t.pop("b", 9)], [Some(Ok(())), Some(Ok(())), Some(Ok(()))]);
         assert_eq!(t.pop("c", 7), None);
+    }
+
+    #[test]
+    fn a_reused_id_is_kept_and_popped_statuses_cost_nothing() {
+        // An initiator that restarted reuses ids: the new status must not be trimmed as the
+        // old entry of the same id.
+        let t = InboundTable::new();
+        for id in 1..=(MAX_FINISHED as u64) {
+            t.piece_done("a", id, 1, Ok(()));
+            assert_eq!(t.pop("a", id), Some(Ok(())));
+        }
+        assert!(t.t.lock().order.is_empty(), "popped statuses leave nothing in the order ring");
+        t.piece_done("a", 1, 1, Err(IoError::invalid("again")));
+        for id in 2..=(MAX_FINISHED as u64 + 5) {
+            t.piece_done("b", id, 1, Ok(()));
+            assert_eq!(t.pop("b", id), Some(Ok(())));
+        }
+        assert!(t.t.lock().order.len() <= 2 + KEEP_CAPACITY, "{} order entries for 1 unpopped status", t.t.lock().order.len());
+        assert_eq!(t.pop("a", 1).unwrap().unwrap_err().msg, "again");
+        assert!(!t.t.lock().warned, "nothing unpopped was dropped");
+        assert_eq!(t.t.lock().unpopped, 0);
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub use outbox::Notifier;
 pub use peer_map::PeerMap;
 pub use plan::{EntryMap, Piece, Seg};
 pub use registry::{MemRegistry, Region};
-pub use status::{EntryFailure, Progress, TransferId, TransferStatus, CALLER_PROGRESS_ENV};
+pub use status::{EntryFailure, Progress, TransferId, TransferStatus, WeakTransferStatus, CALLER_PROGRESS_ENV};
 
 /// Reads a duration in milliseconds from environment variable `var`, else `default`.
 /// Errors: `InvalidArgs` naming the variable and its value when it does not parse.

@@ -79,11 +79,11 @@ struct Failures {
 /// Batch entries of a transfer that did not land, and why (see [`TransferStatus::failed_entries`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryFailure {
-    /// Indices into the caller's batch arrays (`local_offs`/`remote_offs`/`sizes`) of the
-    /// entries that did not (completely) land; `None`: the whole batch (the backend does not
-    /// attribute its pieces to entries, or the failure came before any piece was queued).
-    /// Conservative: a range may name entries that share a failed request with the bad one.
-    pub entries: Option<std::ops::Range<u32>>,
+    /// Ranges of indices into the caller's batch arrays (`local_offs`/`remote_offs`/`sizes`)
+    /// of the entries that did not (completely) land, ascending; `None`: the whole batch (the
+    /// failure came before any piece was queued, or the backend does not attribute it). An
+    /// entry sharing a refused request with the bad one is named too: its bytes did not move.
+    pub entries: Option<Vec<std::ops::Range<u32>>>,
     /// Why.
     pub error: IoError,
 }
@@ -195,17 +195,34 @@ impl Completion for TransferStatus {
             if f.first.is_none() {
                 f.first = Some(err.clone());
             }
-            if ranges.is_empty() {
-                f.all.push(EntryFailure { entries: None, error: err });
-            } else {
-                f.all.extend(ranges.into_iter().map(|r| EntryFailure { entries: Some(r), error: err.clone() }));
-            }
+            // One record (one copy of the error) for all the pieces' ranges.
+            f.all.push(EntryFailure { entries: (!ranges.is_empty()).then_some(ranges), error: err });
         }
         self.end_pieces(n);
     }
 }
 
+/// A [`TransferStatus`] held without keeping its state alive (see
+/// [`TransferStatus::downgrade`]).
+#[derive(Clone)]
+pub struct WeakTransferStatus {
+    inner: Weak<Inner>,
+}
+
+impl WeakTransferStatus {
+    /// The status, while the caller or the backend still holds it.
+    pub fn upgrade(&self) -> Option<TransferStatus> {
+        self.inner.upgrade().map(|inner| TransferStatus { inner })
+    }
+}
+
 impl TransferStatus {
+    /// A handle that does not keep the status alive: once the caller and the backend dropped
+    /// theirs, its state (error texts, entry lists) is freed and `upgrade` returns `None`.
+    pub fn downgrade(&self) -> WeakTransferStatus {
+        WeakTransferStatus { inner: Arc::downgrade(&self.inner) }
+    }
+
     /// Ends `n` pieces; the last one makes the status terminal (`Failed` when an error was
     /// recorded, else `Success`).
     fn end_pieces(&self, n: u32) {
@@ -268,7 +285,8 @@ impl TransferStatus {
             return None;
         }
         let f = self.inner.error.lock();
-        Some(!f.all.iter().any(|x| x.entries.as_ref().is_none_or(|r| u32::try_from(i).map_or(true, |i| r.contains(&i)))))
+        let Ok(i) = u32::try_from(i) else { return Some(f.all.is_empty()) };
+        Some(!f.all.iter().any(|x| x.entries.as_ref().is_none_or(|rs| rs.iter().any(|r| r.contains(&i)))))
     }
 
     /// True once `Success` or `Failed`.
@@ -383,7 +401,7 @@ mod tests {
         assert_eq!(e.msg, "first");
         assert_eq!(s.code(), ErrorCode::NotFound);
         let f = s.failed_entries().unwrap();
-        assert_eq!(f.iter().map(|x| x.entries.clone()).collect::<Vec<_>>(), vec![Some(4..6), Some(9..10)]);
+        assert_eq!(f.iter().map(|x| x.entries.clone()).collect::<Vec<_>>(), vec![Some(vec![4..6]), Some(vec![9..10])]);
         assert_eq!(f[1].error.msg, "second");
         let landed: Vec<bool> = (0..11).map(|i| s.entry_landed(i).unwrap()).collect();
         assert_eq!(landed, [true, true, true, true, false, false, true, true, true, false, true]);

@@ -2,7 +2,7 @@
 //! not finished yet is refused at the initiator (the target counts pieces and keeps statuses by
 //! `(initiator, id)`, so two live transfers under one id would be merged into one status).
 
-use mori_io_core::{IoError, TransferId, TransferStatus};
+use mori_io_core::{IoError, TransferId, TransferStatus, WeakTransferStatus};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -10,14 +10,15 @@ use rustc_hash::FxHashMap;
 /// doubled since, so its cost per post stays O(1) amortized).
 const SWEEP_AT: usize = 4096;
 
-/// `(target epoch, transfer id)` -> the status of the transfer posted under it (`None`: reserved,
-/// being posted).
+/// `(target epoch, transfer id)` -> the status of the transfer posted under it, held weakly (a
+/// status nobody holds any more is finished; its memory is not kept here); `None`: reserved,
+/// being posted.
 pub(crate) struct InFlight {
     t: Mutex<Table>,
 }
 
 struct Table {
-    map: FxHashMap<(u64, TransferId), Option<TransferStatus>>,
+    map: FxHashMap<(u64, TransferId), Option<WeakTransferStatus>>,
     sweep_at: usize,
 }
 
@@ -36,11 +37,11 @@ impl InFlight {
     pub(crate) fn reserve(&self, epoch: u64, peer_key: &str, id: TransferId) -> Result<Reserved, IoError> {
         let mut t = self.t.lock();
         if t.map.len() >= t.sweep_at {
-            t.map.retain(|_, st| st.as_ref().is_none_or(|s| !s.is_done()));
+            t.map.retain(|_, st| busy(st));
             t.sweep_at = (t.map.len() * 2).max(SWEEP_AT);
         }
         let key = (epoch, id);
-        if t.map.get(&key).is_some_and(|st| st.as_ref().is_none_or(|s| !s.is_done())) {
+        if t.map.get(&key).is_some_and(busy) {
             return Err(IoError::invalid(format!(
                 "transfer id {id} to engine {peer_key:?} is still in flight (an earlier transfer with this id has not finished); \
                  ids must be unique among unfinished transfers to one engine (allocate_transfer_uid gives fresh ones)"
@@ -53,13 +54,21 @@ impl InFlight {
 
     /// Records the status of the posted transfer in its reserved slot.
     pub(crate) fn fill(&self, r: Reserved, st: &TransferStatus) {
-        self.t.lock().map.insert(r.key, Some(st.clone()));
+        self.t.lock().map.insert(r.key, Some(st.downgrade()));
     }
 
     /// Unfinished entries (a diagnostic for tests).
     #[cfg(test)]
     fn live(&self) -> usize {
-        self.t.lock().map.values().filter(|s| s.as_ref().is_none_or(|s| !s.is_done())).count()
+        self.t.lock().map.values().filter(|s| busy(s)).count()
+    }
+}
+
+/// Whether a slot still blocks its id: reserved, or a status someone holds that is not done.
+fn busy(st: &Option<WeakTransferStatus>) -> bool {
+    match st {
+        None => true,
+        Some(w) => w.upgrade().is_some_and(|s| !s.is_done()),
     }
 }
 

@@ -56,7 +56,7 @@ fn a_batch_refused_at_the_target_ends_with_its_last_lane_and_names_the_entry() {
     // shares landed.
     let failed = st.failed_entries().unwrap();
     assert_eq!(failed.len(), 1, "{failed:?}");
-    assert_eq!(failed[0].entries, Some(0..3));
+    assert_eq!(failed[0].entries, Some(vec![0..3]));
     let landed: Vec<bool> = (0..9).map(|i| st.entry_landed(i).unwrap()).collect();
     assert_eq!(landed, [false, false, false, true, true, true, true, true, true]);
     for i in 3..9 {

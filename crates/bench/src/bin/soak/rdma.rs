@@ -387,9 +387,15 @@ impl Rig<'_> {
         let failures = st.failed_entries().unwrap_or_default();
         let ranges: Vec<String> = failures
             .iter()
-            .map(|f| f.entries.as_ref().map_or("the whole batch".to_string(), |r| format!("{}..{}", r.start, r.end)))
+            .map(|f| match &f.entries {
+                None => "the whole batch".to_string(),
+                Some(rs) if rs.len() > 4 => {
+                    format!("{} ranges, {}..{} to {}..{}", rs.len(), rs[0].start, rs[0].end, rs[rs.len() - 1].start, rs[rs.len() - 1].end)
+                }
+                Some(rs) => rs.iter().map(|r| format!("{}..{}", r.start, r.end)).collect::<Vec<_>>().join(" "),
+            })
             .collect();
-        let attributed = failures.iter().filter_map(|f| f.entries.as_ref()).all(|r| r.start < r.end && r.end as usize <= n)
+        let attributed = failures.iter().filter_map(|f| f.entries.as_ref()).flatten().all(|r| r.start < r.end && r.end as usize <= n)
             && failures.iter().any(|f| f.entries.is_some());
         self.checks.check(
             attributed,
