@@ -8,16 +8,15 @@
 //! table keeps). Target `inbound_bulk` runs the same operations after completing more
 //! transfers at once than the table keeps (tens of milliseconds an input, hence a target of
 //! its own). Each operation is checked against a model: a transfer is finished once
-//! `max(total, 1)` pieces were recorded, with the first error of its pieces; popping takes it
-//! once; the table keeps the finished records of the last [`MAX_FINISHED`] completions and drops older
-//! ones, oldest first (the model follows the table's rule for a completion record whose id
-//! was completed again since: the older record's turn drops the newer one). Asserted: every
-//! `pop` answers as the model does, and the table keeps no more initiators than have records
-//! plus [`MAX_IDLE_PEERS`].
+//! `max(total, 1)` pieces were recorded, with the first error of its pieces (a transfer id
+//! completed again replaces its status); popping takes a status once. Asserted: every `pop`
+//! gives the model's status while that status is among the last [`MAX_FINISHED`] completions,
+//! that status or nothing once older (the table may drop it), nothing for a transfer not
+//! finished or popped already; and the table keeps no more initiators than have records plus
+//! [`MAX_IDLE_PEERS`].
 
 use mori_io_core::inbound::{MAX_FINISHED, MAX_IDLE_PEERS};
 use mori_io_core::{ErrorCode, InboundTable, IoError};
-use std::collections::VecDeque;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A multiply-rotate hasher (as rustc's Fx): the bulk completions insert tens of thousands of
@@ -51,17 +50,21 @@ fn key(p: usize) -> String {
     format!("e{p}")
 }
 
-/// Records keyed by (initiator index, transfer id), with per-initiator record counts.
+/// Records keyed by (initiator index, transfer id), with per-initiator record counts. It
+/// drops nothing: a finished status is the table's to keep while it is among the last
+/// [`MAX_FINISHED`] completions, and the table's to drop (or still keep) once it is older.
 struct Model {
     partial: HashMap<(usize, u64), (u32, Option<IoError>)>,
-    finished: HashMap<(usize, u64), Result<(), IoError>>,
-    order: VecDeque<(usize, u64)>,
+    /// Finished statuses with the number of their completion (0, 1, ...).
+    finished: HashMap<(usize, u64), (u64, Result<(), IoError>)>,
+    /// Completions so far.
+    done: u64,
     records: [usize; PEERS],
 }
 
 impl Model {
     fn new() -> Self {
-        Model { partial: HashMap::default(), finished: HashMap::default(), order: VecDeque::new(), records: [0; PEERS] }
+        Model { partial: HashMap::default(), finished: HashMap::default(), done: 0, records: [0; PEERS] }
     }
 
     fn piece_done(&mut self, from: usize, id: u64, total: u32, r: Result<(), IoError>) {
@@ -79,28 +82,30 @@ impl Model {
         }
         let (_, err) = self.partial.remove(&k).unwrap_or((0, None));
         self.records[from] -= 1;
-        if self.finished.insert(k, err.map_or(Ok(()), Err)).is_none() {
+        if self.finished.insert(k, (self.done, err.map_or(Ok(()), Err))).is_none() {
             self.records[from] += 1;
         }
-        self.order.push_back(k);
-        while self.order.len() > MAX_FINISHED {
-            if let Some(old) = self.order.pop_front() {
-                if self.finished.remove(&old).is_some() {
-                    self.records[old.0] -= 1;
+        self.done += 1;
+    }
+
+    /// Checks the table's answer to a pop: the status, while it is among the last
+    /// `MAX_FINISHED` completions; the status or nothing, once older; nothing for a transfer
+    /// not finished, or popped already.
+    fn pop(&mut self, from: usize, id: u64, got: Option<Result<(), IoError>>) {
+        match self.finished.remove(&(from, id)) {
+            None => assert_eq!(got, None, "pop({from}, {id}): a status the table should not have"),
+            Some((n, want)) => {
+                self.records[from] -= 1;
+                if n + MAX_FINISHED as u64 >= self.done {
+                    assert_eq!(got, Some(want), "pop({from}, {id}) of completion {n} of {}: kept, must be there", self.done);
+                } else {
+                    assert!(got.is_none() || got == Some(want), "pop({from}, {id}) of completion {n}: another status");
                 }
             }
         }
     }
 
-    fn pop(&mut self, from: usize, id: u64) -> Option<Result<(), IoError>> {
-        let r = self.finished.remove(&(from, id));
-        if r.is_some() {
-            self.records[from] -= 1;
-        }
-        r
-    }
-
-    /// Initiators with a partial or finished record.
+    /// Initiators with a partial or finished record (the table may have fewer).
     fn busy(&self) -> usize {
         self.records.iter().filter(|&&n| n > 0).count()
     }
@@ -150,7 +155,7 @@ pub fn run_ops(data: &[u8], bulk: bool) {
                 }
             }
             _ => {
-                assert_eq!(t.pop(&from, id), m.pop(p, id), "pop({from}, {id})");
+                m.pop(p, id, t.pop(&from, id));
             }
         }
         assert!(t.peers() <= m.busy() + MAX_IDLE_PEERS + 1, "{} initiators kept, {} have records", t.peers(), m.busy());
@@ -160,7 +165,7 @@ pub fn run_ops(data: &[u8], bulk: bool) {
     left.sort();
     for (p, id) in left {
         let from = key(p);
-        assert_eq!(t.pop(&from, id), m.pop(p, id), "final pop({from}, {id})");
+        m.pop(p, id, t.pop(&from, id));
         assert_eq!(t.pop(&from, id), None, "popped twice ({from}, {id})");
     }
 }
