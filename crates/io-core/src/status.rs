@@ -387,6 +387,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // a list of one entry range each
     fn first_error_sticks_and_the_status_ends_with_the_last_piece() {
         let s = TransferStatus::new(3);
         s.complete_piece(Ok(()));

@@ -18,6 +18,7 @@ fn pattern(i: usize) -> u8 {
 }
 
 #[test]
+#[allow(clippy::single_range_in_vec_init)] // a list of one entry range
 fn a_batch_refused_at_the_target_ends_with_its_last_lane_and_names_the_entry() {
     let (a, b) = (engine("A-outcome"), engine("B-outcome"));
     // Target: 8 entries of 4 MiB and nothing more. Initiator: entry 0 (4 KiB) then 8 × 4 MiB.
