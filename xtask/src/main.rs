@@ -19,11 +19,14 @@
 //!   (without cmake or libclang), runs one tcp write, and compiles no GPU or ibverbs binding.
 //! - `gpu-bundle`: builds what scripts/gpu-machine.sh runs on the GPU machine into
 //!   `.gpu-bundle/` (release, stripped); see gpu_bundle.rs.
+//! - `fuzz`: builds the libFuzzer targets of fuzz/ on stable and runs them (or `--build-only
+//!   --out DIR` for scripts/fuzz-long.sh); see fuzz.rs and docs/FUZZING.md.
 
 mod bare;
 mod compare;
 mod compare_rdma;
 mod embedder;
+mod fuzz;
 mod gpu_bundle;
 mod kernels;
 mod prereq;
@@ -46,8 +49,9 @@ fn main() -> ExitCode {
         Some("gpu-bundle") => gpu_bundle::run(&args[1..]),
         Some("bare-machine") => bare::run(&args[1..]),
         Some("embedder-check") => embedder::run(&args[1..]),
+        Some("fuzz") => fuzz::run(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | soak [--phase P] [--count N] [--time-limit-s S] [--quick] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | soak [--phase P] [--count N] [--time-limit-s S] [--quick] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check | fuzz [--target NAME | --all] [--seconds N] [--jobs J] [--build-only --out DIR]>");
             return ExitCode::from(2);
         }
     };
@@ -86,6 +90,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     // The facade's doc-tests of every feature's module (the workspace run above builds `mori`
     // with its default features only).
     util::cargo(&["test", "-p", "mori", "--features", "full", "--doc"])?;
+    fuzz::ci_run()?;
     if !root {
         println!("xtask: NOT run (need root): the network-namespace tests (crates/bench/tests/netns.rs) and the RDMA suite in the SoftRoCE guest");
         return Ok(());
