@@ -11,6 +11,11 @@ use std::sync::Arc;
 /// target that never pops cannot grow without bound.
 pub const MAX_FINISHED: usize = 1 << 16;
 
+/// Most transfers of one initiator with some but not all pieces recorded; a piece of a new
+/// transfer past it is not recorded (warned once), so a peer cannot grow this table without
+/// bound by announcing pieces that never come.
+pub const MAX_PARTIAL: usize = 1 << 16;
+
 /// One initiator's records.
 struct Peer {
     /// The initiator's key, shared with `Table::order`.
@@ -23,6 +28,7 @@ struct Peer {
 #[derive(Default)]
 struct Table {
     warned: bool,
+    warned_partial: bool,
     peers: FxHashMap<String, Peer>,
     /// Finished entries, oldest first, with their sequence numbers: an entry whose status was
     /// popped (or replaced by a newer one under the same id) no longer matches and is skipped.
@@ -131,6 +137,13 @@ impl Table {
         let r = if total <= 1 && p.partial.is_empty() {
             r
         } else {
+            if p.partial.len() >= MAX_PARTIAL && !p.partial.contains_key(&id) {
+                if !self.warned_partial {
+                    self.warned_partial = true;
+                    tracing::warn!(engine = %from, id, kept = MAX_PARTIAL, "too many partly received inbound transfers; this one is not recorded (warned once)");
+                }
+                return;
+            }
             let entry = p.partial.entry(id).or_insert((0, None));
             entry.0 += 1;
             if let Err(e) = r {
@@ -231,6 +244,18 @@ mod tests {
         assert_eq!(t.pop("a", 1).unwrap().unwrap_err().msg, "again");
         assert!(!t.t.lock().warned, "nothing unpopped was dropped");
         assert_eq!(t.t.lock().unpopped, 0);
+    }
+
+    #[test]
+    fn partly_received_transfers_are_bounded() {
+        let t = InboundTable::new();
+        for id in 0..(MAX_PARTIAL as u64 + 100) {
+            t.piece_done("a", id, 2, Ok(()));
+        }
+        assert_eq!(t.t.lock().peers["a"].partial.len(), MAX_PARTIAL);
+        // A transfer already being counted still completes.
+        t.piece_done("a", 5, 2, Ok(()));
+        assert_eq!(t.pop("a", 5), Some(Ok(())));
     }
 
     #[test]

@@ -7,7 +7,8 @@ const IOV_MAX: usize = 1024;
 
 /// Writes every byte of `bufs`, in order, with as few `writev` calls as the socket allows.
 pub fn write_all_vectored<W: Write>(w: &mut W, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
-    while !bufs.is_empty() {
+    // Empty buffers carry nothing (a socket's 0-byte write would read as "peer stopped").
+    while bufs.iter().any(|b| !b.is_empty()) {
         let k = bufs.len().min(IOV_MAX);
         match w.write_vectored(&bufs[..k]) {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "peer stopped accepting data")),
@@ -40,7 +41,8 @@ impl Write for NoSigPipe<'_> {
 
 /// Fills every byte of `bufs`, in order, with as few `readv` calls as the socket allows.
 pub fn read_exact_vectored<R: Read>(r: &mut R, mut bufs: &mut [IoSliceMut<'_>]) -> io::Result<()> {
-    while !bufs.is_empty() {
+    // Nothing to read (all buffers empty) is done, not an end of stream.
+    while bufs.iter().any(|b| !b.is_empty()) {
         let k = bufs.len().min(IOV_MAX);
         match r.read_vectored(&mut bufs[..k]) {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection mid-message")),
@@ -114,5 +116,9 @@ mod tests {
         let mut z = [0u8; 1];
         let e = read_exact_vectored(&mut t, &mut [IoSliceMut::new(&mut z)]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        // All-empty buffer lists move nothing and succeed (a request of zero-length segments).
+        let (mut e1, mut e2) = ([0u8; 0], [0u8; 0]);
+        read_exact_vectored(&mut t, &mut [IoSliceMut::new(&mut e1), IoSliceMut::new(&mut e2)]).unwrap();
+        write_all_vectored(&mut t, &mut [IoSlice::new(&[]), IoSlice::new(&[])]).unwrap();
     }
 }
