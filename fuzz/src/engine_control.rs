@@ -21,7 +21,7 @@
 
 use crate::engine::{self, Target};
 use mori_io_core::wire::{
-    encode_frame, read_frame, CtrlReply, CtrlRequest, FrameDecoder, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION,
+    encode_frame, read_frame, CtrlReply, CtrlRequest, FrameDecoder, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION,
 };
 use mori_io_core::{BackendKind, EngineDesc, ErrorCode, Secret};
 
@@ -56,7 +56,8 @@ fn model(stream: &[u8], dialed: bool, t: &Target) -> (Vec<Want>, bool) {
         return (out, false);
     }
     let mut r = stream;
-    let Ok(hello) = read_frame::<Hello, _>(&mut r, DEFAULT_MAX_FRAME) else { return (out, false) };
+    // The listener reads a hello of at most MAX_HELLO body bytes (before the secret is known).
+    let Ok(hello) = read_frame::<Hello, _>(&mut r, MAX_HELLO) else { return (out, false) };
     if hello.version != PROTOCOL_VERSION {
         out.push(Want::Hello(Err(ErrorCode::InvalidArgs)));
         return (out, false);

@@ -90,6 +90,10 @@ pub struct TransferRequest {
     pub peer: Arc<EngineDesc>,
     /// Local region.
     pub local: Arc<MemoryDesc>,
+    /// The local region's registration, taken when the caller posted: held until the backend
+    /// has its own hold, so a deregistration that starts meanwhile waits for this transfer
+    /// instead of failing it (posts may run later, on the engine's connector thread).
+    pub local_region: Arc<crate::Region>,
     /// Remote region.
     pub remote: Arc<MemoryDesc>,
     /// Non-empty segments in batch order (adjacent contiguous entries merged).

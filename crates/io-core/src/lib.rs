@@ -34,11 +34,9 @@ pub use status::{EntryFailure, Progress, TransferId, TransferStatus, WeakTransfe
 /// Errors: `InvalidArgs` naming the variable and its value when it does not parse.
 pub fn env_millis(var: &str, default: std::time::Duration) -> IoResult<std::time::Duration> {
     match std::env::var(var) {
-        Ok(v) => v
-            .trim()
-            .parse::<u64>()
-            .map(std::time::Duration::from_millis)
-            .map_err(|_| IoError::invalid(format!("{var}={v:?} is not a whole number of milliseconds"))),
+        Ok(v) => v.trim().parse::<u64>().ok().filter(|&ms| ms > 0).map(std::time::Duration::from_millis).ok_or_else(|| {
+            IoError::invalid(format!("{var}={v:?} is not a whole number of milliseconds of at least 1 (0 would turn the deadline off)"))
+        }),
         Err(_) => Ok(default),
     }
 }

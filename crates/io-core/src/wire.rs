@@ -15,6 +15,35 @@ pub const PROTOCOL_VERSION: u16 = 3;
 /// Default upper bound of one control frame's body, bytes (16 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
 
+/// Upper bound of a [`Hello`] or [`HelloReply`] body, bytes (64 KiB): read before the peer
+/// is known to hold the secret, so a stranger cannot make the engine hold more.
+pub const MAX_HELLO: usize = 64 << 10;
+
+/// A TCP stream read under one deadline for the whole message: each read's socket timeout is
+/// what is left of it (a peer trickling bytes cannot stretch it).
+struct Within<'a> {
+    s: &'a std::net::TcpStream,
+    until: std::time::Instant,
+}
+
+impl Read for Within<'_> {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline passed"));
+        }
+        self.s.set_read_timeout(Some(left))?;
+        (&*self.s).read(b)
+    }
+}
+
+/// Reads one frame of at most `max` body bytes from `s` within `deadline` (for the whole
+/// frame, however the peer paces its bytes). Errors as [`read_frame`]; `Timeout` once the
+/// deadline passed. Leaves the stream's read timeout at whatever was left of the deadline.
+pub fn read_frame_within<T: for<'de> Deserialize<'de>>(s: &std::net::TcpStream, max: usize, deadline: std::time::Duration) -> IoResult<T> {
+    read_frame(&mut Within { s, until: std::time::Instant::now() + deadline }, max)
+}
+
 /// First frame on every connection to an engine's listener.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Hello {
@@ -119,7 +148,18 @@ pub fn dial(
     s.set_read_timeout(Some(io_timeout)).ok();
     s.set_write_timeout(Some(io_timeout)).ok();
     write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: local.clone(), role, secret: peer.secret })?;
-    match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME)? {
+    let reply = read_frame_within::<HelloReply>(&s, MAX_HELLO, connect_timeout).map_err(|e| {
+        let mut err = IoError::new(e.code, format!("{what} hello to engine {key:?} at {addr}: {}", e.msg));
+        if err.code == crate::ErrorCode::Timeout {
+            err.msg.push_str(&format!(
+                " (no answer within the control deadline of {:.3} s: EngineConfig::control_timeout / TcpConfig::connect_timeout, env MORI_IO_CONTROL_TIMEOUT_MS)",
+                connect_timeout.as_secs_f64()
+            ));
+        }
+        err
+    })?;
+    s.set_read_timeout(Some(io_timeout)).ok();
+    match reply {
         HelloReply::Ok(d) if d.key == *key && d.epoch == peer.epoch => Ok(s),
         HelloReply::Ok(d) if d.key == *key => Err(IoError::disconnected(format!(
             "engine {key:?} at {addr} is another incarnation (epoch {:#x}, pid {}) than the one registered here (epoch {:#x}, pid {}): \

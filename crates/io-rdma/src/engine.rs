@@ -375,7 +375,7 @@ impl Inner {
     }
 
     fn post(self: &Arc<Self>, req: TransferRequest, status: &TransferStatus) -> IoResult<()> {
-        let region = self.ctx.registry.get(req.local.id)?;
+        let region = req.local_region.clone();
         let lkey = self
             .mrs
             .lock()

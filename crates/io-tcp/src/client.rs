@@ -167,7 +167,7 @@ fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
         let blamed = usize::try_from(rh.seg).ok().and_then(|k| job.segs.get(k).map(|g| (k, g)));
         let what = match blamed {
             Some((k, g)) => format!(
-                "{} (local offset {}, remote offset {}, {} bytes)",
+                "{} (the part of it in this request: local offset {}, remote offset {}, {} bytes)",
                 EntryMap::describe(&job.seg_entries(k)),
                 g.local_off,
                 g.remote_off,

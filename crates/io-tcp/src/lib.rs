@@ -81,6 +81,11 @@ impl TcpBackend {
         if !(1..=64).contains(&cfg.lanes) {
             return Err(IoError::invalid(format!("tcp lanes (num-qp-per-transfer) = {}, allowed 1..=64", cfg.lanes)));
         }
+        if cfg.connect_timeout.is_zero() || cfg.data_timeout.is_zero() {
+            return Err(IoError::invalid(
+                "tcp connect_timeout / data_timeout (env MORI_IO_CONTROL_TIMEOUT_MS / MORI_IO_TCP_TIMEOUT_MS) is 0: it would turn the deadline off",
+            ));
+        }
         Ok(TcpBackend { ctx, cfg, peers: Mutex::new(HashMap::new()), shutdown: Arc::new(AtomicBool::new(false)) })
     }
 
@@ -154,10 +159,7 @@ impl Backend for TcpBackend {
     }
 
     fn post(&self, req: TransferRequest, status: TransferStatus) {
-        let local = match self.ctx.registry.get(req.local.id) {
-            Ok(r) => r,
-            Err(e) => return status.complete_piece(Err(e)),
-        };
+        let local = req.local_region.clone();
         let peer = match self.lanes_for(&req.peer) {
             Ok(p) => p,
             Err(e) => return status.complete_piece(Err(e)),
@@ -165,9 +167,13 @@ impl Backend for TcpBackend {
         let n = peer.lanes.len();
         let pieces =
             mori_io_core::plan::stripe(&req.segs, n, (req.id % n as u64) as usize, self.cfg.min_lane_bytes, proto::MAX_SEGS_PER_REQ);
-        if pieces.is_empty() {
-            return status.complete_piece(Ok(()));
-        }
+        // A batch of only zero-length entries still reaches the target (one empty request), so
+        // its application sees the transfer in pop_inbound_status as for any other.
+        let pieces = if pieces.is_empty() {
+            vec![mori_io_core::Piece { lane: (req.id % n as u64) as usize, stream_off: 0, segs: Vec::new() }]
+        } else {
+            pieces
+        };
         let total = pieces.len() as u32;
         status.add_pieces(total - 1);
         for p in pieces {

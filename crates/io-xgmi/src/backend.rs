@@ -181,20 +181,30 @@ impl Inner {
     }
 
     /// The local registration and the remote region (mapped once, then cached) of a request.
-    fn resolve(&self, local: &MemoryDesc, remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<(Place, Keep, RemoteRegion)> {
+    /// `hold`: the local registration when the caller already holds it (a one-shot post).
+    fn resolve(
+        &self,
+        local: &MemoryDesc,
+        remote: &MemoryDesc,
+        peer: &EngineDesc,
+        hold: Option<Arc<Region>>,
+    ) -> IoResult<(Place, Keep, RemoteRegion)> {
         let (dev, laddr, llen) = {
             let g = self.local.lock();
             let l = g.get(&local.id).ok_or_else(|| IoError::not_found(format!("local memory {} is not xgmi-registered", local.id)))?;
             (l.device, l.addr, l.len)
         };
-        let hold = self.ctx.registry.get(local.id)?;
+        let hold = match hold {
+            Some(h) => h,
+            None => self.ctx.registry.get(local.id)?,
+        };
         let region = self.remote_region(remote, peer, dev)?;
         let place = Place { dev, laddr, llen, rbase: region.base, rlen: region.len };
         Ok((place, (hold, region.map.clone()), region))
     }
 
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
-        let (at, keep, _) = self.resolve(&req.local, &req.remote, &req.peer)?;
+        let (at, keep, _) = self.resolve(&req.local, &req.remote, &req.peer, Some(req.local_region.clone()))?;
         // Named by the caller's batch entries here (submit checks again, by segment, for routes).
         check_segs_mapped((req.local.id, at.llen), (req.remote.id, at.rlen), &req.segs, &req.entries)?;
         self.submit(at, keep, req.op, req.id, &req.peer, (req.local.id, req.remote.id), &req.segs, &mut Some(status.clone()))
@@ -388,7 +398,7 @@ impl Backend for XgmiBackend {
         remote: &Arc<MemoryDesc>,
         peer: &Arc<EngineDesc>,
     ) -> IoResult<Option<Arc<dyn mori_io_core::Route>>> {
-        let (at, (hold, _), region) = self.inner.resolve(local, remote, peer)?;
+        let (at, (hold, _), region) = self.inner.resolve(local, remote, peer, None)?;
         Ok(Some(Arc::new(XgmiRoute {
             inner: self.inner.clone(),
             ids: (local.id, remote.id),

@@ -8,7 +8,7 @@
 //! network fail with the same error instead of each waiting out its own deadline.
 
 use mori_io_core::status::Completion;
-use mori_io_core::{Backend, ErrorCode, IoError, MemRegistry, Region, TransferRequest, TransferStatus};
+use mori_io_core::{Backend, ErrorCode, IoError, TransferRequest, TransferStatus};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,9 +18,6 @@ struct Job {
     backend: Arc<dyn Backend>,
     req: TransferRequest,
     status: TransferStatus,
-    /// The local region, held from the post until the backend took it over: a deregistration
-    /// waits for queued posts as for running ones.
-    _hold: Arc<Region>,
 }
 
 /// The connector queues of one engine, keyed by peer engine key.
@@ -34,32 +31,23 @@ pub(crate) struct Connector {
 impl Connector {
     /// Posts `req` through `b` on this thread when `b` is ready for it and nothing is queued
     /// for its peer; otherwise queues it for the peer's connector thread (started if needed).
-    pub(crate) fn post(
-        self: &Arc<Self>,
-        b: Arc<dyn Backend>,
-        req: TransferRequest,
-        status: TransferStatus,
-        registry: &MemRegistry,
-        shutdown: Arc<AtomicBool>,
-    ) {
+    pub(crate) fn post(self: &Arc<Self>, b: Arc<dyn Backend>, req: TransferRequest, status: TransferStatus, shutdown: Arc<AtomicBool>) {
+        // A queued request holds its local registration (`TransferRequest::local_region`), so
+        // a deregistration waits for it as for a running one.
         if self.busy.load(Ordering::Acquire) == 0 && b.ready(&req.peer, &req.remote) {
             return b.post(req, status);
         }
-        let hold = match registry.get(req.local.id) {
-            Ok(h) => h,
-            Err(e) => return status.complete_piece(Err(e)),
-        };
         let key = req.peer.key.clone();
         let mut q = self.queues.lock();
         if let Some(v) = q.get_mut(&key) {
-            v.push_back(Job { backend: b, req, status, _hold: hold });
+            v.push_back(Job { backend: b, req, status });
             return;
         }
         if b.ready(&req.peer, &req.remote) {
             drop(q);
             return b.post(req, status);
         }
-        q.insert(key.clone(), VecDeque::from([Job { backend: b, req, status, _hold: hold }]));
+        q.insert(key.clone(), VecDeque::from([Job { backend: b, req, status }]));
         self.busy.fetch_add(1, Ordering::AcqRel);
         drop(q);
         let me = self.clone();
@@ -107,10 +95,9 @@ impl Connector {
                 }
                 return;
             }
-            let Job { backend, req, status, _hold } = job;
+            let Job { backend, req, status } = job;
             let (peer, remote) = (req.peer.clone(), req.remote.clone());
             backend.post(req, status.clone());
-            drop(_hold);
             let Some(Err(e)) = status.poll() else { continue };
             let connect_failed = matches!(e.code, ErrorCode::Timeout | ErrorCode::RemoteDisconnect | ErrorCode::Transport);
             if !connect_failed || backend.ready(&peer, &remote) {

@@ -210,7 +210,10 @@ impl IoEngine {
             return Err(IoError::invalid(format!("max_inbound = {}, allowed 1..={MAX_INBOUND_LIMIT}", cfg.max_inbound)));
         }
         if cfg.idle_timeout.is_zero() {
-            return Err(IoError::invalid("idle_timeout is 0: every connection would close at once"));
+            return Err(IoError::invalid("idle_timeout (env MORI_IO_IDLE_TIMEOUT_MS) is 0: every connection would close at once"));
+        }
+        if cfg.control_timeout.is_zero() {
+            return Err(IoError::invalid("control_timeout (env MORI_IO_CONTROL_TIMEOUT_MS) is 0: it would turn the control deadlines off"));
         }
         let secret = if cfg.auth {
             Secret::random()?
@@ -520,13 +523,14 @@ impl IoEngine {
             let peer = self.inner.remote(&remote.engine_key)?;
             check_incarnation(remote, &peer)?;
             let (segs, entries) = check_batch_mapped((local.id, local.len), (remote.id, remote.len), lo, ro, sizes)?;
+            let local_region = self.inner.registry.get(local.id)?;
             let b = self.inner.choose(local, remote, &peer)?;
             let slot = self.inner.inflight.reserve(peer.epoch, &peer.key, id)?;
-            Ok((peer, segs, entries, b, slot))
+            Ok((peer, segs, entries, local_region, b, slot))
         })();
         match r {
             Err(e) => TransferStatus::failed(e),
-            Ok((peer, segs, entries, b, slot)) => {
+            Ok((peer, segs, entries, local_region, b, slot)) => {
                 let st = TransferStatus::new(1);
                 self.inner.inflight.fill(slot, &st);
                 let req = TransferRequest {
@@ -534,11 +538,12 @@ impl IoEngine {
                     id,
                     peer,
                     local: Arc::new(local.clone()),
+                    local_region,
                     remote: Arc::new(remote.clone()),
                     segs,
                     entries: Arc::new(entries),
                 };
-                self.inner.connector.post(b, req, st.clone(), &self.inner.registry, self.inner.shutdown.clone());
+                self.inner.connector.post(b, req, st.clone(), self.inner.shutdown.clone());
                 st
             }
         }
@@ -616,6 +621,11 @@ impl Drop for IoEngine {
 impl EngineInner {
     pub(crate) fn backend(&self, k: BackendKind) -> Option<Arc<dyn Backend>> {
         self.backends.read().iter().find(|b| b.kind() == k).cloned()
+    }
+
+    /// The registration of local region `id` (held: deregistration waits for it).
+    pub(crate) fn local_region(&self, id: MemId) -> IoResult<Arc<Region>> {
+        self.registry.get(id)
     }
 
     pub(crate) fn local_memory(&self, id: MemId) -> Option<MemoryDesc> {

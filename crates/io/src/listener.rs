@@ -1,7 +1,7 @@
 //! The engine's one listener: control requests and backends' data connections.
 
 use crate::engine::EngineInner;
-use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, PROTOCOL_VERSION};
+use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, MAX_HELLO, PROTOCOL_VERSION};
 use mori_io_core::{ErrorCode, InboundSlot, IoError};
 use mori_io_tcp::vio::wait_readable;
 use std::io::Write;
@@ -70,7 +70,9 @@ fn handle(mut s: TcpStream, addr: std::net::SocketAddr, eng: &EngineInner, slot:
     s.set_nodelay(true).ok();
     s.set_read_timeout(Some(eng.cfg.control_timeout)).ok();
     s.set_write_timeout(Some(eng.cfg.control_timeout)).ok();
-    let hello: Hello = read_frame(&mut s, eng.cfg.max_frame)?;
+    // The whole hello within the control deadline, and small: the peer is not known yet.
+    let hello: Hello = mori_io_core::wire::read_frame_within(&s, MAX_HELLO.min(eng.cfg.max_frame), eng.cfg.control_timeout)?;
+    s.set_read_timeout(Some(eng.cfg.control_timeout)).ok();
     if hello.version != PROTOCOL_VERSION {
         let e =
             IoError::invalid(format!("engine {:?} speaks protocol {}, this engine {}", hello.from.key, hello.version, PROTOCOL_VERSION));

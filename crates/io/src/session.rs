@@ -133,12 +133,17 @@ impl Session {
             Ok((segs, entries)) => self.admit(id, || match &self.route {
                 Some(r) => r.post(op, id, &segs),
                 None => {
+                    let local_region = match self.engine.local_region(self.local.id) {
+                        Ok(r) => r,
+                        Err(e) => return TransferStatus::failed(e),
+                    };
                     let st = TransferStatus::new(1);
                     let req = TransferRequest {
                         op,
                         id,
                         peer: self.peer.clone(),
                         local: self.local.clone(),
+                        local_region,
                         remote: self.remote.clone(),
                         segs,
                         entries: Arc::new(entries),

@@ -167,3 +167,54 @@ fn idle_connections_are_closed_and_peers_reconnect() {
     b.deregister_memory(&md).unwrap();
     drop(src);
 }
+
+#[test]
+fn a_stranger_cannot_hold_a_slot_past_the_hello_deadline_nor_make_the_engine_hold_a_big_frame() {
+    let _g = serial();
+    let b = engine("B-slow", |c| {
+        c.max_inbound = 2;
+        c.control_timeout = Duration::from_millis(600);
+    });
+    // Two tricklers: a length prefix, then one byte every 200 ms (each read within the old
+    // per-read timeout). The whole hello has one deadline: both are cut off at ~0.6 s.
+    let tricklers: Vec<std::thread::JoinHandle<Duration>> = (0..2)
+        .map(|_| {
+            let d = b.desc().clone();
+            std::thread::spawn(move || {
+                let mut s = connect(&d);
+                let t = Instant::now();
+                let _ = s.write_all(&200u32.to_le_bytes());
+                for _ in 0..40 {
+                    std::thread::sleep(Duration::from_millis(200));
+                    if s.write_all(&[0]).is_err() {
+                        break;
+                    }
+                    let mut one = [0u8; 1];
+                    s.set_nonblocking(true).unwrap();
+                    let closed = matches!(s.read(&mut one), Ok(0));
+                    s.set_nonblocking(false).unwrap();
+                    if closed {
+                        break;
+                    }
+                }
+                t.elapsed()
+            })
+        })
+        .collect();
+    for t in tricklers {
+        let held = t.join().unwrap();
+        assert!(held < Duration::from_secs(3), "a trickling hello held its slot for {held:?} (deadline 0.6 s)");
+    }
+    // A hello declaring 16 MiB is refused before any of it is read.
+    let mut s = connect(b.desc());
+    s.write_all(&(16u32 << 20).to_le_bytes()).unwrap();
+    let mut one = [0u8; 1];
+    assert!(matches!(s.read(&mut one), Ok(0) | Err(_)), "a 16 MiB hello was not refused");
+    // A zero deadline is refused, naming the variable.
+    let cfg = EngineConfig { control_timeout: Duration::ZERO, ..EngineConfig::new("127.0.0.1", 0).unwrap() };
+    let e = IoEngine::new("B-zero", cfg).err().expect("a zero control deadline");
+    assert!(e.msg.contains("MORI_IO_CONTROL_TIMEOUT_MS"), "{e}");
+    let e = TcpConfig { data_timeout: Duration::ZERO, ..TcpConfig::default() };
+    let err = b.create_backend(BackendConfig::Tcp(e)).unwrap_err();
+    assert!(err.msg.contains("MORI_IO_TCP_TIMEOUT_MS") || err.msg.contains("already created"), "{err}");
+}

@@ -48,7 +48,10 @@ fn a_batch_refused_at_the_target_ends_with_its_last_lane_and_names_the_entry() {
     assert!(dst == at_end, "bytes landed after the status turned terminal");
 
     assert_eq!(e.code, ErrorCode::InvalidArgs, "{e}");
-    assert!(e.msg.contains(&format!("batch entry 0 (local offset 0, remote offset {real}, 4096 bytes)")), "{e}");
+    assert!(
+        e.msg.contains(&format!("batch entry 0 (the part of it in this request: local offset 0, remote offset {real}, 4096 bytes)")),
+        "{e}"
+    );
     assert!(e.msg.contains("target engine refused"), "{e}");
 
     // Stream bytes: entry 0 is [0, 4 KiB), entry i is [4 KiB + (i-1)·S, 4 KiB + i·S). Four
@@ -84,6 +87,32 @@ fn a_batch_that_succeeds_reports_every_entry_landed() {
     assert_eq!(st.failed_entries(), Some(vec![]));
     assert!((0..16).all(|i| st.entry_landed(i) == Some(true)));
     assert!(dst == src);
+    a.deregister_memory(&ms).unwrap();
+    b.deregister_memory(&md).unwrap();
+    drop(src);
+}
+
+#[test]
+fn a_batch_of_only_empty_entries_reaches_the_target() {
+    let (a, b) = (engine("A-outcome-empty"), engine("B-outcome-empty"));
+    let mut src = vec![1u8; 64];
+    let mut dst = vec![0u8; 64];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    a.batch_write(&ms, &[0, 8], &md, &[0, 8], &[0, 0], 5).wait_for(Duration::from_secs(10)).unwrap();
+    let t = std::time::Instant::now();
+    let got = loop {
+        if let Some(r) = b.pop_inbound_status(a.desc().key.as_str(), 5) {
+            break Some(r);
+        }
+        if t.elapsed() > Duration::from_secs(5) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(got, Some(Ok(())), "the target never saw the empty batch");
+    assert!(dst.iter().all(|&x| x == 0));
     a.deregister_memory(&ms).unwrap();
     b.deregister_memory(&md).unwrap();
     drop(src);
