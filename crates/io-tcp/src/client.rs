@@ -59,7 +59,8 @@ pub(crate) fn dial(local: &EngineDesc, peer: &EngineDesc, lane: u32, t: LaneTime
 }
 
 /// Worker loop of one lane: runs jobs in order, stop-and-wait on the connection.
-/// Reconnects once per job after a connection failure.
+/// After a connection failure (or a connection the target closed while idle) the next job
+/// dials again; a job that failed is not retried (its status carries the error).
 pub(crate) fn run_lane(
     rx: crossbeam_channel::Receiver<Job>,
     mut conn: Option<TcpStream>,
