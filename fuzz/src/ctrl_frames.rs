@@ -152,16 +152,19 @@ pub fn seeds() -> Vec<Vec<u8>> {
         handles: vec![BackendHandle { backend: BackendKind::Fabric, bytes: vec![1, 2, 3] }],
     };
     let hellos = [
-        Hello { version: PROTOCOL_VERSION, from: engine("prefill-0"), role: Role::Control, secret: Secret(7 << 64 | 9) },
+        Hello { version: PROTOCOL_VERSION, from: engine("prefill-0"), role: Role::Control, nonce: 7 << 64 | 9 },
         Hello {
             version: PROTOCOL_VERSION,
             from: engine("prefill-1"),
             role: Role::Data { backend: BackendKind::Tcp, lane: 3 },
-            secret: Secret(u128::MAX),
+            nonce: u128::MAX,
         },
     ];
-    let hello_replies =
-        [HelloReply::Ok(EngineDesc { secret: Secret(5), ..engine("decode-0") }), HelloReply::Refused(IoError::refused("no secret"))];
+    let hello_replies = [
+        HelloReply::Ok(EngineDesc { secret: Secret(5), ..engine("decode-0") }),
+        HelloReply::Refused(IoError::refused("no secret")),
+        HelloReply::Challenge { nonce: 3, proof: [9; 32] },
+    ];
     let requests = [
         CtrlRequest::Ping,
         CtrlRequest::LookupMemory(3),

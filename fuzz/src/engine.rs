@@ -12,7 +12,7 @@
 //! the engine keeps until the transfer completes) stays bounded over a long run.
 
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig};
-use mori_io_core::wire::{read_frame, write_frame, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
+use mori_io_core::wire::{handshake, Role};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -166,12 +166,11 @@ pub fn dial(t: &Target, role: Role) -> TcpStream {
         epoch: 1,
         secret: mori_io_core::Secret::NONE,
     };
-    let secret = t.eng().desc().secret;
-    write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from, role, secret }).expect("send hello");
-    match read_frame::<HelloReply, _>(&mut s, DEFAULT_MAX_FRAME) {
-        Ok(HelloReply::Ok(d)) => assert_eq!(&d, t.eng().desc(), "the engine answered with another descriptor"),
-        other => panic!("the engine refused a valid hello: {other:?}"),
+    match handshake(&mut s, &from, t.eng().desc(), role, ANSWER_WITHIN) {
+        Ok(d) => assert_eq!(&d, t.eng().desc(), "the engine answered with another descriptor"),
+        Err(e) => panic!("the engine refused a valid hello: {e}"),
     }
+    s.set_read_timeout(Some(ANSWER_WITHIN)).ok();
     s
 }
 

@@ -2,17 +2,18 @@
 //! with, then the control requests of a control connection, sent over loopback to a real
 //! engine (see [`crate::engine`]) and answered by its own connection threads.
 //!
-//! Input: `[mode] bytes...`. Mode 0 sends the bytes as they are (the hello is fuzzed too,
-//! and cannot carry the engine's random secret); mode 1 the same, except that a first frame
-//! that decodes as a hello gets the engine's secret put in; mode 2 sends a valid control
-//! hello first, then the bytes; mode 3 sends a valid hello, then frames the bytes itself
-//! (`[len] body` pieces, each sent as one frame), so that the request decoding is reached at
-//! once.
+//! Input: `[mode] bytes...`. Mode 0 sends the bytes as they are (the hello and its answer to
+//! the challenge are fuzzed too, and cannot prove the engine's random secret); mode 1 the
+//! same, except that when the first frame decodes as a hello of this protocol for a control
+//! connection (or a tcp lane: then only the hello is checked), the harness completes that
+//! hello with the real proof and sends the rest; mode 2 sends a valid control hello first,
+//! then the bytes; mode 3 sends a valid hello, then frames the bytes itself (`[len] body`
+//! pieces, each sent as one frame), so that the request decoding is reached at once.
 //!
 //! A model predicts the answer from the same bytes, decoding them with the public decoders:
 //! no answer to a hello that does not decode; a refusal naming `InvalidArgs` for another
-//! protocol version, `Refused` for a hello without the engine's secret, and `NotSupported`
-//! for a data lane of a backend the engine lacks; for a
+//! protocol version; else the engine's challenge, then `Refused` to an answer that decodes (a
+//! fuzzed proof never holds); for a
 //! control connection, one reply per request up to the first one that does not decode (`Pong`
 //! for `Ping`; the registered descriptor, or `NotFound`, for `LookupMemory`; `NotSupported`
 //! for a backend request, as no backend here takes one); a tcp data lane is answered `Ok`
@@ -21,13 +22,15 @@
 
 use crate::engine::{self, Target};
 use mori_io_core::wire::{
-    encode_frame, read_frame, CtrlReply, CtrlRequest, FrameDecoder, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION,
+    encode_frame, read_frame, CtrlReply, CtrlRequest, FrameDecoder, Hello, HelloAuth, HelloReply, Role, DEFAULT_MAX_FRAME, MAX_HELLO,
+    PROTOCOL_VERSION,
 };
 use mori_io_core::{BackendKind, EngineDesc, ErrorCode, Secret};
 
 /// A reply the model expects; errors are compared by code (their text is the engine's).
 #[derive(Debug)]
 enum Want {
+    Challenge,
     Hello(Result<(), ErrorCode>),
     Reply(Result<CtrlReply, ErrorCode>),
 }
@@ -62,20 +65,9 @@ fn model(stream: &[u8], dialed: bool, t: &Target) -> (Vec<Want>, bool) {
         out.push(Want::Hello(Err(ErrorCode::InvalidArgs)));
         return (out, false);
     }
-    if hello.secret != t.eng().desc().secret {
+    out.push(Want::Challenge);
+    if read_frame::<HelloAuth, _>(&mut r, MAX_HELLO).is_ok() {
         out.push(Want::Hello(Err(ErrorCode::Refused)));
-        return (out, false);
-    }
-    match hello.role {
-        Role::Control => {
-            out.push(Want::Hello(Ok(())));
-            control(r, t, &mut out);
-        }
-        Role::Data { backend: BackendKind::Tcp, .. } => {
-            out.push(Want::Hello(Ok(())));
-            return (out, true);
-        }
-        Role::Data { .. } => out.push(Want::Hello(Err(ErrorCode::NotSupported))),
     }
     (out, false)
 }
@@ -86,6 +78,11 @@ fn check(answer: &[u8], want: &[Want], data_lane: bool, reset: bool, eng: &Engin
     let mut r = answer;
     for (i, w) in want.iter().enumerate() {
         match w {
+            Want::Challenge => match read_frame::<HelloReply, _>(&mut r, DEFAULT_MAX_FRAME) {
+                Ok(HelloReply::Challenge { .. }) => {}
+                Err(_) if reset && r.is_empty() => return,
+                other => panic!("answer {i}: no challenge: {other:?}"),
+            },
             Want::Hello(h) => {
                 let got = match read_frame::<HelloReply, _>(&mut r, DEFAULT_MAX_FRAME) {
                     Ok(g) => g,
@@ -125,14 +122,15 @@ pub fn run(data: &[u8]) {
         0 => (engine::connect(&t), rest.to_vec()),
         1 => {
             let mut r = rest;
-            let stream = match read_frame::<Hello, _>(&mut r, DEFAULT_MAX_FRAME) {
-                Ok(h) => {
-                    let f = encode_frame(&Hello { secret: t.eng().desc().secret, ..h }).expect("a decoded hello encodes");
-                    [&f[..], r].concat()
+            match read_frame::<Hello, _>(&mut r, DEFAULT_MAX_FRAME) {
+                Ok(h) if h.version == PROTOCOL_VERSION && matches!(h.role, Role::Control) => (engine::dial(&t, h.role), r.to_vec()),
+                Ok(h) if h.version == PROTOCOL_VERSION && matches!(h.role, Role::Data { backend: BackendKind::Tcp, .. }) => {
+                    // A tcp data lane: its bytes are tcp_data's; the hello is what is checked here.
+                    drop(engine::dial(&t, h.role));
+                    return;
                 }
-                Err(_) => rest.to_vec(),
-            };
-            (engine::connect(&t), stream)
+                _ => (engine::connect(&t), rest.to_vec()),
+            }
         }
         2 => (engine::dial(&t, Role::Control), rest.to_vec()),
         _ => {
@@ -147,7 +145,8 @@ pub fn run(data: &[u8]) {
             (engine::dial(&t, Role::Control), v)
         }
     };
-    let (want, data_lane) = model(&stream, mode >= 2, &t);
+    let dialed = mode >= 2 || (mode == 1 && stream.len() < rest.len());
+    let (want, data_lane) = model(&stream, dialed, &t);
     let (answer, reset) = engine::exchange(s, &stream);
     check(&answer, &want, data_lane, reset, t.eng().desc());
 }
@@ -168,7 +167,7 @@ pub fn seeds() -> Vec<Vec<u8>> {
         epoch: 4,
         secret: Secret::NONE,
     };
-    let hello = |version, role| encode_frame(&Hello { version, from: from.clone(), role, secret: Secret(1) }).unwrap_or_default();
+    let hello = |version, role| encode_frame(&Hello { version, from: from.clone(), role, nonce: 1 }).unwrap_or_default();
     let reqs = frames(&[
         CtrlRequest::Ping,
         CtrlRequest::LookupMemory(1),

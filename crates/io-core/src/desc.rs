@@ -10,10 +10,11 @@
 //! at 1 with each engine) and refused as stale instead of landing in another region.
 //!
 //! Capabilities: every engine also draws a random 128-bit [`EngineDesc::secret`] that travels
-//! only inside its packed descriptor (through the caller's own channel). Every connection to
-//! the engine (control and data) must present it in its hello; one that does not is refused
-//! before any memory is touched. `MORI_IO_AUTH=off` turns the check off (benchmarks): the
-//! engine then advertises [`Secret::NONE`] and accepts any hello.
+//! only inside its packed descriptor (through the caller's own channel), never on the wire.
+//! Every connection to the engine (control and data) must prove it holds it, and the engine
+//! proves it holds it to the dialer first ([`crate::handshake`]); a connection that cannot is
+//! refused before any memory is touched. `MORI_IO_AUTH=off` turns the check off (benchmarks):
+//! the engine then advertises [`Secret::NONE`] and accepts any hello.
 
 use crate::error::{IoError, IoResult};
 use serde::{Deserialize, Serialize};
@@ -82,7 +83,7 @@ pub struct EngineDesc {
     /// Random, non-zero, drawn once per engine ([`new_epoch`]): tells this engine from any
     /// other that had or will have the same key (a restart), see the module doc.
     pub epoch: u64,
-    /// The capability every connection to this engine must present ([`Secret::NONE`] when
+    /// The capability every connection to this engine must prove it holds ([`Secret::NONE`] when
     /// the engine checks none); see the module doc. Give the packed descriptor only to
     /// engines that may read and write this engine's registered memory.
     pub secret: Secret,

@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod desc;
 pub mod error;
+pub mod handshake;
 pub mod inbound;
 pub mod outbox;
 pub mod peer_map;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
 /// Protocol version carried in every [`Hello`].
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Default upper bound of one control frame's body, bytes (16 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
@@ -49,15 +49,21 @@ pub fn read_frame_within<T: for<'de> Deserialize<'de>>(s: &std::net::TcpStream, 
 pub struct Hello {
     /// Must equal [`PROTOCOL_VERSION`].
     pub version: u16,
-    /// The connecting engine's descriptor, secret included: the listener may dial back (an
-    /// owner tells the engines that looked a region up when it is deregistered). So a dialer
-    /// trusts the engines it dials as they trust it: it dials only engines whose descriptors
-    /// it registered.
+    /// The connecting engine's descriptor with its secret blanked ([`Secret::NONE`]); the
+    /// secret follows in [`HelloAuth`], once the listener proved who it is.
     pub from: EngineDesc,
     /// What the connection is for.
     pub role: Role,
-    /// The listening engine's secret as the dialer's descriptor of it says; a listener that
-    /// checks secrets refuses any other before serving anything.
+    /// The dialer's fresh nonce ([`crate::handshake`]).
+    pub nonce: u128,
+}
+
+/// The dialer's answer to `HelloReply::Challenge` ([`crate::handshake`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloAuth {
+    /// `handshake::dialer_proof` with the listener's secret as the dialer's descriptor says.
+    pub proof: crate::handshake::Proof,
+    /// The dialer's own secret, masked (`handshake::mask`).
     pub secret: Secret,
 }
 
@@ -75,11 +81,18 @@ pub enum Role {
     },
 }
 
-/// Reply to a [`Hello`].
+/// Reply to a [`Hello`] (a `Challenge`) and then to its [`HelloAuth`] (`Ok` or `Refused`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HelloReply {
     /// Accepted; carries the listener's engine.
     Ok(EngineDesc),
+    /// The listener's nonce and its proof of its secret ([`crate::handshake`]).
+    Challenge {
+        /// The listener's fresh nonce.
+        nonce: u128,
+        /// `handshake::listener_proof`.
+        proof: crate::handshake::Proof,
+    },
     /// Refused, with the reason.
     Refused(IoError),
 }
@@ -145,10 +158,8 @@ pub fn dial(
         err
     })?;
     s.set_nodelay(true).ok();
-    s.set_read_timeout(Some(io_timeout)).ok();
     s.set_write_timeout(Some(io_timeout)).ok();
-    write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from: local.clone(), role, secret: peer.secret })?;
-    let reply = read_frame_within::<HelloReply>(&s, MAX_HELLO, connect_timeout).map_err(|e| {
+    let desc = handshake(&mut s, local, peer, role, connect_timeout).map_err(|e| {
         let mut err = IoError::new(e.code, format!("{what} hello to engine {key:?} at {addr}: {}", e.msg));
         if err.code == crate::ErrorCode::Timeout {
             err.msg.push_str(&format!(
@@ -159,15 +170,55 @@ pub fn dial(
         err
     })?;
     s.set_read_timeout(Some(io_timeout)).ok();
-    match reply {
-        HelloReply::Ok(d) if d.key == *key && d.epoch == peer.epoch => Ok(s),
-        HelloReply::Ok(d) if d.key == *key => Err(IoError::disconnected(format!(
+    match desc {
+        d if d.key == *key && d.epoch == peer.epoch => Ok(s),
+        d if d.key == *key => Err(IoError::disconnected(format!(
             "engine {key:?} at {addr} is another incarnation (epoch {:#x}, pid {}) than the one registered here (epoch {:#x}, pid {}): \
              it restarted; register its new descriptor and look its memory up again",
             d.epoch, d.pid, peer.epoch, peer.pid
         ))),
-        HelloReply::Ok(d) => Err(IoError::bad_state(format!("dialed engine {key:?} at {addr} but {:?} answered", d.key))),
+        d => Err(IoError::bad_state(format!("dialed engine {key:?} at {addr} but {:?} answered", d.key))),
+    }
+}
+
+/// The dialer's side of the hello on a connected stream `s`, as engine `local` to engine
+/// `peer` for `role`, all within `deadline` ([`crate::handshake`]): returns the listener's
+/// descriptor. Errors: the listener's refusal; `Refused` when the listener cannot prove it
+/// holds `peer`'s secret (nothing of `local`'s secret was sent then); `Transport` for an
+/// unexpected reply; socket errors (`Timeout` once the deadline passed).
+pub fn handshake(
+    s: &mut std::net::TcpStream,
+    local: &EngineDesc,
+    peer: &EngineDesc,
+    role: Role,
+    deadline: std::time::Duration,
+) -> IoResult<EngineDesc> {
+    let until = std::time::Instant::now() + deadline;
+    let left = || until.saturating_duration_since(std::time::Instant::now());
+    let dn = crate::handshake::nonce()?;
+    let from = EngineDesc { secret: Secret::NONE, ..local.clone() };
+    write_frame(s, &Hello { version: PROTOCOL_VERSION, from, role, nonce: dn })?;
+    let (ln, proof) = match read_frame_within::<HelloReply>(s, MAX_HELLO, left())? {
+        HelloReply::Challenge { nonce, proof } => (nonce, proof),
+        HelloReply::Refused(e) => return Err(e),
+        HelloReply::Ok(_) => return Err(IoError::transport("the listener accepted before proving its secret (an older protocol?)")),
+    };
+    if !crate::handshake::same(&proof, &crate::handshake::listener_proof(&peer.secret, dn, ln)) {
+        return Err(IoError::refused(format!(
+            "the engine answering as {:?} does not prove it holds the secret of the descriptor registered under that key \
+             (an impostor at that address, or a descriptor of another engine); nothing of this engine's was sent",
+            peer.key
+        )));
+    }
+    let auth = HelloAuth {
+        proof: crate::handshake::dialer_proof(&peer.secret, dn, ln),
+        secret: crate::handshake::mask(&peer.secret, dn, ln, local.secret),
+    };
+    write_frame(s, &auth)?;
+    match read_frame_within::<HelloReply>(s, MAX_HELLO, left())? {
+        HelloReply::Ok(d) => Ok(d),
         HelloReply::Refused(e) => Err(e),
+        HelloReply::Challenge { .. } => Err(IoError::transport("the listener sent a second challenge")),
     }
 }
 

@@ -1,7 +1,10 @@
 //! The engine's one listener: control requests and backends' data connections.
 
 use crate::engine::EngineInner;
-use mori_io_core::wire::{read_frame, write_frame, CtrlReply, CtrlRequest, Hello, HelloReply, Role, MAX_HELLO, PROTOCOL_VERSION};
+use mori_io_core::handshake;
+use mori_io_core::wire::{
+    read_frame, read_frame_within, write_frame, CtrlReply, CtrlRequest, Hello, HelloAuth, HelloReply, Role, MAX_HELLO, PROTOCOL_VERSION,
+};
 use mori_io_core::{ErrorCode, InboundSlot, IoError};
 use mori_io_tcp::vio::wait_readable;
 use std::io::Write;
@@ -71,22 +74,40 @@ fn handle(mut s: TcpStream, addr: std::net::SocketAddr, eng: &EngineInner, slot:
     s.set_read_timeout(Some(eng.cfg.control_timeout)).ok();
     s.set_write_timeout(Some(eng.cfg.control_timeout)).ok();
     // The whole hello within the control deadline, and small: the peer is not known yet.
-    let hello: Hello = mori_io_core::wire::read_frame_within(&s, MAX_HELLO.min(eng.cfg.max_frame), eng.cfg.control_timeout)?;
-    s.set_read_timeout(Some(eng.cfg.control_timeout)).ok();
+    let until = std::time::Instant::now() + eng.cfg.control_timeout;
+    let left = || until.saturating_duration_since(std::time::Instant::now());
+    let max = MAX_HELLO.min(eng.cfg.max_frame);
+    let mut hello: Hello = read_frame_within(&s, max, left())?;
     if hello.version != PROTOCOL_VERSION {
         let e =
             IoError::invalid(format!("engine {:?} speaks protocol {}, this engine {}", hello.from.key, hello.version, PROTOCOL_VERSION));
         write_frame(&mut s, &HelloReply::Refused(e.clone()))?;
         return Err(e);
     }
-    // Before anything is served: the dialer must hold this engine's descriptor.
-    if eng.cfg.auth && !hello.secret.matches(&eng.desc.secret) {
+    // Prove who this engine is, then require the dialer's proof before anything is served.
+    let (dn, ln, own) = (hello.nonce, handshake::nonce()?, &eng.desc.secret);
+    write_frame(&mut s, &HelloReply::Challenge { nonce: ln, proof: handshake::listener_proof(own, dn, ln) })?;
+    let auth: HelloAuth = read_frame_within(&s, max, left())?;
+    s.set_read_timeout(Some(eng.cfg.control_timeout)).ok();
+    if eng.cfg.auth && !handshake::same(&auth.proof, &handshake::dialer_proof(own, dn, ln)) {
         let e = IoError::refused(format!(
-            "connection from {addr} (says it is engine {:?}) does not carry the secret of engine {:?}: only holders of this engine's current descriptor (EngineDesc, through register_remote_engine) may connect; MORI_IO_AUTH=off turns the check off",
+            "connection from {addr} (says it is engine {:?}) does not prove it holds the secret of engine {:?}: only holders of this engine's current descriptor (EngineDesc, through register_remote_engine) may connect; MORI_IO_AUTH=off turns the check off",
             hello.from.key, eng.desc.key
         ));
         write_frame(&mut s, &HelloReply::Refused(e.clone()))?;
         return Err(e);
+    }
+    hello.from.secret = handshake::mask(own, dn, ln, auth.secret);
+    // A dialer naming an engine registered here must hold that engine's secret too.
+    if let Some(known) = eng.registered_remote(&hello.from.key) {
+        if known.epoch == hello.from.epoch && !known.secret.matches(&hello.from.secret) {
+            let e = IoError::refused(format!(
+                "connection from {addr} claims to be engine {:?} (epoch {:#x}) but does not hold that engine's secret",
+                hello.from.key, hello.from.epoch
+            ));
+            write_frame(&mut s, &HelloReply::Refused(e.clone()))?;
+            return Err(e);
+        }
     }
     match hello.role {
         Role::Control => {

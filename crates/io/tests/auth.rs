@@ -2,7 +2,7 @@
 //! descriptor); a cap on inbound connections; idle connections closed (tcp, loopback).
 
 use mori_io::{BackendConfig, EngineConfig, EngineDesc, ErrorCode, IoEngine, MemLoc, Secret, TcpConfig};
-use mori_io_core::wire::{read_frame, write_frame, Hello, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
+use mori_io_core::wire::{handshake, read_frame, write_frame, Hello, HelloAuth, HelloReply, Role, DEFAULT_MAX_FRAME, PROTOCOL_VERSION};
 use mori_io_core::BackendKind;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -31,12 +31,13 @@ fn connect(d: &EngineDesc) -> TcpStream {
     s
 }
 
-/// Says hello to `to` as a stranger presenting `secret`; returns the stream and the reply.
-fn hello(to: &EngineDesc, role: Role, secret: Secret) -> (TcpStream, HelloReply) {
+/// Says hello to `to` as a stranger who believes `to`'s secret is `secret`; returns the
+/// stream and the outcome (the listener's descriptor, or its refusal).
+fn hello(to: &EngineDesc, role: Role, secret: Secret) -> (TcpStream, Result<EngineDesc, mori_io::IoError>) {
     let mut s = connect(to);
-    let from = EngineDesc { key: "stranger".into(), secret: Secret::NONE, ..to.clone() };
-    write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from, role, secret }).unwrap();
-    let r: HelloReply = read_frame(&mut s, DEFAULT_MAX_FRAME).unwrap();
+    let from = EngineDesc { key: "stranger".into(), secret: Secret(99), ..to.clone() };
+    let believed = EngineDesc { secret, ..to.clone() };
+    let r = handshake(&mut s, &from, &believed, role, Duration::from_secs(5));
     (s, r)
 }
 
@@ -58,12 +59,25 @@ fn connections_without_the_secret_are_refused_before_any_memory_is_touched() {
     // A stranger on the control plane: refused, nothing looked up.
     for (role, what) in [(Role::Control, "control"), (Role::Data { backend: BackendKind::Tcp, lane: 0 }, "tcp data")] {
         let (mut s, r) = hello(b.desc(), role, Secret(b.desc().secret.0 ^ 1));
-        let HelloReply::Refused(e) = r else { panic!("{what} hello with a wrong secret was accepted") };
+        let Err(e) = r else { panic!("{what} hello with a wrong secret was accepted") };
         assert_eq!(e.code, ErrorCode::Refused, "{e}");
-        assert!(e.msg.contains("does not carry the secret of engine \"B-auth\"") && e.msg.contains("MORI_IO_AUTH=off"), "{e}");
+        // The listener proved itself with its real secret, which the stranger's belief does
+        // not verify: the stranger stops (nothing of its own sent).
+        assert!(e.msg.contains("does not prove it holds the secret"), "{e}");
         // Whatever follows is never read: the connection is closed.
         let _ = s.write_all(&[0u8; 64]);
         let mut one = [0u8; 1];
+        assert!(matches!(s.read(&mut one), Ok(0) | Err(_)), "{what}: the connection stays open");
+        // A dialer that goes on with a proof made without the secret: the listener refuses.
+        let mut s = connect(b.desc());
+        let from = EngineDesc { key: "stranger".into(), secret: Secret::NONE, ..b.desc().clone() };
+        write_frame(&mut s, &Hello { version: PROTOCOL_VERSION, from, role, nonce: 7 }).unwrap();
+        let r: HelloReply = read_frame(&mut s, DEFAULT_MAX_FRAME).unwrap();
+        assert!(matches!(r, HelloReply::Challenge { .. }), "{r:?}");
+        write_frame(&mut s, &HelloAuth { proof: [0; 32], secret: Secret::NONE }).unwrap();
+        let HelloReply::Refused(e) = read_frame(&mut s, DEFAULT_MAX_FRAME).unwrap() else { panic!("{what}: a bogus proof was accepted") };
+        assert_eq!(e.code, ErrorCode::Refused, "{e}");
+        assert!(e.msg.contains("does not prove it holds the secret of engine \"B-auth\"") && e.msg.contains("MORI_IO_AUTH=off"), "{e}");
         assert!(matches!(s.read(&mut one), Ok(0) | Err(_)), "{what}: the refused connection stays open");
     }
     // An engine holding a descriptor of B without its secret: its write is refused.
@@ -78,7 +92,7 @@ fn connections_without_the_secret_are_refused_before_any_memory_is_touched() {
     assert!(dst.iter().all(|&x| x == 0x77));
     // The right secret from a raw client is accepted (the check is the secret, not the key).
     let (_s, r) = hello(b.desc(), Role::Control, b.desc().secret);
-    assert!(matches!(r, HelloReply::Ok(d) if d.key == "B-auth"));
+    assert!(matches!(r, Ok(d) if d.key == "B-auth"));
     a.deregister_memory(&ms).unwrap();
     b.deregister_memory(&md).unwrap();
     drop(src);
@@ -89,8 +103,13 @@ fn with_auth_off_the_engine_says_so_and_serves_anyone() {
     let _g = serial();
     let b = engine("B-noauth", |c| c.auth = false);
     assert_eq!(b.desc().secret, Secret::NONE);
-    let (_s, r) = hello(b.desc(), Role::Control, Secret(12345));
-    assert!(matches!(r, HelloReply::Ok(_)), "{r:?}");
+    // The listener proves itself with the zero key; any dialer proof is taken.
+    let (_s, r) = hello(b.desc(), Role::Control, Secret::NONE);
+    assert!(r.is_ok(), "{r:?}");
+    let mut s = connect(b.desc());
+    let from = EngineDesc { key: "stranger".into(), ..b.desc().clone() };
+    let r = mori_io_core::wire::handshake(&mut s, &from, &EngineDesc { secret: Secret(12345), ..b.desc().clone() }, Role::Control, T);
+    assert!(r.is_err(), "a dialer that expects a secret does not accept an engine proving none");
 }
 
 #[test]
@@ -217,4 +236,41 @@ fn a_stranger_cannot_hold_a_slot_past_the_hello_deadline_nor_make_the_engine_hol
     let e = TcpConfig { data_timeout: Duration::ZERO, ..TcpConfig::default() };
     let err = b.create_backend(BackendConfig::Tcp(e)).unwrap_err();
     assert!(err.msg.contains("MORI_IO_TCP_TIMEOUT_MS") || err.msg.contains("already created"), "{err}");
+}
+
+#[test]
+fn an_impostor_at_a_peers_address_learns_no_secret() {
+    let _g = serial();
+    // A process holding the port of the engine A believes it dials: it reads what A sends and
+    // answers with a challenge it cannot prove.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let got = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let h: Hello = read_frame(&mut s, DEFAULT_MAX_FRAME).unwrap();
+        write_frame(&mut s, &HelloReply::Challenge { nonce: 1, proof: [7; 32] }).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        (h, rest)
+    });
+    let (a, b) = (engine("A-imp", |_| {}), engine("B-imp", |_| {}));
+    let mut src = vec![5u8; 64];
+    let ms = unsafe { a.register_memory(src.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    let mut dst = vec![0u8; 64];
+    let md = unsafe { b.register_memory(dst.as_mut_ptr(), 64, MemLoc::Host { numa: None }) }.unwrap();
+    a.register_remote_engine(EngineDesc { port, ..b.desc().clone() }).unwrap();
+    let e = a.write(&ms, 0, &md, 0, 64, 1).wait_for(T).unwrap_err();
+    assert_eq!(e.code, ErrorCode::Refused, "{e}");
+    assert!(e.msg.contains("does not prove it holds the secret"), "{e}");
+    let (h, rest) = got.join().unwrap();
+    assert_eq!(h.from.key, "A-imp");
+    assert_eq!(h.from.secret, Secret::NONE, "the hello carried the dialer's secret");
+    assert!(rest.is_empty(), "the dialer sent {} more bytes after a challenge it could not verify", rest.len());
+    let a_secret = a.desc().secret.0.to_le_bytes();
+    let hello_bytes = mori_io_core::wire::encode_frame(&h).unwrap();
+    assert!(!hello_bytes.windows(16).any(|w| w == a_secret), "A's secret travelled to the impostor");
+    a.deregister_memory(&ms).unwrap();
+    b.deregister_memory(&md).unwrap();
+    drop(src);
 }
