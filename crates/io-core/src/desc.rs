@@ -54,9 +54,13 @@ impl Secret {
     /// Compares without an early exit (the time taken does not tell how many leading bits of
     /// a guess were right).
     pub fn matches(&self, other: &Secret) -> bool {
-        let (a, b) = (self.0.to_le_bytes(), other.0.to_le_bytes());
-        a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        ct_eq(&self.0.to_le_bytes(), &other.0.to_le_bytes())
     }
+}
+
+/// Whether `a == b`, comparing every byte (no early exit on the first difference).
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl std::fmt::Debug for Secret {

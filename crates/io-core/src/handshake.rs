@@ -61,7 +61,7 @@ pub fn mask(secret: &Secret, dialer_nonce: u128, listener_nonce: u128, own: Secr
 
 /// Compares two proofs without an early exit.
 pub fn same(a: &Proof, b: &Proof) -> bool {
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    crate::desc::ct_eq(a, b)
 }
 
 #[cfg(test)]

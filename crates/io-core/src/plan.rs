@@ -150,20 +150,21 @@ pub fn check_batch_mapped(
 /// The checks of one entry `i` of [`check_batch`] (both ranges inside their regions), with its
 /// error text.
 pub fn check_entry(i: usize, local: (u64, u64), remote: (u64, u64), lo: u64, ro: u64, n: u64) -> IoResult<()> {
-    check_both("entry", i, local, remote, &Seg { local_off: lo, remote_off: ro, len: n })
+    check_both(|| format!("entry {i}"), local, remote, &Seg { local_off: lo, remote_off: ro, len: n })
 }
 
-/// Both ranges of `s` inside their regions ((id, length) each); errors name `what` `i` and the side.
-fn check_both(what: &str, i: usize, local: (u64, u64), remote: (u64, u64), s: &Seg) -> IoResult<()> {
-    check_range(local.0, local.1, s.local_off, s.len).map_err(|e| IoError::invalid(format!("{what} {i}: local {}", e.msg)))?;
-    check_range(remote.0, remote.1, s.remote_off, s.len).map_err(|e| IoError::invalid(format!("{what} {i}: remote {}", e.msg)))
+/// Both ranges of `s` inside their regions ((id, length) each); errors name `what()` (built
+/// only on error) and the side.
+fn check_both(what: impl Fn() -> String, local: (u64, u64), remote: (u64, u64), s: &Seg) -> IoResult<()> {
+    check_range(local.0, local.1, s.local_off, s.len).map_err(|e| IoError::invalid(format!("{}: local {}", what(), e.msg)))?;
+    check_range(remote.0, remote.1, s.remote_off, s.len).map_err(|e| IoError::invalid(format!("{}: remote {}", what(), e.msg)))
 }
 
 /// Checks a request's segments against the regions' registered lengths (`local`, `remote`:
 /// (id, length)), as a backend must before queuing anything (a descriptor's own length could be
 /// forged). Errors: `InvalidArgs` naming the segment, side and range.
 pub fn check_segs(local: (u64, u64), remote: (u64, u64), segs: &[Seg]) -> IoResult<()> {
-    segs.iter().enumerate().try_for_each(|(i, s)| check_both("segment", i, local, remote, s))
+    segs.iter().enumerate().try_for_each(|(i, s)| check_both(|| format!("segment {i}"), local, remote, s))
 }
 
 /// [`check_segs`] for a request's whole segment list, naming the caller's batch entries
@@ -171,10 +172,7 @@ pub fn check_segs(local: (u64, u64), remote: (u64, u64), segs: &[Seg]) -> IoResu
 pub fn check_segs_mapped(local: (u64, u64), remote: (u64, u64), segs: &[Seg], map: &EntryMap) -> IoResult<()> {
     let mut at = 0u64;
     for s in segs {
-        if let Err(e) = check_both("segment", 0, local, remote, s) {
-            let what = EntryMap::describe(&map.of_bytes(at..at + s.len));
-            return Err(IoError::new(e.code, e.msg.replacen("segment 0", &what, 1)));
-        }
+        check_both(|| EntryMap::describe(&map.of_bytes(at..at + s.len)), local, remote, s)?;
         at += s.len;
     }
     Ok(())

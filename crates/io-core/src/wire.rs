@@ -147,28 +147,22 @@ pub fn dial(
         Role::Control => "control".to_string(),
         Role::Data { backend, lane } => format!("{backend} lane {lane}"),
     };
-    let mut s = std::net::TcpStream::connect_timeout(&addr, connect_timeout).map_err(|e| {
-        let mut err = IoError::from_io(&format!("{what} connect to engine {key:?} at {addr}"), &e);
+    // A Timeout says which deadline passed and where it is set.
+    let hint = |mut err: IoError, which: &str| {
         if err.code == crate::ErrorCode::Timeout {
             err.msg.push_str(&format!(
-                " (no answer within the connect deadline of {:.3} s: EngineConfig::control_timeout / TcpConfig::connect_timeout, env MORI_IO_CONTROL_TIMEOUT_MS)",
+                " (no answer within the {which} deadline of {:.3} s: EngineConfig::control_timeout / TcpConfig::connect_timeout, env MORI_IO_CONTROL_TIMEOUT_MS)",
                 connect_timeout.as_secs_f64()
             ));
         }
         err
-    })?;
+    };
+    let mut s = std::net::TcpStream::connect_timeout(&addr, connect_timeout)
+        .map_err(|e| hint(IoError::from_io(&format!("{what} connect to engine {key:?} at {addr}"), &e), "connect"))?;
     s.set_nodelay(true).ok();
     s.set_write_timeout(Some(io_timeout)).ok();
-    let desc = handshake(&mut s, local, peer, role, connect_timeout).map_err(|e| {
-        let mut err = IoError::new(e.code, format!("{what} hello to engine {key:?} at {addr}: {}", e.msg));
-        if err.code == crate::ErrorCode::Timeout {
-            err.msg.push_str(&format!(
-                " (no answer within the control deadline of {:.3} s: EngineConfig::control_timeout / TcpConfig::connect_timeout, env MORI_IO_CONTROL_TIMEOUT_MS)",
-                connect_timeout.as_secs_f64()
-            ));
-        }
-        err
-    })?;
+    let desc = handshake(&mut s, local, peer, role, connect_timeout)
+        .map_err(|e| hint(IoError::new(e.code, format!("{what} hello to engine {key:?} at {addr}: {}", e.msg)), "control"))?;
     s.set_read_timeout(Some(io_timeout)).ok();
     match desc {
         d if d.key == *key && d.epoch == peer.epoch => Ok(s),

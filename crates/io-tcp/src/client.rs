@@ -174,7 +174,7 @@ fn run_job(s: &mut TcpStream, job: &Job, lane: &Lane<'_>) -> IoResult<()> {
                 g.remote_off,
                 g.len
             ),
-            None => EntryMap::describe(&job.entry_range()).replacen("batch entr", "request of batch entr", 1),
+            None => format!("the request of {}", EntryMap::describe(&job.entry_range())),
         };
         return Err(IoError::new(ErrorCode::from_u32(rh.code), format!("{what}: target engine refused: {text}")));
     }

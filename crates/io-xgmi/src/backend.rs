@@ -5,8 +5,8 @@ use mori_io_core::plan::{check_segs, check_segs_mapped};
 use mori_io_core::registry::Region;
 use mori_io_core::status::Completion;
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, IoError, IoResult, MemId, MemoryDesc, Notifier, Op, PeerMap, Refusal,
-    Seg, TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, EntryMap, IoError, IoResult, MemId, MemoryDesc, Notifier, Op, PeerMap,
+    Refusal, Seg, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -205,9 +205,8 @@ impl Inner {
 
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
         let (at, keep, _) = self.resolve(&req.local, &req.remote, &req.peer, Some(req.local_region.clone()))?;
-        // Named by the caller's batch entries here (submit checks again, by segment, for routes).
-        check_segs_mapped((req.local.id, at.llen), (req.remote.id, at.rlen), &req.segs, &req.entries)?;
-        self.submit(at, keep, req.op, req.id, &req.peer, (req.local.id, req.remote.id), &req.segs, &mut Some(status.clone()))
+        let ids = (req.local.id, req.remote.id);
+        self.submit(at, keep, req.op, req.id, &req.peer, ids, &req.segs, Some(&req.entries), &mut Some(status.clone()))
     }
 
     /// Queues `segs` between the regions at `at` (ids `ids`, for messages) as transfer `id` of
@@ -224,10 +223,16 @@ impl Inner {
         peer: &Arc<EngineDesc>,
         ids: (MemId, MemId),
         segs: &[Seg],
+        entries: Option<&EntryMap>,
         status: &mut Option<TransferStatus>,
     ) -> IoResult<()> {
-        // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued.
-        check_segs((ids.0, at.llen), (ids.1, at.rlen), segs)?;
+        // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued;
+        // errors name the caller's batch entries when the map is known (one-shot posts).
+        let (l, r) = ((ids.0, at.llen), (ids.1, at.rlen));
+        match entries {
+            Some(m) => check_segs_mapped(l, r, segs, m)?,
+            None => check_segs(l, r, segs)?,
+        }
         let seg = |s: &Seg| {
             let (src, dst) = op.endpoints(at.laddr + s.local_off, at.rbase + s.remote_off);
             CopySeg { src, dst, len: s.len }
@@ -299,7 +304,7 @@ impl XgmiRoute {
 impl mori_io_core::Route for XgmiRoute {
     fn post(&self, op: Op, id: u64, segs: &[Seg]) -> TransferStatus {
         let mut status = None;
-        let r = self.keep().and_then(|keep| self.inner.submit(self.at, keep, op, id, &self.peer, self.ids, segs, &mut status));
+        let r = self.keep().and_then(|keep| self.inner.submit(self.at, keep, op, id, &self.peer, self.ids, segs, None, &mut status));
         // No status yet: the submission failed before anything was queued.
         let status = status.unwrap_or_else(|| TransferStatus::new(1));
         if let Err(e) = r {
