@@ -101,6 +101,11 @@ pub struct TransferRequest {
     /// Which of the caller's batch entries each segment carries, for errors and per-entry
     /// outcomes ([`crate::TransferStatus::failed_entries`]).
     pub entries: Arc<crate::plan::EntryMap>,
+    /// A paged batch for a backend that takes one ([`Backend::takes_paged`]): then `segs` is
+    /// empty and the plan is the transfer (its segments in stream order are
+    /// [`crate::PagedPlan::segs`]). `None` for every other request (a paged batch for any
+    /// other backend arrives expanded into `segs`).
+    pub paged: Option<Arc<crate::PagedPlan>>,
 }
 
 /// Sends a backend's control request to a peer engine's same backend over the engine's
@@ -135,6 +140,12 @@ pub trait Route: Send + Sync {
     /// lengths) as transfer `id` and returns its status (one piece; the route creates it, so
     /// it may do so after the work is queued); errors are reported through the status.
     fn post(&self, op: Op, id: TransferId, segs: &[Seg]) -> TransferStatus;
+
+    /// Posts a paged batch (checked by the session against both descriptors' lengths).
+    /// Default: expanded into segments ([`crate::PagedPlan::expand`]) and posted as those.
+    fn post_paged(&self, op: Op, id: TransferId, plan: &Arc<crate::PagedPlan>) -> TransferStatus {
+        self.post(op, id, &plan.expand())
+    }
 }
 
 /// One of an engine's inbound connections, counted against its cap
@@ -202,6 +213,12 @@ pub trait Backend: Send + Sync {
     /// the network. Must not block. Default: true (a backend that never connects).
     fn ready(&self, _peer: &EngineDesc, _remote: &MemoryDesc) -> bool {
         true
+    }
+
+    /// Whether [`Backend::post`] takes a paged batch as its plan
+    /// ([`TransferRequest::paged`]) instead of its expanded segments. Default: false.
+    fn takes_paged(&self) -> bool {
+        false
     }
 
     /// Posts a request; the backend completes `status` (which the engine created with one

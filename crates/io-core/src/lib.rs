@@ -4,7 +4,8 @@
 //! - [`TransferStatus`]: completion handle (poll, spin, `wait_for`; first error sticks).
 //! - [`IoError`] / [`ErrorCode`]: codes compatible with upstream MORI-IO's `StatusCode`.
 //! - [`Backend`]: the transport trait; [`Refusal`] says why a backend will not serve a pair.
-//! - Sans-IO pieces: [`wire`] (control-plane framing), [`plan`] (batch checks and striping),
+//! - Sans-IO pieces: [`wire`] (control-plane framing), [`plan`] (batch checks and striping), [`paged`]
+//!   (block-table batches),
 //!   [`registry`] (bounds checks), [`inbound`] (target-side completion records), [`peer_map`]
 //!   (a backend's per-peer cache of remote regions).
 
@@ -14,6 +15,7 @@ pub mod error;
 pub mod handshake;
 pub mod inbound;
 pub mod outbox;
+pub mod paged;
 pub mod peer_map;
 pub mod plan;
 pub mod registry;
@@ -26,6 +28,7 @@ pub use desc::{new_epoch, BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, 
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
 pub use outbox::Notifier;
+pub use paged::{BlockRun, PagedBatch, PagedLayout, PagedPlan};
 pub use peer_map::PeerMap;
 pub use plan::{EntryMap, Piece, Seg};
 pub use registry::{MemRegistry, Region};

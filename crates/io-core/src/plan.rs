@@ -33,32 +33,79 @@ pub struct Piece {
 
 /// Where each of the caller's batch entries lies in the transfer's byte stream (the bytes of
 /// its segments in order): entry `i` is bytes `end[i-1]..end[i]`. Lets a backend that knows
-/// which stream bytes a failed request carried name the entries exactly.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// which stream bytes a failed request carried name the entries exactly. A paged batch
+/// ([`crate::paged`]) of equal blocks keeps no per-entry table ([`EntryMap::uniform`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryMap {
-    ends: Vec<u64>,
+    repr: Ends,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Ends {
+    /// The stream offset one past each entry's last byte.
+    Table(Vec<u64>),
+    /// `n` entries of `size` bytes each.
+    Uniform { n: u32, size: u64 },
+}
+
+impl Default for EntryMap {
+    fn default() -> Self {
+        EntryMap { repr: Ends::Table(Vec::new()) }
+    }
 }
 
 impl EntryMap {
+    /// `n` entries of `size` bytes each, back to back in the stream (a paged batch's blocks).
+    pub fn uniform(n: u32, size: u64) -> Self {
+        EntryMap { repr: Ends::Uniform { n, size } }
+    }
+
     /// Number of entries of the batch.
     pub fn entries(&self) -> u32 {
-        self.ends.len() as u32
+        match &self.repr {
+            Ends::Table(e) => e.len() as u32,
+            Ends::Uniform { n, .. } => *n,
+        }
+    }
+
+    /// Stream offset one past entry `i`'s last byte (`i < entries()`).
+    fn end(&self, i: usize) -> u64 {
+        match &self.repr {
+            Ends::Table(e) => e[i],
+            Ends::Uniform { size, .. } => (i as u64 + 1).saturating_mul(*size),
+        }
+    }
+
+    /// How many entries end at or before `x` (`strict`: strictly before).
+    fn ending_by(&self, x: u64, strict: bool) -> usize {
+        match &self.repr {
+            Ends::Table(e) => e.partition_point(|&v| if strict { v < x } else { v <= x }),
+            Ends::Uniform { n, size } => {
+                if *size == 0 {
+                    return if strict && x == 0 { 0 } else { *n as usize };
+                }
+                // Entry i ends at (i + 1) * size.
+                let k = if strict { x.div_ceil(*size).saturating_sub(1) } else { x / size };
+                k.min(u64::from(*n)) as usize
+            }
+        }
     }
 
     /// The entries having at least one byte in stream bytes `r` (a contiguous index range;
     /// empty entries inside it included). Empty for an empty `r`.
     pub fn of_bytes(&self, r: std::ops::Range<u64>) -> std::ops::Range<u32> {
         if r.start >= r.end {
-            let at = self.ends.partition_point(|&e| e <= r.start) as u32;
+            let at = self.ending_by(r.start, false) as u32;
             return at..at;
         }
+        let n = self.entries() as usize;
         // First entry ending after r.start; one past the last entry starting before r.end.
-        let lo = self.ends.partition_point(|&e| e <= r.start);
-        let k = self.ends.partition_point(|&e| e < r.end);
-        let mut hi = if k < self.ends.len() { k + 1 } else { k };
+        let lo = self.ending_by(r.start, false);
+        let k = self.ending_by(r.end, true);
+        let mut hi = if k < n { k + 1 } else { k };
         // Past the stream's end: trailing empty entries own no byte of `r`.
-        let start_of = |i: usize| if i == 0 { 0 } else { self.ends[i - 1] };
-        while hi > lo && self.ends[hi - 1] == start_of(hi - 1) {
+        let start_of = |i: usize| if i == 0 { 0 } else { self.end(i - 1) };
+        while hi > lo && self.end(hi - 1) == start_of(hi - 1) {
             hi -= 1;
         }
         lo as u32..hi.max(lo) as u32
@@ -144,7 +191,7 @@ pub fn check_batch_mapped(
             _ => out.push(Seg { local_off: lo, remote_off: ro, len: n }),
         }
     }
-    Ok((out, EntryMap { ends }))
+    Ok((out, EntryMap { repr: Ends::Table(ends) }))
 }
 
 /// The checks of one entry `i` of [`check_batch`] (both ranges inside their regions), with its
@@ -300,6 +347,16 @@ mod tests {
                 }
                 _ => prop_assert!(r.is_empty()),
             }
+        }
+
+        #[test]
+        fn uniform_entry_map_equals_its_table(n in 1u32..40, size in 1u64..9, a in 0u64..400, len in 0u64..60) {
+            let sizes = vec![size; n as usize];
+            let offs: Vec<u64> = (0..u64::from(n)).map(|i| i * (size + 1)).collect();
+            let (_, table) = check_batch_mapped((1, 1 << 20), (2, 1 << 20), &offs, &offs, &sizes).unwrap();
+            let uni = EntryMap::uniform(n, size);
+            prop_assert_eq!(uni.entries(), table.entries());
+            prop_assert_eq!(uni.of_bytes(a..a + len), table.of_bytes(a..a + len));
         }
 
         #[test]

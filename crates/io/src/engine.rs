@@ -3,8 +3,8 @@
 use crate::connector::Connector;
 use crate::control::CtrlPool;
 use crate::inflight::InFlight;
+use crate::paged::Batch;
 use crate::session::Session;
-use mori_io_core::plan::check_batch_mapped;
 use mori_io_core::status::Completion;
 use mori_io_core::wire::{CtrlReply, CtrlRequest};
 use mori_io_core::{
@@ -454,7 +454,7 @@ impl IoEngine {
         size: u64,
         id: TransferId,
     ) -> TransferStatus {
-        self.batch(Op::Read, local, &[local_off], remote, &[remote_off], &[size], id)
+        self.post_batch(Op::Read, local, remote, Batch::Ranges(&[local_off], &[remote_off], &[size]), id)
     }
 
     /// Writes `size` bytes at `local_off` of `local` to `remote` at `remote_off`.
@@ -467,7 +467,7 @@ impl IoEngine {
         size: u64,
         id: TransferId,
     ) -> TransferStatus {
-        self.batch(Op::Write, local, &[local_off], remote, &[remote_off], &[size], id)
+        self.post_batch(Op::Write, local, remote, Batch::Ranges(&[local_off], &[remote_off], &[size]), id)
     }
 
     /// Batch read: entry `i` moves `sizes[i]` bytes from `remote_offs[i]` to `local_offs[i]`.
@@ -490,7 +490,7 @@ impl IoEngine {
         sizes: &[u64],
         id: TransferId,
     ) -> TransferStatus {
-        self.batch(Op::Read, local, local_offs, remote, remote_offs, sizes, id)
+        self.post_batch(Op::Read, local, remote, Batch::Ranges(local_offs, remote_offs, sizes), id)
     }
 
     /// Batch write: entry `i` moves `sizes[i]` bytes from `local_offs[i]` to `remote_offs[i]`.
@@ -504,35 +504,27 @@ impl IoEngine {
         sizes: &[u64],
         id: TransferId,
     ) -> TransferStatus {
-        self.batch(Op::Write, local, local_offs, remote, remote_offs, sizes, id)
+        self.post_batch(Op::Write, local, remote, Batch::Ranges(local_offs, remote_offs, sizes), id)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn batch(
-        &self,
-        op: Op,
-        local: &MemoryDesc,
-        lo: &[u64],
-        remote: &MemoryDesc,
-        ro: &[u64],
-        sizes: &[u64],
-        id: TransferId,
-    ) -> TransferStatus {
+    /// Checks and posts a batch of either form (one-shot calls).
+    pub(crate) fn post_batch(&self, op: Op, local: &MemoryDesc, remote: &MemoryDesc, batch: Batch<'_>, id: TransferId) -> TransferStatus {
         let r = (|| {
             self.own(local)?;
             let peer = self.inner.remote(&remote.engine_key)?;
             check_incarnation(remote, &peer)?;
-            let (segs, entries) = check_batch_mapped((local.id, local.len), (remote.id, remote.len), lo, ro, sizes)?;
+            let checked = batch.check((local.id, local.len), (remote.id, remote.len))?;
             let local_region = self.inner.registry.get(local.id)?;
             let b = self.inner.choose(local, remote, &peer)?;
             let slot = self.inner.inflight.reserve(peer.epoch, &peer.key, id)?;
-            Ok((peer, segs, entries, local_region, b, slot))
+            Ok((peer, checked, local_region, b, slot))
         })();
         match r {
             Err(e) => TransferStatus::failed(e),
-            Ok((peer, segs, entries, local_region, b, slot)) => {
+            Ok((peer, checked, local_region, b, slot)) => {
                 let st = TransferStatus::new(1);
                 self.inner.inflight.fill(slot, &st);
+                let (segs, entries, paged) = checked.for_backend(b.takes_paged());
                 let req = TransferRequest {
                     op,
                     id,
@@ -542,6 +534,7 @@ impl IoEngine {
                     remote: Arc::new(remote.clone()),
                     segs,
                     entries: Arc::new(entries),
+                    paged,
                 };
                 self.inner.connector.post(b, req, st.clone(), self.inner.shutdown.clone());
                 st

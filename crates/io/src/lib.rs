@@ -24,11 +24,13 @@ mod control;
 mod engine;
 mod inflight;
 mod listener;
+mod paged;
 mod session;
 
 pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT};
 pub use mori_io_core::{
-    BackendKind, EngineDesc, EntryFailure, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, Secret, TransferId, TransferStatus,
+    BackendKind, EngineDesc, EntryFailure, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, PagedBatch, PagedLayout, Secret,
+    TransferId, TransferStatus,
 };
 #[cfg(feature = "fabric")]
 pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};

@@ -1,7 +1,8 @@
 //! [`Session`]: a pre-resolved (local region, remote region, backend) triple.
 
 use crate::engine::EngineInner;
-use mori_io_core::plan::{check_batch_mapped, check_entry};
+use crate::paged::{Batch, Checked};
+use mori_io_core::plan::check_entry;
 use mori_io_core::status::Completion;
 use mori_io_core::{
     Backend, BackendKind, EngineDesc, IoError, IoResult, MemoryDesc, Op, Route, Seg, TransferId, TransferRequest, TransferStatus,
@@ -103,17 +104,17 @@ impl Session {
 
     /// Batch read (parallel arrays; rules of `mori_io_core::plan::check_batch`).
     pub fn batch_read(&self, local_offs: &[u64], remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
-        self.batch(Op::Read, local_offs, remote_offs, sizes, id)
+        self.post_batch(Op::Read, Batch::Ranges(local_offs, remote_offs, sizes), id)
     }
 
     /// Batch write (parallel arrays; rules of `mori_io_core::plan::check_batch`).
     pub fn batch_write(&self, local_offs: &[u64], remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
-        self.batch(Op::Write, local_offs, remote_offs, sizes, id)
+        self.post_batch(Op::Write, Batch::Ranges(local_offs, remote_offs, sizes), id)
     }
 
     /// One entry: as a batch of one, without building a vector when the backend has a route.
     fn one(&self, op: Op, lo: u64, ro: u64, size: u64, id: TransferId) -> TransferStatus {
-        let Some(r) = &self.route else { return self.batch(op, &[lo], &[ro], &[size], id) };
+        let Some(r) = &self.route else { return self.post_batch(op, Batch::Ranges(&[lo], &[ro], &[size]), id) };
         if let Some(gone) = self.engine_gone() {
             return gone;
         }
@@ -124,34 +125,39 @@ impl Session {
         self.admit(id, || r.post(op, id, if size == 0 { &[] } else { &seg }))
     }
 
-    fn batch(&self, op: Op, lo: &[u64], ro: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
+    /// Checks and posts a batch of either form.
+    pub(crate) fn post_batch(&self, op: Op, batch: Batch<'_>, id: TransferId) -> TransferStatus {
         if let Some(gone) = self.engine_gone() {
             return gone;
         }
-        match check_batch_mapped((self.local.id, self.local.len), (self.remote.id, self.remote.len), lo, ro, sizes) {
-            Err(e) => TransferStatus::failed(e),
-            Ok((segs, entries)) => self.admit(id, || match &self.route {
-                Some(r) => r.post(op, id, &segs),
-                None => {
-                    let local_region = match self.engine.local_region(self.local.id) {
-                        Ok(r) => r,
-                        Err(e) => return TransferStatus::failed(e),
-                    };
-                    let st = TransferStatus::new(1);
-                    let req = TransferRequest {
-                        op,
-                        id,
-                        peer: self.peer.clone(),
-                        local: self.local.clone(),
-                        local_region,
-                        remote: self.remote.clone(),
-                        segs,
-                        entries: Arc::new(entries),
-                    };
-                    self.backend.post(req, st.clone());
-                    st
-                }
-            }),
-        }
+        let checked = match batch.check((self.local.id, self.local.len), (self.remote.id, self.remote.len)) {
+            Err(e) => return TransferStatus::failed(e),
+            Ok(c) => c,
+        };
+        self.admit(id, || match (&self.route, checked) {
+            (Some(r), Checked::Paged(p)) => r.post_paged(op, id, &p),
+            (Some(r), Checked::Ranges(segs, _)) => r.post(op, id, &segs),
+            (None, checked) => {
+                let local_region = match self.engine.local_region(self.local.id) {
+                    Ok(r) => r,
+                    Err(e) => return TransferStatus::failed(e),
+                };
+                let (segs, entries, paged) = checked.for_backend(self.backend.takes_paged());
+                let st = TransferStatus::new(1);
+                let req = TransferRequest {
+                    op,
+                    id,
+                    peer: self.peer.clone(),
+                    local: self.local.clone(),
+                    local_region,
+                    remote: self.remote.clone(),
+                    segs,
+                    entries: Arc::new(entries),
+                    paged,
+                };
+                self.backend.post(req, st.clone());
+                st
+            }
+        })
     }
 }

@@ -16,6 +16,11 @@ fn batch_write_then_read_tcp() {
 }
 
 #[test]
+fn paged_write_then_read_tcp() {
+    paged_write_then_read(&tcp(4), BackendKind::Tcp);
+}
+
+#[test]
 fn many_small_descriptors_tcp() {
     many_small_descriptors(&tcp(2), 100_000);
 }

@@ -19,6 +19,12 @@ fn batch_write_then_read_rdma() {
 
 #[test]
 #[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn paged_write_then_read_rdma() {
+    paged_write_then_read(&rdma(4), BackendKind::Rdma);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
 fn many_small_descriptors_rdma() {
     many_small_descriptors(&rdma(2), 20_000);
 }

@@ -7,6 +7,9 @@
 use mori_io::{BackendConfig, EngineConfig, ErrorCode, IoEngine, MemLoc, MemoryDesc};
 use std::time::Duration;
 
+mod paged;
+pub use paged::*;
+
 pub const T: Duration = Duration::from_secs(30);
 
 /// One engine with one registered, patterned host buffer.
