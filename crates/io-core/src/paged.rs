@@ -186,8 +186,6 @@ pub fn check_paged(local: (u64, u64), remote: (u64, u64), b: &PagedBatch<'_>) ->
             u32::MAX
         )));
     }
-    check_side("local", local, &b.local, b.local_blocks, b)?;
-    check_side("remote", remote, &b.remote, b.remote_blocks, b)?;
     let mergeable = b.local.block_stride == b.block_size && b.remote.block_stride == b.block_size;
     let mut runs: Vec<BlockRun> = Vec::with_capacity(if mergeable { 16 } else { n });
     for (&lb, &rb) in b.local_blocks.iter().zip(b.remote_blocks) {
@@ -196,29 +194,53 @@ pub fn check_paged(local: (u64, u64), remote: (u64, u64), b: &PagedBatch<'_>) ->
             _ => runs.push(BlockRun { local: lb, remote: rb, count: 1 }),
         }
     }
-    Ok(PagedPlan { block_size: b.block_size, layers: b.layers, halves: b.halves, local: b.local, remote: b.remote, blocks: n as u32, runs })
+    let plan = PagedPlan {
+        block_size: b.block_size,
+        layers: b.layers,
+        halves: b.halves,
+        local: b.local,
+        remote: b.remote,
+        blocks: n as u32,
+        runs,
+    };
+    plan.check_regions(local, remote)?;
+    Ok(plan)
 }
 
-/// The furthest block of one side (largest index, last layer and half) inside its region.
-fn check_side(side: &str, (id, len): (u64, u64), lay: &PagedLayout, table: &[u32], b: &PagedBatch<'_>) -> IoResult<()> {
-    // Position of the largest block index (the first one, for the message).
-    let (mut at, mut max) = (0usize, 0u32);
-    for (i, &v) in table.iter().enumerate() {
-        if v > max {
-            (at, max) = (i, v);
-        }
+impl PagedPlan {
+    /// Checks every block of the plan lies inside both regions ((id, length) each), as a
+    /// backend does again against the owner-confirmed lengths before queuing anything (a
+    /// descriptor's own length could be forged). O(runs): offsets grow with every index, so
+    /// the furthest range of a side is its largest block in the last layer and half. Errors:
+    /// `InvalidArgs` naming the side, the block, its block table entry, the layer and half,
+    /// the range, the region and the layout.
+    pub fn check_regions(&self, local: (u64, u64), remote: (u64, u64)) -> IoResult<()> {
+        self.check_side("local", local, &self.local, |r| r.local)?;
+        self.check_side("remote", remote, &self.remote, |r| r.remote)
     }
-    let (l, h) = (b.layers - 1, b.halves - 1);
-    let err = |range: String| {
-        IoError::invalid(format!(
-            "paged batch: {side} block {max} (block table entry {at}) at layer {l}, half {h}: {range}; \
-             {side} layout base {} + layer stride {} + half stride {} + block stride {}",
-            lay.base, lay.layer_stride, lay.half_stride, lay.block_stride
-        ))
-    };
-    match lay.offset(l, h, max) {
-        None => Err(err(format!("its offset overflows 64 bits (region {id} of {len} bytes)"))),
-        Some(off) => check_range(id, len, off, b.block_size).map_err(|e| err(e.msg)),
+
+    fn check_side(&self, side: &str, (id, len): (u64, u64), lay: &PagedLayout, first: impl Fn(&BlockRun) -> u32) -> IoResult<()> {
+        // The largest block (the first entry holding it, for the message): the last of a run.
+        let (mut at, mut max, mut entry) = (0u32, 0u32, 0u32);
+        for r in &self.runs {
+            let last = first(r).saturating_add(r.count - 1);
+            if last > max || entry == 0 {
+                (at, max) = (entry + r.count - 1, last);
+            }
+            entry += r.count;
+        }
+        let (l, h) = (self.layers - 1, self.halves - 1);
+        let err = |range: String| {
+            IoError::invalid(format!(
+                "paged batch: {side} block {max} (block table entry {at}) at layer {l}, half {h}: {range}; \
+                 {side} layout base {} + layer stride {} + half stride {} + block stride {}",
+                lay.base, lay.layer_stride, lay.half_stride, lay.block_stride
+            ))
+        };
+        match lay.offset(l, h, max) {
+            None => Err(err(format!("its offset overflows 64 bits (region {id} of {len} bytes)"))),
+            Some(off) => check_range(id, len, off, self.block_size).map_err(|e| err(e.msg)),
+        }
     }
 }
 
