@@ -7,7 +7,7 @@
 //! = `cuda` | `hip` | `auto` forces the choice.
 //!
 //! The runtime hands out owning objects that release their resource on drop:
-//! [`DeviceBuffer`], [`Stream`], [`Event`], [`IpcMapping`], [`VmmAllocation`], [`Module`] /
+//! [`DeviceBuffer`], [`PinnedBuffer`], [`Stream`], [`Event`], [`IpcMapping`], [`VmmAllocation`], [`Module`] /
 //! [`Function`]; handles that cross processes ([`IpcHandle`] with the offset of a sub-allocation,
 //! [`ShareableHandle`] for VMM POSIX FD / FABRIC handles, [`DmabufFd`]) have fixed byte
 //! encodings, and [`fdpass`] moves file descriptors over Unix sockets.
@@ -39,7 +39,7 @@ mod types;
 
 pub use error::{cuda_error_name, hip_error_name, Attempt, GpuError, Result, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SUPPORTED};
 pub use handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind, VmmOptions, RAW_HANDLE_LEN};
-pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, VmmAllocation};
+pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocation};
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
 pub use pool::{CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane};
 pub use runtime::{detect, detect_with, Runtime};

@@ -1,5 +1,5 @@
 //! Device memory: borrowed views ([`DeviceSlice`]) and the owners that free on drop
-//! ([`DeviceBuffer`], [`IpcMapping`], [`VmmAllocation`]).
+//! ([`DeviceBuffer`], [`IpcMapping`], [`VmmAllocation`]); pinned host memory ([`PinnedBuffer`]).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -118,6 +118,69 @@ impl Drop for DeviceBuffer {
         // SAFETY: ptr came from mem_alloc on this runtime and device and is freed exactly once.
         if let Err(e) = unsafe { self.rt.raw().mem_free(self.device, self.ptr) } {
             tracing::warn!(ptr = self.ptr, device = self.device.0, "freeing a device buffer failed: {e}");
+        }
+    }
+}
+
+/// Page-locked (pinned) host memory from [`Runtime::alloc_pinned`], freed on drop.
+///
+/// The host reads and writes it as a byte slice; async copies read or write it in stream
+/// order, so it must not be touched while a queued copy that uses it has not yet run.
+pub struct PinnedBuffer {
+    pub(crate) rt: Arc<dyn Runtime>,
+    /// The device whose context allocated it (and frees it).
+    pub(crate) device: Device,
+    /// Host address.
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+}
+
+impl fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PinnedBuffer({:#x}+{} via {} of {})", self.ptr, self.len, self.rt.kind(), self.device)
+    }
+}
+
+impl PinnedBuffer {
+    /// The bytes (zeroed at allocation).
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the buffer owns ptr..ptr+len of host memory, initialized (zeroed) at
+        // allocation, for as long as it lives; `&self` keeps it from being written meanwhile.
+        unsafe { std::slice::from_raw_parts(self.ptr as usize as *const u8, self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as usize as *mut u8, self.len) }
+    }
+
+    /// Host address of the first byte.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty (never: allocations of 0 bytes are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device whose context allocated it (any device's copies may use it).
+    pub fn device(&self) -> Device {
+        self.device
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from host_alloc on this runtime and device and is freed exactly once.
+        if let Err(e) = unsafe { self.rt.raw().host_free(self.device, self.ptr) } {
+            tracing::warn!(ptr = self.ptr, device = self.device.0, "freeing a pinned host buffer failed: {e}");
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{Attempt, GpuError, Result};
 use crate::handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind, ShareableValue, VmmOptions};
-use crate::memory::{DeviceBuffer, DeviceSlice, IpcMapping, VmmAllocation};
+use crate::memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocation};
 use crate::module::{Function, Module, ModuleImage, ModuleInner};
 use crate::stream::{Event, Stream};
 use crate::types::{round_up, Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeChoice, RuntimeKind, WaitCondition};
@@ -50,6 +50,9 @@ pub trait RawDriver: Send + Sync {
 
     fn mem_alloc(&self, dev: Device, len: usize) -> Result<u64>;
     unsafe fn mem_free(&self, dev: Device, ptr: u64) -> Result<()>;
+    /// Page-locked host memory, portable (usable by copies on every device); its host address.
+    fn host_alloc(&self, dev: Device, len: usize) -> Result<u64>;
+    unsafe fn host_free(&self, dev: Device, ptr: u64) -> Result<()>;
     unsafe fn address_range(&self, dev: Device, ptr: u64) -> Result<(u64, u64)>;
     unsafe fn copy_htod(&self, dev: Device, dst: u64, src: *const u8, len: usize, stream: Option<u64>) -> Result<()>;
     unsafe fn copy_dtoh(&self, dev: Device, dst: *mut u8, src: u64, len: usize, stream: Option<u64>) -> Result<()>;
@@ -194,6 +197,28 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
         let rt = self.shared()?;
         let ptr = self.raw().mem_alloc(dev, len)?;
         Ok(DeviceBuffer { rt, device: dev, ptr, len })
+    }
+
+    /// Allocates `len > 0` bytes of page-locked (pinned) host memory, zeroed, through `dev`'s
+    /// context (CUDA: `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE`; HIP: `hipHostMalloc`
+    /// with `hipHostMallocPortable`), so copies on any device's streams may read or write it.
+    /// An async copy from or to it is truly stream-ordered (the driver reads it when the
+    /// stream gets there), unlike one from pageable memory, which the driver stages first.
+    fn alloc_pinned(&self, dev: Device, len: usize) -> Result<PinnedBuffer> {
+        if len == 0 {
+            return Err(GpuError::invalid("pinned host allocation of 0 bytes"));
+        }
+        let rt = self.shared()?;
+        let ptr = self.raw().host_alloc(dev, len)?;
+        if ptr == 0 {
+            return Err(GpuError::invalid(format!("pinned host allocation of {len} bytes returned a null pointer")));
+        }
+        // The buffer frees ptr on drop, also if zeroing were to fail (it cannot).
+        let buf = PinnedBuffer { rt, device: dev, ptr, len };
+        // SAFETY: ptr..ptr+len is host memory just allocated for this buffer, writable, and not
+        // yet shared with any stream.
+        unsafe { std::ptr::write_bytes(ptr as usize as *mut u8, 0, len) };
+        Ok(buf)
     }
 
     /// Sets every byte of `dst` to `byte` (synchronous).

@@ -69,6 +69,8 @@ cuda_api! {
     cuCtxEnablePeerAccess(CUcontext, c_uint);
     cuMemAlloc_v2(*mut Dptr, usize);
     cuMemFree_v2(Dptr);
+    cuMemHostAlloc(*mut *mut c_void, usize, c_uint);
+    cuMemFreeHost(*mut c_void);
     cuMemGetAddressRange_v2(*mut Dptr, *mut usize, Dptr);
     cuMemcpyHtoD_v2(Dptr, *const c_void, usize);
     cuMemcpyDtoH_v2(*mut c_void, Dptr, usize);

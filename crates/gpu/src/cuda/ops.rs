@@ -25,6 +25,8 @@ fn int<T>(p: *mut T) -> u64 {
 
 const NOT_READY: c_uint = 600;
 const PEER_ACCESS_ALREADY_ENABLED: c_uint = 704;
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context, not only the allocating one.
+const MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
 
 fn imex_hint(code: c_uint) -> Option<Cow<'static, str>> {
     match code {
@@ -128,6 +130,20 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         // SAFETY: caller passes a live allocation of this runtime.
         self.check("cuMemFree_v2", unsafe { (self.api.cuMemFree_v2)(p) })
+    }
+
+    fn host_alloc(&self, dev: Device, len: usize) -> Result<u64> {
+        self.bind_ctx(dev)?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: p is a valid out-pointer; a context is current.
+        self.check("cuMemHostAlloc", unsafe { (self.api.cuMemHostAlloc)(&mut p, len, MEMHOSTALLOC_PORTABLE) })?;
+        Ok(int(p))
+    }
+
+    unsafe fn host_free(&self, dev: Device, p: u64) -> Result<()> {
+        self.bind_ctx(dev)?;
+        // SAFETY: caller passes a live pinned allocation of this runtime, freed once.
+        self.check("cuMemFreeHost", unsafe { (self.api.cuMemFreeHost)(ptr(p)) })
     }
 
     unsafe fn address_range(&self, dev: Device, p: u64) -> Result<(u64, u64)> {

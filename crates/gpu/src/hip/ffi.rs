@@ -84,6 +84,8 @@ hip_api! {
         hipDeviceEnablePeerAccess(c_int, c_uint);
         hipMalloc(*mut *mut c_void, usize);
         hipFree(*mut c_void);
+        hipHostMalloc(*mut *mut c_void, usize, c_uint);
+        hipHostFree(*mut c_void);
         hipMemGetAddressRange(*mut *mut c_void, *mut usize, *mut c_void);
         hipMemcpy(*mut c_void, *const c_void, usize, c_uint);
         hipMemcpyAsync(*mut c_void, *const c_void, usize, c_uint, Stream);

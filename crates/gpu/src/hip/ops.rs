@@ -23,6 +23,8 @@ fn int<T>(p: *mut T) -> u64 {
 
 const NOT_READY: c_uint = 600;
 const PEER_ACCESS_ALREADY_ENABLED: c_uint = 704;
+/// `hipHostMallocPortable`: pinned for every device, not only the current one.
+const HOST_MALLOC_PORTABLE: c_uint = 0x1;
 const H2D: c_uint = 1;
 const D2H: c_uint = 2;
 const D2D: c_uint = 3;
@@ -114,6 +116,20 @@ impl RawDriver for HipRuntime {
         self.set(dev)?;
         // SAFETY: caller passes a live allocation, freed once.
         self.check("hipFree", unsafe { (self.api.hipFree)(ptr(p)) })
+    }
+
+    fn host_alloc(&self, dev: Device, len: usize) -> Result<u64> {
+        self.set(dev)?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: p is a valid out-pointer.
+        self.check("hipHostMalloc", unsafe { (self.api.hipHostMalloc)(&mut p, len, HOST_MALLOC_PORTABLE) })?;
+        Ok(int(p))
+    }
+
+    unsafe fn host_free(&self, dev: Device, p: u64) -> Result<()> {
+        self.set(dev)?;
+        // SAFETY: caller passes a live pinned allocation of this runtime, freed once.
+        self.check("hipHostFree", unsafe { (self.api.hipHostFree)(ptr(p)) })
     }
 
     unsafe fn address_range(&self, dev: Device, p: u64) -> Result<(u64, u64)> {

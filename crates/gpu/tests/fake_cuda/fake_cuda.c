@@ -10,6 +10,8 @@
  *   - strict argument checks (ranges inside allocations, flags, option lists, struct fields),
  *     so a swapped argument or a wrong flag fails here as it would on a GPU;
  *   - FABRIC handles refused with CUDA_ERROR_NOT_PERMITTED (800), as without IMEX;
+ *   - pinned host memory (cuMemHostAlloc must be asked for PORTABLE; cuMemFreeHost refuses
+ *     to free memory a queued copy still reads or writes);
  *   - one kernel, mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i.
  * The structure layouts below restate cuda.h (CUDA 13.0).
  */
@@ -234,6 +236,40 @@ static CUresult range(CUdeviceptr *b, size_t *s, CUdeviceptr p) {
     return OK;
 }
 API CUresult cuMemGetAddressRange_v2(CUdeviceptr *b, size_t *s, CUdeviceptr p) { NEED_CTX; LOCKED(range(b, s, p)); }
+
+/* Pinned host memory: anonymous mappings, tracked so that frees are checked. */
+struct host_block { uint64_t base, size; };
+#define MAXH 256
+static struct host_block hosts[MAXH];
+static CUresult host_alloc(void **pp, size_t n, unsigned flags) {
+    if (!pp || !n || flags != 1) return INVALID_VALUE; /* mori-gpu asks for CU_MEMHOSTALLOC_PORTABLE */
+    for (int i = 0; i < MAXH; i++)
+        if (!hosts[i].size) {
+            void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED) return 2;
+            hosts[i] = (struct host_block){(uint64_t)(uintptr_t)m, n};
+            *pp = m;
+            return OK;
+        }
+    return 2;
+}
+static int overlaps(uint64_t p, uint64_t n, uint64_t base, uint64_t size) { return n && p < base + size && base < p + n; }
+static CUresult host_free(void *p) {
+    progress();
+    for (int i = 0; i < MAXH; i++)
+        if (hosts[i].size && hosts[i].base == (uint64_t)(uintptr_t)p) {
+            for (struct stream *s = streams; s; s = s->next_stream)
+                for (struct op *o = s->head; o; o = o->next)
+                    if (o->kind == OP_COPY && (overlaps(o->a, o->n, hosts[i].base, hosts[i].size) || overlaps(o->b, o->n, hosts[i].base, hosts[i].size)))
+                        return INVALID_VALUE; /* a queued copy still uses it */
+            munmap(p, hosts[i].size);
+            hosts[i].size = 0;
+            return OK;
+        }
+    return INVALID_VALUE;
+}
+API CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) { NEED_CTX; LOCKED(host_alloc(pp, n, flags)); }
+API CUresult cuMemFreeHost(void *p) { NEED_CTX; LOCKED(host_free(p)); }
 
 static CUresult copy(uint64_t dst, int dst_dev, uint64_t src, int src_dev, size_t n, void *s) {
     if ((dst_dev && !usable(dst, n)) || (src_dev && !usable(src, n))) return INVALID_VALUE;
