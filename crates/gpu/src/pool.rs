@@ -10,7 +10,13 @@
 //! the completion step itself saves the hand-off from the completion thread (0.6–1.7 µs);
 //! batches of many small segments go through the scatter/gather kernel
 //! (`kernels/scatter_gather_copy.cu`: 0.15 µs per 4 KiB descriptor at batch 128 against
-//! about 6 µs as separate copies).
+//! about 6 µs as separate copies); paged KV-cache copies ([`CopyPool::copy_paged`]) go
+//! through the paged-copy kernel of the same module, which computes the addresses itself.
+//!
+//! Kernel tables (descriptors, block runs) are written into the slot's pinned host staging
+//! buffer and uploaded with an async copy on the submission's stream (stream-ordered, no
+//! staging by the driver); both staging and device scratch grow to the next power of two and
+//! are reused, so a steady stream of batches allocates nothing.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -18,7 +24,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{GpuError, Result};
-use crate::memory::{DeviceBuffer, DeviceSlice};
+use crate::memory::{DeviceBuffer, DeviceSlice, PinnedBuffer};
 use crate::module::{Function, KernelArgs, KernelImages};
 use crate::stream::{Event, Stream};
 use crate::types::Device;
@@ -29,10 +35,16 @@ static SG_CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gathe
 static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
+mod paged;
+pub use paged::{PagedCopy, PagedRun, PagedSide};
+
+// The kernels' tables are little endian (kernels/README.md); they are written as host bytes.
+const _: () = assert!(cfg!(target_endian = "little"), "mori-gpu's kernel tables assume a little-endian host");
+
 /// One copy: `len` bytes from device address `src` to device address `dst`. Laid out as the
 /// scatter/gather kernel's 24-byte descriptor (kernels/README.md).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct CopySeg {
     /// Source device address.
     pub src: u64,
@@ -81,7 +93,7 @@ impl Default for CopyPoolConfig {
 pub type CopyDone = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// What a submission enqueues its work with (see [`CopyPool::submit`]): the stream chosen for
-/// it and its slot's scratch device buffer.
+/// it, its slot's scratch device buffer and its slot's pinned host staging buffer.
 pub struct Lane<'a> {
     rt: &'a Arc<dyn Runtime>,
     device: Device,
@@ -89,6 +101,14 @@ pub struct Lane<'a> {
     /// The slot's scratch buffer, locked on first use (copies never touch it).
     slot_scratch: &'a Mutex<Option<DeviceBuffer>>,
     scratch: Option<MutexGuard<'a, Option<DeviceBuffer>>>,
+    /// The slot's pinned host staging buffer, locked on first use.
+    slot_staging: &'a Mutex<Option<PinnedBuffer>>,
+    staging: Option<MutexGuard<'a, Option<PinnedBuffer>>>,
+}
+
+/// Capacity a slot buffer grows to for `len` bytes: the next power of two, at least 4 KiB.
+fn grown_capacity(len: usize) -> usize {
+    len.checked_next_power_of_two().unwrap_or(len).max(4096)
 }
 
 impl<'a> Lane<'a> {
@@ -111,21 +131,91 @@ impl<'a> Lane<'a> {
         let buf = self.scratch.get_or_insert_with(|| slot.lock());
         if buf.as_ref().is_none_or(|b| b.len() < len) {
             **buf = None;
-            let cap = len.checked_next_power_of_two().unwrap_or(len).max(4096);
-            **buf = Some(self.rt.alloc(self.device, cap)?);
+            **buf = Some(self.rt.alloc(self.device, grown_capacity(len))?);
         }
         match buf.as_ref() {
             Some(b) => b.sub(0, len),
             None => Err(GpuError::invalid("copy pool: scratch buffer missing")),
         }
     }
+
+    /// A table of `len > 0` bytes for a kernel of this submission: `fill` writes it into the
+    /// slot's pinned host staging buffer, which is then copied (async, on this lane's stream)
+    /// into the first `len` bytes of the slot's scratch buffer; returns that device range.
+    /// Both buffers grow as [`Lane::scratch`] does (never shrink, allocated on first use); no
+    /// other submission uses them until this one completed, so nothing here waits. An error
+    /// of `fill` or of an allocation is returned before anything is queued. The table lives
+    /// in the same scratch buffer [`Lane::scratch`] hands out (one per slot, not two).
+    pub fn stage<F>(&mut self, len: usize, fill: F) -> Result<DeviceSlice<'_>>
+    where
+        F: FnOnce(&mut [u8]) -> Result<()>,
+    {
+        if len == 0 {
+            return Err(GpuError::invalid("copy pool: staging a table of 0 bytes"));
+        }
+        let slot_h = self.slot_staging;
+        let host = self.staging.get_or_insert_with(|| slot_h.lock());
+        if host.as_ref().is_none_or(|b| b.len() < len) {
+            **host = None;
+            **host = Some(self.rt.alloc_pinned(self.device, grown_capacity(len))?);
+        }
+        let Some(hb) = host.as_mut() else {
+            return Err(GpuError::invalid("copy pool: staging buffer missing"));
+        };
+        fill(&mut hb.as_mut_slice()[..len])?;
+        let slot_d = self.slot_scratch;
+        let dev = self.scratch.get_or_insert_with(|| slot_d.lock());
+        if dev.as_ref().is_none_or(|b| b.len() < len) {
+            **dev = None;
+            **dev = Some(self.rt.alloc(self.device, grown_capacity(len))?);
+        }
+        let Some(db) = dev.as_ref() else {
+            return Err(GpuError::invalid("copy pool: scratch buffer missing"));
+        };
+        let table = db.sub(0, len)?;
+        // SAFETY: the staging bytes are pinned host memory owned by this slot, which no other
+        // submission touches until this one's event fired (after the copy ran), and which is
+        // freed only after that event fired (`Slot`'s drop); the scratch range is this slot's.
+        unsafe { self.rt.copy_htod_async(&table, &hb.as_slice()[..len], self.stream) }?;
+        Ok(table)
+    }
 }
 
-/// One in-flight slot: its completion event and scratch buffer, created once and reused (a
-/// slot is free again only after its event fired).
+/// One in-flight slot: its completion event, scratch buffer and pinned staging buffer,
+/// created once and reused (a slot is free again only after its event fired).
 struct Slot {
     event: Event,
     scratch: Mutex<Option<DeviceBuffer>>,
+    staging: Mutex<Option<PinnedBuffer>>,
+}
+
+/// How long dropping a slot waits for its last submission before it leaks the slot's buffers
+/// rather than free memory a queued copy may still read or write.
+const SLOT_DROP_WAIT: Duration = Duration::from_secs(10);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.scratch.get_mut().is_none() && self.staging.get_mut().is_none() {
+            return;
+        }
+        let t0 = Instant::now();
+        loop {
+            match self.event.query() {
+                Ok(true) => return,
+                Ok(false) if t0.elapsed() < SLOT_DROP_WAIT => std::thread::sleep(Duration::from_micros(50)),
+                r => {
+                    tracing::warn!(
+                        device = self.event.device().0,
+                        outcome = ?r.map(|_| "still in flight"),
+                        "copy pool: a slot's last submission did not finish in {SLOT_DROP_WAIT:?}: its buffers are leaked"
+                    );
+                    std::mem::forget(self.scratch.get_mut().take());
+                    std::mem::forget(self.staging.get_mut().take());
+                    return;
+                }
+            }
+        }
+    }
 }
 
 struct DevPool {
@@ -133,6 +223,8 @@ struct DevPool {
     /// The scatter/gather kernel (none when disabled or when no image loads) and the
     /// multiprocessor count that sizes its grid.
     kernel: Option<Function>,
+    /// The paged-copy kernel of the same module (none exactly when `kernel` is none).
+    paged: Option<Function>,
     sms: u32,
     streams: Vec<Stream>,
     /// Submissions in flight per stream.
@@ -153,9 +245,6 @@ struct Pending {
     done: CopyDone,
     /// Enqueueing failed part-way: the submission fails with this once the event fired.
     failed: Option<GpuError>,
-    /// The host descriptor table of a kernel launch, read by its async upload: kept until
-    /// the event fired.
-    _host_table: Option<Vec<CopySeg>>,
 }
 
 /// Called by the completion thread between rounds (see [`CopyPool::set_idle_hook`]).
@@ -177,6 +266,8 @@ struct Shared {
     driven: AtomicU64,
     hook: OnceLock<Hook>,
     shutdown: AtomicBool,
+    /// Set once the per-range path of paged copies was reported (logged once per pool).
+    paged_fallback_noted: AtomicBool,
 }
 
 /// Streams, slots and a completion thread per pool (see the module docs). Dropping it stops
@@ -231,6 +322,7 @@ impl CopyPool {
             driven: AtomicU64::new(0),
             hook: OnceLock::new(),
             shutdown: AtomicBool::new(false),
+            paged_fallback_noted: AtomicBool::new(false),
         });
         let s2 = shared.clone();
         let reaper = std::thread::Builder::new()
@@ -268,15 +360,15 @@ impl CopyPool {
     {
         let dp = self.shared.dev_pool(dev)?;
         // SAFETY: forwarded contract.
-        unsafe { self.submit_on(dp, enqueue, || done, None) }
+        unsafe { self.submit_on(dp, enqueue, || done) }
     }
 
-    /// [`CopyPool::submit`] on a device's pool, keeping `host_table` until the event fired;
-    /// the completion is made by `make_done` once the work and the event are queued.
+    /// [`CopyPool::submit`] on a device's pool; the completion is made by `make_done` once
+    /// the work and the event are queued.
     ///
     /// # Safety
     /// As [`CopyPool::submit`].
-    unsafe fn submit_on<F, M, D>(&self, dp: &DevPool, enqueue: F, make_done: M, host_table: Option<Vec<CopySeg>>) -> Result<()>
+    unsafe fn submit_on<F, M, D>(&self, dp: &DevPool, enqueue: F, make_done: M) -> Result<()>
     where
         F: FnOnce(&mut Lane<'_>) -> Result<()>,
         M: FnOnce() -> D,
@@ -288,7 +380,15 @@ impl CopyPool {
         let si = claim_lane(&dp.busy, &dp.next);
         let stream = &dp.streams[si];
         let failed = {
-            let mut lane = Lane { rt: &s.rt, device: dev, stream, slot_scratch: &dp.slots[slot].scratch, scratch: None };
+            let mut lane = Lane {
+                rt: &s.rt,
+                device: dev,
+                stream,
+                slot_scratch: &dp.slots[slot].scratch,
+                scratch: None,
+                slot_staging: &dp.slots[slot].staging,
+                staging: None,
+            };
             enqueue(&mut lane).err()
         };
         if let Err(e) = dp.slots[slot].event.record(stream) {
@@ -300,14 +400,14 @@ impl CopyPool {
         }
         // Made and boxed only now: the device work is already queued, so this overlaps it.
         let done: CopyDone = Box::new(make_done());
-        s.pending.lock().push(Pending { dev: dev.0, slot, stream: si, done, failed, _host_table: host_table });
+        s.pending.lock().push(Pending { dev: dev.0, slot, stream: si, done, failed });
         Ok(())
     }
 
     /// Queues `segs` (empty ones skipped) as one submission: through the scatter/gather
     /// kernel when there are at least `kernel_threshold` segments averaging under
-    /// `kernel_max_mean_bytes` (a host copy of the descriptor table, kept until the event
-    /// fired, uploaded to the slot's scratch buffer on the same stream), else as one
+    /// `kernel_max_mean_bytes` (the descriptor table written into the slot's pinned staging
+    /// buffer and uploaded to its scratch buffer on the same stream: [`Lane::stage`]), else as one
     /// `cuMemcpyDtoDAsync` (or HIP's) per segment, with no allocation before the copies. See
     /// [`CopyPool::submit`] for slots, errors and `done`; more than `u32::MAX` segments on the
     /// kernel path is `InvalidArgument`.
@@ -325,9 +425,10 @@ impl CopyPool {
 
     /// [`CopyPool::copy`] whose completion is made by `make_done` only after the copies and
     /// the event are queued (so whatever it allocates or clones is off the latency path: the
-    /// device already runs the copies), and whose segments come from an iterator (walked more
-    /// than once; nothing is collected unless the kernel path needs its table). `make_done` is
-    /// called exactly when `Ok` is returned.
+    /// device already runs the copies), and whose segments come from an iterator (walked
+    /// twice: once to count, once to write the table or queue the copies; nothing is
+    /// collected). `make_done` is called exactly when `Ok` is returned. An iterator that
+    /// yields a different number of non-empty segments the second time fails the submission.
     ///
     /// # Safety
     /// As [`CopyPool::copy`].
@@ -346,22 +447,28 @@ impl CopyPool {
             s.cfg.kernel_threshold > 0 && n >= s.cfg.kernel_threshold && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes
         });
         if let Some(f) = kernel {
-            let segs: Vec<CopySeg> = segs.collect();
             let n32 = u32::try_from(n)
                 .map_err(|_| GpuError::invalid(format!("{n} segments in one scatter/gather batch: at most {}", u32::MAX)))?;
-            let need = n * std::mem::size_of::<CopySeg>();
-            // SAFETY: CopySeg is plain old data (three u64, repr(C)); the byte view covers exactly
-            // the vector's initialized elements; the vector's heap buffer does not move when the
-            // vector is handed to the pending entry, which keeps it until the event fired.
-            let bytes: &[u8] = unsafe { std::slice::from_raw_parts(segs.as_ptr() as *const u8, need) };
+            let seg_len = std::mem::size_of::<CopySeg>();
+            let need = n * seg_len;
             let grid = (128 * dp.sms).min((n as u64).max(total.div_ceil(16 << 10)).min(u32::MAX as u64) as u32).max(1);
             let rt = &s.rt;
             let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
                 let stream = lane.stream();
-                let table = lane.scratch(need)?;
-                // SAFETY: `bytes` outlives the upload (see above); the table is this slot's
-                // scratch buffer, used by no other submission until the event fires.
-                unsafe { rt.copy_htod_async(&table, bytes, stream) }?;
+                let table = lane.stage(need, |buf| {
+                    // Exactly n: fewer would leave stale descriptors of an earlier batch in
+                    // the table, more would not fit.
+                    let mut it = segs;
+                    let short = || GpuError::invalid(format!("copy pool: the segment iterator yielded {n} segments, then fewer"));
+                    for dst in buf.chunks_exact_mut(seg_len) {
+                        let seg = it.next().ok_or_else(short)?;
+                        dst.copy_from_slice(bytemuck::bytes_of(&seg));
+                    }
+                    if it.next().is_some() {
+                        return Err(GpuError::invalid(format!("copy pool: the segment iterator yielded {n} segments, then more")));
+                    }
+                    Ok(())
+                })?;
                 let mut args = KernelArgs::new();
                 args.push_ptr(&table).push(n32);
                 let cfg = LaunchConfig { grid: (grid, 1, 1), block: (64, 1, 1), shared_mem_bytes: 0 };
@@ -370,7 +477,7 @@ impl CopyPool {
                 unsafe { rt.launch(f, stream, &cfg, &args.params()) }
             };
             // SAFETY: forwarded contract.
-            return unsafe { self.submit_on(dp, enqueue, make_done, Some(segs)) };
+            return unsafe { self.submit_on(dp, enqueue, make_done) };
         }
         let rt = &s.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
@@ -383,7 +490,7 @@ impl CopyPool {
             Ok(())
         };
         // SAFETY: forwarded contract.
-        unsafe { self.submit_on(dp, enqueue, make_done, None) }
+        unsafe { self.submit_on(dp, enqueue, make_done) }
     }
 
     /// One completion step, run by the calling thread: completes every submission whose
@@ -426,13 +533,14 @@ impl Shared {
         let streams = (0..self.cfg.num_streams).map(|_| self.rt.stream(dev)).collect::<Result<Vec<_>>>()?;
         let mut slots = Vec::with_capacity(self.cfg.num_events);
         for _ in 0..self.cfg.num_events {
-            slots.push(Slot { event: self.rt.event(dev, false)?, scratch: Mutex::new(None) });
+            slots.push(Slot { event: self.rt.event(dev, false)?, scratch: Mutex::new(None), staging: Mutex::new(None) });
         }
-        let kernel = if self.cfg.kernel_threshold > 0 { self.load_kernel(dev) } else { None };
+        let (kernel, paged) = if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None) };
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
         Ok(cell.get_or_init(|| DevPool {
             device: dev,
             kernel,
+            paged,
             sms,
             busy: streams.iter().map(|_| AtomicUsize::new(0)).collect(),
             streams,
@@ -443,15 +551,22 @@ impl Shared {
         }))
     }
 
-    /// The scatter/gather kernel on `dev`; `None` (logged) if no image loads, and batches
-    /// then use one copy per segment.
-    fn load_kernel(&self, dev: Device) -> Option<Function> {
+    /// The scatter/gather and paged-copy kernels on `dev` (one module); `(None, None)`
+    /// (logged) if no image loads or either is missing, and batches then use one copy per
+    /// segment, paged copies one copy per range.
+    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<Function>) {
         let images = KernelImages { cubin: SG_CUBIN, ptx: SG_PTX, hsaco: SG_GFX942 };
-        match images.load(&*self.rt, dev).and_then(|m| m.function("mori_scatter_gather_copy")) {
-            Ok(f) => Some(f),
+        let loaded =
+            images.load(&*self.rt, dev).and_then(|m| Ok((m.function("mori_scatter_gather_copy")?, m.function("mori_paged_copy")?)));
+        match loaded {
+            Ok((sg, paged)) => (Some(sg), Some(paged)),
             Err(e) => {
-                tracing::warn!(device = dev.0, error = %e, "no scatter/gather kernel: batches use one copy per segment");
-                None
+                tracing::warn!(
+                    device = dev.0,
+                    error = %e,
+                    "no scatter/gather kernels: batches use one copy per segment, paged copies one per range"
+                );
+                (None, None)
             }
         }
     }

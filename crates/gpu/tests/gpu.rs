@@ -667,3 +667,119 @@ fn copy_pool_copies_and_survives_a_panicking_callback() -> R {
     println!("copy pool: 12 copies through 2 slots, a panicking callback survived, {:?}", t.elapsed());
     Ok(())
 }
+
+/// Runs `submit` (which queues one pool submission reporting to the sender) and drives the
+/// pool until that submission completed; its outcome.
+fn pool_wait(pool: &mori_gpu::CopyPool, what: &str, submit: impl FnOnce(std::sync::mpsc::Sender<mori_gpu::Result<()>>) -> R) -> R {
+    let (tx, rx) = std::sync::mpsc::channel();
+    submit(tx)?;
+    let t = Instant::now();
+    loop {
+        pool.progress();
+        if let Ok(r) = rx.try_recv() {
+            return r.map_err(|e| Fail(format!("{what}: {e}")));
+        }
+        if t.elapsed() > WAIT_TIMEOUT {
+            return fail(format!("{what}: not done after {WAIT_TIMEOUT:?}"));
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_paged_copies_and_staged_tables() -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, GpuError, PagedCopy, PagedSide};
+    let rt = rt()?;
+    // Side A: [layer][half][block] of 4 KiB blocks (runs merge); side B: [block][layer][half]
+    // of 4100-byte blocks 4 bytes apart (no merging), both with 16 blocks.
+    let (layers, halves, nb) = (3u32, 2u32, 16u32);
+    let lh = u64::from(layers * halves);
+    let a_len = (lh * u64::from(nb) * 4096) as usize;
+    let a = rt.alloc(DEV, a_len)?;
+    let a_side =
+        PagedSide { base: a.ptr(), layer_stride: u64::from(halves * nb) * 4096, half_stride: u64::from(nb) * 4096, block_stride: 4096 };
+    let contiguous = PagedCopy { a: a_side, b: a_side, block_bytes: 4096, layers, halves, a_to_b: true };
+    let a_blocks = [3u32, 4, 5, 9, 0, 1, 15];
+    let b_blocks = [7u32, 8, 9, 2, 11, 12, 0];
+    let runs = contiguous.runs(&a_blocks, &b_blocks)?;
+    if runs.len() != 4 {
+        return fail(format!("expected 4 merged runs, got {runs:?}"));
+    }
+    // A -> C (same layout as A), through the kernel: runs of several blocks.
+    let c = rt.alloc(DEV, a_len)?;
+    rt.copy_htod(&a.slice(), &pattern(a_len, 0x21))?;
+    rt.memset(&c.slice(), 0)?;
+    let pool = CopyPool::new(rt.clone(), CopyPoolConfig { num_streams: 2, num_events: 2, ..CopyPoolConfig::default() }, "test-paged")?;
+    let job = PagedCopy { b: PagedSide { base: c.ptr(), ..a_side }, ..contiguous };
+    // SAFETY: every range lies inside `a` and `c` (16 blocks per layer-half), which outlive
+    // the pool's work (each copy is waited for).
+    pool_wait(&pool, "paged A -> C (kernel)", |tx| Ok(unsafe { pool.copy_paged(DEV, &job, &runs, move || move |r| drop(tx.send(r))) }?))?;
+    let mut back = vec![0u8; a_len];
+    rt.copy_dtoh(&mut back, &c.slice())?;
+    let blk = |i: usize| (i / 4096) % nb as usize;
+    let want_c = |i: usize| {
+        let base = i - i % (nb as usize * 4096);
+        match b_blocks.iter().position(|&b| b as usize == blk(i)) {
+            Some(k) => pat(base + a_blocks[k] as usize * 4096 + i % 4096, 0x21),
+            None => 0,
+        }
+    };
+    check("paged A -> C", &back, want_c)?;
+    // D -> A' (B->A direction), D strided [block][layer][half], 4100-byte blocks, one run per block.
+    let (bb, pad) = (4100u64, 4u64);
+    let d_block = lh * bb + pad;
+    let d_len = (u64::from(nb) * d_block) as usize;
+    let d = rt.alloc(DEV, d_len)?;
+    rt.copy_htod(&d.slice(), &pattern(d_len, 0x5c))?;
+    let e_len = (lh * u64::from(nb) * bb) as usize;
+    let e = rt.alloc(DEV, e_len)?;
+    rt.memset(&e.slice(), 0)?;
+    let e_side = PagedSide { base: e.ptr(), layer_stride: u64::from(halves * nb) * bb, half_stride: u64::from(nb) * bb, block_stride: bb };
+    let d_side = PagedSide { base: d.ptr(), layer_stride: u64::from(halves) * bb, half_stride: bb, block_stride: d_block };
+    let strided = PagedCopy { a: e_side, b: d_side, block_bytes: bb, layers, halves, a_to_b: false };
+    let runs2 = strided.runs(&a_blocks, &b_blocks)?;
+    if runs2.len() != a_blocks.len() {
+        return fail("strided layout: blocks were merged");
+    }
+    let want_e = |i: usize| {
+        let (lhi, rest) = (i / (nb as usize * bb as usize), i % (nb as usize * bb as usize));
+        let (eb, off) = (rest / bb as usize, rest % bb as usize);
+        match a_blocks.iter().position(|&x| x as usize == eb) {
+            Some(k) => pat(b_blocks[k] as usize * d_block as usize + lhi * bb as usize + off, 0x5c),
+            None => 0,
+        }
+    };
+    // SAFETY: as above, inside `d` and `e`.
+    pool_wait(&pool, "paged D -> E (kernel)", |tx| {
+        Ok(unsafe { pool.copy_paged(DEV, &strided, &runs2, move || move |r| drop(tx.send(r))) }?)
+    })?;
+    let mut back_e = vec![0u8; e_len];
+    rt.copy_dtoh(&mut back_e, &e.slice())?;
+    check("paged D -> E", &back_e, want_e)?;
+    // 40 small segments through the scatter/gather kernel (its table staged the same way).
+    rt.memset(&c.slice(), 0)?;
+    let segs: Vec<CopySeg> = (0..40u64).map(|k| CopySeg { src: a.ptr() + k * 1000 + 3, dst: c.ptr() + k * 1024, len: 999 }).collect();
+    // SAFETY: inside `a` and `c`.
+    pool_wait(&pool, "40 segments (kernel)", |tx| Ok(unsafe { pool.copy(DEV, &segs, move |r| drop(tx.send(r))) }?))?;
+    rt.copy_dtoh(&mut back, &c.slice())?;
+    check("40 segments", &back, |i| if i < 40 * 1024 && i % 1024 < 999 { pat((i / 1024) * 1000 + 3 + i % 1024, 0x21) } else { 0 })?;
+    // Without the kernel: one copy per range, same bytes.
+    let slow = CopyPool::new(rt.clone(), CopyPoolConfig { kernel_threshold: 0, ..CopyPoolConfig::default() }, "test-paged-ranges")?;
+    rt.memset(&e.slice(), 0)?;
+    // SAFETY: as above.
+    pool_wait(&slow, "paged D -> E (ranges)", |tx| {
+        Ok(unsafe { slow.copy_paged(DEV, &strided, &runs2, move || move |r| drop(tx.send(r))) }?)
+    })?;
+    rt.copy_dtoh(&mut back_e, &e.slice())?;
+    check("paged D -> E (ranges)", &back_e, want_e)?;
+    // Refused before anything is queued; make_done is not called.
+    let zero = PagedCopy { layers: 0, ..strided };
+    // SAFETY: nothing is queued (the job is refused).
+    match unsafe { pool.copy_paged(DEV, &zero, &runs2, || -> fn(mori_gpu::Result<()>) { panic!("make_done called on a refused job") }) } {
+        Err(GpuError::InvalidArgument(m)) if m.contains("layers is 0") => {}
+        other => return fail(format!("zero layers: {other:?}")),
+    }
+    println!("copy pool: paged copies (merged and strided, both directions, kernel and per range) and a staged descriptor table");
+    Ok(())
+}

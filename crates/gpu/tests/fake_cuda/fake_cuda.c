@@ -12,7 +12,10 @@
  *   - FABRIC handles refused with CUDA_ERROR_NOT_PERMITTED (800), as without IMEX;
  *   - pinned host memory (cuMemHostAlloc must be asked for PORTABLE; cuMemFreeHost refuses
  *     to free memory a queued copy still reads or writes);
- *   - one kernel, mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i.
+ *   - three kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
+ *     the copy kernels of kernels/scatter_gather_copy.cu by their ABI (kernels/README.md):
+ *     mori_scatter_gather_copy and mori_paged_copy, run in stream order on the host; a range
+ *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
  */
 #define _GNU_SOURCE
@@ -77,6 +80,51 @@ static struct region *add_region(uint64_t base, uint64_t size, int fd, int kind,
     return NULL;
 }
 static int usable(uint64_t p, uint64_t n) { struct region *r = find(p, n ? n : 1); return r && r->access; }
+/* mori_paged_copy's by-value parameter (kernels/README.md): 88 bytes. */
+struct paged_params {
+    uint64_t a_base, a_layer_stride, a_half_stride, a_block_stride;
+    uint64_t b_base, b_layer_stride, b_half_stride, b_block_stride;
+    uint64_t block_bytes;
+    uint32_t layers, halves, n_runs, a_to_b;
+};
+_Static_assert(sizeof(struct paged_params) == 88, "PagedParams is 88 bytes");
+/* A kernel's access outside device memory: a GPU would fault; the test process stops here. */
+static void kernel_range(const char *k, const char *what, uint64_t p, uint64_t n) {
+    if (n && !usable(p, n)) {
+        fprintf(stderr, "fake libcuda: %s: %s %#llx+%llu is not device memory\n", k, what, (unsigned long long)p, (unsigned long long)n);
+        abort();
+    }
+}
+static void run_sg(uint64_t descs, uint64_t n) {
+    kernel_range("mori_scatter_gather_copy", "descriptor table", descs, n * 24);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t d[3];
+        memcpy(d, (void *)(uintptr_t)(descs + 24 * i), sizeof d);
+        kernel_range("mori_scatter_gather_copy", "source", d[0], d[2]);
+        kernel_range("mori_scatter_gather_copy", "destination", d[1], d[2]);
+        if (d[2]) memmove((void *)(uintptr_t)d[1], (void *)(uintptr_t)d[0], d[2]);
+    }
+}
+static void run_paged(uint64_t runs, const struct paged_params *p) {
+    kernel_range("mori_paged_copy", "run table", runs, (uint64_t)p->n_runs * 12);
+    uint64_t units = (uint64_t)p->layers * p->halves * p->n_runs;
+    for (uint64_t u = 0; u < units; u++) {
+        uint64_t r = u % p->n_runs, lh = u / p->n_runs, layer = lh / p->halves, half = lh % p->halves;
+        uint32_t run[3];
+        memcpy(run, (void *)(uintptr_t)(runs + 12 * r), sizeof run);
+        uint64_t a = p->a_base + layer * p->a_layer_stride + half * p->a_half_stride + run[0] * p->a_block_stride;
+        uint64_t b = p->b_base + layer * p->b_layer_stride + half * p->b_half_stride + run[1] * p->b_block_stride;
+        uint64_t len = (uint64_t)run[2] * p->block_bytes;
+        if (run[2] > 1 && (p->a_block_stride != p->block_bytes || p->b_block_stride != p->block_bytes)) {
+            fprintf(stderr, "fake libcuda: mori_paged_copy: run %llu of %u blocks on non-contiguous blocks\n", (unsigned long long)r, run[2]);
+            abort();
+        }
+        kernel_range("mori_paged_copy", "side A", a, len);
+        kernel_range("mori_paged_copy", "side B", b, len);
+        if (p->a_to_b) memmove((void *)(uintptr_t)b, (void *)(uintptr_t)a, len);
+        else memmove((void *)(uintptr_t)a, (void *)(uintptr_t)b, len);
+    }
+}
 
 static int new_memfd(uint64_t size) {
     int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
@@ -86,9 +134,9 @@ static int new_memfd(uint64_t size) {
 }
 
 /* ---- streams and events ---- */
-enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL };
+enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED };
 struct event { int done, timing; double t; };
-struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; struct op *next; };
+struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; void *blob; struct op *next; };
 struct stream { struct op *head, *tail; struct stream *next_stream; };
 static struct stream *streams;
 
@@ -114,8 +162,12 @@ static void run(struct op *o) {
     case OP_WRITE32: *(volatile uint32_t *)(uintptr_t)o->a = o->v; break;
     case OP_RECORD: o->ev->t = now_ms(); o->ev->done = 1; break;
     case OP_FILL: for (uint64_t i = 0; i < o->n; i++) ((uint32_t *)(uintptr_t)o->a)[i] = o->v + 3u * (uint32_t)i; break;
+    case OP_SG: run_sg(o->a, o->n); break;
+    case OP_PAGED: run_paged(o->a, o->blob); break;
     default: break;
     }
+    free(o->blob);
+    o->blob = NULL;
 }
 /* Runs every runnable operation of every stream until nothing moves. */
 static void progress(void) {
@@ -645,6 +697,23 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
     struct function *fn = f;
     if (!fn || !gx || !gy || !gz || !bx || !by || !bz || bx * by * bz > 1024 || smem > 232448 || !params || extra)
         return INVALID_VALUE;
+    if (!strcmp(fn->name, "mori_scatter_gather_copy")) {
+        uint64_t descs; uint32_t n;
+        memcpy(&descs, params[0], 8); memcpy(&n, params[1], 4);
+        LOCKED(submit(s, (struct op){.kind = OP_SG, .a = descs, .n = n}));
+    }
+    if (!strcmp(fn->name, "mori_paged_copy")) {
+        struct paged_params *p = malloc(sizeof *p);
+        if (!p) return 2;
+        uint64_t runs;
+        memcpy(&runs, params[0], 8); memcpy(p, params[1], sizeof *p);
+        if (!p->layers || !p->halves || !p->n_runs || !p->block_bytes || p->a_to_b > 1) { free(p); return INVALID_VALUE; }
+        pthread_mutex_lock(&mu);
+        CUresult r = submit(s, (struct op){.kind = OP_PAGED, .a = runs, .blob = p});
+        pthread_mutex_unlock(&mu);
+        if (r != OK) free(p);
+        return r;
+    }
     if (strcmp(fn->name, "mori_test_fill")) return 98;
     uint64_t out; uint32_t n, base;
     memcpy(&out, params[0], 8); memcpy(&n, params[1], 4); memcpy(&base, params[2], 4);
