@@ -16,6 +16,8 @@ pub mod handshake;
 pub mod inbound;
 pub mod outbox;
 pub mod paged;
+#[cfg(feature = "gpu")]
+pub mod paged_gpu;
 pub mod peer_map;
 pub mod plan;
 pub mod registry;

@@ -5,6 +5,7 @@ use crate::handle::{FabricHandle, Grant};
 use crate::memory::{Exported, FabricMemory};
 use crate::uds::{self, FdServer};
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, Runtime, ShareableHandle, VmmAllocation};
+use mori_io_core::paged_gpu::paged_job;
 use mori_io_core::plan::check_segs_mapped;
 use mori_io_core::status::Completion;
 use mori_io_core::{
@@ -237,12 +238,12 @@ impl Inner {
             IoError::not_found(format!("local memory {} is not fabric-registered (allocate it with FabricMemory::alloc)", req.local.id))
         })?;
         let rm = self.remote_region(&req.remote, &req.peer, l.device)?;
-        check_segs_mapped((req.local.id, l.len), (req.remote.id, rm.len), &req.segs, &req.entries)?;
+        let (lr, rr) = ((req.local.id, l.len), (req.remote.id, rm.len));
+        match &req.paged {
+            Some(p) => p.check_regions(lr, rr)?,
+            None => check_segs_mapped(lr, rr, &req.segs, &req.entries)?,
+        }
         let (laddr, rbase, dev) = (l.addr, rm.base, l.device);
-        let copies = req.segs.iter().map(|s| {
-            let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);
-            CopySeg { src, dst, len: s.len }
-        });
         // The completion, made once the copies are queued; both mappings stay alive until the
         // copies finished.
         let make_done = || {
@@ -256,10 +257,24 @@ impl Inner {
                 }
             }
         };
-        // SAFETY: every segment was bounds-checked against the local registration (memory this
-        // backend holds via `LocalReg`) and the owner-granted remote range (mapped by `RemoteMap`);
-        // both are kept alive by `done` until the copies finished.
-        unsafe { self.pool.copy_with(dev, copies, make_done) }.map_err(|e| IoError::gpu("queue fabric copies", e))
+        // SAFETY: every segment (every block of a paged plan) was bounds-checked against the
+        // local registration (memory this backend holds via `LocalReg`) and the owner-granted
+        // remote range (mapped by `RemoteMap`); both are kept alive by `done` until the copies
+        // finished.
+        match &req.paged {
+            Some(p) => {
+                let (job, runs) = paged_job(p, req.op, laddr, rbase);
+                unsafe { self.pool.copy_paged(dev, &job, runs, make_done) }
+            }
+            None => {
+                let copies = req.segs.iter().map(|s| {
+                    let (src, dst) = req.op.endpoints(laddr + s.local_off, rbase + s.remote_off);
+                    CopySeg { src, dst, len: s.len }
+                });
+                unsafe { self.pool.copy_with(dev, copies, make_done) }
+            }
+        }
+        .map_err(|e| IoError::gpu("queue fabric copies", e))
     }
 }
 
@@ -276,6 +291,11 @@ impl Backend for FabricBackend {
     }
 
     fn handles_gpu_memory(&self) -> bool {
+        true
+    }
+
+    /// Paged batches go to the GPU whole: one kernel reads the block runs.
+    fn takes_paged(&self) -> bool {
         true
     }
 

@@ -1,12 +1,13 @@
 //! The xgmi backend proper.
 
 use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, Device, DeviceSlice, IpcHandle, IpcMapping, Runtime};
+use mori_io_core::paged_gpu::paged_job;
 use mori_io_core::plan::{check_segs, check_segs_mapped};
 use mori_io_core::registry::Region;
 use mori_io_core::status::Completion;
 use mori_io_core::{
-    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, EntryMap, IoError, IoResult, MemId, MemoryDesc, Notifier, Op, PeerMap,
-    Refusal, Seg, TransferRequest, TransferStatus,
+    Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, EntryMap, IoError, IoResult, MemId, MemoryDesc, Notifier, Op,
+    PagedPlan, PeerMap, Refusal, Seg, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -206,7 +207,11 @@ impl Inner {
     fn post(&self, req: &TransferRequest, status: &TransferStatus) -> IoResult<()> {
         let (at, keep, _) = self.resolve(&req.local, &req.remote, &req.peer, Some(req.local_region.clone()))?;
         let ids = (req.local.id, req.remote.id);
-        self.submit(at, keep, req.op, req.id, &req.peer, ids, &req.segs, Some(&req.entries), &mut Some(status.clone()))
+        let work = match &req.paged {
+            Some(p) => Work::Paged(p),
+            None => Work::Segs(&req.segs, Some(&req.entries)),
+        };
+        self.submit(at, keep, req.op, req.id, &req.peer, ids, work, &mut Some(status.clone()))
     }
 
     /// Queues `segs` between the regions at `at` (ids `ids`, for messages) as transfer `id` of
@@ -222,23 +227,17 @@ impl Inner {
         id: u64,
         peer: &Arc<EngineDesc>,
         ids: (MemId, MemId),
-        segs: &[Seg],
-        entries: Option<&EntryMap>,
+        work: Work<'_>,
         status: &mut Option<TransferStatus>,
     ) -> IoResult<()> {
         // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued;
         // errors name the caller's batch entries when the map is known (one-shot posts).
         let (l, r) = ((ids.0, at.llen), (ids.1, at.rlen));
-        match entries {
-            Some(m) => check_segs_mapped(l, r, segs, m)?,
-            None => check_segs(l, r, segs)?,
+        match work {
+            Work::Segs(segs, Some(m)) => check_segs_mapped(l, r, segs, m)?,
+            Work::Segs(segs, None) => check_segs(l, r, segs)?,
+            Work::Paged(p) => p.check_regions(l, r)?,
         }
-        let seg = |s: &Seg| {
-            let (src, dst) = op.endpoints(at.laddr + s.local_off, at.rbase + s.remote_off);
-            CopySeg { src, dst, len: s.len }
-        };
-        // Mapped as the pool walks them: nothing is allocated before the copies are queued.
-        let copies = segs.iter().map(seg);
         // The completion, made once the copies are queued: sets the status, queues the
         // target's notification, and drops the remote mapping's reference only then.
         let make_done = || {
@@ -253,11 +252,33 @@ impl Inner {
                 drop(keep);
             }
         };
-        // SAFETY: every segment lies inside the local registration and the remote region
-        // (owner-confirmed length), both mapped for as long as the completion lives (it holds
-        // the remote mapping, and the registry handle that deregistration waits for).
-        unsafe { self.pool.copy_with(at.dev, copies, make_done) }.map_err(|e| IoError::gpu("queue xgmi transfer", e))
+        // SAFETY: every segment (every block of a paged plan) lies inside the local
+        // registration and the remote region (owner-confirmed length), both mapped for as long
+        // as the completion lives (it holds the remote mapping, and the registry handle that
+        // deregistration waits for).
+        match work {
+            Work::Segs(segs, _) => {
+                let seg = |s: &Seg| {
+                    let (src, dst) = op.endpoints(at.laddr + s.local_off, at.rbase + s.remote_off);
+                    CopySeg { src, dst, len: s.len }
+                };
+                // Mapped as the pool walks them: nothing is allocated before the copies are queued.
+                unsafe { self.pool.copy_with(at.dev, segs.iter().map(seg), make_done) }
+            }
+            Work::Paged(p) => {
+                let (job, runs) = paged_job(p, op, at.laddr, at.rbase);
+                unsafe { self.pool.copy_paged(at.dev, &job, runs, make_done) }
+            }
+        }
+        .map_err(|e| IoError::gpu("queue xgmi transfer", e))
     }
+}
+
+/// What one transfer moves: segments (with the caller's entry map when known), or a paged plan.
+#[derive(Clone, Copy)]
+enum Work<'a> {
+    Segs(&'a [Seg], Option<&'a EntryMap>),
+    Paged(&'a PagedPlan),
 }
 
 /// A session's prepared path (see [`mori_io_core::Route`]): the regions resolved once. It only
@@ -303,8 +324,18 @@ impl XgmiRoute {
 
 impl mori_io_core::Route for XgmiRoute {
     fn post(&self, op: Op, id: u64, segs: &[Seg]) -> TransferStatus {
+        self.post_work(op, id, Work::Segs(segs, None))
+    }
+
+    fn post_paged(&self, op: Op, id: u64, plan: &Arc<PagedPlan>) -> TransferStatus {
+        self.post_work(op, id, Work::Paged(plan))
+    }
+}
+
+impl XgmiRoute {
+    fn post_work(&self, op: Op, id: u64, work: Work<'_>) -> TransferStatus {
         let mut status = None;
-        let r = self.keep().and_then(|keep| self.inner.submit(self.at, keep, op, id, &self.peer, self.ids, segs, None, &mut status));
+        let r = self.keep().and_then(|keep| self.inner.submit(self.at, keep, op, id, &self.peer, self.ids, work, &mut status));
         // No status yet: the submission failed before anything was queued.
         let status = status.unwrap_or_else(|| TransferStatus::new(1));
         if let Err(e) = r {
@@ -386,6 +417,11 @@ impl Backend for XgmiBackend {
     /// Ready once the remote region was looked up and mapped (the first post asks its owner).
     fn ready(&self, _peer: &EngineDesc, remote: &MemoryDesc) -> bool {
         self.inner.maps.get(&remote.engine_key, remote.id).is_some()
+    }
+
+    /// Paged batches go to the GPU whole: one kernel reads the block runs (see `paged_job`).
+    fn takes_paged(&self) -> bool {
+        true
     }
 
     fn post(&self, req: TransferRequest, status: TransferStatus) {

@@ -42,6 +42,8 @@ const SG_NAME: &str = "mori_scatter_gather_copy";
 mod incarnation;
 #[path = "xgmi_gpu/outcomes.rs"]
 mod outcomes;
+#[path = "xgmi_gpu/paged.rs"]
+mod paged;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
