@@ -2,6 +2,7 @@
 //! "Benchmark Arguments" and "Differences from the Python flags" tables). Python spellings are
 //! accepted as aliases.
 
+use crate::paged::Shape;
 use clap::{Parser, ValueEnum};
 
 /// Most GPU pairs (`--num-initiator-dev`) of one run.
@@ -196,6 +197,44 @@ pub struct Args {
     #[arg(long, help_heading = "Backend tuning")]
     pub xgmi_multiprocess: bool,
 
+    // ---- paged batches (mori-rs addition)
+    /// Post paged batches (a mori-rs addition): each rank's buffer is one KV pool laid out
+    /// [layer][half][--pool-blocks blocks][--block-size bytes], and every iteration posts one
+    /// paged batch (session with --enable-sess, else one-shot) moving, for every layer and
+    /// half, the blocks of rank 0's block table to (--op write) or from (--op read) the
+    /// blocks of rank 1's. The tables hold --num-blocks distinct blocks each, drawn from
+    /// --seed: one pair of tables per point, the same on both ranks, reused by every
+    /// iteration. The same run also times, alternating with the paged loop, one contiguous
+    /// transfer of the same total bytes (a batch of one entry through the same engine or
+    /// session path, to an area after the pool) and, with --copy-baseline (xgmi), a bare
+    /// device copy of those bytes. The table row has MsgSize = --block-size and Batch =
+    /// blocks per transfer (layers x halves x --num-blocks); then the lines `paged: ...`,
+    /// `contiguous: ...` and `paged/contiguous: R` (bandwidth ratio; GB = 1e9), and with
+    /// --copy-baseline `bare copy: ...` and `paged/copy: R`. Validation checks every moved
+    /// block, that every pool block in no table entry stayed untouched, and the contiguous
+    /// area. --buffer-size and --transfer-batch-size are not used.
+    #[arg(long, help_heading = "Paged")]
+    pub paged: bool,
+    /// Bytes per block (--paged).
+    #[arg(long, help_heading = "Paged")]
+    pub block_size: Option<u64>,
+    /// Block table entries per side (--paged): blocks moved per layer and half.
+    #[arg(long, help_heading = "Paged")]
+    pub num_blocks: Option<u64>,
+    /// Layers (--paged).
+    #[arg(long, help_heading = "Paged")]
+    pub layers: Option<u64>,
+    /// Halves per layer (--paged): 2 for K and V, 1 for a cache of one (MLA's) [default: 2].
+    #[arg(long, help_heading = "Paged")]
+    pub halves: Option<u64>,
+    /// Pool blocks per layer and half on each rank (--paged), at least --num-blocks
+    /// [default: 2 x --num-blocks].
+    #[arg(long, help_heading = "Paged")]
+    pub pool_blocks: Option<u64>,
+    /// Seed of the block tables (--paged) [default: 1].
+    #[arg(long, help_heading = "Paged")]
+    pub seed: Option<u64>,
+
     // ---- mori-rs extension
     /// Also time the bare-copy floor in this run (xgmi only; a mori-rs extension): one
     /// cuMemcpyDtoDAsync/hipMemcpyDtoDAsync per segment plus one event, spun on, between the
@@ -297,7 +336,106 @@ impl Args {
             ("--target-dev-offset", self.target_offset().to_string()),
             ("--num-initiator-dev", self.num_initiator_dev.to_string()),
             ("--num-target-dev", self.num_target_dev.to_string()),
+            ("--paged", self.paged.to_string()),
+            ("--block-size", opt(self.block_size)),
+            ("--num-blocks", opt(self.num_blocks)),
+            ("--layers", opt(self.layers)),
+            ("--halves", opt(self.halves)),
+            ("--pool-blocks", opt(self.pool_blocks)),
+            ("--seed", opt(self.seed)),
         ]
+    }
+
+    /// The `--paged` shape (defaults applied), `None` without `--paged`. Meaningful once
+    /// [`Args::validate`] passed.
+    pub fn paged_shape(&self) -> Option<Shape> {
+        if !self.paged {
+            return None;
+        }
+        let blocks = self.num_blocks.unwrap_or(0);
+        Some(Shape {
+            block_size: self.block_size.unwrap_or(0),
+            blocks: u32::try_from(blocks).unwrap_or(u32::MAX),
+            layers: u32::try_from(self.layers.unwrap_or(0)).unwrap_or(u32::MAX),
+            halves: u32::try_from(self.halves.unwrap_or(2)).unwrap_or(u32::MAX),
+            pool_blocks: u32::try_from(self.pool_blocks.unwrap_or(2 * blocks)).unwrap_or(u32::MAX),
+            seed: self.seed.unwrap_or(1),
+        })
+    }
+
+    /// The `--paged` checks: the shape flags only with `--paged`, all there, in range, and
+    /// no flag of another mode. Errors name the flags.
+    fn validate_paged(&self) -> Result<(), String> {
+        let shape_flags = [
+            ("--block-size", self.block_size),
+            ("--num-blocks", self.num_blocks),
+            ("--layers", self.layers),
+            ("--halves", self.halves),
+            ("--pool-blocks", self.pool_blocks),
+            ("--seed", self.seed),
+        ];
+        if !self.paged {
+            let given: Vec<&str> = shape_flags.iter().filter(|f| f.1.is_some()).map(|f| f.0).collect();
+            if !given.is_empty() {
+                return Err(format!("{} set the shape of a --paged run: add --paged (or drop them)", given.join(", ")));
+            }
+            return Ok(());
+        }
+        let missing: Vec<&str> = shape_flags[..3].iter().filter(|f| f.1.is_none()).map(|f| f.0).collect();
+        if !missing.is_empty() {
+            return Err(format!("--paged needs --block-size, --num-blocks and --layers (missing: {})", missing.join(", ")));
+        }
+        for (flag, v) in &shape_flags[..3] {
+            if *v == Some(0) {
+                return Err(format!("{flag} 0: --paged needs at least 1"));
+            }
+        }
+        for (flag, v) in [("--num-blocks", self.num_blocks), ("--layers", self.layers)] {
+            if let Some(v) = v.filter(|&v| v > u64::from(u32::MAX)) {
+                return Err(format!("{flag} {v}: allowed 1..={}", u32::MAX));
+            }
+        }
+        if let Some(h) = self.halves.filter(|h| !(1..=2).contains(h)) {
+            return Err(format!("--halves {h}: allowed 1 (one half, as MLA's cache) or 2 (K and V)"));
+        }
+        let n = self.num_blocks.unwrap_or(0);
+        match self.pool_blocks {
+            None if 2 * n > u64::from(u32::MAX) => {
+                return Err(format!("--num-blocks {n}: the default --pool-blocks (2 x {n}) exceeds {}; give --pool-blocks", u32::MAX))
+            }
+            Some(p) if p > u64::from(u32::MAX) => {
+                return Err(format!("--pool-blocks {p}: allowed up to {} (block indices are u32)", u32::MAX))
+            }
+            Some(p) if p < n => {
+                return Err(format!(
+                    "--pool-blocks {p} is smaller than --num-blocks {n}: a block table holds {n} distinct blocks of the pool"
+                ))
+            }
+            _ => {}
+        }
+        let s = self.paged_shape().unwrap_or(Shape { block_size: 0, blocks: 0, layers: 0, halves: 0, pool_blocks: 0, seed: 0 });
+        if s.entries() > u64::from(u32::MAX) {
+            return Err(format!(
+                "--layers {} x --halves {} x --num-blocks {} = {} blocks per transfer exceeds {} (a paged batch's limit)",
+                s.layers,
+                s.halves,
+                s.blocks,
+                s.entries(),
+                u32::MAX
+            ));
+        }
+        s.buffer_bytes()?;
+        let other = [
+            (self.all, "--paged measures one shape per run: drop --all"),
+            (self.all_batch, "--paged measures one shape per run: drop --all-batch"),
+            (self.disable_batch_transfer, "--paged posts every iteration as one paged batch: drop --disable-batch-transfer"),
+            (self.batch_contiguous, "--paged places blocks by its block tables: drop --batch-contiguous"),
+            (self.num_initiator_dev > 1, "--paged measures one pair: drop --num-initiator-dev/--num-target-dev"),
+        ];
+        match other.iter().find(|o| o.0) {
+            Some((_, e)) => Err(e.to_string()),
+            None => Ok(()),
+        }
     }
 
     /// Checks what can be checked before any rendezvous. Errors name the flag and the limit.
@@ -405,7 +543,7 @@ impl Args {
         if !(1..=64).contains(&self.num_qp_per_transfer) {
             return Err(format!("--num-qp-per-transfer {}: allowed 1..=64", self.num_qp_per_transfer));
         }
-        Ok(())
+        self.validate_paged()
     }
 
     /// Flags given that the chosen backend does not use (printed as a note, not an error).
@@ -449,6 +587,11 @@ impl Args {
         }
         v
     }
+}
+
+/// An optional flag's value for the workload list (`-` when not given).
+fn opt(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
 /// Names of the workload flags whose values differ between rank 0 (`a`) and rank `other`
@@ -519,6 +662,94 @@ mod tests {
             "2",
         ]);
         assert_eq!((c.device_for(1, 0), c.device_for(1, 1)), (Some(2), Some(3)));
+    }
+
+    fn refused(a: &[&str]) -> String {
+        let mut v = vec!["bench_engine"];
+        v.extend_from_slice(a);
+        Args::parse_from(v).validate().unwrap_err()
+    }
+
+    #[test]
+    fn paged_shape_defaults_and_workload() {
+        let a = parse(&["--paged", "--block-size", "32768", "--num-blocks", "256", "--layers", "8"]);
+        assert_eq!(a.paged_shape(), Some(Shape { block_size: 32768, blocks: 256, layers: 8, halves: 2, pool_blocks: 512, seed: 1 }));
+        let a = parse(&[
+            "--paged",
+            "--block-size",
+            "16",
+            "--num-blocks",
+            "3",
+            "--layers",
+            "2",
+            "--halves",
+            "1",
+            "--pool-blocks",
+            "3",
+            "--seed",
+            "9",
+        ]);
+        let s = a.paged_shape().unwrap();
+        assert_eq!((s.halves, s.pool_blocks, s.seed, s.entries(), s.buffer_bytes()), (1, 3, 9, 6, Ok(2 * 3 * 16 + 6 * 16)));
+        // The paged flags are workload flags: a rank with another shape is named at rendezvous.
+        let b = parse(&[
+            "--paged",
+            "--block-size",
+            "16",
+            "--num-blocks",
+            "4",
+            "--layers",
+            "2",
+            "--halves",
+            "1",
+            "--pool-blocks",
+            "4",
+            "--seed",
+            "9",
+        ]);
+        let w = |a: &Args| a.workload().into_iter().map(|(k, v)| (k.to_string(), v)).collect::<Vec<_>>();
+        assert_eq!(workload_diff(&w(&a), &w(&b), 1), vec!["--num-blocks: rank 0 = 3, rank 1 = 4", "--pool-blocks: rank 0 = 3, rank 1 = 4"]);
+        let plain = parse(&[]);
+        assert_eq!(plain.paged_shape(), None);
+        let d = workload_diff(&w(&plain), &w(&a), 1);
+        assert_eq!(d[0], "--paged: rank 0 = false, rank 1 = true");
+        assert!(d.contains(&"--seed: rank 0 = -, rank 1 = 9".to_string()), "{d:?}");
+    }
+
+    #[test]
+    fn paged_refusals_name_the_flags() {
+        let base = ["--paged", "--block-size", "4096", "--num-blocks", "16", "--layers", "2"];
+        let with = |extra: &[&str]| refused(&[&base[..], extra].concat());
+        let cases: Vec<(String, &str)> = vec![
+            (refused(&["--paged"]), "--paged needs --block-size, --num-blocks and --layers (missing: --block-size, --num-blocks, --layers)"),
+            (refused(&["--paged", "--block-size", "8", "--layers", "1"]), "(missing: --num-blocks)"),
+            (refused(&["--num-blocks", "4", "--seed", "3"]), "--num-blocks, --seed set the shape of a --paged run: add --paged"),
+            (refused(&["--paged", "--block-size", "0", "--num-blocks", "1", "--layers", "1"]), "--block-size 0: --paged needs at least 1"),
+            (refused(&["--paged", "--block-size", "1", "--num-blocks", "0", "--layers", "1"]), "--num-blocks 0: --paged needs at least 1"),
+            (refused(&["--paged", "--block-size", "1", "--num-blocks", "1", "--layers", "0"]), "--layers 0: --paged needs at least 1"),
+            (with(&["--halves", "3"]), "--halves 3: allowed 1 (one half, as MLA's cache) or 2 (K and V)"),
+            (with(&["--pool-blocks", "15"]), "--pool-blocks 15 is smaller than --num-blocks 16"),
+            (with(&["--all"]), "--paged measures one shape per run: drop --all"),
+            (with(&["--all-batch"]), "drop --all-batch"),
+            (with(&["--disable-batch-transfer"]), "one paged batch: drop --disable-batch-transfer"),
+            (with(&["--batch-contiguous"]), "drop --batch-contiguous"),
+            (with(&["--num-initiator-dev", "2", "--num-target-dev", "2"]), "--paged measures one pair"),
+            (
+                refused(&["--paged", "--block-size", "1", "--num-blocks", "3000000000", "--layers", "1"]),
+                "--num-blocks 3000000000: the default --pool-blocks (2 x 3000000000) exceeds 4294967295; give --pool-blocks",
+            ),
+            (
+                refused(&["--paged", "--block-size", "1", "--num-blocks", "65536", "--layers", "65536", "--pool-blocks", "65536"]),
+                "--layers 65536 x --halves 2 x --num-blocks 65536 = 8589934592 blocks per transfer exceeds 4294967295",
+            ),
+            (
+                refused(&["--paged", "--block-size", "1099511627776", "--num-blocks", "4096", "--layers", "1024"]),
+                "--layers 1024 x --halves 2 x --pool-blocks 8192 x --block-size 1099511627776 (plus the contiguous baseline's area) does not fit in memory",
+            ),
+        ];
+        for (got, want) in cases {
+            assert!(got.contains(want), "{got:?} lacks {want:?}");
+        }
     }
 
     #[test]

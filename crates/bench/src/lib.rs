@@ -11,6 +11,8 @@ pub mod args;
 pub mod baseline;
 pub mod local;
 pub mod membuf;
+pub mod paged;
+mod paged_run;
 pub mod report;
 pub mod run;
 pub mod sweep;

@@ -81,8 +81,9 @@ impl Buffer {
         }
     }
 
+    /// End of the furthest slot (offsets need not be sorted: a paged batch's are not).
     fn extent(offs: &[u64], len: u64) -> usize {
-        offs.last().map(|&o| (o + len) as usize).unwrap_or(0)
+        offs.iter().max().map(|&o| (o + len) as usize).unwrap_or(0)
     }
 
     /// Fills every slot with the pattern of (`rank`, `point`) (see `validate::fill`).

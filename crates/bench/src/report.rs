@@ -1,5 +1,6 @@
 //! Output: the seed's table, JSON rows and a PNG plot.
 
+use crate::paged::PagedReport;
 use serde::Serialize;
 use std::path::Path;
 
@@ -87,15 +88,24 @@ pub fn prefixed(prefix: &str, text: &str) -> String {
     text.lines().map(|l| format!("{prefix} {l}")).collect::<Vec<_>>().join("\n")
 }
 
-/// Writes `{ "config": ..., "validation": ..., "rows": [...] }`.
-pub fn write_json<C: Serialize>(path: &Path, config: &C, validation: &str, rows: &[Row]) -> Result<(), String> {
+/// Writes `{ "config": ..., "validation": ..., "rows": [...] }`, plus `"paged": {...}` (the
+/// report's fields) after a `--paged` run.
+pub fn write_json<C: Serialize>(
+    path: &Path,
+    config: &C,
+    validation: &str,
+    rows: &[Row],
+    paged: Option<&PagedReport>,
+) -> Result<(), String> {
     #[derive(Serialize)]
     struct Doc<'a, C> {
         config: &'a C,
         validation: &'a str,
         rows: &'a [Row],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        paged: Option<&'a PagedReport>,
     }
-    let s = serde_json::to_string_pretty(&Doc { config, validation, rows }).map_err(|e| format!("--json: {e}"))?;
+    let s = serde_json::to_string_pretty(&Doc { config, validation, rows, paged }).map_err(|e| format!("--json: {e}"))?;
     std::fs::write(path, s).map_err(|e| format!("--json {}: {e}", path.display()))
 }
 

@@ -3,6 +3,7 @@
 use crate::args::{workload_diff, Args, BackendArg, MemArg, OpArg, PollArg};
 use crate::baseline::CopyBaseline;
 use crate::membuf::Buffer;
+use crate::paged::PagedReport;
 use crate::report::Row;
 use crate::sweep::{buffer_bytes, offsets, points, Point};
 use crate::validate::first_mismatch;
@@ -26,6 +27,9 @@ pub struct Outcome {
     /// With `--num-initiator-dev N > 1`, on global rank 0: every pair's own result, in pair
     /// order. Empty otherwise.
     pub pairs: Vec<PairOutcome>,
+    /// With `--paged`, on rank 0: the paged point's report (blocks, bytes, the paged and
+    /// contiguous timings and their ratio).
+    pub paged: Option<PagedReport>,
 }
 
 /// One initiator/target pair's result (`--num-initiator-dev N > 1`).
@@ -74,7 +78,7 @@ pub struct Failure {
 fn usage<S: Into<String>>(msg: S) -> Failure {
     Failure { msg: msg.into(), code: 2 }
 }
-fn fail<S: Into<String>>(msg: S) -> Failure {
+pub(crate) fn fail<S: Into<String>>(msg: S) -> Failure {
     Failure { msg: msg.into(), code: 1 }
 }
 
@@ -133,9 +137,9 @@ pub fn mem_available() -> Option<u64> {
 /// Default per-collective deadline of bench_engine when MORI_BOOTSTRAP_OP_TIMEOUT is unset.
 pub const POINT_WAIT: Duration = Duration::from_secs(3600);
 
-const MAGIC_OK: u8 = 0;
-const MAGIC_SKIP: u8 = 1;
-const MAGIC_ABORT: u8 = 2;
+pub(crate) const MAGIC_OK: u8 = 0;
+pub(crate) const MAGIC_SKIP: u8 = 1;
+pub(crate) const MAGIC_ABORT: u8 = 2;
 
 /// Runs this process: side `args.rank`, index `args.local_index` among its side's
 /// `--num-initiator-dev` processes. `port` is the bootstrap port (engines use
@@ -199,11 +203,18 @@ fn run_with(
 
     // Memory first: refuse before anything else if the buffers cannot fit.
     let pts = points(args);
-    let bytes = buffer_bytes(&pts, args.batch_contiguous).map_err(usage)?;
+    let shape = args.paged_shape();
+    let bytes = match &shape {
+        Some(s) => s.buffer_bytes().map_err(usage)?,
+        None => buffer_bytes(&pts, args.batch_contiguous).map_err(usage)?,
+    };
     if let Some(avail) = mem_available() {
         if bytes.saturating_mul(ranks_here) > avail / 10 * 8 {
+            let lower =
+                if shape.is_some() { "--pool-blocks/--block-size/--layers" } else { "--sweep-max/--buffer-size or --transfer-batch-size" };
             return Err(usage(format!(
-                "the sweep needs a {bytes}-byte buffer per rank ({} rank(s) here) but MemAvailable is {avail} bytes; lower --sweep-max/--buffer-size or --transfer-batch-size",
+                "the {} needs a {bytes}-byte buffer per rank ({} rank(s) here) but MemAvailable is {avail} bytes; lower {lower}",
+                if shape.is_some() { "paged pool" } else { "sweep" },
                 ranks_here
             )));
         }
@@ -321,13 +332,38 @@ fn run_with(
         if !ignored.is_empty() {
             eprintln!("note: no effect on the {b} backend: {}", ignored.join(", "));
         }
+        if let Some(s) = &shape {
+            eprintln!(
+                "paged: {} layers x {} halves x {} blocks of {} B per transfer, pools of {} blocks per layer and half, block tables of seed {} (one pair per point), contiguous baseline of {} B",
+                s.layers, s.halves, s.blocks, s.block_size, s.pool_blocks, s.seed, s.total_bytes().unwrap_or(0)
+            );
+        }
     }
 
     let bar = progress(me, pts.len());
     let mut rows = Vec::new();
     let mut validation: Option<String> = None;
     let mut skipped = false;
-    for (pi, &p) in pts.iter().enumerate() {
+    let mut paged = None;
+    if let Some(s) = &shape {
+        let ctx = crate::paged_run::Ctx {
+            args,
+            boot: boot.as_ref(),
+            eng: &eng,
+            sess: sess.as_ref(),
+            mem: &mem,
+            remote: &remote,
+            deadline,
+            baseline: baseline.as_ref(),
+            peer_rank,
+        };
+        let r = crate::paged_run::point(&ctx, s, &mut buf)?;
+        rows.extend(r.row);
+        (paged, validation, skipped) = (r.report, r.validation, r.skipped);
+    }
+    // (--paged measured its one point above.)
+    let swept: &[Point] = if shape.is_some() { &[] } else { &pts };
+    for (pi, &p) in swept.iter().enumerate() {
         let offs = offsets(p, args.batch_contiguous);
         let src_rank = if args.op == OpArg::Write { 0 } else { 1 };
         if rank == src_rank {
@@ -424,7 +460,7 @@ fn run_with(
     drop(buf);
     let validation = if skipped { "skipped".to_string() } else { validation.unwrap_or_else(|| "OK".into()) };
     if world == 2 {
-        return Ok(Outcome { rows, validation, pairs: Vec::new() });
+        return Ok(Outcome { rows, validation, pairs: Vec::new(), paged });
     }
     // Several pairs: every initiator's rows and validation go to global rank 0.
     let mine = PairOutcome { gpu: args.device_for(0, args.local_index).unwrap_or(0), rows, validation };
@@ -432,7 +468,7 @@ fn run_with(
         .allgather(&postcard::to_allocvec(&mine).map_err(|e| fail(e.to_string()))?)
         .map_err(|e| fail(format!("gathering the pairs' rows: {e}")))?;
     if me != 0 {
-        return Ok(Outcome { rows: Vec::new(), validation: mine.validation, pairs: Vec::new() });
+        return Ok(Outcome { rows: Vec::new(), validation: mine.validation, pairs: Vec::new(), paged: None });
     }
     let pairs = all
         .iter()
@@ -443,7 +479,7 @@ fn run_with(
         Some(p) => format!("FAILED: [gpu {}] {}", p.gpu, p.validation.trim_start_matches("FAILED: ")),
         None => pairs.first().map(|p| p.validation.clone()).unwrap_or(mine.validation),
     };
-    Ok(Outcome { rows: aggregate(&pairs), validation, pairs })
+    Ok(Outcome { rows: aggregate(&pairs), validation, pairs, paged: None })
 }
 
 /// The rdma backend's settings from the environment and the seed's tuning flags.

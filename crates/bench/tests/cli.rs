@@ -82,6 +82,7 @@ fn bench(args: &[&str]) -> Command {
     for k in [
         "MORI_LOG",
         "MORI_BENCH_CORRUPT_SLOT",
+        "MORI_BENCH_CORRUPT_UNTOUCHED",
         "MORI_BENCH_LOCAL_CHILD_PORT",
         "MORI_BENCH_LOCAL_TOKEN",
         "MORI_BENCH_LOCAL_PARENT",

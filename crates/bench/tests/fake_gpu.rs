@@ -88,3 +88,31 @@ fn copy_baseline_columns_on_both_xgmi_paths() {
     assert!(err.contains("drop --disable-batch-transfer"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn paged_points_on_both_xgmi_paths() {
+    let Some(dir) = fake_build::build_fake("bench-paged") else { return };
+    let shape = ["--paged", "--block-size", "4096", "--num-blocks", "16", "--layers", "2", "--halves", "2", "--pool-blocks", "40"];
+    let common =
+        ["--backend", "xgmi", "--mem-type", "gpu", "--iters", "6", "--warmup-iters", "1", "--log-level", "warning", "--copy-baseline"];
+    for (mode, op, sess) in [("--local", "write", false), ("--local", "read", true), ("--xgmi-single-process", "read", false)] {
+        let mut args = vec![mode, "--op", op];
+        if sess {
+            args.push("--enable-sess");
+        }
+        args.extend(shape);
+        args.extend(common);
+        let (code, out, err) = bench(&dir, &args);
+        let what = format!("{args:?}\n--- stdout\n{out}\n--- stderr\n{err}");
+        assert_eq!(code, Some(0), "{what}");
+        assert!(out.contains("validation: OK"), "{what}");
+        let row: Vec<f64> = out.lines().nth(1).unwrap().split_whitespace().map(|x| x.parse().unwrap()).collect();
+        assert_eq!(&row[..3], &[4096.0, 64.0, 6.0], "block size, 2 x 2 x 16 blocks: {what}");
+        for l in ["paged: 64 blocks (2 layers x 2 halves x 16 table entries; ", "contiguous: 1 entry of 262144 B", "paged/contiguous: "] {
+            assert!(out.contains(l), "{l:?}: {what}");
+        }
+        assert!(out.contains("bare copy: 1 device copy of 262144 B per transfer: ") && out.contains("paged/copy: "), "{what}");
+        assert!(!err.contains("WARN") && !err.contains("ERROR"), "{what}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -142,6 +142,9 @@ fn check_gpus(args: &Args) -> Result<(), String> {
 fn print_outcome(out: &Outcome) {
     if out.pairs.is_empty() {
         println!("{}", report::table(&out.rows));
+        if let Some(p) = &out.paged {
+            println!("{}", p.lines());
+        }
     } else {
         for p in &out.pairs {
             println!("{}", report::prefixed(&format!("[gpu {}]", p.gpu), &report::table(&p.rows)));
@@ -280,7 +283,7 @@ fn main() -> ExitCode {
             print_outcome(&out);
             let mut code = if out.validation.starts_with("FAILED") { 1 } else { 0 };
             if let Some(p) = &args.json {
-                if let Err(e) = report::write_json(p, &args.workload(), &out.validation, &out.rows) {
+                if let Err(e) = report::write_json(p, &args.workload(), &out.validation, &out.rows, out.paged.as_ref()) {
                     eprintln!("error: {e}");
                     code = 1;
                 }
