@@ -18,7 +18,9 @@ step() { echo; echo "=== $*"; }
 # sweeps at 4..64 MiB) and lat (scripts/gpu-parts/lat.sh: the same for batch-1 latency,
 # 8 B..64 KiB, xgmi and fabric), pair (scripts/gpu-parts/pair.sh: the GPU tests of the
 # transfer path, then batch-1 latency against bench_engine --copy-baseline, also per NUMA
-# node). One call stays under the device tool's 10-minute limit with
+# node), and, only when named, paged (scripts/gpu-parts/paged.sh: bench_engine --paged on xgmi
+# and fabric for the paged KV-cache shapes, with same-run contiguous baselines). One call
+# stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
 # topology, peer-bw over all pairs, and only the multi-GPU sections of xgmi.sh and ep.sh.
@@ -87,7 +89,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in pair xgmi lat xgmibw fabric ep; do
+for part in pair paged xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"
