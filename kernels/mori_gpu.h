@@ -20,6 +20,8 @@ typedef __INT64_TYPE__ int64_t;
 #define MORI_SHARED __attribute__((shared))
 // Kernel launchable with up to n threads per block (caps registers per thread accordingly).
 #define MORI_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+// A by-value kernel parameter read in place (kernel arguments already live in readable memory).
+#define MORI_GRID_CONSTANT
 typedef uint32_t mori_vec16_t __attribute__((ext_vector_type(4))); // 16 bytes, 16-aligned
 
 MORI_DEVICE uint32_t mori_thread_idx() { return __builtin_amdgcn_workitem_id_x(); }
@@ -82,6 +84,8 @@ MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v
 #define MORI_SHARED __shared__
 // Kernel launchable with up to n threads per block (caps registers per thread accordingly).
 #define MORI_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+// A by-value kernel parameter read in place, never copied to local memory (sm_70+, CUDA 11.7+).
+#define MORI_GRID_CONSTANT __grid_constant__
 typedef uint4 mori_vec16_t; // 16 bytes, 16-aligned
 
 MORI_DEVICE uint32_t mori_thread_idx() { return threadIdx.x; }

@@ -48,6 +48,16 @@
 //   block b copies units b, b + gridDim, ...; with fewer units than blocks, gridDim / units
 //   blocks share each unit.
 //
+// mori_paged_copy_inline  (extern "C", unmangled): mori_paged_copy with the run table passed
+// in the parameters, so a small table needs no upload before the launch.
+//   params  0: PagedInline t          3928 bytes, offset 0, BY VALUE (8-aligned)
+//           (kernelParams = { &t })
+//   PagedInline (3928 bytes, 8-aligned, no padding): { PagedParams p (offset 0);
+//           PagedRun runs[320] (offset 88) }; only runs[0 .. p.n_runs] are read, the rest
+//           may hold anything. p.n_runs above 320 copies nothing. 3928 bytes stay under the
+//           4 KiB of parameters every CUDA and HIP launch accepts.
+//   Units, addressing, contract and launch exactly as mori_paged_copy's.
+//
 // The copy: threads copy elements of the widest width src and dst share: 16 bytes when
 // (src ^ dst) % 16 == 0, else 8, 4, 2 or 1, with byte copies before the first and after the
 // last aligned element.
@@ -79,6 +89,9 @@ struct PagedRun {
     uint32_t count;
 };
 
+// Capacity of mori_paged_copy_inline's run table.
+#define MORI_PAGED_INLINE_RUNS 320
+
 struct PagedParams {
     uint64_t a_base;
     uint64_t a_layer_stride;
@@ -96,6 +109,12 @@ struct PagedParams {
 };
 static_assert(sizeof(PagedRun) == 12, "PagedRun is 12 bytes");
 static_assert(sizeof(PagedParams) == 88, "PagedParams is 88 bytes");
+
+struct PagedInline {
+    PagedParams p;
+    PagedRun runs[MORI_PAGED_INLINE_RUNS];
+};
+static_assert(sizeof(PagedInline) == 3928, "PagedInline is 3928 bytes");
 
 // Copies count elements of T: this thread takes elements lane, lane + stride, ..., U loads in
 // flight at a time.
@@ -157,8 +176,8 @@ MORI_KERNEL void mori_scatter_gather_copy(const CopyDesc* descs, uint32_t n) {
     }
 }
 
-// Launch bounds 1024: registers capped so that every block size up to 1024 launches.
-MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy(const PagedRun* runs, PagedParams p) {
+// The work units of a paged copy (see mori_paged_copy) shared out over the grid.
+MORI_DEVICE void mori_paged_units(const PagedRun* runs, const PagedParams& p) {
     const uint64_t n64 = (uint64_t)p.layers * p.halves * p.n_runs;
     if (n64 == 0 || n64 > 0xffffffffull) return;
     const uint32_t n = (uint32_t)n64;
@@ -187,4 +206,14 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy(const PagedRun* runs, 
             mori_copy_range<MORI_PAGED_UNROLL>(b, a, len, lane, stride);
         }
     }
+}
+
+// Launch bounds 1024: registers capped so that every block size up to 1024 launches.
+MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy(const PagedRun* runs, PagedParams p) {
+    mori_paged_units(runs, p);
+}
+
+MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy_inline(const MORI_GRID_CONSTANT PagedInline t) {
+    if (t.p.n_runs > MORI_PAGED_INLINE_RUNS) return;
+    mori_paged_units(t.runs, t.p);
 }

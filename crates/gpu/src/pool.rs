@@ -36,7 +36,7 @@ static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_cop
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
 mod paged;
-pub use paged::{PagedCopy, PagedRun, PagedSide};
+pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
 
 // The kernels' tables are little endian (kernels/README.md); they are written as host bytes.
 const _: () = assert!(cfg!(target_endian = "little"), "mori-gpu's kernel tables assume a little-endian host");
@@ -74,6 +74,11 @@ pub struct CopyPoolConfig {
     /// kernel gave 1165-1510 GB/s for 4-32 MiB segments but 411-620 at 64 MiB; copies gave
     /// 533-616 GB/s at 4 MiB and 1402-1500 at 64 MiB.
     pub kernel_max_mean_bytes: u64,
+    /// [`CopyPool::copy_paged`] passes run tables of at most this many runs in the kernel's
+    /// parameters (no upload before the launch); larger ones are uploaded from pinned memory.
+    /// Default and most: [`PAGED_INLINE_RUNS`] (320); 0 uploads every table. The environment
+    /// variable `MORI_GPU_PAGED_INLINE_RUNS`, when set, overrides it ([`CopyPool::new`]).
+    pub paged_inline_runs: usize,
 }
 
 impl Default for CopyPoolConfig {
@@ -84,6 +89,7 @@ impl Default for CopyPoolConfig {
             admission_timeout: Duration::from_secs(30),
             kernel_threshold: 32,
             kernel_max_mean_bytes: 48 << 20,
+            paged_inline_runs: PAGED_INLINE_RUNS,
         }
     }
 }
@@ -223,8 +229,8 @@ struct DevPool {
     /// The scatter/gather kernel (none when disabled or when no image loads) and the
     /// multiprocessor count that sizes its grid.
     kernel: Option<Function>,
-    /// The paged-copy kernel of the same module (none exactly when `kernel` is none).
-    paged: Option<Function>,
+    /// The paged-copy kernels of the same module (none exactly when `kernel` is none).
+    paged: Option<paged::PagedKernels>,
     sms: u32,
     streams: Vec<Stream>,
     /// Submissions in flight per stream.
@@ -302,15 +308,18 @@ fn claim_lane(busy: &[AtomicUsize], next: &AtomicUsize) -> usize {
 
 impl CopyPool {
     /// Starts the completion thread (named `thread_name`). Streams and slots are created per
-    /// device on first use. Errors: `InvalidArgument` for zero streams or events; `Io` if
-    /// the thread cannot be spawned.
-    pub fn new(rt: Arc<dyn Runtime>, cfg: CopyPoolConfig, thread_name: &str) -> Result<Self> {
+    /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
+    /// `cfg.paged_inline_runs`. Errors: `InvalidArgument` for zero streams or events, or a
+    /// `paged_inline_runs` (or that variable) that is not a number from 0 to
+    /// [`PAGED_INLINE_RUNS`]; `Io` if the thread cannot be spawned.
+    pub fn new(rt: Arc<dyn Runtime>, mut cfg: CopyPoolConfig, thread_name: &str) -> Result<Self> {
         if cfg.num_streams == 0 || cfg.num_events == 0 {
             return Err(GpuError::invalid(format!(
                 "copy pool: num_streams ({}) and num_events ({}) must be at least 1",
                 cfg.num_streams, cfg.num_events
             )));
         }
+        cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, std::env::var(paged::INLINE_ENV).ok().as_deref())?;
         let n_dev = rt.device_count()?;
         let shared = Arc::new(Shared {
             rt,
@@ -554,10 +563,12 @@ impl Shared {
     /// The scatter/gather and paged-copy kernels on `dev` (one module); `(None, None)`
     /// (logged) if no image loads or either is missing, and batches then use one copy per
     /// segment, paged copies one copy per range.
-    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<Function>) {
+    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<paged::PagedKernels>) {
         let images = KernelImages { cubin: SG_CUBIN, ptx: SG_PTX, hsaco: SG_GFX942 };
-        let loaded =
-            images.load(&*self.rt, dev).and_then(|m| Ok((m.function("mori_scatter_gather_copy")?, m.function("mori_paged_copy")?)));
+        let loaded = images.load(&*self.rt, dev).and_then(|m| {
+            let paged = paged::PagedKernels { table: m.function("mori_paged_copy")?, inline: m.function("mori_paged_copy_inline")? };
+            Ok((m.function("mori_scatter_gather_copy")?, paged))
+        });
         match loaded {
             Ok((sg, paged)) => (Some(sg), Some(paged)),
             Err(e) => {

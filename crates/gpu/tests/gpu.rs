@@ -773,6 +773,38 @@ fn copy_pool_paged_copies_and_staged_tables() -> R {
     })?;
     rt.copy_dtoh(&mut back_e, &e.slice())?;
     check("paged D -> E (ranges)", &back_e, want_e)?;
+    // The same table uploaded from pinned memory instead of passed in the parameters.
+    let upload = CopyPool::new(rt.clone(), CopyPoolConfig { paged_inline_runs: 0, ..CopyPoolConfig::default() }, "test-paged-upload")?;
+    rt.memset(&e.slice(), 0)?;
+    // SAFETY: as above.
+    pool_wait(&upload, "paged D -> E (uploaded table)", |tx| {
+        Ok(unsafe { upload.copy_paged(DEV, &strided, &runs2, move || move |r| drop(tx.send(r))) }?)
+    })?;
+    rt.copy_dtoh(&mut back_e, &e.slice())?;
+    check("paged D -> E (uploaded table)", &back_e, want_e)?;
+    // 512 runs, more than the parameters hold (320): the default pool uploads this table.
+    // 64-byte blocks: even blocks of A to odd blocks of C in reverse order.
+    let small = PagedSide { base: a.ptr(), layer_stride: 1024 * 64, half_stride: 1024 * 64, block_stride: 64 };
+    let many = PagedCopy { a: small, b: PagedSide { base: c.ptr(), ..small }, block_bytes: 64, layers: 1, halves: 1, a_to_b: true };
+    let (ma, mb): (Vec<u32>, Vec<u32>) = (0..512u32).map(|k| (2 * k, 1023 - 2 * k)).unzip();
+    let runs3 = many.runs(&ma, &mb)?;
+    if runs3.len() != 512 {
+        return fail(format!("expected 512 runs, got {}", runs3.len()));
+    }
+    rt.memset(&c.slice(), 0)?;
+    // SAFETY: blocks 0..1024 of 64 bytes lie inside `a` and `c` (64 KiB of 384 KiB).
+    pool_wait(&pool, "512 runs (uploaded table)", |tx| {
+        Ok(unsafe { pool.copy_paged(DEV, &many, &runs3, move || move |r| drop(tx.send(r))) }?)
+    })?;
+    rt.copy_dtoh(&mut back, &c.slice())?;
+    check("512 runs", &back, |i| {
+        let b = i / 64;
+        if i < 1024 * 64 && b % 2 == 1 {
+            pat((1023 - b) * 64 + i % 64, 0x21)
+        } else {
+            0
+        }
+    })?;
     // Refused before anything is queued; make_done is not called.
     let zero = PagedCopy { layers: 0, ..strided };
     // SAFETY: nothing is queued (the job is refused).
@@ -780,6 +812,6 @@ fn copy_pool_paged_copies_and_staged_tables() -> R {
         Err(GpuError::InvalidArgument(m)) if m.contains("layers is 0") => {}
         other => return fail(format!("zero layers: {other:?}")),
     }
-    println!("copy pool: paged copies (merged and strided, both directions, kernel and per range) and a staged descriptor table");
+    println!("copy pool: paged copies (merged and strided, both directions, inline and uploaded run tables, 512 runs, per range) and a staged descriptor table");
     Ok(())
 }

@@ -1,8 +1,11 @@
 //! Paged KV-cache copies ([`CopyPool::copy_paged`]): a [`PagedCopy`] (the layout of both
 //! sides and the block size) and a table of [`PagedRun`]s, copied by `mori_paged_copy`
 //! (kernels/scatter_gather_copy.cu), which computes every address on the device, so the host
-//! writes and uploads 12 bytes per run instead of a 24-byte descriptor per block and layer.
-//! Where the kernel is not loaded, one async copy per range instead (reported once).
+//! writes 12 bytes per run instead of a 24-byte descriptor per block and layer. Tables of at
+//! most [`PAGED_INLINE_RUNS`] runs travel in the parameters of `mori_paged_copy_inline`
+//! (nothing to upload: on the H200 the upload was ~2–3 µs of a 14–25 µs small transfer);
+//! larger ones are uploaded from pinned memory on the submission's stream. Where the kernel
+//! is not loaded, one async copy per range instead (reported once).
 //!
 //! The pure pieces (validation, unit numbering, grid size) are functions here, tested
 //! against oracles below.
@@ -131,6 +134,52 @@ pub(crate) struct PagedParams {
 }
 
 const _: () = assert!(std::mem::size_of::<PagedParams>() == 88 && std::mem::align_of::<PagedParams>() == 8);
+
+/// Most runs a table may have to be passed in the parameters of `mori_paged_copy_inline`
+/// (kernels/scatter_gather_copy.cu: 88 + 12 x 320 = 3928 bytes, under the 4 KiB of
+/// parameters every CUDA and HIP launch accepts); the default of
+/// [`super::CopyPoolConfig::paged_inline_runs`].
+pub const PAGED_INLINE_RUNS: usize = 320;
+
+/// The environment variable that overrides [`super::CopyPoolConfig::paged_inline_runs`].
+pub(crate) const INLINE_ENV: &str = "MORI_GPU_PAGED_INLINE_RUNS";
+
+/// `mori_paged_copy_inline`'s by-value parameter: the params and the table (unused entries
+/// zero).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct PagedInline {
+    p: PagedParams,
+    runs: [PagedRun; PAGED_INLINE_RUNS],
+}
+
+const _: () = assert!(std::mem::size_of::<PagedInline>() == 3928 && std::mem::align_of::<PagedInline>() == 8);
+
+/// The two paged-copy kernels of one module: the run table read from device memory, and
+/// the run table in the parameters.
+pub(crate) struct PagedKernels {
+    pub(crate) table: crate::module::Function,
+    pub(crate) inline: crate::module::Function,
+}
+
+/// The inline-table limit to use: `env` (the value of [`INLINE_ENV`]) when set, else
+/// `configured`. Errors: `InvalidArgument` naming the variable or field when the value is
+/// not a number from 0 to [`PAGED_INLINE_RUNS`].
+pub(crate) fn inline_runs(configured: usize, env: Option<&str>) -> Result<usize> {
+    let (what, n) = match env {
+        Some(v) => (
+            INLINE_ENV,
+            v.trim().parse::<usize>().map_err(|_| GpuError::invalid(format!("copy pool: {INLINE_ENV}={v:?} is not a number of runs")))?,
+        ),
+        None => ("paged_inline_runs", configured),
+    };
+    if n > PAGED_INLINE_RUNS {
+        return Err(GpuError::invalid(format!(
+            "copy pool: {what} is {n}: at most {PAGED_INLINE_RUNS} runs fit in the kernel's parameters"
+        )));
+    }
+    Ok(n)
+}
 const _: () = assert!(std::mem::size_of::<PagedRun>() == 12 && std::mem::align_of::<PagedRun>() == 4);
 
 /// A validated paged copy: work units (layers x halves x runs) and payload bytes.
@@ -254,10 +303,12 @@ pub(crate) fn paged_grid(units: u32, total_bytes: u64, sms: u32) -> u32 {
 }
 
 impl CopyPool {
-    /// Queues the paged copy `job` over `runs` as one submission: the runs table (12 bytes a
-    /// run) written into the slot's pinned staging buffer and uploaded on the submission's
-    /// stream, then `mori_paged_copy` (block 64, grid min(128 x SMs, max(units, bytes / 4
-    /// KiB))), which computes every address on the device. Units are layers x halves x runs.
+    /// Queues the paged copy `job` over `runs` as one submission: one kernel (block 64, grid
+    /// min(128 x SMs, max(units, bytes / 4 KiB))) that computes every address on the device.
+    /// Units are layers x halves x runs. A table of at most
+    /// [`super::CopyPoolConfig::paged_inline_runs`] runs goes in the parameters of
+    /// `mori_paged_copy_inline`; a larger one (12 bytes a run) is written into the slot's
+    /// pinned staging buffer and uploaded on the submission's stream for `mori_paged_copy`.
     /// Where the kernel is not loaded (`kernel_threshold` 0, or no image loaded) it queues one async copy per (layer, half, run) range instead, and says so
     /// once per pool at info level. `make_done` is called exactly when `Ok` is returned (after
     /// the work and the event are queued); see [`CopyPool::submit`] for slots, admission and
@@ -282,22 +333,31 @@ impl CopyPool {
         let s = &self.shared;
         let dp = s.dev_pool(dev)?;
         let rt = &s.rt;
-        if let Some(f) = dp.paged.as_ref() {
+        if let Some(k) = dp.paged.as_ref() {
             let grid = paged_grid(plan.units, plan.total_bytes, dp.sms);
+            let cfg = LaunchConfig { grid: (grid, 1, 1), block: (PAGED_BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 };
+            let inline = runs.len() <= s.cfg.paged_inline_runs;
             let table_bytes: &[u8] = bytemuck::cast_slice(runs);
             let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
                 let stream = lane.stream();
+                let mut args = KernelArgs::new();
+                if inline {
+                    let mut t = PagedInline { p: plan.params, runs: [PagedRun::default(); PAGED_INLINE_RUNS] };
+                    t.runs[..runs.len()].copy_from_slice(runs);
+                    args.push(t);
+                    // SAFETY: the kernel's ABI is (PagedInline by value) (the kernel source's
+                    // header); runs.len() <= PAGED_INLINE_RUNS; `plan` checked that no address
+                    // wraps; every range is mapped device memory (forwarded contract).
+                    return unsafe { rt.launch(&k.inline, stream, &cfg, &args.params()) };
+                }
                 let table = lane.stage(table_bytes.len(), |buf| {
                     buf.copy_from_slice(table_bytes);
                     Ok(())
                 })?;
-                let mut args = KernelArgs::new();
                 args.push_ptr(&table).push(plan.params);
-                let cfg = LaunchConfig { grid: (grid, 1, 1), block: (PAGED_BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 };
-                // SAFETY: the kernel's ABI is (const PagedRun*, PagedParams by value)
-                // (kernels/README.md); `plan` checked that no address wraps; every range is
-                // mapped device memory (forwarded contract).
-                unsafe { rt.launch(f, stream, &cfg, &args.params()) }
+                // SAFETY: the kernel's ABI is (const PagedRun*, PagedParams by value) (the
+                // kernel source's header); as above.
+                unsafe { rt.launch(&k.table, stream, &cfg, &args.params()) }
             };
             // SAFETY: forwarded contract.
             return unsafe { self.submit_on(dp, enqueue, make_done) };
@@ -364,6 +424,41 @@ mod tests {
         assert_eq!(off(&p.a_to_b as *const u32 as *const u8), 84);
         assert_eq!((p.layers, p.halves, p.n_runs, p.a_to_b, p.block_bytes), (3, 2, 1, 0, 4096));
         assert_eq!(bytemuck::bytes_of(&PagedRun { a_block: 1, b_block: 2, count: 3 }), &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
+    }
+
+    #[test]
+    fn inline_table_matches_the_kernel_abi() {
+        let mut t = PagedInline {
+            p: plan(&job(1, 1, 64, true, true), &[PagedRun { a_block: 0, b_block: 0, count: 1 }]).unwrap().params,
+            runs: [PagedRun::default(); PAGED_INLINE_RUNS],
+        };
+        t.runs[PAGED_INLINE_RUNS - 1] = PagedRun { a_block: 7, b_block: 8, count: 9 };
+        // SAFETY: PagedInline is repr(C) plain integers with no padding (size asserted above).
+        let bytes = unsafe { std::slice::from_raw_parts(&t as *const PagedInline as *const u8, std::mem::size_of::<PagedInline>()) };
+        // kernels/README.md: p at 0 (88 bytes), runs at 88, 12 bytes each, 3928 in all.
+        assert_eq!(bytes.len(), 3928);
+        assert_eq!(&bytes[..8], &t.p.a_base.to_le_bytes());
+        assert_eq!(&bytes[64..72], &64u64.to_le_bytes());
+        assert_eq!(&bytes[80..84], &1u32.to_le_bytes());
+        assert_eq!(&bytes[88 + 12 * 319..], &[7, 0, 0, 0, 8, 0, 0, 0, 9, 0, 0, 0]);
+    }
+
+    #[test]
+    fn inline_limit_reads_the_field_or_the_environment() {
+        assert_eq!(inline_runs(320, None).unwrap(), 320);
+        assert_eq!(inline_runs(0, None).unwrap(), 0);
+        assert_eq!(inline_runs(320, Some(" 16 ")).unwrap(), 16);
+        assert_eq!(inline_runs(5, Some("0")).unwrap(), 0);
+        let msg = |r: Result<usize>| match r {
+            Err(GpuError::InvalidArgument(m)) => m,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        };
+        let m = msg(inline_runs(321, None));
+        assert!(m.contains("paged_inline_runs is 321") && m.contains("at most 320"), "{m}");
+        let m = msg(inline_runs(0, Some("400")));
+        assert!(m.contains("MORI_GPU_PAGED_INLINE_RUNS is 400") && m.contains("at most 320"), "{m}");
+        let m = msg(inline_runs(0, Some("lots")));
+        assert!(m.contains("MORI_GPU_PAGED_INLINE_RUNS=\"lots\" is not a number"), "{m}");
     }
 
     #[test]

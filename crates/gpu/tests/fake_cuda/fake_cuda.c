@@ -12,9 +12,10 @@
  *   - FABRIC handles refused with CUDA_ERROR_NOT_PERMITTED (800), as without IMEX;
  *   - pinned host memory (cuMemHostAlloc must be asked for PORTABLE; cuMemFreeHost refuses
  *     to free memory a queued copy still reads or writes);
- *   - three kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
+ *   - four kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
  *     the copy kernels of kernels/scatter_gather_copy.cu by their ABI (kernels/README.md):
- *     mori_scatter_gather_copy and mori_paged_copy, run in stream order on the host; a range
+ *     mori_scatter_gather_copy, mori_paged_copy and mori_paged_copy_inline (run table in
+ *     the by-value parameter), run in stream order on the host; a range
  *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
  */
@@ -105,13 +106,16 @@ static void run_sg(uint64_t descs, uint64_t n) {
         if (d[2]) memmove((void *)(uintptr_t)d[1], (void *)(uintptr_t)d[0], d[2]);
     }
 }
-static void run_paged(uint64_t runs, const struct paged_params *p) {
-    kernel_range("mori_paged_copy", "run table", runs, (uint64_t)p->n_runs * 12);
+/* mori_paged_copy_inline's by-value parameter: the params and 320 runs, 3928 bytes. */
+#define PAGED_INLINE_RUNS 320
+#define PAGED_INLINE_BYTES (88 + 12 * PAGED_INLINE_RUNS)
+/* The paged copy of p over the n_runs runs at host address table (12 bytes each). */
+static void run_paged(const unsigned char *table, const struct paged_params *p) {
     uint64_t units = (uint64_t)p->layers * p->halves * p->n_runs;
     for (uint64_t u = 0; u < units; u++) {
         uint64_t r = u % p->n_runs, lh = u / p->n_runs, layer = lh / p->halves, half = lh % p->halves;
         uint32_t run[3];
-        memcpy(run, (void *)(uintptr_t)(runs + 12 * r), sizeof run);
+        memcpy(run, table + 12 * r, sizeof run);
         uint64_t a = p->a_base + layer * p->a_layer_stride + half * p->a_half_stride + run[0] * p->a_block_stride;
         uint64_t b = p->b_base + layer * p->b_layer_stride + half * p->b_half_stride + run[1] * p->b_block_stride;
         uint64_t len = (uint64_t)run[2] * p->block_bytes;
@@ -134,7 +138,7 @@ static int new_memfd(uint64_t size) {
 }
 
 /* ---- streams and events ---- */
-enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED };
+enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE };
 struct event { int done, timing; double t; };
 struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; void *blob; struct op *next; };
 struct stream { struct op *head, *tail; struct stream *next_stream; };
@@ -163,7 +167,13 @@ static void run(struct op *o) {
     case OP_RECORD: o->ev->t = now_ms(); o->ev->done = 1; break;
     case OP_FILL: for (uint64_t i = 0; i < o->n; i++) ((uint32_t *)(uintptr_t)o->a)[i] = o->v + 3u * (uint32_t)i; break;
     case OP_SG: run_sg(o->a, o->n); break;
-    case OP_PAGED: run_paged(o->a, o->blob); break;
+    case OP_PAGED: {
+        const struct paged_params *p = o->blob;
+        kernel_range("mori_paged_copy", "run table", o->a, (uint64_t)p->n_runs * 12);
+        run_paged((const unsigned char *)(uintptr_t)o->a, p);
+        break;
+    }
+    case OP_PAGED_INLINE: run_paged((const unsigned char *)o->blob + 88, o->blob); break;
     default: break;
     }
     free(o->blob);
@@ -712,6 +722,22 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
         CUresult r = submit(s, (struct op){.kind = OP_PAGED, .a = runs, .blob = p});
         pthread_mutex_unlock(&mu);
         if (r != OK) free(p);
+        return r;
+    }
+    if (!strcmp(fn->name, "mori_paged_copy_inline")) {
+        unsigned char *t = malloc(PAGED_INLINE_BYTES);
+        if (!t) return 2;
+        memcpy(t, params[0], PAGED_INLINE_BYTES);
+        const struct paged_params *p = (const struct paged_params *)t;
+        /* The kernel copies nothing for n_runs > 320; no caller of ours should pass one. */
+        if (!p->layers || !p->halves || !p->n_runs || p->n_runs > PAGED_INLINE_RUNS || !p->block_bytes || p->a_to_b > 1) {
+            free(t);
+            return INVALID_VALUE;
+        }
+        pthread_mutex_lock(&mu);
+        CUresult r = submit(s, (struct op){.kind = OP_PAGED_INLINE, .blob = t});
+        pthread_mutex_unlock(&mu);
+        if (r != OK) free(t);
         return r;
     }
     if (strcmp(fn->name, "mori_test_fill")) return 98;
