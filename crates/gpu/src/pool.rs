@@ -320,6 +320,13 @@ impl CopyPool {
             )));
         }
         cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, std::env::var(paged::INLINE_ENV).ok().as_deref())?;
+        if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
+            // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
+            // kernarg, over the 4 KiB a launch is documented to take, and never run on an AMD
+            // GPU here; tables are uploaded instead.
+            tracing::info!("copy pool: HIP runtime: paged run tables are uploaded (the inline-table kernel is CUDA only)");
+            cfg.paged_inline_runs = 0;
+        }
         let n_dev = rt.device_count()?;
         let shared = Arc::new(Shared {
             rt,

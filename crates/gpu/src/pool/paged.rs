@@ -136,8 +136,8 @@ pub(crate) struct PagedParams {
 const _: () = assert!(std::mem::size_of::<PagedParams>() == 88 && std::mem::align_of::<PagedParams>() == 8);
 
 /// Most runs a table may have to be passed in the parameters of `mori_paged_copy_inline`
-/// (kernels/scatter_gather_copy.cu: 88 + 12 x 320 = 3928 bytes, under the 4 KiB of
-/// parameters every CUDA and HIP launch accepts); the default of
+/// (kernels/scatter_gather_copy.cu: 88 + 12 x 320 = 3928 bytes, under CUDA's 4 KiB of
+/// parameters; HIP adds 256 hidden bytes, so the pool does not use it there); the default of
 /// [`super::CopyPoolConfig::paged_inline_runs`].
 pub const PAGED_INLINE_RUNS: usize = 320;
 
