@@ -764,24 +764,17 @@ fn copy_pool_paged_copies_and_staged_tables() -> R {
     pool_wait(&pool, "40 segments (kernel)", |tx| Ok(unsafe { pool.copy(DEV, &segs, move |r| drop(tx.send(r))) }?))?;
     rt.copy_dtoh(&mut back, &c.slice())?;
     check("40 segments", &back, |i| if i < 40 * 1024 && i % 1024 < 999 { pat((i / 1024) * 1000 + 3 + i % 1024, 0x21) } else { 0 })?;
-    // Without the kernel: one copy per range, same bytes.
+    // Without the kernel (one copy per range), and with the table uploaded from pinned memory
+    // instead of passed in the parameters: the same bytes.
     let slow = CopyPool::new(rt.clone(), CopyPoolConfig { kernel_threshold: 0, ..CopyPoolConfig::default() }, "test-paged-ranges")?;
-    rt.memset(&e.slice(), 0)?;
-    // SAFETY: as above.
-    pool_wait(&slow, "paged D -> E (ranges)", |tx| {
-        Ok(unsafe { slow.copy_paged(DEV, &strided, &runs2, move || move |r| drop(tx.send(r))) }?)
-    })?;
-    rt.copy_dtoh(&mut back_e, &e.slice())?;
-    check("paged D -> E (ranges)", &back_e, want_e)?;
-    // The same table uploaded from pinned memory instead of passed in the parameters.
     let upload = CopyPool::new(rt.clone(), CopyPoolConfig { paged_inline_runs: 0, ..CopyPoolConfig::default() }, "test-paged-upload")?;
-    rt.memset(&e.slice(), 0)?;
-    // SAFETY: as above.
-    pool_wait(&upload, "paged D -> E (uploaded table)", |tx| {
-        Ok(unsafe { upload.copy_paged(DEV, &strided, &runs2, move || move |r| drop(tx.send(r))) }?)
-    })?;
-    rt.copy_dtoh(&mut back_e, &e.slice())?;
-    check("paged D -> E (uploaded table)", &back_e, want_e)?;
+    for (p, what) in [(&slow, "paged D -> E (ranges)"), (&upload, "paged D -> E (uploaded table)")] {
+        rt.memset(&e.slice(), 0)?;
+        // SAFETY: as above.
+        pool_wait(p, what, |tx| Ok(unsafe { p.copy_paged(DEV, &strided, &runs2, move || move |r| drop(tx.send(r))) }?))?;
+        rt.copy_dtoh(&mut back_e, &e.slice())?;
+        check(what, &back_e, want_e)?;
+    }
     // 512 runs, more than the parameters hold (320): the default pool uploads this table.
     // 64-byte blocks: even blocks of A to odd blocks of C in reverse order.
     let small = PagedSide { base: a.ptr(), layer_stride: 1024 * 64, half_stride: 1024 * 64, block_stride: 64 };
