@@ -107,14 +107,14 @@ pub(crate) fn env_tuning(
     Ok((timeout, op_timeout, get(ENV_IFNAME).map(|s| s.trim().to_string())))
 }
 
-/// Parses a positive number of seconds (`"300"`, `"2.5"`).
-/// A duration in seconds as the bootstrap variables take it (decimals allowed, above 0 and at
-/// most 1e9). Errors: `InvalidConfig` naming `var` and `value`.
+/// Parses a positive number of seconds (`"300"`, `"2.5"`) as the bootstrap variables take it:
+/// decimals allowed, at least 1 µs (a smaller value would round to a deadline that has already
+/// passed) and at most 1e9. Errors: `InvalidConfig` naming `var`, `value` and the limits.
 pub fn parse_secs(var: &str, value: &str) -> Result<Duration, BootstrapError> {
     let v = value.trim();
     match v.parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= 1e9 => Ok(Duration::from_secs_f64(s)),
-        _ => Err(BootstrapError::InvalidConfig(format!("{var}={value:?} is not a positive number of seconds"))),
+        Ok(s) if s.is_finite() && (1e-6..=1e9).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        _ => Err(BootstrapError::InvalidConfig(format!("{var}={value:?} is not a number of seconds from 0.000001 to 1e9"))),
     }
 }
 
@@ -139,6 +139,11 @@ mod tests {
         assert!(parse_secs("X", "0").is_err());
         assert!(parse_secs("X", "-1").is_err());
         assert!(parse_secs("X", "nan").is_err());
+        assert!(parse_secs("X", "1e10").is_err());
+        // Positive but far below a nanosecond: refused rather than becoming a zero deadline.
+        let e = parse_secs("X", ".0000000000000000000001").unwrap_err().to_string();
+        assert!(e.contains("0.000001 to 1e9"), "{e}");
+        assert_eq!(parse_secs("X", "0.000001").unwrap(), Duration::from_micros(1));
     }
 
     #[test]
