@@ -169,11 +169,13 @@ pub fn seeds() -> Vec<Vec<u8>> {
         CtrlRequest::Ping,
         CtrlRequest::LookupMemory(3),
         CtrlRequest::Backend { backend: BackendKind::Rdma, payload: vec![0, 1, 2, 3, 4] },
+        CtrlRequest::Notify(vec![b"done".to_vec()]),
     ];
     let replies = [
         CtrlReply::Pong,
         CtrlReply::Memory(mem),
         CtrlReply::Backend(vec![7; 12]),
+        CtrlReply::Delivered,
         CtrlReply::Error(IoError::not_found("memory 9 is not registered")),
     ];
     fn stream<T: Serialize>(msgs: &[T]) -> Vec<u8> {

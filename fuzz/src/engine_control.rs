@@ -39,6 +39,8 @@ enum Want {
 fn control(stream: &[u8], t: &Target, out: &mut Vec<Want>) {
     let mut d = FrameDecoder::new(DEFAULT_MAX_FRAME);
     d.push(stream);
+    // Notifications queued by this input (`run` empties the queue first).
+    let mut queued = 0usize;
     while let Ok(Some(req)) = d.next_message::<CtrlRequest>() {
         out.push(Want::Reply(match req {
             CtrlRequest::Ping => Ok(CtrlReply::Pong),
@@ -46,6 +48,16 @@ fn control(stream: &[u8], t: &Target, out: &mut Vec<Want>) {
                 t.bufs.iter().find(|b| b.desc.id == id).map(|b| CtrlReply::Memory(b.desc.clone())).ok_or(ErrorCode::NotFound)
             }
             CtrlRequest::Backend { .. } => Err(ErrorCode::NotSupported),
+            CtrlRequest::Notify(msgs) => {
+                if msgs.iter().any(|m| m.len() > mori_io_core::MAX_NOTIF_LEN) {
+                    Err(ErrorCode::InvalidArgs)
+                } else if queued + msgs.len() > mori_io_core::notif::DEFAULT_MAX_QUEUED {
+                    Err(ErrorCode::Refused)
+                } else {
+                    queued += msgs.len();
+                    Ok(CtrlReply::Delivered)
+                }
+            }
         }));
     }
 }
@@ -146,6 +158,8 @@ pub fn run(data: &[u8]) {
         }
     };
     let dialed = mode >= 2 || (mode == 1 && stream.len() < rest.len());
+    // Notifications of earlier inputs would fill the target's queue: start from empty.
+    let _ = t.eng().get_new_notifs();
     let (want, data_lane) = model(&stream, dialed, &t);
     let (answer, reset) = engine::exchange(s, &stream);
     check(&answer, &want, data_lane, reset, t.eng().desc());
@@ -174,6 +188,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
         CtrlRequest::LookupMemory(4),
         CtrlRequest::Backend { backend: BackendKind::Tcp, payload: vec![1, 2] },
         CtrlRequest::Backend { backend: BackendKind::Xgmi, payload: vec![] },
+        CtrlRequest::Notify(vec![b"req-1:1".to_vec(), Vec::new()]),
+        CtrlRequest::Notify(Vec::new()),
     ]);
     let mut pre = Vec::new();
     for m in [CtrlRequest::Ping, CtrlRequest::LookupMemory(2), CtrlRequest::LookupMemory(99)] {

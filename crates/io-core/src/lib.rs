@@ -6,7 +6,8 @@
 //! - [`Backend`]: the transport trait; [`Refusal`] says why a backend will not serve a pair.
 //! - Sans-IO pieces: [`wire`] (control-plane framing), [`plan`] (batch checks and striping), [`paged`]
 //!   (block-table batches),
-//!   [`registry`] (bounds checks), [`inbound`] (target-side completion records), [`peer_map`]
+//!   [`registry`] (bounds checks), [`inbound`] (target-side completion records), [`notif`]
+//!   (target-side notification queue), [`peer_map`]
 //!   (a backend's per-peer cache of remote regions).
 
 pub mod backend;
@@ -14,6 +15,7 @@ pub mod desc;
 pub mod error;
 pub mod handshake;
 pub mod inbound;
+pub mod notif;
 pub mod outbox;
 pub mod paged;
 #[cfg(feature = "gpu")]
@@ -29,6 +31,7 @@ pub use backend::{Backend, BackendContext, BackendKind, ControlClient, InboundSl
 pub use desc::{new_epoch, BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, Secret, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
+pub use notif::{NotifQueue, MAX_NOTIF_LEN};
 pub use outbox::Notifier;
 pub use paged::{BlockRun, PagedBatch, PagedLayout, PagedPlan};
 pub use peer_map::PeerMap;

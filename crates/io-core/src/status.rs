@@ -23,7 +23,12 @@ struct Inner {
     cv: Condvar,
     /// The backend's completion step, run by a waiting thread itself (see [`Progress`]).
     driver: OnceLock<Weak<dyn Progress>>,
+    /// Run once by the thread that ends the status ([`TransferStatus::on_done`]).
+    hook: Mutex<Option<DoneHook>>,
 }
+
+/// What [`TransferStatus::on_done`] runs.
+type DoneHook = Box<dyn FnOnce() + Send>;
 
 /// A backend's non-blocking completion step, which a thread waiting on a transfer may run
 /// itself instead of waiting for the backend's completion thread to run it and hand the
@@ -154,6 +159,7 @@ impl Completion for TransferStatus {
                 lock: Mutex::new(()),
                 cv: Condvar::new(),
                 driver: OnceLock::new(),
+                hook: Mutex::new(None),
             }),
         }
     }
@@ -237,6 +243,46 @@ impl TransferStatus {
         let to = if failed { FAILED } else { SUCCESS };
         if inner.state.compare_exchange(IN_PROGRESS, to, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             self.wake();
+            let hook = inner.hook.lock().take();
+            if let Some(f) = hook {
+                f();
+            }
+        }
+    }
+
+    /// Runs `f` once the status is terminal: on the thread that ends it (a backend's
+    /// completion thread, or a waiter driving progress), or now on this thread when it already
+    /// ended. `f` must be quick and must not block (hand work to another thread). At most one
+    /// hook per status: a second call replaces a first that has not run yet.
+    pub fn on_done(&self, f: impl FnOnce() + Send + 'static) {
+        let mut g = self.inner.hook.lock();
+        // Checked under the lock that `end_pieces` takes after its state change: either the
+        // ending thread finds the hook, or this thread sees the end.
+        if self.is_done() {
+            drop(g);
+            f();
+            return;
+        }
+        *g = Some(Box::new(f));
+    }
+
+    /// Runs the backend's completion step once when one is attached (see [`Progress`]), then
+    /// reports whether the status is terminal. For callers that poll in their own loop (a
+    /// Python `while st.InProgress()`): without it such a loop waits for the backend's thread.
+    pub fn drive(&self) -> bool {
+        if !self.is_done() {
+            if let Some(p) = self.inner.driver.get().and_then(Weak::upgrade) {
+                p.progress();
+            }
+        }
+        self.is_done()
+    }
+
+    /// Lets waiters of this status drive `other`'s backend (for a status that ends after
+    /// `other` does, e.g. a transfer's status that also waits for its notification).
+    pub fn drive_like(&self, other: &TransferStatus) {
+        if let Some(p) = other.inner.driver.get() {
+            let _ = self.inner.driver.set(p.clone());
         }
     }
 
@@ -373,6 +419,29 @@ impl TransferStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn done_hook_runs_once_after_the_end_or_at_once_when_already_ended() {
+        use std::sync::atomic::AtomicUsize;
+        let n = Arc::new(AtomicUsize::new(0));
+        let s = TransferStatus::new(2);
+        let (n2, s2) = (n.clone(), s.clone());
+        s.on_done(move || {
+            assert!(s2.is_done(), "the hook sees the final state");
+            n2.fetch_add(1, Ordering::SeqCst);
+        });
+        s.complete_piece(Ok(()));
+        assert_eq!(n.load(Ordering::SeqCst), 0);
+        s.complete_piece(Err(IoError::transport("x")));
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+        s.complete_piece(Ok(()));
+        assert_eq!(n.load(Ordering::SeqCst), 1, "once");
+        let n3 = n.clone();
+        TransferStatus::failed(IoError::transport("y")).on_done(move || {
+            n3.fetch_add(10, Ordering::SeqCst);
+        });
+        assert_eq!(n.load(Ordering::SeqCst), 11, "an ended status runs the hook at once");
+    }
 
     #[test]
     fn pieces_then_success() {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
 /// Protocol version carried in every [`Hello`].
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Default upper bound of one control frame's body, bytes (16 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
@@ -112,6 +112,9 @@ pub enum CtrlRequest {
         /// The backend's serialized request.
         payload: Vec<u8>,
     },
+    /// Notifications for the target's queue (`crate::notif`), in order; sent only after the
+    /// data of the transfers they follow is in place. Answered `Delivered` or `Error`.
+    Notify(Vec<Vec<u8>>),
 }
 
 /// Replies on a control connection.
@@ -125,6 +128,8 @@ pub enum CtrlReply {
     Backend(Vec<u8>),
     /// The request failed (`NotFound` for an unknown region id).
     Error(IoError),
+    /// Answer to `Notify`: every message was queued.
+    Delivered,
 }
 
 /// Opens a connection to `peer`'s listener for `role` and exchanges hellos: connect within

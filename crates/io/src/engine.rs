@@ -153,6 +153,10 @@ pub(crate) struct EngineInner {
     pub(crate) inflight: InFlight,
     /// Inbound connections being served (against `cfg.max_inbound`).
     pub(crate) inbound_conns: Arc<std::sync::atomic::AtomicUsize>,
+    /// Messages for peers, sent by the notification thread (`crate::notify`).
+    pub(crate) notif_tx: crossbeam_channel::Sender<crate::notify::Job>,
+    /// Notifications received, unread.
+    pub(crate) notifs: mori_io_core::NotifQueue,
 }
 
 /// A MORI-IO transfer engine: one control-plane listener, the backends created on it, the
@@ -167,7 +171,7 @@ pub(crate) struct EngineInner {
 /// deregister memory first (`deregister_memory` waits for the operations using it), and only
 /// then free it.
 pub struct IoEngine {
-    inner: Arc<EngineInner>,
+    pub(crate) inner: Arc<EngineInner>,
 }
 
 fn hostname() -> String {
@@ -242,10 +246,12 @@ impl IoEngine {
             secret,
         });
         let ctrl = Arc::new(CtrlPool::new(desc.clone(), cfg.control_timeout, cfg.max_frame));
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let notif_tx = crate::notify::spawn(ctrl.clone(), shutdown.clone())?;
         let inner = Arc::new(EngineInner {
             desc,
             cfg,
-            shutdown: Arc::new(AtomicBool::new(false)),
+            shutdown,
             connector: Arc::new(Connector::default()),
             registry: Arc::new(MemRegistry::new()),
             inbound: Arc::new(InboundTable::new()),
@@ -259,6 +265,8 @@ impl IoEngine {
             remote_gen: AtomicU64::new(0),
             inflight: InFlight::new(),
             inbound_conns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            notif_tx,
+            notifs: mori_io_core::NotifQueue::new(mori_io_core::notif::DEFAULT_MAX_QUEUED),
         });
         let e = inner.clone();
         std::thread::Builder::new()

@@ -24,6 +24,7 @@ mod control;
 mod engine;
 mod inflight;
 mod listener;
+mod notify;
 mod paged;
 mod session;
 
@@ -32,6 +33,7 @@ pub use mori_io_core::{
     BackendKind, EngineDesc, EntryFailure, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, PagedBatch, PagedLayout, Secret,
     TransferId, TransferStatus,
 };
+pub use mori_io_core::{Op, MAX_NOTIF_LEN};
 #[cfg(feature = "fabric")]
 pub use mori_io_fabric::{FabricConfig, FabricMemory, HandleType};
 #[cfg(feature = "rdma")]
@@ -39,4 +41,5 @@ pub use mori_io_rdma::{DmabufExporter, DmabufSource, PollMode, RdmaConfig, MAX_G
 pub use mori_io_tcp::TcpConfig;
 #[cfg(feature = "xgmi")]
 pub use mori_io_xgmi::XgmiConfig;
+pub use notify::RegionBatch;
 pub use session::Session;

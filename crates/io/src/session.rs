@@ -87,6 +87,12 @@ impl Session {
         }
     }
 
+    /// Whether calls can still succeed: false once the engine was dropped or the peer was
+    /// deregistered or replaced (calls then fail with `BadState` / `RemoteDisconnect`).
+    pub fn alive(&self) -> bool {
+        self.engine_gone().is_none()
+    }
+
     /// The backend serving this session.
     pub fn backend(&self) -> BackendKind {
         self.backend.kind()
@@ -110,6 +116,31 @@ impl Session {
     /// Batch write (parallel arrays; rules of `mori_io_core::plan::check_batch`).
     pub fn batch_write(&self, local_offs: &[u64], remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
         self.post_batch(Op::Write, Batch::Ranges(local_offs, remote_offs, sizes), id)
+    }
+
+    /// Posts a batch in direction `op` with an optional notification: with `notif`, the target
+    /// receives that message once the data is in place and the status ends only after it was
+    /// queued there (see `IoEngine::post`). Errors as `batch_read`, plus `InvalidArgs` for a
+    /// message over `MAX_NOTIF_LEN` bytes.
+    pub fn post(
+        &self,
+        op: Op,
+        local_offs: &[u64],
+        remote_offs: &[u64],
+        sizes: &[u64],
+        id: TransferId,
+        notif: Option<&[u8]>,
+    ) -> TransferStatus {
+        if let Some(m) = notif {
+            if let Err(e) = mori_io_core::notif::check_msg(m) {
+                return TransferStatus::failed(e);
+            }
+        }
+        let st = self.post_batch(op, Batch::Ranges(local_offs, remote_offs, sizes), id);
+        match notif {
+            None => st,
+            Some(m) => self.engine.with_notif(st, self.peer.clone(), m),
+        }
     }
 
     /// One entry: as a batch of one, without building a vector when the backend has a route.

@@ -21,6 +21,16 @@ fn paged_write_then_read_tcp() {
 }
 
 #[test]
+fn notifications_tcp() {
+    notifications(&tcp(4), BackendKind::Tcp);
+}
+
+#[test]
+fn multi_pair_tcp() {
+    multi_pair(&tcp(2));
+}
+
+#[test]
 fn many_small_descriptors_tcp() {
     many_small_descriptors(&tcp(2), 100_000);
 }

@@ -25,6 +25,18 @@ fn paged_write_then_read_rdma() {
 
 #[test]
 #[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn notifications_rdma() {
+    notifications(&rdma(4), BackendKind::Rdma);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn multi_pair_rdma() {
+    multi_pair(&rdma(2));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
 fn many_small_descriptors_rdma() {
     many_small_descriptors(&rdma(2), 20_000);
 }

@@ -7,7 +7,9 @@
 use mori_io::{BackendConfig, EngineConfig, ErrorCode, IoEngine, MemLoc, MemoryDesc};
 use std::time::Duration;
 
+mod notif;
 mod paged;
+pub use notif::*;
 pub use paged::*;
 
 pub const T: Duration = Duration::from_secs(30);
