@@ -5,7 +5,8 @@
 //! It purges the Debian packages of [`crate::prereq::PACKAGES`] that the image does not ship
 //! and that are installed, then `apt-get autoremove --purge` (which removes nothing on the bare
 //! image, so it takes only what those packages pulled in), and removes the caches the xtask
-//! fills: the pinned nvcc wheels and the SoftRoCE guest's kernel, initramfs and QEMU. Cargo's
+//! fills: the pinned nvcc wheels, the SoftRoCE guest's kernel, initramfs and QEMU, and the
+//! Python venv of `cargo xtask py`. Cargo's
 //! own registry and build caches are kept: cargo fetches what it misses by itself.
 //!
 //! Why this and not a fresh chroot or mount namespace: a chroot would need the whole image,
@@ -37,7 +38,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if !still.is_empty() {
         return Err(format!("bare-machine: still installed after the purge: {}", still.join(" ")));
     }
-    for dir in [crate::kernels::nvcc_dir()?, crate::softroce::cache_dir()?] {
+    for dir in [crate::kernels::nvcc_dir()?, crate::softroce::cache_dir()?, crate::python::venv_dir()?] {
         if dir.exists() {
             println!("xtask: bare-machine: rm -r {}", dir.display());
             std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;

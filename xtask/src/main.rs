@@ -19,6 +19,9 @@
 //!   (without cmake or libclang), runs one tcp write, and compiles no GPU or ibverbs binding.
 //! - `gpu-bundle`: builds what scripts/gpu-machine.sh runs on the GPU machine into
 //!   `.gpu-bundle/` (release, stripped); see gpu_bundle.rs.
+//! - `py <test | install | wheel> [--release]`: the Python package `mori_rs` (crates/py) built
+//!   by a pinned maturin in its own venv; `test` runs its pytest suite (part of `test`); see
+//!   python.rs.
 //! - `fuzz`: builds the libFuzzer targets of fuzz/ on stable and runs them (or `--build-only
 //!   --out DIR` for scripts/fuzz-long.sh); see fuzz.rs and docs/FUZZING.md.
 
@@ -30,6 +33,7 @@ mod fuzz;
 mod gpu_bundle;
 mod kernels;
 mod prereq;
+mod python;
 mod soak;
 mod softroce;
 mod util;
@@ -50,8 +54,9 @@ fn main() -> ExitCode {
         Some("bare-machine") => bare::run(&args[1..]),
         Some("embedder-check") => embedder::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
+        Some("py") => python::main(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | soak [--phase P] [--count N] [--time-limit-s S] [--quick] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check | fuzz [--target NAME | --all] [--seconds N] [--jobs J] [--build-only --out DIR]>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | soak [--phase P] [--count N] [--time-limit-s S] [--quick] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check | py <test | install | wheel> [--release] | fuzz [--target NAME | --all] [--seconds N] [--jobs J] [--build-only --out DIR]>");
             return ExitCode::from(2);
         }
     };
@@ -90,6 +95,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     // The facade's doc-tests of every feature's module (the workspace run above builds `mori`
     // with its default features only).
     util::cargo(&["test", "-p", "mori", "--features", "full", "--doc"])?;
+    python::main(&["test".to_string()])?;
     fuzz::ci_run()?;
     if !root {
         println!("xtask: NOT run (need root): the network-namespace tests (crates/bench/tests/netns.rs) and the RDMA suite in the SoftRoCE guest");

@@ -1,0 +1,67 @@
+"""The MORI-IO transfer engine (names and argument orders of MORI's ``mori.io``).
+
+A transfer's own errors (bad offsets, a peer gone) end up in its ``TransferStatus``, as in
+MORI; ``TransferStatus.wait()`` raises them as the exception class of their kind, all
+subclasses of ``MoriError``. Calls that set things up (``create_backend``, ``register_*``,
+``create_session``, ``unpack``) raise directly.
+"""
+
+from ._native import (  # noqa: F401
+    MAX_NOTIF_LEN,
+    BackendType,
+    BadState,
+    EngineDesc,
+    FabricBackendConfig,
+    GpuError,
+    InvalidArgument,
+    IOEngine,
+    IOEngineConfig,
+    IOEngineSession,
+    MemoryDesc,
+    MemoryLocationType,
+    MoriError,
+    NotFound,
+    NotSupported,
+    PollCqMode,
+    RdmaBackendConfig,
+    Refused,
+    RemoteDisconnect,
+    StatusCode,
+    TcpBackendConfig,
+    Timeout,
+    TransferStatus,
+    TransportError,
+    XgmiBackendConfig,
+    set_log_level,
+    wait_all,
+)
+
+__all__ = [
+    "MAX_NOTIF_LEN",
+    "BackendType",
+    "BadState",
+    "EngineDesc",
+    "FabricBackendConfig",
+    "GpuError",
+    "InvalidArgument",
+    "IOEngine",
+    "IOEngineConfig",
+    "IOEngineSession",
+    "MemoryDesc",
+    "MemoryLocationType",
+    "MoriError",
+    "NotFound",
+    "NotSupported",
+    "PollCqMode",
+    "RdmaBackendConfig",
+    "Refused",
+    "RemoteDisconnect",
+    "StatusCode",
+    "TcpBackendConfig",
+    "Timeout",
+    "TransferStatus",
+    "TransportError",
+    "XgmiBackendConfig",
+    "set_log_level",
+    "wait_all",
+]
