@@ -19,7 +19,9 @@ step() { echo; echo "=== $*"; }
 # 8 B..64 KiB, xgmi and fabric), pair (scripts/gpu-parts/pair.sh: the GPU tests of the
 # transfer path, then batch-1 latency against bench_engine --copy-baseline, also per NUMA
 # node), and, only when named, paged (scripts/gpu-parts/paged.sh: bench_engine --paged on xgmi
-# and fabric for the paged KV-cache shapes, with same-run contiguous baselines). One call
+# and fabric for the paged KV-cache shapes, with same-run contiguous baselines), and, only when
+# named, py (scripts/gpu-parts/py.sh: the mori_rs wheel against NIXL from Python; carry .whl/
+# and .gpu-bundle/bench_engine.xz). One call
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
@@ -89,7 +91,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in pair paged xgmi lat xgmibw fabric ep; do
+for part in py pair paged xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"
