@@ -82,6 +82,8 @@ struct EpRankArgs {
     uint64_t out_w;    // [T, top_k] f32 or 0
     uint64_t status;   // u32 [8]: recv_count, error code, detail a, b, c
     uint64_t trace;    // u64 [blocks_per_rank, 8] phase timestamps (ns) or 0
+    uint64_t seq_word; // u32 [2] (dispatch, combine) sequence advanced on the device before
+                       // each call (mori_ep_seq_advance; CUDA graphs replay it), or 0: p.seq
 };
 
 struct EpParams {
@@ -224,7 +226,8 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     const uint32_t tid = mori_thread_idx();
     const uint32_t nthreads = mori_block_dim();
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
-    const uint32_t parity = p.seq & 1;
+    const uint32_t seq = a.seq_word ? ((volatile const uint32_t*)a.seq_word)[0] : p.seq;
+    const uint32_t parity = seq & 1;
 
     // 1. Count (token, destination) pairs of this block.
     for (uint32_t d = tid; d < p.world; d += nthreads) cnt[d] = 0, cursor[d] = 0;
@@ -342,12 +345,12 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     for (uint32_t d = tid; d < p.world; d += nthreads) {
         const uint32_t sent = base[d] == 0xffffffffu ? 0 : cnt[d];
         uint64_t* sig = (uint64_t*)(p.heap[d] + p.lay.signals) + (uint64_t)r * p.blocks_per_rank + b;
-        ep_release(p, sig, ((uint64_t)p.seq << 32) | (uint64_t)(sent + 1));
+        ep_release(p, sig, ((uint64_t)seq << 32) | (uint64_t)(sent + 1));
     }
     if (b != 0) return;
     // 5. Block 0 receives: all world * B signals, the total, the counter reset.
     uint64_t* sigs = (uint64_t*)(p.heap[r] + p.lay.signals);
-    const uint64_t n = ep_wait_flags(p, a, sigs, p.world * p.blocks_per_rank, p.seq, true, 1, deadline, &total);
+    const uint64_t n = ep_wait_flags(p, a, sigs, p.world * p.blocks_per_rank, seq, true, 1, deadline, &total);
     if (tid == 0) {
         if (n > p.max_recv) ep_error(status, EP_ERR_RECV_COUNT, (uint32_t)n, p.max_recv, 0);
         status[0] = (uint32_t)(n > p.max_recv ? p.max_recv : n);
@@ -401,6 +404,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
     const uint64_t in_row = (uint64_t)p.hidden * p.comb_in_elem;
     const bool weighted = (p.flags & EP_FLAG_WEIGHTED) != 0;
     const bool has_w = a.comb_w_in != 0;
+    const uint32_t seq = a.seq_word ? ((volatile const uint32_t*)a.seq_word)[1] : p.seq;
 
     // 1. Stage this block's share of the combine input into the heap (unless already there).
     const uint64_t heap_x = p.heap[r] + p.lay.comb_x;
@@ -430,9 +434,9 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
     ep_fence(p);
     for (uint32_t d = tid; d < p.world; d += nthreads) {
         uint64_t* f = (uint64_t*)(p.heap[d] + p.lay.comb_flags) + (uint64_t)r * p.blocks_per_rank + b;
-        ep_release(p, f, p.seq);
+        ep_release(p, f, seq);
     }
-    ep_wait_flags(p, a, (uint64_t*)(p.heap[r] + p.lay.comb_flags), p.world * p.blocks_per_rank, p.seq, false, 2,
+    ep_wait_flags(p, a, (uint64_t*)(p.heap[r] + p.lay.comb_flags), p.world * p.blocks_per_rank, seq, false, 2,
                   deadline, &unused_sum);
     ep_trace(a, b, 4);
     // 3. One warp per original token: gather from the destinations, accumulate in f32.
@@ -536,4 +540,12 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
         mori_sync_group32();
     }
     ep_trace(a, b, 5);
+}
+
+// Advances word `which` (0: dispatch, 1: combine) of the `n` local ranks' sequence pairs
+// (EpRankArgs::seq_word) by one: queued before each call in device-sequence mode, so that a
+// CUDA graph replaying the calls replays the advance too and every replay gets a fresh sequence.
+MORI_KERNEL void mori_ep_seq_advance(uint64_t words, uint32_t n, uint32_t which) {
+    const uint32_t i = mori_thread_idx();
+    if (i < n) ((uint32_t*)words)[2 * i + which] += 1;
 }

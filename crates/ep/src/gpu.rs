@@ -145,6 +145,8 @@ struct RankArgs {
     out_w: u64,
     status: u64,
     trace: u64,
+    /// `u32 [2]` (dispatch, combine) sequence words on the device, or 0 (use `Params::seq`).
+    seq_word: u64,
 }
 
 /// `EpParams` of the kernel ABI: 672 bytes.
@@ -276,12 +278,16 @@ struct DeviceGroup {
     ranks: Vec<usize>, // indices into `local`
     /// `u32[ranks.len()][8]` status words, cleared in stream order before each dispatch.
     status: DeviceBuffer,
-    /// Rank arguments of dispatch ([0]) and combine ([1]), re-uploaded only when they change.
+    /// Rank arguments of dispatch ([0]) and combine ([1]), uploaded before every launch in
+    /// stream order (`crate::gpu_args`).
     args: [DeviceBuffer; 2],
-    last_args: [Vec<RankArgs>; 2],
     _module: Module,
     dispatch: Function,
     combine: Function,
+    /// `mori_ep_seq_advance` and the `u32 [ranks][2]` sequence words it advances (device-
+    /// sequence mode, [`IntranodeEp::use_device_sequence`]).
+    advance: Function,
+    seq_words: DeviceBuffer,
 }
 
 /// Returned by [`IntranodeEp::dispatch`] and passed to [`IntranodeEp::combine`]: names the
@@ -319,6 +325,10 @@ pub struct IntranodeEp {
     status_dirty: AtomicBool,
     /// All ranks in this process on one GPU (no IPC peers): device-scope fences suffice.
     one_device: bool,
+    /// Pinned snapshots of the rank arguments (`crate::gpu_args`).
+    snapshots: std::sync::Mutex<crate::gpu_args::ArgSnapshots>,
+    /// Sequence numbers live on the device ([`IntranodeEp::use_device_sequence`]).
+    device_seq: bool,
 }
 
 impl std::fmt::Debug for IntranodeEp {
@@ -426,18 +436,13 @@ impl IntranodeEp {
             let module = load_module(rt.as_ref(), device)?;
             let dispatch = module.function("mori_ep_dispatch")?;
             let combine = module.function("mori_ep_combine")?;
-            groups.push(DeviceGroup {
-                device,
-                ranks: members,
-                status,
-                args,
-                last_args: [Vec::new(), Vec::new()],
-                _module: module,
-                dispatch,
-                combine,
-            });
+            let advance = module.function("mori_ep_seq_advance")?;
+            let seq_words = rt.alloc(device, members.len() * 8)?;
+            rt.memset(&seq_words.slice(), 0)?;
+            groups.push(DeviceGroup { device, ranks: members, status, args, _module: module, dispatch, combine, advance, seq_words });
         }
         let one_device = boot.is_none() && groups.len() == 1;
+        let snapshots = std::sync::Mutex::new(crate::gpu_args::ArgSnapshots::new(rt.clone(), local[0].1)?);
         Ok(IntranodeEp {
             cfg: cfg.clone(),
             heap,
@@ -450,6 +455,8 @@ impl IntranodeEp {
             last_idx_size: 8,
             status_dirty: AtomicBool::new(false),
             one_device,
+            snapshots,
+            device_seq: false,
         })
     }
 
@@ -577,15 +584,59 @@ impl IntranodeEp {
         }
     }
 
-    fn upload_args(rt: &dyn Runtime, group: &mut DeviceGroup, which: usize, args: Vec<RankArgs>) -> GpuResult<()> {
-        if group.last_args[which] != args {
-            // SAFETY: RankArgs is repr(C) plain data (u32 fields in pairs, then u64s: no
-            // padding); the bytes are copied as-is.
-            let bytes = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<u8>(), std::mem::size_of_val(args.as_slice())) };
-            rt.copy_htod(&group.args[which].slice(), bytes)?;
-            group.last_args[which] = args;
-        }
+    /// Queues the upload of `args` into `group`'s argument buffer `which` on `stream`.
+    fn upload_args(&self, group: &DeviceGroup, which: usize, args: &[RankArgs], stream: &Stream) -> GpuResult<()> {
+        // SAFETY: RankArgs is repr(C) plain data (u32 fields in pairs, then u64s: no
+        // padding); the bytes are copied as-is.
+        let bytes = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<u8>(), std::mem::size_of_val(args)) };
+        let mut snaps = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        snaps.upload(&group.args[which].slice(), bytes, stream)?;
         Ok(())
+    }
+
+    /// Distinct rank-argument sets uploaded so far (each kept in pinned memory, see
+    /// `crate::gpu_args`): grows only when calls use new tensors.
+    pub fn argument_snapshots(&self) -> usize {
+        self.snapshots.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Device address of local rank `i`'s received-token count (a `u32` the last dispatch's
+    /// kernel wrote; `local_ranks()[i]`), for reading it on the device without a host
+    /// synchronisation.
+    pub fn recv_count_ptr(&self, i: usize) -> GpuResult<u64> {
+        self.local.get(i).map(|l| l.status).ok_or_else(|| bad("local rank index", i, format!("{} ranks are local", self.local.len())))
+    }
+
+    /// Makes every later dispatch and combine take its sequence number from a word on the
+    /// device that a one-thread kernel advances right before it, instead of from the launch
+    /// parameters: a CUDA graph that captured the calls then gets a fresh sequence on every
+    /// replay (with sequences in the parameters, a replay would reuse the captured one and
+    /// read the previous replay's signals as its own). Costs one extra tiny launch per call.
+    /// Every process of the group must switch before its first dispatch.
+    /// Errors: `InvalidConfig` after a dispatch was queued.
+    pub fn use_device_sequence(&mut self) -> GpuResult<()> {
+        if self.dispatch_seq != 0 || self.combine_seq != 0 {
+            return Err(bad("device sequence", self.dispatch_seq, "must be chosen before the first dispatch"));
+        }
+        self.device_seq = true;
+        Ok(())
+    }
+
+    /// The `seq_word` of local rank member `k` of `g`, and queues the advance of word `which`
+    /// on `stream` (device-sequence mode; 0 otherwise).
+    fn advance_seq(&self, g: &DeviceGroup, which: u32, stream: &Stream) -> GpuResult<u64> {
+        if !self.device_seq {
+            return Ok(0);
+        }
+        let cfg = LaunchConfig { grid: (1, 1, 1), block: (g.ranks.len().next_multiple_of(32) as u32, 1, 1), shared_mem_bytes: 0 };
+        let mut args = KernelArgs::new();
+        args.push(g.seq_words.ptr());
+        args.push(g.ranks.len() as u32);
+        args.push(which);
+        // SAFETY: the kernel takes (u64 words, u32 n, u32 which) and writes words[2 * i + which]
+        // for i < n: inside the group's `n * 8`-byte sequence buffer.
+        unsafe { g.advance.launch(stream, &cfg, &args.params())? };
+        Ok(g.seq_words.ptr())
     }
 
     fn launch(&self, group: &DeviceGroup, combine: bool, stream: &Stream, p: Params) -> GpuResult<()> {
@@ -689,10 +740,12 @@ impl IntranodeEp {
         let mut groups = std::mem::take(&mut self.groups);
         let result: GpuResult<()> = (|| {
             for (g, stream) in groups.iter_mut().zip(streams) {
+                let seq_base = self.advance_seq(g, 0, stream)?;
                 let args: Vec<RankArgs> = g
                     .ranks
                     .iter()
-                    .map(|&i| {
+                    .enumerate()
+                    .map(|(k, &i)| {
                         let (l, inp) = (&self.local[i], &inputs[i]);
                         RankArgs {
                             rank: l.rank as u32,
@@ -704,11 +757,12 @@ impl IntranodeEp {
                             send_map: l.send_map.ptr(),
                             status: l.status,
                             trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
+                            seq_word: if seq_base == 0 { 0 } else { seq_base + 8 * k as u64 },
                             ..RankArgs::default()
                         }
                     })
                     .collect();
-                Self::upload_args(rt.as_ref(), g, 0, args)?;
+                self.upload_args(g, 0, &args, stream)?;
                 let mut p = self.params(g, 0, self.dispatch_seq, if spec.drop_out_of_range { FLAG_DROP_OUT_OF_RANGE } else { 0 });
                 p.row_bytes = row_bytes as u32;
                 p.idx_size = spec.idx_size as u32;
@@ -780,13 +834,13 @@ impl IntranodeEp {
             }
         }
         self.combine_seq = next_seq(self.combine_seq);
-        let rt = self.heap.runtime().clone();
         let comb_x = self.layout.comb_x;
         let mut groups = std::mem::take(&mut self.groups);
         let result = (|| {
             for (g, stream) in groups.iter_mut().zip(streams) {
+                let seq_base = self.advance_seq(g, 1, stream)?;
                 let mut args = Vec::with_capacity(g.ranks.len());
-                for &i in &g.ranks {
+                for (k, &i) in g.ranks.iter().enumerate() {
                     let (l, inp) = (&self.local[i], &inputs[i]);
                     let rows = |s: Option<DeviceSlice<'_>>, row: usize| s.map_or(0, |s| (s.len() / row).min(u32::MAX as usize) as u32);
                     args.push(RankArgs {
@@ -806,10 +860,11 @@ impl IntranodeEp {
                         out_w: inp.out_weights.map_or(0, |w| w.ptr()),
                         status: l.status,
                         trace: l.trace.as_ref().map_or(0, |t| t.ptr()),
+                        seq_word: if seq_base == 0 { 0 } else { seq_base + 8 * k as u64 },
                         ..RankArgs::default()
                     });
                 }
-                Self::upload_args(rt.as_ref(), g, 1, args)?;
+                self.upload_args(g, 1, &args, stream)?;
                 let mut p = self.params(g, 1, self.combine_seq, if spec.weighted { FLAG_WEIGHTED } else { 0 });
                 p.idx_size = spec.idx_size as u32;
                 p.comb_in_elem = spec.in_elem as u32;
@@ -982,7 +1037,7 @@ mod tests {
     #[test]
     fn abi_sizes_match_the_kernel() {
         assert_eq!(std::mem::size_of::<Params>(), 672);
-        assert_eq!(std::mem::size_of::<RankArgs>(), 104);
+        assert_eq!(std::mem::size_of::<RankArgs>(), 112);
     }
 
     #[test]

@@ -59,6 +59,7 @@ mod dtype;
 mod error;
 mod fp8;
 pub mod gpu;
+mod gpu_args;
 mod layout;
 mod order;
 pub mod routing;

@@ -295,7 +295,7 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
     fn stream(&self, dev: Device) -> Result<Stream> {
         let rt = self.shared()?;
         let raw = self.raw().stream_create(dev)?;
-        Ok(Stream { rt, device: dev, raw })
+        Ok(Stream { rt, device: dev, raw, owned: true })
     }
 
     /// An event on `dev`; `timing` enables [`Event::elapsed_ms`].

@@ -13,6 +13,8 @@ pub struct Stream {
     pub(crate) rt: Arc<dyn Runtime>,
     pub(crate) device: Device,
     pub(crate) raw: u64,
+    /// Destroyed on drop (false for a stream another library owns, [`Stream::borrowed`]).
+    pub(crate) owned: bool,
 }
 
 impl fmt::Debug for Stream {
@@ -35,6 +37,18 @@ fn check_word(what: &str, stream: Device, target: &DeviceSlice<'_>) -> Result<()
 }
 
 impl Stream {
+    /// A stream another library created and owns (e.g. PyTorch's current CUDA stream, whose
+    /// `cuda_stream` is the `CUstream`), for queueing work on it; never destroyed by this
+    /// handle.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of `device` in the primary context this runtime uses (the
+    /// one PyTorch and the CUDA runtime use), or 0 for the legacy default stream, and stay
+    /// live as long as this handle and the work queued through it.
+    pub unsafe fn borrowed(rt: Arc<dyn Runtime>, device: Device, raw: u64) -> Stream {
+        Stream { rt, device, raw, owned: false }
+    }
+
     /// Device.
     pub fn device(&self) -> Device {
         self.device
@@ -80,6 +94,9 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // SAFETY: raw came from stream_create and is destroyed exactly once.
         if let Err(e) = unsafe { self.rt.raw().stream_destroy(self.device, self.raw) } {
             tracing::warn!(device = self.device.0, "destroying a stream failed: {e}");
