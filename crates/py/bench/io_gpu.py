@@ -37,12 +37,13 @@ def fill(t, seed):
 
 
 def timed(run, budget_s=0.2):
-    """Warms up, picks an iteration count filling about `budget_s` (5..2000), times it."""
+    """Warms up, picks an iteration count filling about `budget_s` (5..2000), warms up again
+    (a tenth of it, at most 100: bench_engine's --warmup-iters of the overhead runs), times it."""
     t0 = time.perf_counter()
     run(5)
     per = (time.perf_counter() - t0) / 5
     it = int(max(5, min(2000, budget_s / max(per, 1e-9))))
-    run(min(it // 10 + 1, 50))
+    run(min(it // 10 + 1, 100))
     t0 = time.perf_counter()
     run(it)
     return it, time.perf_counter() - t0

@@ -3,7 +3,7 @@ torch.distributed group, dispatch and combine checked against a reference comput
 rank's inputs; then one CUDA-graph capture of dispatch+combine replayed REPLAYS times with new
 token values, each replay checked.
 
-    python3 ops_gpu.py [--world 8] [--tokens 32] [--hidden 256] [--replays 10]
+    python3 ops_gpu.py [--world 8] [--tokens 32] [--hidden 256] [--replays 10] [--bootstrap torch|socket]
 
 Tokens are integer-valued f32, so every sum is exact and the checks compare bit for bit.
 Prints one line per rank and "ops_gpu: OK" when every rank passed.
@@ -74,7 +74,9 @@ def worker(rank, a, port, results):
             max_token_type_size=4, max_num_inp_token_per_rank=a.tokens, num_experts_per_rank=a.experts,
             num_experts_per_token=a.topk, warp_num_per_block=8, block_num=a.blocks,
         )
-        op = EpDispatchCombineOp(cfg, timeout_ms=60_000)
+        if a.bootstrap == "socket":
+            os.environ.update(MORI_RANK=str(rank), MORI_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.socket_port))
+        op = EpDispatchCombineOp(cfg, timeout_ms=60_000, bootstrap=a.bootstrap)
         x, idx, w = routing(rank, a)
         everyone = [None] * a.world
         dist.all_gather_object(everyone, (x, idx, w))
@@ -126,7 +128,7 @@ def worker(rank, a, port, results):
             assert int(o[4].item()) == n, f"replay {i}: received {int(o[4].item())}, want {n}"
             dist.barrier()
         ok = True
-        msg = (f"rank {rank}: dispatch received {n} rows (reference equal), combine exact, graph captured, "
+        msg = (f"rank {rank} ({a.bootstrap} bootstrap): dispatch received {n} rows (reference equal), combine exact, graph captured, "
                f"{a.replays} replays exact; eager dispatch {t_disp * 1e3:.1f} ms, replay median {sorted(t_rep)[len(t_rep) // 2] * 1e3:.1f} ms")
         dist.barrier()
         dist.destroy_process_group()
@@ -144,7 +146,9 @@ def main():
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--replays", type=int, default=10)
+    ap.add_argument("--bootstrap", default="torch", choices=["torch", "socket"], help="how the op's ranks exchange heap handles")
     a = ap.parse_args()
+    a.socket_port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()

@@ -129,7 +129,8 @@ impl PyEpOp {
 #[pymethods]
 impl PyEpOp {
     /// Builds rank `rank`'s heap on GPU `device` and exchanges handles through `bootstrap`
-    /// (None: world size 1). Errors: `NotSupported` (no GPU runtime, an internode kernel
+    /// (a Python object with `allgather` and `barrier`; None: our socket bootstrap from the
+    /// launcher's environment, or nothing for world size 1). Errors: `NotSupported` (no GPU runtime, an internode kernel
     /// type), `InvalidArgument` (configuration), `GpuError`.
     #[new]
     #[pyo3(signature = (rank, world_size, hidden, scale_dim, scale_type_size, max_token_type_size, max_tokens, experts_per_rank,
@@ -176,17 +177,30 @@ impl PyEpOp {
         cfg.kernel_type = KernelType::IntraNode;
         cfg.validate().map_err(|e| InvalidArgument::new_err(e.to_string()))?;
         let rt = mori_gpu::detect().map_err(|e| NotSupported::new_err(format!("mori_rs.ops needs a GPU: {e}")))?;
-        let boot = match (world_size, bootstrap) {
+        let boot: Option<Box<dyn Bootstrap>> = match (world_size, bootstrap) {
             (1, _) => None,
-            (_, Some(obj)) => Some(PyBootstrap { rank, world: world_size, obj, timeout: Duration::from_millis(timeout_ms) }),
-            (_, None) => return Err(InvalidArgument::new_err(format!("world_size {world_size} needs a bootstrap"))),
+            (_, Some(obj)) => Some(Box::new(PyBootstrap { rank, world: world_size, obj, timeout: Duration::from_millis(timeout_ms) })),
+            // Our socket bootstrap, from the launcher's environment (torchrun, srun, mpirun,
+            // or MORI_RANK / MORI_WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
+            (_, None) => {
+                let b = mori_bootstrap::SocketBootstrap::from_env()
+                    .map_err(|e| InvalidArgument::new_err(format!("socket bootstrap from the environment: {e}")))?;
+                if b.rank() != rank || b.world_size() != world_size {
+                    return Err(InvalidArgument::new_err(format!(
+                        "the launcher environment says rank {} of {}, the config rank {rank} of {world_size}",
+                        b.rank(),
+                        b.world_size()
+                    )));
+                }
+                Some(Box::new(b))
+            }
         };
         let dev = Device(device);
         let ep = IntranodeEp::new(
             rt.clone(),
             &cfg,
             &[(rank, dev)],
-            boot.as_ref().map(|b| b as &dyn Bootstrap),
+            boot.as_deref(),
             Duration::from_millis(timeout_ms),
             false,
         )

@@ -145,6 +145,9 @@ impl PyStatus {
     /// Blocks until done (GIL released).
     #[pyo3(name = "Wait")]
     fn wait_forever(&self, py: Python<'_>) {
+        if self.st.drive() {
+            return;
+        }
         let st = self.st.clone();
         py.detach(move || wait_rs(&st, FOREVER));
     }
@@ -153,8 +156,10 @@ impl PyStatus {
     /// (`IN_PROGRESS` when the deadline passed). GIL released.
     #[pyo3(name = "WaitFor", signature = (timeout_ms = -1))]
     fn wait_for(&self, py: Python<'_>, timeout_ms: i64) -> StatusCode {
-        let st = self.st.clone();
-        py.detach(move || wait_rs(&st, timeout_of(timeout_ms)));
+        if !self.st.drive() && timeout_ms != 0 {
+            let st = self.st.clone();
+            py.detach(move || wait_rs(&st, timeout_of(timeout_ms)));
+        }
         self.st.code().into()
     }
 

@@ -2,7 +2,7 @@
 
 One ``EpDispatchCombineOp`` per rank (per process, as MORI), joined through a
 ``torch.distributed`` process group (gloo or NCCL: used only to exchange the heap's IPC
-handles at construction). ``dispatch`` and ``combine`` queue their kernels on PyTorch's
+handles at construction) or through mori's socket bootstrap. ``dispatch`` and ``combine`` queue their kernels on PyTorch's
 current stream and return at once: no host synchronisation, no pageable copy, the received
 count stays on the device, so both can be captured in a CUDA graph (tensors given to a
 captured call must stay the graph's static tensors, as usual).
@@ -95,13 +95,17 @@ class EpDispatchCombineOp:
     """One rank's dispatch/combine (MORI's ``EpDispatchCombineOp(config)``).
 
     ``group``: the torch.distributed group of the ``world_size`` ranks (default: the world);
+    ``bootstrap``: ``"torch"`` (that group exchanges the heap handles), ``"socket"`` (mori's
+    socket bootstrap from the launcher's environment: torchrun, srun, mpirun, or
+    ``MORI_RANK``/``MORI_WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``), or ``"auto"`` (torch when
+    torch.distributed is initialised, else socket);
     ``timeout_ms``: the deadline of every in-kernel wait (a rank that never calls fails the
     others with ``BadState`` naming it, read with ``sync_status()``).
     Errors: ``NotSupported`` without torch, without a CUDA GPU or for an internode kernel type;
     ``InvalidArgument`` for a configuration the kernels do not take.
     """
 
-    def __init__(self, config, group=None, timeout_ms=10_000):
+    def __init__(self, config, group=None, timeout_ms=10_000, bootstrap="auto"):
         torch = _torch()
         ok, why = gpu_runtime()
         if not ok or not torch.cuda.is_available():
@@ -112,12 +116,15 @@ class EpDispatchCombineOp:
         self.config = c
         self.device = torch.device("cuda", torch.cuda.current_device())
         boot = None
-        if c.world_size > 1:
+        if c.world_size > 1 and bootstrap in ("auto", "torch"):
             import torch.distributed as dist
 
-            if not dist.is_initialized():
-                raise InvalidArgument(f"world_size {c.world_size}: initialise torch.distributed (gloo or nccl) first; its group exchanges the heap handles")
-            boot = _TorchBootstrap(dist, group)
+            if dist.is_initialized():
+                boot = _TorchBootstrap(dist, group)
+            elif bootstrap == "torch":
+                raise InvalidArgument(f"bootstrap='torch' but torch.distributed is not initialised (world_size {c.world_size})")
+        elif bootstrap not in ("auto", "torch", "socket"):
+            raise InvalidArgument(f"bootstrap={bootstrap!r}: one of 'auto', 'torch', 'socket'")
         self._op = _EpOp(
             c.rank, c.world_size, c.hidden_dim, c.scale_dim, c.scale_type_size, c.max_token_type_size,
             c.max_num_inp_token_per_rank, c.num_experts_per_rank, c.num_experts_per_token, c.max_total_recv_tokens,
