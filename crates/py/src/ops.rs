@@ -196,15 +196,8 @@ impl PyEpOp {
             }
         };
         let dev = Device(device);
-        let ep = IntranodeEp::new(
-            rt.clone(),
-            &cfg,
-            &[(rank, dev)],
-            boot.as_deref(),
-            Duration::from_millis(timeout_ms),
-            false,
-        )
-        .map_err(ep_err)?;
+        let ep = IntranodeEp::new(rt.clone(), &cfg, &[(rank, dev)], boot.as_deref(), Duration::from_millis(timeout_ms), false)
+            .map_err(ep_err)?;
         let mut ep = ep;
         // Sequence numbers on the device, so that captured graphs replay correctly.
         ep.use_device_sequence().map_err(ep_err)?;
