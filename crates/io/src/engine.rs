@@ -53,6 +53,9 @@ pub struct EngineConfig {
     pub idle_timeout: Duration,
 }
 
+/// Longest engine key, bytes (it travels in every connection's hello).
+pub const MAX_KEY_LEN: usize = 1024;
+
 /// Largest [`EngineConfig::max_inbound`].
 pub const MAX_INBOUND_LIMIT: usize = 65536;
 
@@ -200,7 +203,7 @@ impl IoEngine {
     /// `cfg.host` is a name or an IP literal (IPv6 bare or bracketed); the descriptor carries it
     /// without brackets.
     ///
-    /// Errors: `InvalidArgs` for an empty key, a host resolving to an unspecified address in any
+    /// Errors: `InvalidArgs` for an empty key or one over [`MAX_KEY_LEN`] bytes, a host resolving to an unspecified address in any
     /// spelling (`0.0.0.0`, `0`, `::`, `::0`, `::ffff:0.0.0.0`, ...: peers would dial their own
     /// loopback and fail with "connection refused"), or an unresolvable host; `BadState`
     /// naming the port when it is already in use.
@@ -209,6 +212,9 @@ impl IoEngine {
         let _ = mori_io_core::status::caller_progress_enabled();
         if key.is_empty() {
             return Err(IoError::invalid("engine key is empty"));
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(IoError::invalid(format!("engine key is {} bytes, at most {MAX_KEY_LEN} are allowed", key.len())));
         }
         if !(1..=MAX_INBOUND_LIMIT).contains(&cfg.max_inbound) {
             return Err(IoError::invalid(format!("max_inbound = {}, allowed 1..={MAX_INBOUND_LIMIT}", cfg.max_inbound)));

@@ -28,7 +28,7 @@ mod notify;
 mod paged;
 mod session;
 
-pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT};
+pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT, MAX_KEY_LEN};
 pub use mori_io_core::{
     BackendKind, EngineDesc, EntryFailure, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, PagedBatch, PagedLayout, Secret,
     TransferId, TransferStatus,

@@ -120,10 +120,15 @@ fn handle(mut s: TcpStream, addr: std::net::SocketAddr, eng: &EngineInner, slot:
                 b.accept(s, hello.from, lane, slot)
             }
             None => {
-                let e = IoError::not_supported(format!(
-                    "engine {:?} has no {backend} backend (create_backend was not called for it)",
-                    eng.desc.key
-                ));
+                // A dropped engine has let go of its backends: say so, not "no such backend".
+                let e = if eng.shutdown.load(Ordering::Acquire) {
+                    IoError::disconnected(format!("engine {:?} is shutting down", eng.desc.key))
+                } else {
+                    IoError::not_supported(format!(
+                        "engine {:?} has no {backend} backend (create_backend was not called for it)",
+                        eng.desc.key
+                    ))
+                };
                 write_frame(&mut s, &HelloReply::Refused(e.clone()))?;
                 Err(e)
             }

@@ -3,7 +3,7 @@
 //! the Rust backends' settings (defaults and environment of each Rust config apply first).
 
 use crate::desc::{BackendType, PollCqMode};
-use crate::errors::{IntoPy, InvalidArgument};
+use crate::errors::IntoPy;
 use mori_io::{BackendConfig, FabricConfig, PollMode, RdmaConfig, TcpConfig, XgmiConfig};
 use pyo3::prelude::*;
 
@@ -164,7 +164,7 @@ fn knob(name: &str, v: i64, keep: usize) -> PyResult<usize> {
     match v {
         -1 => Ok(keep),
         v if v > 0 => Ok(v as usize),
-        _ => Err(InvalidArgument::new_err(format!("RdmaBackendConfig.{name} = {v}: must be positive (or -1 for the default)"))),
+        _ => Err(crate::errors::invalid(format!("RdmaBackendConfig.{name} = {v}: must be positive (or -1 for the default)"))),
     }
 }
 
@@ -172,7 +172,7 @@ fn knob(name: &str, v: i64, keep: usize) -> PyResult<usize> {
 /// another backend's class, a bad value, or `BackendType.Unknown`.
 pub(crate) fn backend_config(ty: BackendType, cfg: Option<&Bound<'_, PyAny>>) -> PyResult<BackendConfig> {
     let wrong = |want: &str| {
-        InvalidArgument::new_err(format!(
+        crate::errors::invalid(format!(
             "create_backend({ty:?}, config): config must be a {want} or None, got {}",
             cfg.map_or("None".to_string(), |c| c.get_type().name().map(|n| n.to_string()).unwrap_or_default())
         ))
@@ -222,7 +222,7 @@ pub(crate) fn backend_config(ty: BackendType, cfg: Option<&Bound<'_, PyAny>>) ->
             }
             BackendConfig::Fabric(c)
         }
-        BackendType::Unknown => return Err(InvalidArgument::new_err("create_backend: BackendType.Unknown is not a backend")),
+        BackendType::Unknown => return Err(crate::errors::invalid("create_backend: BackendType.Unknown is not a backend")),
     })
 }
 

@@ -2,7 +2,7 @@
 
 use crate::config::{backend_config, PyEngineConfig};
 use crate::desc::{BackendType, MemoryLocationType, PyEngineDesc, PyMemoryDesc};
-use crate::errors::{to_py, IntoPy, InvalidArgument, NotFound, Timeout};
+use crate::errors::{to_py, u64_arg, IntoPy};
 use crate::offsets::{type_name, u64s};
 use crate::session::PySession;
 use crate::status::{timeout_of, PyStatus, StatusCode};
@@ -30,21 +30,60 @@ pub(crate) fn notif_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec
     if let Ok(s) = o.cast::<PyString>() {
         return Ok(Some(s.to_str()?.as_bytes().to_vec()));
     }
-    Err(InvalidArgument::new_err(format!("notif_msg must be bytes or str, got {}", type_name(o))))
+    Err(crate::errors::invalid(format!("notif_msg must be bytes or str, got {}", type_name(o))))
 }
 
 /// A `MemoryDesc` argument named `what`. Errors: `InvalidArgument` naming the type given.
 pub(crate) fn mem<'a, 'py>(obj: &'a Bound<'py, PyAny>, what: &str) -> PyResult<&'a Bound<'py, PyMemoryDesc>> {
-    obj.cast::<PyMemoryDesc>().map_err(|_| InvalidArgument::new_err(format!("{what}: expected a MemoryDesc, got {}", type_name(obj))))
+    obj.cast::<PyMemoryDesc>().map_err(|_| crate::errors::invalid(format!("{what}: expected a MemoryDesc, got {}", type_name(obj))))
+}
+
+/// The engine and what it registered, shared by the `IOEngine` object and its sessions.
+///
+/// Dropped with the last of them: first every region still registered is deregistered
+/// (which waits for the transfers using it, inbound ones included), then the tensors kept for
+/// `register_torch_tensor` are released, then the engine stops. So neither `del engine` nor a
+/// garbage-collected session lets a peer's transfer land in memory Python already freed.
+pub(crate) struct Shared {
+    pub(crate) eng: IoEngine,
+    /// Regions registered and not yet deregistered, with the tensor kept alive for each.
+    regions: Mutex<HashMap<u64, Registered>>,
+}
+
+/// A registered region and the tensor kept alive for it (`register_torch_tensor`).
+type Registered = (MemoryDesc, Option<Py<PyAny>>);
+
+impl std::ops::Deref for Shared {
+    type Target = IoEngine;
+    fn deref(&self) -> &IoEngine {
+        &self.eng
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let regions: Vec<Registered> = self.regions.get_mut().drain().map(|(_, v)| v).collect();
+        for (d, tensor) in regions {
+            // A region still in use after the drain deadline is waited for again (every
+            // transfer ends by its own deadlines), so its memory is never released in use.
+            for _ in 0..30 {
+                match self.eng.deregister_memory(&d) {
+                    Err(e) if e.code == mori_io::ErrorCode::Timeout => continue,
+                    _ => break,
+                }
+            }
+            drop(tensor);
+        }
+    }
 }
 
 /// MORI's `IOEngine(key, config)`: a transfer engine listening at `config.host:config.port`.
-/// Safe to use from several Python threads at once; blocking calls release the GIL.
+/// Safe to use from several Python threads at once; blocking calls release the GIL. Not
+/// usable in a child made by `os.fork()` (its threads are not there): use the `spawn` start
+/// method of multiprocessing, as CUDA programs must anyway.
 #[pyclass(frozen, module = "mori_rs.io", name = "IOEngine")]
 pub struct PyEngine {
-    pub(crate) eng: Arc<IoEngine>,
-    /// Tensors registered with `register_torch_tensor`, kept alive until deregistered.
-    tensors: Mutex<HashMap<u64, Py<PyAny>>>,
+    pub(crate) eng: Arc<Shared>,
 }
 
 impl PyEngine {
@@ -89,7 +128,7 @@ impl PyEngine {
             // Single pair: flat offsets, one uid, one status.
             let r = mem(remote, "remote")?;
             let (lo, ro, sz) = (u64s(local_offsets, "local_offsets")?, u64s(remote_offsets, "remote_offsets")?, u64s(sizes, "sizes")?);
-            let id: u64 = transfer_uid.extract().map_err(|_| InvalidArgument::new_err("transfer_uid: expected an int"))?;
+            let id = u64_arg(transfer_uid, "transfer_uid")?;
             let st = self.post(py, op, &l.get().d, lo.as_slice(), &r.get().d, ro.as_slice(), sz.as_slice(), id, notif.as_deref());
             return Ok(Bound::new(py, PyStatus::new(st))?.into_any());
         }
@@ -98,7 +137,7 @@ impl PyEngine {
         let seq = |o: &Bound<'py, PyAny>, what: &str| -> PyResult<Vec<Bound<'py, PyAny>>> {
             o.try_iter()
                 .and_then(|it| it.collect::<PyResult<Vec<_>>>())
-                .map_err(|_| InvalidArgument::new_err(format!("{what}: expected a MemoryDesc (one pair) or a list (one entry per pair)")))
+                .map_err(|_| crate::errors::invalid(format!("{what}: expected a MemoryDesc (one pair) or a list (one entry per pair)")))
         };
         let (ls, los, rs, ros, szs) = (
             seq(local, "local")?,
@@ -107,8 +146,11 @@ impl PyEngine {
             seq(remote_offsets, "remote_offsets")?,
             seq(sizes, "sizes")?,
         );
-        let ids: Vec<u64> =
-            transfer_uid.extract().map_err(|_| InvalidArgument::new_err("transfer_uid: expected a list of ints, one per pair"))?;
+        let ids: Vec<u64> = seq(transfer_uid, "transfer_uid")?
+            .iter()
+            .enumerate()
+            .map(|(i, u)| u64_arg(u, &format!("transfer_uid[{i}]")))
+            .collect::<PyResult<_>>()?;
         let n = ls.len();
         for (what, len) in [
             ("local_offsets", los.len()),
@@ -118,11 +160,11 @@ impl PyEngine {
             ("transfer_uid", ids.len()),
         ] {
             if len != n {
-                return Err(InvalidArgument::new_err(format!("multi-pair batch: {what} has {len} entries, local has {n}: one per pair")));
+                return Err(crate::errors::invalid(format!("multi-pair batch: {what} has {len} entries, local has {n}: one per pair")));
             }
         }
         if notif.is_some() && n != 1 {
-            return Err(InvalidArgument::new_err(format!(
+            return Err(crate::errors::invalid(format!(
                 "notif_msg with a multi-pair batch of {n} pairs: a message follows one transfer; give it to one pair's call"
             )));
         }
@@ -175,7 +217,7 @@ impl PyEngine {
         let port = config.port;
         let key = key.to_string();
         let eng = py.detach(move || EngineConfig::new(host, port).and_then(|c| IoEngine::new(&key, c))).py()?;
-        Ok(PyEngine { eng: Arc::new(eng), tensors: Mutex::new(HashMap::new()) })
+        Ok(PyEngine { eng: Arc::new(Shared { eng, regions: Mutex::new(HashMap::new()) }) })
     }
 
     /// This engine's key.
@@ -208,9 +250,9 @@ impl PyEngine {
     fn deregister_remote_engine(&self, py: Python<'_>, desc: &Bound<'_, PyAny>) -> PyResult<()> {
         let key = match desc.cast::<PyEngineDesc>() {
             Ok(d) => d.get().d.key.clone(),
-            Err(_) => desc
-                .extract::<String>()
-                .map_err(|_| InvalidArgument::new_err("deregister_remote_engine: expected an EngineDesc or a key"))?,
+            Err(_) => {
+                desc.extract::<String>().map_err(|_| crate::errors::invalid("deregister_remote_engine: expected an EngineDesc or a key"))?
+            }
         };
         let eng = self.eng.clone();
         py.detach(move || eng.deregister_remote_engine(&key));
@@ -226,18 +268,19 @@ impl PyEngine {
             MemoryLocationType::CPU => MemLoc::Host { numa: None },
             MemoryLocationType::GPU => MemLoc::Gpu {
                 device: u32::try_from(device_id)
-                    .map_err(|_| InvalidArgument::new_err(format!("register_memory: device_id {device_id} is not a GPU ordinal")))?,
+                    .map_err(|_| crate::errors::invalid(format!("register_memory: device_id {device_id} is not a GPU ordinal")))?,
             },
-            MemoryLocationType::Unknown => return Err(InvalidArgument::new_err("register_memory: MemoryLocationType.Unknown")),
+            MemoryLocationType::Unknown => return Err(crate::errors::invalid("register_memory: MemoryLocationType.Unknown")),
         };
-        let len = usize::try_from(size).map_err(|_| InvalidArgument::new_err(format!("register_memory: size {size} is too large")))?;
+        let len = usize::try_from(size).map_err(|_| crate::errors::invalid(format!("register_memory: size {size} is too large")))?;
         if len == 0 {
-            return Err(InvalidArgument::new_err("register_memory: size is 0"));
+            return Err(crate::errors::invalid("register_memory: size is 0"));
         }
         let eng = self.eng.clone();
         // SAFETY: the caller promises (documented) that `ptr..ptr+size` is memory of that kind,
         // valid until deregistration; the engine checks every access against this range.
         let d = py.detach(move || unsafe { eng.register_memory(ptr as usize as *mut u8, len, loc) }).py()?;
+        self.eng.regions.lock().insert(d.id, (d.clone(), None));
         Ok(PyMemoryDesc { d })
     }
 
@@ -246,7 +289,7 @@ impl PyEngine {
     /// imported). The tensor is kept alive until `deregister_memory`. Errors:
     /// `InvalidArgument` for a non-contiguous or empty tensor or an unknown device type.
     fn register_torch_tensor(&self, py: Python<'_>, tensor: &Bound<'_, PyAny>) -> PyResult<PyMemoryDesc> {
-        let bad = |what: &str| InvalidArgument::new_err(format!("register_torch_tensor: {what} ({})", type_name(tensor)));
+        let bad = |what: &str| crate::errors::invalid(format!("register_torch_tensor: {what} ({})", type_name(tensor)));
         if tensor.hasattr("is_contiguous")? && !tensor.call_method0("is_contiguous")?.extract::<bool>()? {
             return Err(bad("the tensor is not contiguous; register tensor.contiguous() or its base"));
         }
@@ -268,7 +311,9 @@ impl PyEngine {
             return Err(bad("the tensor is empty"));
         }
         let d = self.register_memory(py, ptr, size, id, loc)?;
-        self.tensors.lock().insert(d.d.id, tensor.clone().unbind());
+        if let Some(r) = self.eng.regions.lock().get_mut(&d.d.id) {
+            r.1 = Some(tensor.clone().unbind());
+        }
         Ok(d)
     }
 
@@ -280,7 +325,7 @@ impl PyEngine {
         let eng = self.eng.clone();
         py.detach(move || eng.deregister_memory(&d)).py()?;
         // Dropped with the GIL held (the lock is not held meanwhile).
-        let t = self.tensors.lock().remove(&desc.d.id);
+        let t = self.eng.regions.lock().remove(&desc.d.id);
         drop(t);
         Ok(())
     }
@@ -298,14 +343,16 @@ impl PyEngine {
         &self,
         py: Python<'_>,
         local: PyRef<'_, PyMemoryDesc>,
-        local_offset: u64,
+        local_offset: &Bound<'_, PyAny>,
         remote: PyRef<'_, PyMemoryDesc>,
-        remote_offset: u64,
-        size: u64,
-        transfer_uid: u64,
+        remote_offset: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
         let n = notif_bytes(notif_msg)?;
+        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
+        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
         Ok(PyStatus::new(self.post(
             py,
             Op::Read,
@@ -327,14 +374,16 @@ impl PyEngine {
         &self,
         py: Python<'_>,
         local: PyRef<'_, PyMemoryDesc>,
-        local_offset: u64,
+        local_offset: &Bound<'_, PyAny>,
         remote: PyRef<'_, PyMemoryDesc>,
-        remote_offset: u64,
-        size: u64,
-        transfer_uid: u64,
+        remote_offset: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
         let n = notif_bytes(notif_msg)?;
+        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
+        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
         Ok(PyStatus::new(self.post(
             py,
             Op::Write,
@@ -413,7 +462,7 @@ impl PyEngine {
 
     /// `wait_all(statuses, timeout_ms)` (see the module function).
     #[pyo3(signature = (statuses, timeout_ms = -1))]
-    fn wait_all(&self, py: Python<'_>, statuses: Vec<PyRef<'_, PyStatus>>, timeout_ms: i64) -> StatusCode {
+    fn wait_all(&self, py: Python<'_>, statuses: Vec<PyRef<'_, PyStatus>>, timeout_ms: i64) -> PyResult<StatusCode> {
         crate::status::wait_all(py, statuses, timeout_ms)
     }
 
@@ -435,23 +484,28 @@ impl PyEngine {
     /// (GIL released). Errors: `Timeout` when none came.
     #[pyo3(signature = (timeout_ms = 1000))]
     fn wait_notif<'py>(&self, py: Python<'py>, timeout_ms: i64) -> PyResult<(String, Bound<'py, PyBytes>)> {
-        let eng = self.eng.clone();
-        let t = timeout_of(timeout_ms);
-        let (k, m) = py.detach(move || eng.wait_notif(t)).map_err(|e| {
-            if e.code == mori_io::ErrorCode::Timeout {
-                Timeout::new_err(e.msg)
-            } else {
-                to_py(e)
+        let deadline = std::time::Instant::now().checked_add(timeout_of(timeout_ms));
+        loop {
+            let left = deadline.map_or(crate::status::SLICE, |d| d.saturating_duration_since(std::time::Instant::now()));
+            let slice = left.min(crate::status::SLICE);
+            let eng = self.eng.clone();
+            match py.detach(move || eng.wait_notif(slice)) {
+                Ok((k, m)) => return Ok((k, PyBytes::new(py, &m))),
+                // Between slices, Python's signal handlers run (Ctrl-C raises here).
+                Err(e) if e.code == mori_io::ErrorCode::Timeout && left > slice => py.check_signals()?,
+                Err(e) if e.code == mori_io::ErrorCode::Timeout => {
+                    return Err(crate::errors::err(mori_io::ErrorCode::Timeout, format!("no notification arrived within {timeout_ms} ms")));
+                }
+                Err(e) => return Err(to_py(e)),
             }
-        })?;
-        Ok((k, PyBytes::new(py, &m)))
+        }
     }
 
     /// Sends `notif_msg` alone to engine `remote_key`; the status ends once the peer queued it.
     fn send_notif(&self, remote_key: &str, notif_msg: &Bound<'_, PyAny>) -> PyResult<PyStatus> {
-        let m = notif_bytes(Some(notif_msg))?.unwrap_or_default();
+        let m = notif_bytes(Some(notif_msg))?.ok_or_else(|| crate::errors::invalid("send_notif: notif_msg is None; give bytes or str"))?;
         if remote_key.is_empty() {
-            return Err(NotFound::new_err("send_notif: empty engine key"));
+            return Err(crate::errors::err(mori_io::ErrorCode::NotFound, "send_notif: empty engine key"));
         }
         Ok(PyStatus::new(self.eng.send_notif(remote_key, &m)))
     }

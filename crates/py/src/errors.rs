@@ -39,6 +39,23 @@ pub(crate) fn to_py(e: IoError) -> PyErr {
     err
 }
 
+/// The Python exception of kind `code` with `msg` (and its `code` attribute).
+pub(crate) fn err(code: ErrorCode, msg: impl Into<String>) -> PyErr {
+    to_py(IoError::new(code, msg))
+}
+
+/// `InvalidArgument` with `msg`.
+pub(crate) fn invalid(msg: impl Into<String>) -> PyErr {
+    err(ErrorCode::InvalidArgs, msg)
+}
+
+/// An int argument `what` as u64. Errors: `InvalidArgument` naming it for a value outside
+/// 0..2^64 or a non-int.
+pub(crate) fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    let v: i128 = obj.extract().map_err(|_| invalid(format!("{what}: expected an int, got {}", crate::offsets::type_name(obj))))?;
+    u64::try_from(v).map_err(|_| invalid(format!("{what} = {v} is outside 0..2^64")))
+}
+
 /// `to_py` for results.
 pub(crate) trait IntoPy<T> {
     /// The value, or the engine error as its Python exception.

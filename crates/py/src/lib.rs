@@ -32,7 +32,7 @@ fn set_log_level(level: &str) -> PyResult<()> {
     type Handle = reload::Handle<EnvFilter, Registry>;
     static HANDLE: OnceLock<Option<Handle>> = OnceLock::new();
     let filter = EnvFilter::try_new(level.to_ascii_lowercase().replace("warning", "warn"))
-        .map_err(|e| errors::InvalidArgument::new_err(format!("log level {level:?}: {e}")))?;
+        .map_err(|e| crate::errors::invalid(format!("log level {level:?}: {e}")))?;
     let mut first = Some(filter);
     let h = HANDLE.get_or_init(|| {
         let (layer, handle) = reload::Layer::new(first.take().unwrap_or_default());
@@ -41,8 +41,10 @@ fn set_log_level(level: &str) -> PyResult<()> {
     });
     match (h, first) {
         (_, None) => Ok(()),
-        (Some(h), Some(f)) => h.reload(f).map_err(|e| errors::BadState::new_err(format!("set_log_level: {e}"))),
-        (None, Some(_)) => Err(errors::BadState::new_err("set_log_level: another tracing subscriber is installed in this process")),
+        (Some(h), Some(f)) => h.reload(f).map_err(|e| crate::errors::err(mori_io::ErrorCode::BadState, format!("set_log_level: {e}"))),
+        (None, Some(_)) => {
+            Err(crate::errors::err(mori_io::ErrorCode::BadState, "set_log_level: another tracing subscriber is installed in this process"))
+        }
     }
 }
 

@@ -1,8 +1,7 @@
 //! Offset and size arguments: a Python sequence of ints, or a 1-D numpy array of int64 or
 //! uint64 read in place (no Python object per element).
 
-use crate::errors::InvalidArgument;
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 
 /// Byte offsets or sizes as the engine takes them.
@@ -42,52 +41,60 @@ pub(crate) fn u64s<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<U64s<'p
         return numpy_u64s(obj, what);
     }
     if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
-        return Err(InvalidArgument::new_err(format!("{what}: expected a list of ints or a numpy int64 array, got a string")));
+        return Err(crate::errors::invalid(format!("{what}: expected a list of ints or a numpy int64 array, got a string")));
     }
     let items: Vec<i128> = obj
         .extract()
-        .map_err(|_| InvalidArgument::new_err(format!("{what}: expected a list of ints or a numpy int64 array, got {}", type_name(obj))))?;
+        .map_err(|_| crate::errors::invalid(format!("{what}: expected a list of ints or a numpy int64 array, got {}", type_name(obj))))?;
     let mut out = Vec::with_capacity(items.len());
     for (i, v) in items.into_iter().enumerate() {
-        out.push(u64::try_from(v).map_err(|_| InvalidArgument::new_err(format!("{what}[{i}] = {v} is outside 0..2^64")))?);
+        out.push(u64::try_from(v).map_err(|_| crate::errors::invalid(format!("{what}[{i}] = {v} is outside 0..2^64")))?);
     }
     Ok(U64s::Owned(out))
 }
 
-/// [`u64s`] for an object of the numpy module.
+/// [`u64s`] for an object of the numpy module: a contiguous, aligned 1-D int64 or uint64 array
+/// is read in place; another 1-D integer array (strided, misaligned, int32, ...) is first
+/// converted by numpy (`astype`, a contiguous copy).
 fn numpy_u64s<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<U64s<'py>> {
+    let Ok(arr) = obj.cast::<numpy::PyUntypedArray>() else {
+        // A numpy scalar or other numpy object: as a sequence of ints, if it is one.
+        return obj.extract::<Vec<u64>>().map(U64s::Owned).map_err(|_| {
+            crate::errors::invalid(format!("{what}: expected a list of ints or a numpy int64 array, got {}", type_name(obj)))
+        });
+    };
+    let kind = arr.dtype().kind();
+    if arr.ndim() != 1 || !(kind == b'i' || kind == b'u') {
+        return Err(crate::errors::invalid(format!(
+            "{what}: a numpy array must be 1-D of integers, this one is {}-D {}",
+            arr.ndim(),
+            arr.dtype()
+        )));
+    }
+    let aligned = |p: usize| p.is_multiple_of(8);
     if let Ok(a) = obj.cast::<PyArray1<u64>>() {
-        if a.is_contiguous() {
+        if a.is_contiguous() && aligned(a.data() as usize) {
             return Ok(U64s::U64(a.clone()));
         }
-        return Ok(U64s::Owned(a.to_vec().map_err(|e| InvalidArgument::new_err(format!("{what}: {e}")))?));
     }
     if let Ok(a) = obj.cast::<PyArray1<i64>>() {
-        let check = |i: usize, v: i64| -> PyResult<u64> {
-            u64::try_from(v).map_err(|_| InvalidArgument::new_err(format!("{what}[{i}] = {v} is negative")))
-        };
-        if a.is_contiguous() {
-            // SAFETY: contiguous (checked), alive for this call; read once here.
+        if a.is_contiguous() && aligned(a.data() as usize) {
+            // SAFETY: contiguous and aligned (checked), alive for this call; read once here.
             if let Some((i, &v)) = unsafe { a.as_slice() }.unwrap_or(&[]).iter().enumerate().find(|(_, &v)| v < 0) {
-                check(i, v)?;
+                return Err(crate::errors::invalid(format!("{what}[{i}] = {v} is negative")));
             }
             return Ok(U64s::I64(a.clone()));
         }
-        let v = a.to_vec().map_err(|e| InvalidArgument::new_err(format!("{what}: {e}")))?;
-        let v: PyResult<Vec<u64>> = v.into_iter().enumerate().map(|(i, v)| check(i, v)).collect();
-        return Ok(U64s::Owned(v?));
     }
-    match obj.cast::<numpy::PyUntypedArray>() {
-        Ok(a) => Err(InvalidArgument::new_err(format!(
-            "{what}: a numpy array must be 1-D int64 or uint64, this one is {}-D {}",
-            a.ndim(),
-            a.dtype()
-        ))),
-        // A numpy scalar or other numpy object: as a sequence of ints, if it is one.
-        Err(_) => obj.extract::<Vec<u64>>().map(U64s::Owned).map_err(|_| {
-            InvalidArgument::new_err(format!("{what}: expected a list of ints or a numpy int64 array, got {}", type_name(obj)))
-        }),
+    let target = if kind == b'u' { "uint64" } else { "int64" };
+    let copy = obj.call_method1("astype", (target,))?;
+    let c = copy
+        .cast::<numpy::PyUntypedArray>()
+        .map_err(|_| crate::errors::invalid(format!("{what}: numpy astype({target}) gave no array")))?;
+    if !c.is_contiguous() {
+        return Err(crate::errors::invalid(format!("{what}: numpy gave a non-contiguous copy")));
     }
+    numpy_u64s(&copy, what)
 }
 
 /// A Python object's type name, for messages.

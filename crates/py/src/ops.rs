@@ -7,7 +7,6 @@
 //! `mori_ep::gpu` docs), so a dispatch and combine can be captured in a CUDA graph; the received
 //! count stays on the device (`recv_count_ptr`).
 
-use crate::errors::{BadState, GpuError as PyGpuError, InvalidArgument, NotSupported};
 use mori_bootstrap::{Bootstrap, BootstrapError};
 use mori_ep::gpu::{CombineInput, CombineSpec, DispatchInput, DispatchSpec, DispatchTicket, EpGpuError, IntranodeEp};
 use mori_ep::{EpConfig, KernelType};
@@ -19,9 +18,9 @@ use std::time::Duration;
 
 fn ep_err(e: EpGpuError) -> PyErr {
     match e {
-        EpGpuError::Ep(e) => InvalidArgument::new_err(e.to_string()),
-        EpGpuError::Kernel { .. } => BadState::new_err(e.to_string()),
-        other => PyGpuError::new_err(other.to_string()),
+        EpGpuError::Ep(e) => crate::errors::invalid(e.to_string()),
+        EpGpuError::Kernel { .. } => crate::errors::err(mori_io::ErrorCode::BadState, e.to_string()),
+        other => crate::errors::err(mori_io::ErrorCode::GpuOp, other.to_string()),
     }
 }
 
@@ -156,12 +155,13 @@ impl PyEpOp {
         timeout_ms: u64,
     ) -> PyResult<Self> {
         if kernel_type != 0 {
-            return Err(NotSupported::new_err(format!(
-                "kernel_type {kernel_type}: mori_rs.ops runs the IntraNode kernels only (the internode kernels are not built yet)"
-            )));
+            return Err(crate::errors::err(
+                mori_io::ErrorCode::NotSupported,
+                format!("kernel_type {kernel_type}: mori_rs.ops runs the IntraNode kernels only (the internode kernels are not built yet)"),
+            ));
         }
         let mut cfg = EpConfig::new(world_size, hidden, experts_per_rank.saturating_mul(world_size), top_k, max_tokens)
-            .map_err(|e| InvalidArgument::new_err(e.to_string()))?;
+            .map_err(|e| crate::errors::invalid(e.to_string()))?;
         cfg.rank = rank;
         cfg.scale_dim = scale_dim;
         if scale_dim > 0 {
@@ -175,8 +175,9 @@ impl PyEpOp {
         cfg.warps_per_block = warps_per_block;
         cfg.gpus_per_node = gpus_per_node.max(1).min(world_size);
         cfg.kernel_type = KernelType::IntraNode;
-        cfg.validate().map_err(|e| InvalidArgument::new_err(e.to_string()))?;
-        let rt = mori_gpu::detect().map_err(|e| NotSupported::new_err(format!("mori_rs.ops needs a GPU: {e}")))?;
+        cfg.validate().map_err(|e| crate::errors::invalid(e.to_string()))?;
+        let rt = mori_gpu::detect()
+            .map_err(|e| crate::errors::err(mori_io::ErrorCode::NotSupported, format!("mori_rs.ops needs a GPU: {e}")))?;
         let boot: Option<Box<dyn Bootstrap>> = match (world_size, bootstrap) {
             (1, _) => None,
             (_, Some(obj)) => Some(Box::new(PyBootstrap { rank, world: world_size, obj, timeout: Duration::from_millis(timeout_ms) })),
@@ -184,9 +185,9 @@ impl PyEpOp {
             // or MORI_RANK / MORI_WORLD_SIZE / MASTER_ADDR / MASTER_PORT).
             (_, None) => {
                 let b = mori_bootstrap::SocketBootstrap::from_env()
-                    .map_err(|e| InvalidArgument::new_err(format!("socket bootstrap from the environment: {e}")))?;
+                    .map_err(|e| crate::errors::invalid(format!("socket bootstrap from the environment: {e}")))?;
                 if b.rank() != rank || b.world_size() != world_size {
-                    return Err(InvalidArgument::new_err(format!(
+                    return Err(crate::errors::invalid(format!(
                         "the launcher environment says rank {} of {}, the config rank {rank} of {world_size}",
                         b.rank(),
                         b.world_size()
@@ -254,7 +255,10 @@ impl PyEpOp {
         stream: u64,
     ) -> PyResult<()> {
         let Some(ticket) = self.ticket.as_ref() else {
-            return Err(BadState::new_err("combine before any dispatch: combine sums the rows of the last dispatch"));
+            return Err(crate::errors::err(
+                mori_io::ErrorCode::BadState,
+                "combine before any dispatch: combine sums the rows of the last dispatch",
+            ));
         };
         let c = &self.cfg;
         let d = self.dev;

@@ -1,10 +1,12 @@
 //! `IOEngineSession`: MORI's session class over [`mori_io::Session`].
 
 use crate::desc::BackendType;
+use crate::engine::Shared;
 use crate::engine::{notif_bytes, DETACH_ABOVE};
+use crate::errors::u64_arg;
 use crate::offsets::u64s;
 use crate::status::PyStatus;
-use mori_io::{IoEngine, Op, Session};
+use mori_io::{Op, Session};
 use pyo3::prelude::*;
 use std::sync::Arc;
 
@@ -13,12 +15,12 @@ use std::sync::Arc;
 /// arrays; every call returns a `TransferStatus`. A session keeps its engine alive.
 #[pyclass(frozen, module = "mori_rs.io", name = "IOEngineSession")]
 pub struct PySession {
-    eng: Arc<IoEngine>,
+    eng: Arc<Shared>,
     sess: Session,
 }
 
 impl PySession {
-    pub(crate) fn new(eng: Arc<IoEngine>, sess: Session) -> Self {
+    pub(crate) fn new(eng: Arc<Shared>, sess: Session) -> Self {
         PySession { eng, sess }
     }
 
@@ -62,13 +64,15 @@ impl PySession {
     #[pyo3(signature = (local_offset, remote_offset, size, transfer_uid, notif_msg = None))]
     fn read(
         &self,
-        local_offset: u64,
-        remote_offset: u64,
-        size: u64,
-        transfer_uid: u64,
+        local_offset: &Bound<'_, PyAny>,
+        remote_offset: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
         let n = notif_bytes(notif_msg)?;
+        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
+        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
         Ok(PyStatus::new(match n {
             None => self.sess.read(local_offset, remote_offset, size, transfer_uid),
             Some(m) => self.sess.post(Op::Read, &[local_offset], &[remote_offset], &[size], transfer_uid, Some(&m)),
@@ -79,13 +83,15 @@ impl PySession {
     #[pyo3(signature = (local_offset, remote_offset, size, transfer_uid, notif_msg = None))]
     fn write(
         &self,
-        local_offset: u64,
-        remote_offset: u64,
-        size: u64,
-        transfer_uid: u64,
+        local_offset: &Bound<'_, PyAny>,
+        remote_offset: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
         let n = notif_bytes(notif_msg)?;
+        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
+        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
         Ok(PyStatus::new(match n {
             None => self.sess.write(local_offset, remote_offset, size, transfer_uid),
             Some(m) => self.sess.post(Op::Write, &[local_offset], &[remote_offset], &[size], transfer_uid, Some(&m)),
@@ -100,9 +106,10 @@ impl PySession {
         local_offsets: &Bound<'_, PyAny>,
         remote_offsets: &Bound<'_, PyAny>,
         sizes: &Bound<'_, PyAny>,
-        transfer_uid: u64,
+        transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
+        let transfer_uid = u64_arg(transfer_uid, "transfer_uid")?;
         self.batch(py, Op::Read, local_offsets, remote_offsets, sizes, transfer_uid, notif_msg)
     }
 
@@ -114,9 +121,10 @@ impl PySession {
         local_offsets: &Bound<'_, PyAny>,
         remote_offsets: &Bound<'_, PyAny>,
         sizes: &Bound<'_, PyAny>,
-        transfer_uid: u64,
+        transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
+        let transfer_uid = u64_arg(transfer_uid, "transfer_uid")?;
         self.batch(py, Op::Write, local_offsets, remote_offsets, sizes, transfer_uid, notif_msg)
     }
 }

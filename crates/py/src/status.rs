@@ -1,7 +1,7 @@
 //! `StatusCode` and `TransferStatus` as MORI's Python API has them, plus `wait` (raising the
 //! error's class) and `wait_all`.
 
-use crate::errors::{to_py, Timeout};
+use crate::errors::to_py;
 use mori_io::{ErrorCode, IoError, TransferStatus as RsStatus};
 use pyo3::prelude::*;
 use std::time::{Duration, Instant};
@@ -59,6 +59,10 @@ const SPIN: Duration = Duration::from_micros(200);
 /// The longest wait: what a negative `timeout_ms` means (MORI: wait until done).
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// Longest stretch a wait spends without the GIL before it lets Python's signal handlers run
+/// (Ctrl-C interrupts every wait within this).
+pub(crate) const SLICE: Duration = Duration::from_millis(50);
+
 /// `timeout_ms` as MORI takes it: negative waits until done, 0 polls once.
 pub(crate) fn timeout_of(ms: i64) -> Duration {
     if ms < 0 {
@@ -81,6 +85,27 @@ pub(crate) fn wait_rs(st: &RsStatus, timeout: Duration) -> Option<Result<(), IoE
     }
     let _ = st.wait_for(timeout - spin);
     st.poll()
+}
+
+/// [`wait_rs`] without the GIL in slices of [`SLICE`], running Python's signal handlers in
+/// between. Errors: the handler's exception (KeyboardInterrupt).
+pub(crate) fn wait_py(py: Python<'_>, st: &RsStatus, timeout: Duration) -> PyResult<Option<Result<(), IoError>>> {
+    if st.drive() || timeout.is_zero() {
+        return Ok(st.poll());
+    }
+    let deadline = Instant::now().checked_add(timeout);
+    loop {
+        let left = deadline.map_or(SLICE, |d| d.saturating_duration_since(Instant::now()));
+        let slice = left.min(SLICE);
+        let s = st.clone();
+        if let Some(r) = py.detach(move || wait_rs(&s, slice)) {
+            return Ok(Some(r));
+        }
+        if left <= slice {
+            return Ok(None);
+        }
+        py.check_signals()?;
+    }
 }
 
 /// The completion handle of one transfer (MORI's `TransferStatus`). Already `IN_PROGRESS` (or
@@ -142,25 +167,18 @@ impl PyStatus {
         false
     }
 
-    /// Blocks until done (GIL released).
+    /// Blocks until done (GIL released; Ctrl-C interrupts it).
     #[pyo3(name = "Wait")]
-    fn wait_forever(&self, py: Python<'_>) {
-        if self.st.drive() {
-            return;
-        }
-        let st = self.st.clone();
-        py.detach(move || wait_rs(&st, FOREVER));
+    fn wait_forever(&self, py: Python<'_>) -> PyResult<()> {
+        wait_py(py, &self.st, FOREVER).map(|_| ())
     }
 
     /// Waits up to `timeout_ms` (negative: until done; 0: poll once) and returns the code
     /// (`IN_PROGRESS` when the deadline passed). GIL released.
     #[pyo3(name = "WaitFor", signature = (timeout_ms = -1))]
-    fn wait_for(&self, py: Python<'_>, timeout_ms: i64) -> StatusCode {
-        if !self.st.drive() && timeout_ms != 0 {
-            let st = self.st.clone();
-            py.detach(move || wait_rs(&st, timeout_of(timeout_ms)));
-        }
-        self.st.code().into()
+    fn wait_for(&self, py: Python<'_>, timeout_ms: i64) -> PyResult<StatusCode> {
+        wait_py(py, &self.st, timeout_of(timeout_ms))?;
+        Ok(self.st.code().into())
     }
 
     /// Waits up to `timeout_ms` (negative: until done) and raises the failure's exception
@@ -168,12 +186,10 @@ impl PyStatus {
     /// passed. GIL released.
     #[pyo3(signature = (timeout_ms = -1))]
     fn wait(&self, py: Python<'_>, timeout_ms: i64) -> PyResult<()> {
-        let st = self.st.clone();
-        let t = timeout_of(timeout_ms);
-        match py.detach(move || wait_rs(&st, t)) {
+        match wait_py(py, &self.st, timeout_of(timeout_ms))? {
             Some(Ok(())) => Ok(()),
             Some(Err(e)) => Err(to_py(e)),
-            None => Err(Timeout::new_err(format!("transfer not complete after {} ms", timeout_ms.max(0)))),
+            None => Err(crate::errors::err(ErrorCode::Timeout, format!("transfer not complete after {} ms", timeout_ms.max(0)))),
         }
     }
 
@@ -202,29 +218,21 @@ impl PyStatus {
 /// released.
 #[pyfunction]
 #[pyo3(signature = (statuses, timeout_ms = -1))]
-pub(crate) fn wait_all(py: Python<'_>, statuses: Vec<PyRef<'_, PyStatus>>, timeout_ms: i64) -> StatusCode {
+pub(crate) fn wait_all(py: Python<'_>, statuses: Vec<PyRef<'_, PyStatus>>, timeout_ms: i64) -> PyResult<StatusCode> {
     let sts: Vec<RsStatus> = statuses.iter().map(|s| s.st.clone()).collect();
     drop(statuses);
-    py.detach(move || wait_all_rs(&sts, timeout_of(timeout_ms)))
-}
-
-pub(crate) fn wait_all_rs(sts: &[RsStatus], timeout: Duration) -> StatusCode {
-    let deadline = Instant::now().checked_add(timeout);
+    let deadline = Instant::now().checked_add(timeout_of(timeout_ms));
     let mut running = false;
-    for st in sts {
+    for st in &sts {
         let left = deadline.map_or(FOREVER, |d| d.saturating_duration_since(Instant::now()));
-        if wait_rs(st, left).is_none() {
+        if wait_py(py, st, left)?.is_none() {
             running = true;
         }
     }
     if let Some(e) = sts.iter().find(|s| s.is_done() && !s.succeeded()) {
-        return e.code().into();
+        return Ok(e.code().into());
     }
-    if running {
-        StatusCode::IN_PROGRESS
-    } else {
-        StatusCode::SUCCESS
-    }
+    Ok(if running { StatusCode::IN_PROGRESS } else { StatusCode::SUCCESS })
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -111,7 +111,7 @@ def test_batches_with_lists_numpy_and_multi_pair(pair):
     # Bad arguments name themselves.
     with pytest.raises(mio.InvalidArgument, match=r"sizes\[1\] = -5 is negative"):
         sess.batch_write([0, 0], [0, 0], np.array([1, -5]), 7)
-    with pytest.raises(mio.InvalidArgument, match="1-D int64 or uint64"):
+    with pytest.raises(mio.InvalidArgument, match="1-D of integers, this one is 1-D float32"):
         sess.batch_write(np.zeros(2, dtype=np.float32), [0, 0], [1, 1], 7)
     with pytest.raises(mio.InvalidArgument, match="sizes has 1 entries, local has 2"):
         a.batch_write([ma, ma], [[0], [0]], [mb, mb], [[0], [0]], [[1]], [1, 2])
