@@ -278,9 +278,8 @@ struct DeviceGroup {
     ranks: Vec<usize>, // indices into `local`
     /// `u32[ranks.len()][8]` status words, cleared in stream order before each dispatch.
     status: DeviceBuffer,
-    /// Rank arguments of dispatch ([0]) and combine ([1]), uploaded before every launch in
-    /// stream order (`crate::gpu_args`).
-    args: [DeviceBuffer; 2],
+    /// Device snapshots of the rank arguments, one per distinct set (`crate::gpu_args`).
+    snapshots: crate::gpu_args::ArgSnapshots,
     _module: Module,
     dispatch: Function,
     combine: Function,
@@ -325,8 +324,6 @@ pub struct IntranodeEp {
     status_dirty: AtomicBool,
     /// All ranks in this process on one GPU (no IPC peers): device-scope fences suffice.
     one_device: bool,
-    /// Pinned snapshots of the rank arguments (`crate::gpu_args`).
-    snapshots: std::sync::Mutex<crate::gpu_args::ArgSnapshots>,
     /// Sequence numbers live on the device ([`IntranodeEp::use_device_sequence`]).
     device_seq: bool,
 }
@@ -426,8 +423,7 @@ impl IntranodeEp {
                     ),
                 ));
             }
-            let arg_bytes = members.len() * std::mem::size_of::<RankArgs>();
-            let args = [rt.alloc(device, arg_bytes)?, rt.alloc(device, arg_bytes)?];
+            let snapshots = crate::gpu_args::ArgSnapshots::new(rt.clone(), device)?;
             let status = rt.alloc(device, members.len() * 32)?;
             rt.memset(&status.slice(), 0)?;
             for (k, &i) in members.iter().enumerate() {
@@ -439,10 +435,9 @@ impl IntranodeEp {
             let advance = module.function("mori_ep_seq_advance")?;
             let seq_words = rt.alloc(device, members.len() * 8)?;
             rt.memset(&seq_words.slice(), 0)?;
-            groups.push(DeviceGroup { device, ranks: members, status, args, _module: module, dispatch, combine, advance, seq_words });
+            groups.push(DeviceGroup { device, ranks: members, status, snapshots, _module: module, dispatch, combine, advance, seq_words });
         }
         let one_device = boot.is_none() && groups.len() == 1;
-        let snapshots = std::sync::Mutex::new(crate::gpu_args::ArgSnapshots::new(rt.clone(), local[0].1)?);
         Ok(IntranodeEp {
             cfg: cfg.clone(),
             heap,
@@ -455,7 +450,6 @@ impl IntranodeEp {
             last_idx_size: 8,
             status_dirty: AtomicBool::new(false),
             one_device,
-            snapshots,
             device_seq: false,
         })
     }
@@ -553,7 +547,7 @@ impl IntranodeEp {
         Ok(())
     }
 
-    fn params(&self, group: &DeviceGroup, which: usize, seq: u32, flags: u32) -> Params {
+    fn params(&self, group: &DeviceGroup, rank_args: u64, seq: u32, flags: u32) -> Params {
         let mut heap = [0u64; MAX_GPU_WORLD];
         heap[..self.heap.world()].copy_from_slice(self.heap.addrs());
         let l = &self.layout;
@@ -561,7 +555,7 @@ impl IntranodeEp {
         Params {
             heap,
             lay: [l.recv_x, l.recv_w, l.recv_idx, l.recv_scales, l.recv_src, l.comb_x, l.comb_w, l.counters, l.signals, l.comb_flags],
-            rank_args: group.args[which].ptr(),
+            rank_args,
             // The kernels compute `clock + timeout_ns`: capped at 2^62 ns (~146 years) so that a
             // huge timeout means "no deadline" instead of wrapping into an immediate timeout.
             timeout_ns: self.timeout.as_nanos().min(1u128 << 62) as u64,
@@ -584,20 +578,19 @@ impl IntranodeEp {
         }
     }
 
-    /// Queues the upload of `args` into `group`'s argument buffer `which` on `stream`.
-    fn upload_args(&self, group: &DeviceGroup, which: usize, args: &[RankArgs], stream: &Stream) -> GpuResult<()> {
+    /// The device address of `args`' snapshot on `group`'s device (uploaded on `stream` the
+    /// first time this set is seen).
+    fn upload_args(group: &mut DeviceGroup, args: &[RankArgs], stream: &Stream) -> GpuResult<u64> {
         // SAFETY: RankArgs is repr(C) plain data (u32 fields in pairs, then u64s: no
         // padding); the bytes are copied as-is.
         let bytes = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<u8>(), std::mem::size_of_val(args)) };
-        let mut snaps = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-        snaps.upload(&group.args[which].slice(), bytes, stream)?;
-        Ok(())
+        group.snapshots.get(bytes, stream)
     }
 
-    /// Distinct rank-argument sets uploaded so far (each kept in pinned memory, see
-    /// `crate::gpu_args`): grows only when calls use new tensors.
+    /// Distinct rank-argument sets uploaded so far, over all devices (each kept on the device,
+    /// see `crate::gpu_args`): grows only when calls use new tensors.
     pub fn argument_snapshots(&self) -> usize {
-        self.snapshots.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.groups.iter().map(|g| g.snapshots.len()).sum()
     }
 
     /// Device address of local rank `i`'s received-token count (a `u32` the last dispatch's
@@ -762,8 +755,8 @@ impl IntranodeEp {
                         }
                     })
                     .collect();
-                self.upload_args(g, 0, &args, stream)?;
-                let mut p = self.params(g, 0, self.dispatch_seq, if spec.drop_out_of_range { FLAG_DROP_OUT_OF_RANGE } else { 0 });
+                let rank_args = Self::upload_args(g, &args, stream)?;
+                let mut p = self.params(g, rank_args, self.dispatch_seq, if spec.drop_out_of_range { FLAG_DROP_OUT_OF_RANGE } else { 0 });
                 p.row_bytes = row_bytes as u32;
                 p.idx_size = spec.idx_size as u32;
                 self.launch(g, false, stream, p)?;
@@ -864,8 +857,8 @@ impl IntranodeEp {
                         ..RankArgs::default()
                     });
                 }
-                self.upload_args(g, 1, &args, stream)?;
-                let mut p = self.params(g, 1, self.combine_seq, if spec.weighted { FLAG_WEIGHTED } else { 0 });
+                let rank_args = Self::upload_args(g, &args, stream)?;
+                let mut p = self.params(g, rank_args, self.combine_seq, if spec.weighted { FLAG_WEIGHTED } else { 0 });
                 p.idx_size = spec.idx_size as u32;
                 p.comb_in_elem = spec.in_elem as u32;
                 p.comb_out_elem = spec.out_elem as u32;

@@ -1,45 +1,57 @@
-//! The kernels' per-rank arguments, uploaded in stream order from immutable pinned snapshots.
+//! The kernels' per-rank arguments, kept on the device as immutable snapshots, one per
+//! distinct argument set.
 //!
-//! Each dispatch and combine queues one `cuMemcpyHtoDAsync` of its rank arguments into the
-//! group's device argument buffer, on the caller's stream, right before the launch. The host
-//! side is a snapshot in page-locked memory made once per distinct argument set and never
-//! changed afterwards, so:
-//! - no call synchronizes the host or copies from pageable memory (the driver reads pinned
-//!   memory when the stream gets there);
-//! - a CUDA graph that captured a call holds a copy node reading its snapshot, and replays with
-//!   the arguments it captured even after eager calls with other tensors rewrote the device
-//!   buffer.
+//! A dispatch or combine looks its rank arguments up by content; the first call with a new
+//! set (new input tensors) uploads it once, in stream order, from page-locked memory into a
+//! new slot of a device slab, and every launch names its slot in the kernel parameters. So:
+//! - a call with known arguments copies nothing (no host synchronisation, no copy at all);
+//! - no call copies from pageable memory;
+//! - a CUDA graph that captured a call keeps reading the slot it captured, which no later call
+//!   overwrites, so it replays with its own arguments whatever eager calls ran in between.
 //!
-//! Snapshots live as long as the [`crate::gpu::IntranodeEp`]: a few hundred bytes per distinct
-//! argument set (new input tensors), in 1 MiB pinned slabs.
+//! Slots live as long as the [`crate::gpu::IntranodeEp`]: a few hundred bytes per distinct
+//! argument set, in 1 MiB slabs (device and pinned host) allocated as needed; the first pair
+//! is allocated with the EP object, so a capture with arguments already seen allocates nothing.
 
 use crate::gpu::{EpGpuError, GpuResult};
-use mori_gpu::{DeviceSlice, PinnedBuffer, Runtime, Stream};
+use mori_gpu::{Device, DeviceBuffer, PinnedBuffer, Runtime, Stream};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Bytes of one pinned slab.
+/// Bytes of one slab.
 const SLAB: usize = 1 << 20;
 
-/// Immutable pinned copies of argument sets, by content.
+/// Device snapshots of argument sets of one device, by content.
 pub(crate) struct ArgSnapshots {
     rt: Arc<dyn Runtime>,
-    slabs: Vec<PinnedBuffer>,
-    /// Bytes taken in the last slab.
+    dev: Device,
+    /// (device slab, its pinned host twin the uploads read from).
+    slabs: Vec<(DeviceBuffer, PinnedBuffer)>,
+    /// Bytes taken in the last slab pair.
     used: usize,
-    /// Host address of the snapshot of each argument set.
+    /// Device address of the snapshot of each argument set.
     index: HashMap<Vec<u8>, u64>,
 }
 
 impl ArgSnapshots {
-    /// Allocates the first slab (so that a call under stream capture allocates nothing).
-    pub(crate) fn new(rt: Arc<dyn Runtime>, dev: mori_gpu::Device) -> GpuResult<Self> {
-        let slab = rt.alloc_pinned(dev, SLAB).map_err(EpGpuError::from)?;
-        Ok(ArgSnapshots { rt, slabs: vec![slab], used: 0, index: HashMap::new() })
+    /// Allocates the first slab pair on `dev`.
+    pub(crate) fn new(rt: Arc<dyn Runtime>, dev: Device) -> GpuResult<Self> {
+        let mut s = ArgSnapshots { rt, dev, slabs: Vec::new(), used: 0, index: HashMap::new() };
+        s.grow()?;
+        Ok(s)
     }
 
-    /// The host address of a pinned snapshot holding `bytes`.
-    fn snapshot(&mut self, bytes: &[u8]) -> GpuResult<u64> {
+    fn grow(&mut self) -> GpuResult<()> {
+        let d = self.rt.alloc(self.dev, SLAB).map_err(EpGpuError::from)?;
+        let h = self.rt.alloc_pinned(self.dev, SLAB).map_err(EpGpuError::from)?;
+        self.slabs.push((d, h));
+        self.used = 0;
+        Ok(())
+    }
+
+    /// The device address of a snapshot holding `bytes`; a new one is uploaded on `stream`
+    /// (ahead of the launch that reads it).
+    pub(crate) fn get(&mut self, bytes: &[u8], stream: &Stream) -> GpuResult<u64> {
         if let Some(&a) = self.index.get(bytes) {
             return Ok(a);
         }
@@ -50,33 +62,25 @@ impl ArgSnapshots {
                 &format!("bytes exceed a {SLAB}-byte slab"),
             )));
         }
-        // 16-byte aligned snapshots.
-        let at = self.used.next_multiple_of(16);
+        let mut at = self.used.next_multiple_of(256);
         if at + bytes.len() > SLAB {
-            let dev = self.slabs[0].device();
-            self.slabs.push(self.rt.alloc_pinned(dev, SLAB).map_err(EpGpuError::from)?);
-            self.used = 0;
-            return self.snapshot(bytes);
+            self.grow()?;
+            at = 0;
         }
-        let Some(slab) = self.slabs.last_mut() else {
-            return Err(EpGpuError::Ep(crate::config::invalid_arg("rank arguments", bytes.len(), "no pinned slab is left")));
+        let Some((dslab, hslab)) = self.slabs.last_mut() else {
+            return Err(EpGpuError::Ep(crate::config::invalid_arg("rank arguments", bytes.len(), "no slab is left")));
         };
-        slab.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
+        hslab.as_mut_slice()[at..at + bytes.len()].copy_from_slice(bytes);
+        let dst = dslab.sub(at, bytes.len()).map_err(EpGpuError::from)?;
+        // SAFETY: the host bytes are pinned memory of a slab owned by `self`, never written
+        // again (each slot is written once) and freed only with the EP object.
+        let src = unsafe { std::slice::from_raw_parts((hslab.ptr() as usize + at) as *const u8, bytes.len()) };
+        // SAFETY: as above: valid and unmodified until the stream ran the copy.
+        unsafe { self.rt.copy_htod_async(&dst, src, stream) }.map_err(EpGpuError::from)?;
         self.used = at + bytes.len();
-        let addr = slab.ptr() + at as u64;
+        let addr = dst.ptr();
         self.index.insert(bytes.to_vec(), addr);
         Ok(addr)
-    }
-
-    /// Queues the copy of `bytes` into `dst` on `stream`, from their snapshot.
-    pub(crate) fn upload(&mut self, dst: &DeviceSlice<'_>, bytes: &[u8], stream: &Stream) -> GpuResult<()> {
-        let addr = self.snapshot(bytes)?;
-        // SAFETY: the snapshot is `bytes.len()` bytes of pinned memory owned by a slab of
-        // `self`, never written again and freed only with the EP object (after its streams'
-        // work, as for its device buffers).
-        let src = unsafe { std::slice::from_raw_parts(addr as usize as *const u8, bytes.len()) };
-        // SAFETY: as above: valid and unmodified until the stream ran the copy.
-        unsafe { self.rt.copy_htod_async(dst, src, stream) }.map_err(EpGpuError::from)
     }
 
     /// Distinct argument sets held.
