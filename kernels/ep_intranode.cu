@@ -83,7 +83,10 @@ struct EpRankArgs {
     uint64_t status;   // u32 [8]: recv_count, error code, detail a, b, c
     uint64_t trace;    // u64 [blocks_per_rank, 8] phase timestamps (ns) or 0
     uint64_t seq_word; // u32 [2] (dispatch, combine) sequence advanced on the device before
-                       // each call (mori_ep_seq_advance; CUDA graphs replay it), or 0: p.seq
+                       // each call (mori_ep_seq_advance; CUDA graphs replay it), or 0: p.seq.
+                       // Read with a plain load (the advance is an earlier kernel on the same
+                       // stream): a volatile one made ptxas put EpParams on the stack (672 B
+                       // frame), +16 us per decode dispatch on the H200.
 };
 
 struct EpParams {
@@ -226,7 +229,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     const uint32_t tid = mori_thread_idx();
     const uint32_t nthreads = mori_block_dim();
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
-    const uint32_t seq = a.seq_word ? ((volatile const uint32_t*)a.seq_word)[0] : p.seq;
+    const uint32_t seq = a.seq_word ? ((const uint32_t*)a.seq_word)[0] : p.seq;
     const uint32_t parity = seq & 1;
 
     // 1. Count (token, destination) pairs of this block.
@@ -404,7 +407,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
     const uint64_t in_row = (uint64_t)p.hidden * p.comb_in_elem;
     const bool weighted = (p.flags & EP_FLAG_WEIGHTED) != 0;
     const bool has_w = a.comb_w_in != 0;
-    const uint32_t seq = a.seq_word ? ((volatile const uint32_t*)a.seq_word)[1] : p.seq;
+    const uint32_t seq = a.seq_word ? ((const uint32_t*)a.seq_word)[1] : p.seq;
 
     // 1. Stage this block's share of the combine input into the heap (unless already there).
     const uint64_t heap_x = p.heap[r] + p.lay.comb_x;
