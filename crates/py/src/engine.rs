@@ -33,6 +33,34 @@ pub(crate) fn notif_bytes(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Vec
     Err(crate::errors::invalid(format!("notif_msg must be bytes or str, got {}", type_name(o))))
 }
 
+/// The arguments of a one-entry `read`/`write` (engine and session), checked.
+pub(crate) struct OneArgs {
+    pub(crate) lo: u64,
+    pub(crate) ro: u64,
+    pub(crate) size: u64,
+    pub(crate) uid: u64,
+    pub(crate) notif: Option<Vec<u8>>,
+}
+
+impl OneArgs {
+    /// Errors: `InvalidArgument` naming an int outside 0..2^64 or a bad `notif_msg`.
+    pub(crate) fn parse(
+        lo: &Bound<'_, PyAny>,
+        ro: &Bound<'_, PyAny>,
+        size: &Bound<'_, PyAny>,
+        uid: &Bound<'_, PyAny>,
+        notif: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        Ok(OneArgs {
+            lo: u64_arg(lo, "local_offset")?,
+            ro: u64_arg(ro, "remote_offset")?,
+            size: u64_arg(size, "size")?,
+            uid: u64_arg(uid, "transfer_uid")?,
+            notif: notif_bytes(notif)?,
+        })
+    }
+}
+
 /// A `MemoryDesc` argument named `what`. Errors: `InvalidArgument` naming the type given.
 pub(crate) fn mem<'a, 'py>(obj: &'a Bound<'py, PyAny>, what: &str) -> PyResult<&'a Bound<'py, PyMemoryDesc>> {
     obj.cast::<PyMemoryDesc>().map_err(|_| crate::errors::invalid(format!("{what}: expected a MemoryDesc, got {}", type_name(obj))))
@@ -350,20 +378,8 @@ impl PyEngine {
         transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
-        let n = notif_bytes(notif_msg)?;
-        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
-        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
-        Ok(PyStatus::new(self.post(
-            py,
-            Op::Read,
-            &local.d,
-            &[local_offset],
-            &remote.d,
-            &[remote_offset],
-            &[size],
-            transfer_uid,
-            n.as_deref(),
-        )))
+        let a = OneArgs::parse(local_offset, remote_offset, size, transfer_uid, notif_msg)?;
+        Ok(PyStatus::new(self.post(py, Op::Read, &local.d, &[a.lo], &remote.d, &[a.ro], &[a.size], a.uid, a.notif.as_deref())))
     }
 
     /// Writes `size` bytes at `local_offset` of `local` to `remote` at `remote_offset`; with
@@ -381,20 +397,8 @@ impl PyEngine {
         transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
-        let n = notif_bytes(notif_msg)?;
-        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
-        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
-        Ok(PyStatus::new(self.post(
-            py,
-            Op::Write,
-            &local.d,
-            &[local_offset],
-            &remote.d,
-            &[remote_offset],
-            &[size],
-            transfer_uid,
-            n.as_deref(),
-        )))
+        let a = OneArgs::parse(local_offset, remote_offset, size, transfer_uid, notif_msg)?;
+        Ok(PyStatus::new(self.post(py, Op::Write, &local.d, &[a.lo], &remote.d, &[a.ro], &[a.size], a.uid, a.notif.as_deref())))
     }
 
     /// Batch read. One pair: `(local, [offs], remote, [offs], [sizes], uid)` -> one status.

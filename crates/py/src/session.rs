@@ -2,7 +2,7 @@
 
 use crate::desc::BackendType;
 use crate::engine::Shared;
-use crate::engine::{notif_bytes, DETACH_ABOVE};
+use crate::engine::{notif_bytes, OneArgs, DETACH_ABOVE};
 use crate::errors::u64_arg;
 use crate::offsets::u64s;
 use crate::status::PyStatus;
@@ -70,12 +70,10 @@ impl PySession {
         transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
-        let n = notif_bytes(notif_msg)?;
-        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
-        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
-        Ok(PyStatus::new(match n {
-            None => self.sess.read(local_offset, remote_offset, size, transfer_uid),
-            Some(m) => self.sess.post(Op::Read, &[local_offset], &[remote_offset], &[size], transfer_uid, Some(&m)),
+        let a = OneArgs::parse(local_offset, remote_offset, size, transfer_uid, notif_msg)?;
+        Ok(PyStatus::new(match a.notif {
+            None => self.sess.read(a.lo, a.ro, a.size, a.uid),
+            Some(m) => self.sess.post(Op::Read, &[a.lo], &[a.ro], &[a.size], a.uid, Some(&m)),
         }))
     }
 
@@ -89,12 +87,10 @@ impl PySession {
         transfer_uid: &Bound<'_, PyAny>,
         notif_msg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStatus> {
-        let n = notif_bytes(notif_msg)?;
-        let (local_offset, remote_offset) = (u64_arg(local_offset, "local_offset")?, u64_arg(remote_offset, "remote_offset")?);
-        let (size, transfer_uid) = (u64_arg(size, "size")?, u64_arg(transfer_uid, "transfer_uid")?);
-        Ok(PyStatus::new(match n {
-            None => self.sess.write(local_offset, remote_offset, size, transfer_uid),
-            Some(m) => self.sess.post(Op::Write, &[local_offset], &[remote_offset], &[size], transfer_uid, Some(&m)),
+        let a = OneArgs::parse(local_offset, remote_offset, size, transfer_uid, notif_msg)?;
+        Ok(PyStatus::new(match a.notif {
+            None => self.sess.write(a.lo, a.ro, a.size, a.uid),
+            Some(m) => self.sess.post(Op::Write, &[a.lo], &[a.ro], &[a.size], a.uid, Some(&m)),
         }))
     }
 
