@@ -31,9 +31,12 @@ pub fn have(tool: &str) -> bool {
 }
 
 /// `apt-get ARGS` (non-interactive; its output on stderr, so a command's stdout stays its own).
+/// Another apt run holding the package lock (a second xtask, unattended upgrades) is waited
+/// for up to 10 minutes instead of failing at once.
 pub fn apt_get(args: &[&str]) -> Result<(), String> {
     eprintln!("xtask: apt-get {}", args.join(" "));
     let st = Command::new("apt-get")
+        .args(["-o", "DPkg::Lock::Timeout=600"])
         .args(args)
         .env("DEBIAN_FRONTEND", "noninteractive")
         .stdout(std::process::Stdio::from(std::io::stderr()))
