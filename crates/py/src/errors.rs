@@ -70,6 +70,23 @@ impl<T> IntoPy<T> for Result<T, IoError> {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // Each class carries its kind's code too, so an instance raised from Python code (or one
+    // that lost its attributes through pickling) still has `.code`.
+    let kinds = [
+        (py.get_type::<MoriError>(), ErrorCode::Transport),
+        (py.get_type::<InvalidArgument>(), ErrorCode::InvalidArgs),
+        (py.get_type::<NotFound>(), ErrorCode::NotFound),
+        (py.get_type::<BadState>(), ErrorCode::BadState),
+        (py.get_type::<TransportError>(), ErrorCode::Transport),
+        (py.get_type::<GpuError>(), ErrorCode::GpuOp),
+        (py.get_type::<Timeout>(), ErrorCode::Timeout),
+        (py.get_type::<RemoteDisconnect>(), ErrorCode::RemoteDisconnect),
+        (py.get_type::<NotSupported>(), ErrorCode::NotSupported),
+        (py.get_type::<Refused>(), ErrorCode::Refused),
+    ];
+    for (t, c) in kinds {
+        t.setattr("code", crate::status::StatusCode::from(c) as i64)?;
+    }
     m.add("MoriError", py.get_type::<MoriError>())?;
     m.add("InvalidArgument", py.get_type::<InvalidArgument>())?;
     m.add("NotFound", py.get_type::<NotFound>())?;

@@ -93,3 +93,14 @@ def test_out_of_range_ints_raise_invalid_argument_naming_them(pair):
     assert t.value.code == int(mio.StatusCode.ERR_TIMEOUT)
     with pytest.raises(mio.InvalidArgument, match="at most 1024"):
         mio.IOEngine("k" * 2000, mio.IOEngineConfig("127.0.0.1", 0))
+
+
+def test_exceptions_are_reachable_from_the_package_pickle_and_carry_their_code():
+    import pickle
+
+    import mori_rs
+
+    assert mori_rs.Timeout is mio.Timeout and issubclass(mori_rs.NotSupported, mori_rs.MoriError)
+    e = pickle.loads(pickle.dumps(mio.Timeout("late")))
+    assert isinstance(e, mio.Timeout) and str(e) == "late" and e.code == int(mio.StatusCode.ERR_TIMEOUT)
+    assert mio.NotSupported("x").code == int(mio.StatusCode.ERR_NOT_SUPPORTED)

@@ -9,6 +9,32 @@
 ``import mori_rs.io`` needs neither torch nor a GPU.
 """
 
-from . import io  # noqa: F401
+# The exception classes live here too (their __module__ is "mori_rs"), so that tracebacks
+# name them, `mori_rs.Timeout` works and pickling (multiprocessing) finds them.
+from ._native import (  # noqa: F401
+    BadState,
+    GpuError,
+    InvalidArgument,
+    MoriError,
+    NotFound,
+    NotSupported,
+    Refused,
+    RemoteDisconnect,
+    Timeout,
+    TransportError,
+)
+from . import io  # noqa: F401,E402
 
-__all__ = ["io"]
+__all__ = [
+    "io",
+    "MoriError",
+    "InvalidArgument",
+    "NotFound",
+    "BadState",
+    "TransportError",
+    "GpuError",
+    "Timeout",
+    "RemoteDisconnect",
+    "NotSupported",
+    "Refused",
+]
