@@ -85,11 +85,18 @@ fn install(py: &Path, wheel: &Path) -> Result<(), String> {
     )
 }
 
+/// The usage line.
+const USAGE: &str = "usage: cargo xtask py <test | install | wheel> [--release]   (venv: $MORI_PY_VENV, default ~/.cache/mori-py-venv)";
+
 pub fn main(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let release = args.iter().any(|a| a == "--release");
     let verb = args.iter().find(|a| !a.starts_with("--")).map(String::as_str).unwrap_or("test");
     if let Some(bad) = args.iter().find(|a| a.starts_with("--") && *a != "--release") {
-        return Err(format!("xtask py: unknown option {bad} (usage: cargo xtask py <test | install | wheel> [--release])"));
+        return Err(format!("xtask py: unknown option {bad} ({USAGE})"));
     }
     util::ensure_build_deps()?;
     let py = venv()?;
@@ -116,6 +123,6 @@ pub fn main(args: &[String]) -> Result<(), String> {
             println!("{}", wheel.display());
             Ok(())
         }
-        other => Err(format!("xtask py: unknown task {other:?} (usage: cargo xtask py <test | install | wheel> [--release])")),
+        other => Err(format!("xtask py: unknown task {other:?} ({USAGE})")),
     }
 }

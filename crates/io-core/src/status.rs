@@ -2,7 +2,7 @@
 
 use crate::error::{ErrorCode, IoError};
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,9 @@ struct Inner {
     driver: OnceLock<Weak<dyn Progress>>,
     /// Run once by the thread that ends the status ([`TransferStatus::on_done`]).
     hook: Mutex<Option<DoneHook>>,
+    /// Set once a hook was stored: the ending thread takes the hook's lock only then (every
+    /// transfer ends through `end_pieces`; almost none has a hook).
+    has_hook: AtomicBool,
 }
 
 /// What [`TransferStatus::on_done`] runs.
@@ -160,6 +163,7 @@ impl Completion for TransferStatus {
                 cv: Condvar::new(),
                 driver: OnceLock::new(),
                 hook: Mutex::new(None),
+                has_hook: AtomicBool::new(false),
             }),
         }
     }
@@ -243,9 +247,13 @@ impl TransferStatus {
         let to = if failed { FAILED } else { SUCCESS };
         if inner.state.compare_exchange(IN_PROGRESS, to, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             self.wake();
-            let hook = inner.hook.lock().take();
-            if let Some(f) = hook {
-                f();
+            // SeqCst pairs with `on_done`: it stores the hook, sets the flag, then looks at the
+            // state again; so either this thread sees the flag or `on_done` sees the end.
+            if inner.has_hook.load(Ordering::SeqCst) {
+                let hook = inner.hook.lock().take();
+                if let Some(f) = hook {
+                    f();
+                }
             }
         }
     }
@@ -255,15 +263,20 @@ impl TransferStatus {
     /// ended. `f` must be quick and must not block (hand work to another thread). At most one
     /// hook per status: a second call replaces a first that has not run yet.
     pub fn on_done(&self, f: impl FnOnce() + Send + 'static) {
-        let mut g = self.inner.hook.lock();
-        // Checked under the lock that `end_pieces` takes after its state change: either the
-        // ending thread finds the hook, or this thread sees the end.
         if self.is_done() {
-            drop(g);
             f();
             return;
         }
-        *g = Some(Box::new(f));
+        *self.inner.hook.lock() = Some(Box::new(f));
+        self.inner.has_hook.store(true, Ordering::SeqCst);
+        // Ended meanwhile: the ending thread may have missed the flag. Whoever takes the hook
+        // first runs it; the other finds `None`.
+        if self.inner.state.load(Ordering::SeqCst) != IN_PROGRESS {
+            let hook = self.inner.hook.lock().take();
+            if let Some(f) = hook {
+                f();
+            }
+        }
     }
 
     /// Runs the backend's completion step once when one is attached (see [`Progress`]), then
@@ -441,6 +454,23 @@ mod tests {
             n3.fetch_add(10, Ordering::SeqCst);
         });
         assert_eq!(n.load(Ordering::SeqCst), 11, "an ended status runs the hook at once");
+    }
+
+    #[test]
+    fn done_hook_runs_exactly_once_when_the_end_races_with_setting_it() {
+        use std::sync::atomic::AtomicUsize;
+        for _ in 0..2000 {
+            let n = Arc::new(AtomicUsize::new(0));
+            let s = TransferStatus::new(1);
+            let s2 = s.clone();
+            let ender = std::thread::spawn(move || s2.complete_piece(Ok(())));
+            let n2 = n.clone();
+            s.on_done(move || {
+                n2.fetch_add(1, Ordering::SeqCst);
+            });
+            ender.join().unwrap();
+            assert_eq!(n.load(Ordering::SeqCst), 1);
+        }
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! addresses and the op's heap regions back into tensors.
 //!
 //! Every call queues work on the stream it is given (PyTorch's current stream) and returns:
-//! no host synchronisation and no pageable copy (rank arguments travel from pinned snapshots,
-//! `mori_ep::gpu` docs), so a dispatch and combine can be captured in a CUDA graph; the received
+//! no host synchronisation and no pageable copy (rank arguments are device snapshots made once
+//! per distinct set, `mori_ep::gpu`'s `gpu_args`), so a dispatch and combine can be captured in a CUDA graph; the received
 //! count stays on the device (`recv_count_ptr`).
 
 use mori_bootstrap::{Bootstrap, BootstrapError};
@@ -292,7 +292,7 @@ impl PyEpOp {
         Ok(s.first().map_or(0, |r| r.recv_count))
     }
 
-    /// Distinct argument sets uploaded so far (pinned snapshots).
+    /// Distinct argument sets uploaded so far (one device snapshot each).
     fn argument_snapshots(&self) -> usize {
         self.ep.argument_snapshots()
     }

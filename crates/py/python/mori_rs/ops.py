@@ -245,5 +245,5 @@ class EpDispatchCombineOp:
         return self._op.sync_status()
 
     def argument_snapshots(self):
-        """Distinct rank-argument sets uploaded so far (one pinned snapshot each)."""
+        """Distinct rank-argument sets uploaded so far (one device snapshot each)."""
         return self._op.argument_snapshots()
