@@ -2,7 +2,8 @@
 //!
 //! Token `t` of rank `s` comes back as the f32 sum, over the unique ranks `r` that received
 //! it in dispatch (ascending `r`), of rank `r`'s row for it, optionally weighted; the sum is
-//! then rounded once to the output type (bf16 or f32).
+//! then rounded once to the output type (bf16 or f32). [`SumOrder::PerNode`] sums per node
+//! first, as the inter-node V1 executors do.
 
 use crate::config::{EpConfig, Quantization};
 use crate::dispatch::{DispatchHandle, SrcPos};
@@ -33,6 +34,20 @@ impl Weighting {
     }
 }
 
+/// The order in which a token's contributions are summed (f32 addition is not associative,
+/// so each executor's order is part of its contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum SumOrder {
+    /// One f32 accumulator over the receiving ranks, ascending (intranode and AsyncLL).
+    #[default]
+    Ascending,
+    /// Per node first: an f32 partial over that node's receiving ranks (ascending), then the
+    /// partials summed over nodes ascending (inter-node V1 and V1-LL, whose relay rank sums its
+    /// node's contributions before one partial crosses back). Equal to `Ascending` on one node
+    /// or with one rank per node.
+    PerNode,
+}
+
 /// Options of [`combine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CombineOptions {
@@ -40,6 +55,8 @@ pub struct CombineOptions {
     pub weighting: Weighting,
     /// Must match the policy used in dispatch.
     pub out_of_range: OutOfRange,
+    /// Summation order of the contributions.
+    pub order: SumOrder,
 }
 
 /// One rank's combine output. `T` = the rank's original token count.
@@ -114,6 +131,10 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
         let t_s = handle.num_tokens[s];
         let mut acc = vec![0f32; t_s * h];
         let mut wacc = weights.map(|_| vec![0f32; t_s * k]);
+        // PerNode: contributions go to a node partial, added to the total when the node ends.
+        let per_node = opts.order == SumOrder::PerNode;
+        let mut part = vec![0f32; if per_node { h } else { 0 }];
+        let mut wpart = vec![0f32; if per_node && weights.is_some() { k } else { 0 }];
         for t in 0..t_s {
             let row_idx = original_indices[s].row(t).unwrap_or(&[]);
             let routed = topo.dest_ranks(row_idx, opts.out_of_range, s, t)?;
@@ -121,7 +142,17 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
             if routed != got {
                 return Err(EpError::RoutingMismatch { rank: s, token: t, routed, delivered: got });
             }
+            let mut node = None;
             for &(r, row) in &delivered[s][t] {
+                if per_node && node != Some(topo.node_of_rank(r)) {
+                    if node.is_some() {
+                        flush(&mut part, &mut acc[t * h..(t + 1) * h]);
+                        if let Some(wacc) = wacc.as_mut() {
+                            flush(&mut wpart, &mut wacc[t * k..(t + 1) * k]);
+                        }
+                    }
+                    node = Some(topo.node_of_rank(r));
+                }
                 let w_row = weights.and_then(|w| w[r].row(row));
                 let factor = match (opts.weighting, w_row) {
                     (Weighting::RankSlotSum, Some(w_row)) => {
@@ -136,7 +167,7 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
                     }
                     _ => 1.0,
                 };
-                let dst = &mut acc[t * h..(t + 1) * h];
+                let dst = if per_node { &mut part[..] } else { &mut acc[t * h..(t + 1) * h] };
                 for (d, v) in dst.iter_mut().zip(x[r].row(row).unwrap_or(&[])) {
                     let v = match cfg.quant {
                         Quantization::None => v.to_f32(),
@@ -145,9 +176,16 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
                     *d += factor * v;
                 }
                 if let (Some(wacc), Some(w_row)) = (wacc.as_mut(), w_row) {
-                    for (d, &w) in wacc[t * k..(t + 1) * k].iter_mut().zip(w_row) {
+                    let dst = if per_node { &mut wpart[..] } else { &mut wacc[t * k..(t + 1) * k] };
+                    for (d, &w) in dst.iter_mut().zip(w_row) {
                         *d += w;
                     }
+                }
+            }
+            if per_node && node.is_some() {
+                flush(&mut part, &mut acc[t * h..(t + 1) * h]);
+                if let Some(wacc) = wacc.as_mut() {
+                    flush(&mut wpart, &mut wacc[t * k..(t + 1) * k]);
                 }
             }
         }
@@ -156,6 +194,14 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
         out.push(Combined { x, weights });
     }
     Ok(out)
+}
+
+/// Adds a node partial into the total and clears it.
+fn flush(part: &mut [f32], total: &mut [f32]) {
+    for (t, p) in total.iter_mut().zip(part.iter_mut()) {
+        *t += *p;
+        *p = 0.0;
+    }
 }
 
 /// `[world][T_s]`: for each source token, the (receiving rank, row) pairs, ascending rank.

@@ -65,7 +65,7 @@ mod order;
 pub mod routing;
 mod tensor;
 
-pub use combine::{combine, CombineOptions, Combined, Weighting};
+pub use combine::{combine, CombineOptions, Combined, SumOrder, Weighting};
 pub use config::{EpConfig, KernelType, Quantization, MAX_TOP_K, MAX_WARPS_PER_BLOCK};
 pub use dispatch::{dispatch, localize_indices, DispatchHandle, DispatchOptions, Dispatched, RankInput, RankRecv, SrcPos};
 pub use dtype::{CombineOut, DType, Element, TopkIndex};

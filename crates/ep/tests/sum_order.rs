@@ -1,0 +1,105 @@
+//! The reference combine's summation orders: `SumOrder::PerNode` (inter-node V1 / V1-LL: node
+//! partials, then summed over nodes) against `Ascending`, by hand and by property.
+
+mod common;
+
+use common::{config, inputs, Mode};
+use mori_ep::routing::SplitMix64;
+use mori_ep::*;
+use proptest::prelude::*;
+
+/// 2 nodes x 2 ranks, 4 experts (1 per rank), top-3, hidden 16, one token on rank 0 routed to
+/// ranks 0, 2 and 3 whose rows are 1, 1e8 and -1e8: ascending gives (1 + 1e8) - 1e8 = 0 in
+/// f32, per node gives 1 + (1e8 - 1e8) = 1.
+#[test]
+fn per_node_order_by_hand() {
+    let cfg = config(4, 2, 1, 3, 16, 1);
+    let one = |ids: Vec<i32>| RankInput::<f32, i32> {
+        x: Tensor2::filled(ids.len() / 3, 16, 0.0).unwrap(),
+        weights: Tensor2::filled(ids.len() / 3, 3, 1.0).unwrap(),
+        scales: None,
+        indices: Tensor2::new(ids.len() / 3, 3, ids).unwrap(),
+    };
+    let inp = vec![one(vec![0, 2, 3]), one(vec![]), one(vec![]), one(vec![])];
+    let d = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+    let rows = [1.0f32, 0.0, 1e8, -1e8];
+    let xs: Vec<Tensor2<f32>> = d.ranks.iter().enumerate().map(|(r, rr)| Tensor2::filled(rr.num_recv(), 16, rows[r]).unwrap()).collect();
+    let idx: Vec<_> = inp.iter().map(|i| i.indices.clone()).collect();
+    let run = |order| {
+        let opts = CombineOptions { order, ..Default::default() };
+        combine::<f32, f32, i32>(&cfg, &d.handle, &xs, None, &idx, opts).unwrap()[0].x.row(0).unwrap()[0]
+    };
+    assert_eq!(run(SumOrder::Ascending), 0.0);
+    assert_eq!(run(SumOrder::PerNode), 1.0);
+}
+
+/// Per-node oracle written out directly: for each source token, a partial per node over the
+/// receiving ranks (ascending), the partials added over nodes ascending, weighted by the
+/// rank's slot-weight sum.
+fn per_node_oracle(cfg: &EpConfig, d: &Dispatched<bf16, i64>, xs: &[Tensor2<f32>], inp: &[RankInput<bf16, i64>]) -> Vec<Vec<f32>> {
+    let (h, g, epr) = (cfg.hidden, cfg.gpus_per_node, cfg.experts_per_rank);
+    let mut out = Vec::new();
+    for (s, i) in inp.iter().enumerate() {
+        let mut acc = vec![0f32; i.indices.rows() * h];
+        for t in 0..i.indices.rows() {
+            let ids = i.indices.row(t).unwrap();
+            for node in 0..cfg.world_size / g {
+                let mut part = vec![0f32; h];
+                let mut any = false;
+                for (r, (rr, xr)) in d.ranks.iter().zip(xs).enumerate().take((node + 1) * g).skip(node * g) {
+                    let Some(row) = rr.src.iter().position(|p| p.rank == s && p.token == t) else { continue };
+                    any = true;
+                    let w = rr.weights.row(row).unwrap();
+                    let f: f32 =
+                        ids.iter().zip(w).filter(|(&e, _)| e >= 0 && e as usize / epr == r).map(|(_, &w)| w).fold(0.0, |a, b| a + b);
+                    for (p, v) in part.iter_mut().zip(xr.row(row).unwrap()) {
+                        *p += f * v;
+                    }
+                }
+                if any {
+                    for (a, p) in acc[t * h..(t + 1) * h].iter_mut().zip(&part) {
+                        *a += p;
+                    }
+                }
+            }
+        }
+        out.push(acc);
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// PerNode equals the direct oracle bit for bit (f32 out, non-integer rows so order
+    /// matters), and equals Ascending whenever there is one node or one rank per node.
+    #[test]
+    fn per_node_matches_oracle(geo in prop_oneof![Just((4usize, 2usize)), Just((8, 4)), Just((8, 2)), Just((4, 4)), Just((4, 1))],
+                               k in 1usize..4, seed in any::<u64>()) {
+        let cfg = config(geo.0, geo.1, 2, k, 16, 5);
+        let mut rng = SplitMix64::new(seed);
+        let tokens: Vec<usize> = (0..geo.0).map(|_| rng.below(6) as usize).collect();
+        let inp = inputs(&cfg, &tokens, Mode::DeepEpMasked, &mut rng);
+        let d = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+        let xs: Vec<Tensor2<f32>> = d.ranks.iter()
+            .map(|r| Tensor2::from_fn(r.num_recv(), 16, |_, _| (rng.below(1 << 20) as f32 - 5e5) * 1.37e-3).unwrap())
+            .collect();
+        let ws: Vec<Tensor2<f32>> = d.ranks.iter().map(|r| r.weights.clone()).collect();
+        let idx: Vec<_> = inp.iter().map(|i| i.indices.clone()).collect();
+        let run = |order| {
+            let opts = CombineOptions { order, weighting: Weighting::RankSlotSum, ..Default::default() };
+            combine::<f32, f32, i64>(&cfg, &d.handle, &xs, Some(&ws), &idx, opts).unwrap()
+        };
+        let (asc, per) = (run(SumOrder::Ascending), run(SumOrder::PerNode));
+        let oracle = per_node_oracle(&cfg, &d, &xs, &inp);
+        for s in 0..geo.0 {
+            let got: Vec<u32> = per[s].x.as_slice().iter().map(|v| v.to_bits()).collect();
+            let want: Vec<u32> = oracle[s].iter().map(|v| v.to_bits()).collect();
+            prop_assert_eq!(got, want, "rank {}", s);
+            if geo.1 == 1 || geo.0 == geo.1 {
+                prop_assert_eq!(&per[s].x, &asc[s].x);
+                prop_assert_eq!(&per[s].weights, &asc[s].weights);
+            }
+        }
+    }
+}
