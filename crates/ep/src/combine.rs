@@ -154,26 +154,10 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
                     node = Some(topo.node_of_rank(r));
                 }
                 let w_row = weights.and_then(|w| w[r].row(row));
-                let factor = match (opts.weighting, w_row) {
-                    (Weighting::RankSlotSum, Some(w_row)) => {
-                        let mut f = 0f32;
-                        for (slot, (&id, &w)) in row_idx.iter().zip(w_row).enumerate() {
-                            let e = topo.expert_of(id, opts.out_of_range, s, t, slot)?;
-                            if e.map(|e| topo.rank_of_expert(e)) == Some(r) {
-                                f += w;
-                            }
-                        }
-                        f
-                    }
-                    _ => 1.0,
-                };
+                let factor = slot_factor(&topo, opts, row_idx, w_row, r, (s, t))?;
                 let dst = if per_node { &mut part[..] } else { &mut acc[t * h..(t + 1) * h] };
                 for (d, v) in dst.iter_mut().zip(x[r].row(row).unwrap_or(&[])) {
-                    let v = match cfg.quant {
-                        Quantization::None => v.to_f32(),
-                        Quantization::Fp8DirectCast => Fp8E4m3::from_f32(v.to_f32()).to_f32(),
-                    };
-                    *d += factor * v;
+                    *d += factor * contribution(cfg.quant, *v);
                 }
                 if let (Some(wacc), Some(w_row)) = (wacc.as_mut(), w_row) {
                     let dst = if per_node { &mut wpart[..] } else { &mut wacc[t * k..(t + 1) * k] };
@@ -196,8 +180,44 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
     Ok(out)
 }
 
+/// The factor rank `r`'s row for token `at = (source rank, token)` is scaled by: 1 unweighted;
+/// with [`Weighting::RankSlotSum`] (and weights given) the sum of `w_row` over the slots of
+/// `ids` whose expert lives on `r` (f32, slot order). Shared by every executor so that all sum
+/// the same values in the same order.
+pub(crate) fn slot_factor<I: TopkIndex>(
+    topo: &crate::layout::Topology,
+    opts: CombineOptions,
+    ids: &[I],
+    w_row: Option<&[f32]>,
+    r: usize,
+    at: (usize, usize),
+) -> EpResult<f32> {
+    match (opts.weighting, w_row) {
+        (Weighting::RankSlotSum, Some(w_row)) => {
+            let mut f = 0f32;
+            for (slot, (&id, &w)) in ids.iter().zip(w_row).enumerate() {
+                let e = topo.expert_of(id, opts.out_of_range, at.0, at.1, slot)?;
+                if e.map(|e| topo.rank_of_expert(e)) == Some(r) {
+                    f += w;
+                }
+            }
+            Ok(f)
+        }
+        _ => Ok(1.0),
+    }
+}
+
+/// One element of a contribution as it is accumulated: widened to f32, after the fp8 round
+/// trip under [`Quantization::Fp8DirectCast`].
+pub(crate) fn contribution<X: Element>(quant: Quantization, v: X) -> f32 {
+    match quant {
+        Quantization::None => v.to_f32(),
+        Quantization::Fp8DirectCast => Fp8E4m3::from_f32(v.to_f32()).to_f32(),
+    }
+}
+
 /// Adds a node partial into the total and clears it.
-fn flush(part: &mut [f32], total: &mut [f32]) {
+pub(crate) fn flush(part: &mut [f32], total: &mut [f32]) {
     for (t, p) in total.iter_mut().zip(part.iter_mut()) {
         *t += *p;
         *p = 0.0;

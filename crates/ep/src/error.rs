@@ -199,4 +199,32 @@ pub enum EpError {
         /// `"appears twice"` or `"does not exist"`.
         problem: &'static str,
     },
+    /// A segment of a rank's inter-node window announced more entries than it can hold
+    /// (a writer over its capacity: refused before anything past the segment is read).
+    #[error("rank {rank}: {segment} written by rank {writer} announces {entries} entries, its capacity is {capacity}")]
+    SegmentOverflow {
+        /// Receiving rank.
+        rank: usize,
+        /// The segment, named as in the window layout.
+        segment: String,
+        /// The rank that writes it.
+        writer: usize,
+        /// Entries announced (or arrived).
+        entries: usize,
+        /// Entries the segment holds.
+        capacity: usize,
+    },
+    /// A peer's inter-node record contradicts the protocol (wrong source, unknown token,
+    /// rows out of order): a corrupted or foreign writer.
+    #[error("rank {rank}: protocol violation in {segment} written by rank {writer}: {detail}")]
+    Protocol {
+        /// Receiving rank.
+        rank: usize,
+        /// The segment.
+        segment: String,
+        /// The rank that writes it.
+        writer: usize,
+        /// What was wrong.
+        detail: String,
+    },
 }

@@ -60,6 +60,7 @@ mod error;
 mod fp8;
 pub mod gpu;
 mod gpu_args;
+pub mod internode;
 mod layout;
 mod order;
 pub mod routing;

@@ -1,0 +1,160 @@
+//! Byte layouts of the protocol's entries, little-endian, each padded to 8 bytes:
+//! - dispatch record: `src u32, token u32, dest u32 (V1-LL's destination rank, else
+//!   u32::MAX), 0 u32`, K ids as i64, K weights f32, `scale_dim` f32 scales, H elements;
+//! - combine row: `token u32, has_weights u32`, H elements, K f32 weights (0 when absent);
+//! - combine partial: `token u32, 0 u32`, H f32 sums, K f32 weight sums.
+
+use crate::config::EpConfig;
+use crate::dtype::{Element, TopkIndex};
+
+const HDR: usize = 16;
+
+fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// Bytes of one dispatch record with `elem` bytes per element.
+pub(crate) fn record_stride(cfg: &EpConfig, elem: usize) -> usize {
+    pad8(HDR + cfg.top_k * 12 + cfg.scale_dim * 4 + cfg.hidden * elem)
+}
+
+/// Bytes of one combine row with `elem` bytes per element.
+pub(crate) fn contrib_stride(cfg: &EpConfig, elem: usize) -> usize {
+    pad8(8 + cfg.hidden * elem + cfg.top_k * 4)
+}
+
+/// Bytes of one combine partial (f32 sums).
+pub(crate) fn partial_stride(cfg: &EpConfig) -> usize {
+    pad8(8 + (cfg.hidden + cfg.top_k) * 4)
+}
+
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn put_elems<X: Element>(out: &mut Vec<u8>, xs: &[X]) {
+    let size = X::DTYPE.size();
+    let start = out.len();
+    out.resize(start + xs.len() * size, 0);
+    for (c, &x) in out[start..].chunks_exact_mut(size).zip(xs) {
+        x.put_le(c);
+    }
+}
+
+fn pad_to(out: &mut Vec<u8>, start: usize, stride: usize) {
+    out.resize(start + stride, 0);
+}
+
+/// A dispatch record's fields, borrowed from the source's input rows.
+pub(crate) struct RecordRef<'a, X, I> {
+    pub src: usize,
+    pub token: usize,
+    pub dest: Option<usize>,
+    pub ids: &'a [I],
+    pub weights: &'a [f32],
+    pub scales: Option<&'a [f32]>,
+    pub x: &'a [X],
+}
+
+/// Appends one dispatch record of `stride` bytes.
+pub(crate) fn put_record<X: Element, I: TopkIndex>(out: &mut Vec<u8>, stride: usize, r: &RecordRef<'_, X, I>) {
+    let start = out.len();
+    put_u32(out, r.src as u32);
+    put_u32(out, r.token as u32);
+    put_u32(out, r.dest.map_or(u32::MAX, |d| d as u32));
+    put_u32(out, 0);
+    for &id in r.ids {
+        out.extend_from_slice(&id.as_i64().to_le_bytes());
+    }
+    for &w in r.weights {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    if let Some(s) = r.scales {
+        for &v in s {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    put_elems(out, r.x);
+    pad_to(out, start, stride);
+}
+
+/// A decoded dispatch record (header and ids; the payload stays in the bytes).
+pub(crate) struct RecordHead {
+    pub src: usize,
+    pub token: usize,
+    pub dest: Option<usize>,
+    pub ids: Vec<i64>,
+}
+
+/// The header and ids of the record at `b[..stride]`.
+pub(crate) fn record_head(cfg: &EpConfig, b: &[u8]) -> RecordHead {
+    let dest = get_u32(b, 8);
+    let ids = (0..cfg.top_k)
+        .map(|k| {
+            let at = HDR + k * 8;
+            let mut v = [0u8; 8];
+            v.copy_from_slice(&b[at..at + 8]);
+            i64::from_le_bytes(v)
+        })
+        .collect();
+    RecordHead { src: get_u32(b, 0) as usize, token: get_u32(b, 4) as usize, dest: (dest != u32::MAX).then_some(dest as usize), ids }
+}
+
+/// The record's payload: (ids as `I`, weights, scales, elements).
+pub(crate) fn record_body<X: Element, I: TopkIndex>(cfg: &EpConfig, b: &[u8]) -> (Vec<I>, Vec<f32>, Vec<f32>, Vec<X>) {
+    let k = cfg.top_k;
+    let ids = record_head(cfg, b).ids.into_iter().map(I::from_i64_lossy).collect();
+    let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let w0 = HDR + k * 8;
+    let weights = (0..k).map(|i| f(w0 + i * 4)).collect();
+    let s0 = w0 + k * 4;
+    let scales = (0..cfg.scale_dim).map(|i| f(s0 + i * 4)).collect();
+    let x0 = s0 + cfg.scale_dim * 4;
+    let size = X::DTYPE.size();
+    let x = (0..cfg.hidden).map(|i| X::get_le(&b[x0 + i * size..])).collect();
+    (ids, weights, scales, x)
+}
+
+/// Appends one combine row.
+pub(crate) fn put_contrib<X: Element>(out: &mut Vec<u8>, stride: usize, token: usize, x: &[X], w: Option<&[f32]>, k: usize) {
+    let start = out.len();
+    put_u32(out, token as u32);
+    put_u32(out, u32::from(w.is_some()));
+    put_elems(out, x);
+    for i in 0..k {
+        out.extend_from_slice(&w.and_then(|w| w.get(i)).copied().unwrap_or(0.0).to_le_bytes());
+    }
+    pad_to(out, start, stride);
+}
+
+/// A combine row: (token, elements, weights if present).
+pub(crate) fn contrib<X: Element>(cfg: &EpConfig, b: &[u8]) -> (usize, Vec<X>, Option<Vec<f32>>) {
+    let size = X::DTYPE.size();
+    let x: Vec<X> = (0..cfg.hidden).map(|i| X::get_le(&b[8 + i * size..])).collect();
+    let w0 = 8 + cfg.hidden * size;
+    let w = (get_u32(b, 4) != 0).then(|| {
+        (0..cfg.top_k).map(|i| f32::from_le_bytes([b[w0 + i * 4], b[w0 + i * 4 + 1], b[w0 + i * 4 + 2], b[w0 + i * 4 + 3]])).collect()
+    });
+    (get_u32(b, 0) as usize, x, w)
+}
+
+/// Appends one combine partial.
+pub(crate) fn put_partial(out: &mut Vec<u8>, stride: usize, token: usize, x: &[f32], w: &[f32]) {
+    let start = out.len();
+    put_u32(out, token as u32);
+    put_u32(out, 0);
+    for v in x.iter().chain(w) {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    pad_to(out, start, stride);
+}
+
+/// A combine partial: (token, H + K f32 values).
+pub(crate) fn partial(cfg: &EpConfig, b: &[u8]) -> (usize, Vec<f32>) {
+    let v = (0..cfg.hidden + cfg.top_k).map(|i| f32::from_le_bytes([b[8 + i * 4], b[9 + i * 4], b[10 + i * 4], b[11 + i * 4]])).collect();
+    (get_u32(b, 0) as usize, v)
+}

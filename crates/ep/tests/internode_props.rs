@@ -1,0 +1,247 @@
+//! The inter-node protocol's sans-IO core against the host reference: every rank's dispatch
+//! output and combine output equal the reference bit for bit, for V1, V1-LL and AsyncLL,
+//! while a simulated network applies puts in a random order (each put's signal only after its
+//! bytes, nothing else ordered).
+
+mod common;
+
+use common::{config, inputs, Mode};
+use mori_ep::internode::{CombineRank, DispatchRank, Outbox, Proto, Scheme, Seg, SignalOp, Window};
+use mori_ep::routing::SplitMix64;
+use mori_ep::*;
+use proptest::prelude::*;
+
+struct Win<'a>(&'a [u8]);
+
+impl Window for Win<'_> {
+    fn load(&self, off: usize) -> u64 {
+        u64::from_le_bytes(self.0[off..off + 8].try_into().unwrap())
+    }
+    fn read(&self, off: usize, out: &mut [u8]) {
+        out.copy_from_slice(&self.0[off..off + out.len()]);
+    }
+}
+
+/// A put split into its data step and its signal step (enabled once the data step ran).
+struct Step {
+    dst: usize,
+    offset: usize,
+    bytes: Vec<u8>,
+    counter: usize,
+    signal: SignalOp,
+    data_done: bool,
+}
+
+struct Net {
+    wins: Vec<Vec<u8>>,
+    steps: Vec<Step>,
+    rng: SplitMix64,
+}
+
+impl Net {
+    fn submit(&mut self, out: Outbox) {
+        for p in out.puts {
+            let bytes = out.bytes[p.src.clone()].to_vec();
+            self.steps.push(Step { dst: p.dst, offset: p.offset, bytes, counter: p.counter, signal: p.signal, data_done: false });
+        }
+    }
+
+    /// Runs up to `n` random steps.
+    fn run(&mut self, n: usize) {
+        for _ in 0..n {
+            if self.steps.is_empty() {
+                return;
+            }
+            let i = self.rng.below(self.steps.len() as u64) as usize;
+            let s = &mut self.steps[i];
+            let w = &mut self.wins[s.dst];
+            if !s.data_done {
+                w[s.offset..s.offset + s.bytes.len()].copy_from_slice(&s.bytes);
+                s.data_done = true;
+            } else {
+                let c = u64::from_le_bytes(w[s.counter..s.counter + 8].try_into().unwrap());
+                let v = match s.signal {
+                    SignalOp::Add(a) => c + a,
+                    SignalOp::Set(v) => v,
+                };
+                w[s.counter..s.counter + 8].copy_from_slice(&v.to_le_bytes());
+                self.steps.swap_remove(i);
+            }
+        }
+    }
+
+    fn zero(&mut self, r: usize, range: std::ops::Range<usize>) {
+        self.wins[r][range].fill(0);
+    }
+}
+
+type Case = (EpConfig, Vec<RankInput<bf16, i64>>);
+
+fn case(geo: (usize, usize), k: usize, scales: bool, mode: Mode, seed: u64) -> Case {
+    let mut cfg = config(geo.0, geo.1, 2, k, 16, 5);
+    cfg.max_token_type_size = 2;
+    if scales {
+        cfg.scale_dim = 2;
+    }
+    let mut rng = SplitMix64::new(seed);
+    let tokens: Vec<usize> = (0..geo.0).map(|_| rng.below(6) as usize).collect();
+    let mut inp = inputs(&cfg, &tokens, mode, &mut rng);
+    // Fractional values: f32 sums depend on their order, so the order is checked too.
+    for i in &mut inp {
+        i.x = Tensor2::from_fn(i.x.rows(), 16, |_, _| {
+            let m = rng.below(1 << 16) as f32 / 65536.0 - 0.5;
+            bf16::from_f32(m * (2f32).powi(rng.below(61) as i32 - 30))
+        })
+        .unwrap();
+    }
+    if scales {
+        for i in &mut inp {
+            i.scales = Some(Tensor2::from_fn(i.x.rows(), 2, |_, _| rng.below(100) as f32 * 0.37).unwrap());
+        }
+    }
+    (cfg, inp)
+}
+
+/// Runs dispatch then combine of every rank through the simulated network.
+fn run_protocol(
+    cfg: &EpConfig,
+    scheme: Scheme,
+    chunk: usize,
+    inp: &[RankInput<bf16, i64>],
+    seed: u64,
+    weighted: bool,
+) -> (Vec<RankRecv<bf16, i64>>, Vec<Combined<f32>>) {
+    let w = cfg.world_size;
+    let proto = Proto::new(cfg, scheme, chunk, OutOfRange::Error).unwrap();
+    let size = proto.layout().size();
+    let mut net = Net { wins: vec![vec![0u8; size]; w], steps: Vec::new(), rng: SplitMix64::new(seed) };
+    let mut ranks = Vec::new();
+    for (r, i) in inp.iter().enumerate() {
+        let (st, out) = DispatchRank::start(&proto, r, i).unwrap();
+        net.submit(out);
+        ranks.push(st);
+    }
+    for _round in 0..100_000 {
+        let step = 1 + net.rng.below(7) as usize;
+        net.run(step);
+        let mut all = true;
+        for (r, st) in ranks.iter_mut().enumerate() {
+            let out = st.poll(&proto, &Win(&net.wins[r])).unwrap();
+            net.submit(out);
+            all &= st.is_complete(&proto, &Win(&net.wins[r])).unwrap();
+        }
+        if all && net.steps.is_empty() {
+            break;
+        }
+    }
+    assert!(net.steps.is_empty(), "dispatch did not finish");
+    let mut recvs = Vec::new();
+    let mut states = Vec::new();
+    for (r, st) in ranks.into_iter().enumerate() {
+        let (recv, cs) = st.finish::<bf16, i64>(&proto, &Win(&net.wins[r])).unwrap();
+        net.zero(r, proto.layout().dispatch_counters());
+        recvs.push(recv);
+        states.push(cs);
+    }
+    let opts = CombineOptions { weighting: if weighted { Weighting::RankSlotSum } else { Weighting::Unweighted }, ..Default::default() };
+    let mut cranks = Vec::new();
+    for (r, (st, rv)) in states.into_iter().zip(&recvs).enumerate() {
+        let (c, out) = CombineRank::start(&proto, st, &expert_out(r, &rv.x), weighted.then_some(&rv.weights), opts).unwrap();
+        net.submit(out);
+        cranks.push(c);
+    }
+    for _round in 0..100_000 {
+        let step = 1 + net.rng.below(7) as usize;
+        net.run(step);
+        let mut all = true;
+        for (r, c) in cranks.iter_mut().enumerate() {
+            let out = c.poll::<bf16>(&proto, &Win(&net.wins[r])).unwrap();
+            net.submit(out);
+            all &= c.is_complete(&proto, &Win(&net.wins[r])).unwrap();
+        }
+        if all && net.steps.is_empty() {
+            break;
+        }
+    }
+    assert!(net.steps.is_empty(), "combine did not finish");
+    let outs = cranks.into_iter().enumerate().map(|(r, c)| c.finish::<bf16, f32>(&proto, &Win(&net.wins[r])).unwrap()).collect();
+    (recvs, outs)
+}
+
+fn reference(cfg: &EpConfig, scheme: Scheme, inp: &[RankInput<bf16, i64>], weighted: bool) -> (Dispatched<bf16, i64>, Vec<Combined<f32>>) {
+    let d = dispatch(cfg, inp, DispatchOptions::default()).unwrap();
+    let xs: Vec<_> = d.ranks.iter().enumerate().map(|(r, rr)| expert_out(r, &rr.x)).collect();
+    let ws: Vec<_> = d.ranks.iter().map(|r| r.weights.clone()).collect();
+    let idx: Vec<_> = inp.iter().map(|i| i.indices.clone()).collect();
+    let opts = CombineOptions {
+        weighting: if weighted { Weighting::RankSlotSum } else { Weighting::Unweighted },
+        order: scheme.sum_order(),
+        ..Default::default()
+    };
+    let c = combine::<bf16, f32, i64>(cfg, &d.handle, &xs, weighted.then_some(&ws[..]), &idx, opts).unwrap();
+    (d, c)
+}
+
+/// Rank `r`'s expert output for its received rows: each value times
+/// `(1 + 0.37 r) 2^(20 - 9 r mod 40)` (bf16), so a token's contributions differ in magnitude
+/// between ranks and their f32 sum rounds differently in different orders.
+fn expert_out(r: usize, x: &Tensor2<bf16>) -> Tensor2<bf16> {
+    let c = (1.0 + 0.37 * r as f32) * 2f32.powi(20 - (9 * r % 40) as i32);
+    x.map(|v| bf16::from_f32(v.to_f32() * c))
+}
+
+fn bits(t: &Tensor2<f32>) -> Vec<u32> {
+    t.as_slice().iter().map(|v| v.to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn protocol_equals_reference(
+        geo in prop_oneof![Just((4usize, 2usize)), Just((8, 4)), Just((8, 2)), Just((4, 1)), Just((4, 4)), Just((6, 2))],
+        scheme in prop_oneof![Just(Scheme::V1), Just(Scheme::V1LL), Just(Scheme::AsyncLL)],
+        k in 1usize..9, chunk in 1usize..4, scales in any::<bool>(), weighted in any::<bool>(),
+        mode in prop_oneof![Just(Mode::DeepEp), Just(Mode::DeepEpMasked), Just(Mode::AllNone)],
+        seed in any::<u64>(),
+    ) {
+        let (cfg, inp) = case(geo, k, scales, mode, seed);
+        let (recv, comb) = run_protocol(&cfg, scheme, chunk, &inp, seed ^ 0x5eed, weighted);
+        let (d, want) = reference(&cfg, scheme, &inp, weighted);
+        for r in 0..geo.0 {
+            prop_assert_eq!(&recv[r], &d.ranks[r], "dispatch rank {}", r);
+            prop_assert_eq!(bits(&comb[r].x), bits(&want[r].x), "combine rank {}", r);
+            prop_assert_eq!(comb[r].weights.as_ref().map(bits), want[r].weights.as_ref().map(bits), "combine weights rank {}", r);
+        }
+    }
+}
+
+/// A writer announcing more entries than a segment holds is refused, naming both counts,
+/// before anything is read.
+#[test]
+fn overflowing_end_marker_is_refused() {
+    let (cfg, inp) = case((4, 2), 2, false, Mode::DeepEp, 7);
+    let proto = Proto::new(&cfg, Scheme::V1, 2, OutOfRange::Error).unwrap();
+    let mut win = vec![0u8; proto.layout().size()];
+    let (st, _) = DispatchRank::start(&proto, 0, &inp[0]).unwrap();
+    let seg = Seg::In(1);
+    let cap = cfg.max_tokens_per_rank as u64;
+    win[proto.layout().total(seg)..][..8].copy_from_slice(&(cap + 2).to_le_bytes());
+    win[proto.layout().arrived(seg)..][..8].copy_from_slice(&(cap + 1).to_le_bytes());
+    let e = st.is_complete(&proto, &Win(&win)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("rank 0: dispatch segment of origin rank 1 written by rank 1 announces {} entries, its capacity is {cap}", cap + 1)
+    );
+}
+
+/// Inputs over the per-rank token limit are refused at start, naming rank, count and limit.
+#[test]
+fn too_many_tokens_refused_at_start() {
+    let (cfg, _) = case((4, 2), 2, false, Mode::DeepEp, 3);
+    let proto = Proto::new(&cfg, Scheme::AsyncLL, 2, OutOfRange::Error).unwrap();
+    let mut rng = SplitMix64::new(1);
+    let big = inputs(&cfg, &[6], Mode::DeepEp, &mut rng).remove(0);
+    let e = DispatchRank::start(&proto, 2, &big).unwrap_err();
+    assert_eq!(e, EpError::TooManyTokens { rank: 2, tokens: 6, limit: 5 });
+}
