@@ -65,6 +65,19 @@ pub struct RankRecv<X, I, S = f32> {
     pub src: Vec<SrcPos>,
 }
 
+impl<X: Clone, I: Clone, S: Clone> RankRecv<X, I, S> {
+    /// Empty tensors shaped for `cfg` with room for `n` rows.
+    pub(crate) fn with_capacity(cfg: &EpConfig, n: usize) -> Self {
+        RankRecv {
+            x: Tensor2::with_row_capacity(cfg.hidden, n),
+            weights: Tensor2::with_row_capacity(cfg.top_k, n),
+            scales: (cfg.scale_dim > 0).then(|| Tensor2::with_row_capacity(cfg.scale_dim, n)),
+            indices: Tensor2::with_row_capacity(cfg.top_k, n),
+            src: Vec::with_capacity(n),
+        }
+    }
+}
+
 impl<X, I, S> RankRecv<X, I, S> {
     /// Number of tokens received (upstream `recv_num_token`).
     pub fn num_recv(&self) -> usize {
@@ -133,13 +146,7 @@ pub fn dispatch<X: Element, I: TopkIndex, S: Copy>(
     }
     let mut ranks = Vec::with_capacity(world);
     for (r, &n) in counts.iter().enumerate() {
-        let mut out = RankRecv {
-            x: Tensor2::with_row_capacity(cfg.hidden, n),
-            weights: Tensor2::with_row_capacity(cfg.top_k, n),
-            scales: (cfg.scale_dim > 0).then(|| Tensor2::with_row_capacity(cfg.scale_dim, n)),
-            indices: Tensor2::with_row_capacity(cfg.top_k, n),
-            src: Vec::with_capacity(n),
-        };
+        let mut out = RankRecv::with_capacity(cfg, n);
         for (s, inp) in inputs.iter().enumerate() {
             for (t, d) in dests[s].iter().enumerate() {
                 if !d.contains(&r) {

@@ -7,7 +7,7 @@ use super::{Outbox, Proto, Scheme, Seg, Window};
 use crate::dispatch::{RankInput, RankRecv, SrcPos};
 use crate::dtype::{Element, TopkIndex};
 use crate::error::{EpError, EpResult};
-use crate::tensor::{expect_shape, Tensor2};
+use crate::tensor::expect_shape;
 
 /// Dispatch state of rank `me` between [`DispatchRank::start`] and [`DispatchRank::finish`].
 #[derive(Debug, Clone)]
@@ -242,13 +242,7 @@ impl DispatchRank {
         if n > cfg.max_recv_tokens {
             return Err(EpError::RecvOverflow { rank: self.me, received: n, limit: cfg.max_recv_tokens });
         }
-        let mut out = RankRecv {
-            x: Tensor2::with_row_capacity(cfg.hidden, n),
-            weights: Tensor2::with_row_capacity(cfg.top_k, n),
-            scales: (cfg.scale_dim > 0).then(|| Tensor2::with_row_capacity(cfg.scale_dim, n)),
-            indices: Tensor2::with_row_capacity(cfg.top_k, n),
-            src: Vec::with_capacity(n),
-        };
+        let mut out = RankRecv::<X, I, f32>::with_capacity(cfg, n);
         for (s, writer, e) in segs {
             let seg = Seg::In(s);
             let mut bytes = vec![0u8; e * self.stride];
