@@ -25,13 +25,6 @@ pub enum KernelType {
     AsyncLL,
 }
 
-impl KernelType {
-    /// Whether the kernel has dedicated RDMA blocks (`rdma_block_num` must be in `1..block_num`).
-    pub fn uses_rdma_blocks(self) -> bool {
-        matches!(self, KernelType::InterNodeV1 | KernelType::InterNodeV1LL)
-    }
-}
-
 /// Quantization applied on the wire (upstream `EpDispatchCombineQuantType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Quantization {
@@ -43,7 +36,8 @@ pub enum Quantization {
 }
 
 /// Dispatch/combine configuration. All counts are in elements or tokens unless the name
-/// says bytes. Build with [`EpConfig::new`] (validated defaults), adjust fields, then call
+/// says bytes. Build with [`EpConfig::new`] or [`EpConfig::with_gpus_per_node`] (validated
+/// defaults), adjust fields (the `set_*` methods re-derive dependent defaults), then call
 /// [`EpConfig::validate`]; the host reference validates again before it runs.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EpConfig {
@@ -74,6 +68,8 @@ pub struct EpConfig {
     /// Warps per block, `1..=MAX_WARPS_PER_BLOCK`.
     pub warps_per_block: usize,
     /// GPUs per node; ranks `[n*g, (n+1)*g)` form node `n`.
+    /// Assigning it keeps `kernel_type` and the launch fields; [`EpConfig::set_gpus_per_node`]
+    /// re-derives them.
     pub gpus_per_node: usize,
     /// RDMA queue pairs per peer.
     pub num_qp_per_pe: usize,
@@ -83,25 +79,88 @@ pub struct EpConfig {
     pub quant: Quantization,
 }
 
+impl KernelType {
+    /// Whether the kernel has dedicated RDMA blocks (`rdma_block_num` must be in `1..block_num`).
+    pub fn uses_rdma_blocks(self) -> bool {
+        matches!(self, KernelType::InterNodeV1 | KernelType::InterNodeV1LL)
+    }
+
+    /// The kernel family a geometry runs by default: `IntraNode` when all `world_size` ranks
+    /// fit one node of `gpus_per_node`, `InterNodeV1` otherwise.
+    pub fn default_for(world_size: usize, gpus_per_node: usize) -> Self {
+        if world_size > gpus_per_node {
+            KernelType::InterNodeV1
+        } else {
+            KernelType::IntraNode
+        }
+    }
+
+    /// Launch defaults `(block_num, rdma_block_num, warps_per_block)` of the kernel family:
+    /// `IntraNode` 128 blocks x 16 warps (no RDMA blocks); `InterNodeV1` and `InterNodeV1LL`
+    /// 96 blocks (64 RDMA) x 8 warps (upstream's automatic launch table); `AsyncLL` 96 blocks
+    /// x 8 warps without dedicated RDMA blocks (this crate's choice).
+    pub fn launch_defaults(self) -> (usize, usize, usize) {
+        match self {
+            KernelType::IntraNode => (128, 0, 16),
+            KernelType::InterNodeV1 | KernelType::InterNodeV1LL => (96, 64, 8),
+            KernelType::AsyncLL => (96, 0, 8),
+        }
+    }
+
+    /// The RDMA blocks a launch of `block_num` blocks dedicates by default: for the V1
+    /// kernels two thirds of the blocks (64 of 96), at least one and leaving at least one
+    /// XGMI block; 0 for the others. With `block_num < 2` a V1 kernel has no valid split and
+    /// this returns `block_num`, which [`EpConfig::validate`] rejects.
+    pub fn default_rdma_blocks(self, block_num: usize) -> usize {
+        if !self.uses_rdma_blocks() {
+            0
+        } else if block_num < 2 {
+            block_num
+        } else {
+            (block_num * 2 / 3).clamp(1, block_num - 1)
+        }
+    }
+}
+
 impl EpConfig {
     /// A validated configuration for `world_size` ranks, `num_experts` experts in total
     /// (split evenly), hidden size `hidden`, top-k `top_k` and up to `max_tokens_per_rank`
-    /// tokens per rank. Defaults: rank 0, no scales (`scale_type_size` 4),
-    /// `max_token_type_size` 4 (f32), `max_recv_tokens = world_size * max_tokens_per_rank`,
-    /// `gpus_per_node = min(8, world_size)`, one QP per peer, no quantization; one node ->
-    /// `IntraNode` with 128 blocks x 16 warps, several -> `InterNodeV1` with 96 blocks
-    /// (64 RDMA) x 8 warps (upstream's automatic launch table).
+    /// tokens per rank, with `gpus_per_node = min(8, world_size)`: the same as
+    /// [`EpConfig::with_gpus_per_node`] with that node size. Callers whose ranks per node
+    /// differ use `with_gpus_per_node` (or [`EpConfig::set_gpus_per_node`]): assigning the
+    /// `gpus_per_node` field afterwards keeps the kernel type and launch defaults chosen for
+    /// nodes of 8.
     ///
     /// Errors: [`EpError::ExpertsNotDivisible`] and everything [`EpConfig::validate`] reports.
     pub fn new(world_size: usize, hidden: usize, num_experts: usize, top_k: usize, max_tokens_per_rank: usize) -> EpResult<Self> {
+        Self::with_gpus_per_node(world_size, world_size.min(8), hidden, num_experts, top_k, max_tokens_per_rank)
+    }
+
+    /// A validated configuration for `world_size` ranks in nodes of `gpus_per_node`.
+    /// Defaults: rank 0, no scales (`scale_type_size` 4), `max_token_type_size` 4 (f32),
+    /// `max_recv_tokens = world_size * max_tokens_per_rank`, one QP per peer, no
+    /// quantization; the kernel type follows the node count ([`KernelType::default_for`]:
+    /// one node -> `IntraNode`, several -> `InterNodeV1`) and the launch fields follow the
+    /// kernel type ([`KernelType::launch_defaults`]).
+    ///
+    /// Errors: [`EpError::ExpertsNotDivisible`] and everything [`EpConfig::validate`] reports
+    /// (e.g. `world_size` not a multiple of `gpus_per_node`).
+    pub fn with_gpus_per_node(
+        world_size: usize,
+        gpus_per_node: usize,
+        hidden: usize,
+        num_experts: usize,
+        top_k: usize,
+        max_tokens_per_rank: usize,
+    ) -> EpResult<Self> {
         if world_size == 0 {
             return Err(invalid("world_size", 0, "must be at least 1"));
         }
         if !num_experts.is_multiple_of(world_size) {
             return Err(EpError::ExpertsNotDivisible { num_experts, world: world_size });
         }
-        let gpus_per_node = world_size.min(8);
-        let multi_node = world_size > gpus_per_node;
+        let kernel_type = KernelType::default_for(world_size, gpus_per_node);
+        let (block_num, rdma_block_num, warps_per_block) = kernel_type.launch_defaults();
         let cfg = Self {
             rank: 0,
             world_size,
@@ -113,16 +172,42 @@ impl EpConfig {
             experts_per_rank: num_experts / world_size,
             top_k,
             max_recv_tokens: world_size.saturating_mul(max_tokens_per_rank),
-            block_num: if multi_node { 96 } else { 128 },
-            rdma_block_num: if multi_node { 64 } else { 0 },
-            warps_per_block: if multi_node { 8 } else { 16 },
+            block_num,
+            rdma_block_num,
+            warps_per_block,
             gpus_per_node,
             num_qp_per_pe: 1,
-            kernel_type: if multi_node { KernelType::InterNodeV1 } else { KernelType::IntraNode },
+            kernel_type,
             quant: Quantization::None,
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Sets the ranks per node and re-derives what depends on the node count: the kernel
+    /// type ([`KernelType::default_for`]) and its launch fields (`block_num`,
+    /// `rdma_block_num`, `warps_per_block`, [`KernelType::launch_defaults`]). Does not
+    /// validate; call [`EpConfig::validate`] after the last adjustment.
+    pub fn set_gpus_per_node(&mut self, gpus_per_node: usize) {
+        self.gpus_per_node = gpus_per_node;
+        self.set_kernel_type(KernelType::default_for(self.world_size, gpus_per_node));
+    }
+
+    /// Sets the kernel type and its launch fields ([`KernelType::launch_defaults`]). Does not
+    /// validate.
+    pub fn set_kernel_type(&mut self, kernel_type: KernelType) {
+        let (b, r, w) = kernel_type.launch_defaults();
+        self.kernel_type = kernel_type;
+        self.block_num = b;
+        self.rdma_block_num = r;
+        self.warps_per_block = w;
+    }
+
+    /// Sets `block_num` and the RDMA blocks the kernel type dedicates out of it
+    /// ([`KernelType::default_rdma_blocks`]). Does not validate.
+    pub fn set_block_num(&mut self, block_num: usize) {
+        self.block_num = block_num;
+        self.rdma_block_num = self.kernel_type.default_rdma_blocks(block_num);
     }
 
     /// Checks every field and their combinations; the first violation is returned.

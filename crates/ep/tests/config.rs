@@ -104,3 +104,56 @@ fn launch_and_topology_fields() {
     assert_eq!(field_of(c.validate().unwrap_err()), "scale_type_size");
     assert_eq!(field_of(EpConfig::new(0, 1024, 8, 1, 1).unwrap_err()), "world_size");
 }
+
+#[test]
+fn kernel_type_follows_the_configured_node_size() {
+    // 16 ranks on one node of 16: IntraNode, and a small launch is accepted.
+    let mut c = EpConfig::with_gpus_per_node(16, 16, 7168, 256, 8, 128).unwrap();
+    assert_eq!((c.kernel_type, c.gpus_per_node, c.block_num, c.rdma_block_num, c.warps_per_block), (KernelType::IntraNode, 16, 128, 0, 16));
+    assert_eq!(c.topology().unwrap().num_nodes(), 1);
+    c.set_block_num(8);
+    assert_eq!((c.block_num, c.rdma_block_num), (8, 0));
+    assert!(c.validate().is_ok());
+    // 16 ranks, 8 per node: InterNodeV1 with its RDMA blocks.
+    let c = EpConfig::with_gpus_per_node(16, 8, 7168, 256, 8, 128).unwrap();
+    assert_eq!((c.kernel_type, c.block_num, c.rdma_block_num, c.warps_per_block), (KernelType::InterNodeV1, 96, 64, 8));
+    assert_eq!(c.topology().unwrap().num_nodes(), 2);
+    // `new` keeps nodes of min(8, world).
+    assert_eq!(EpConfig::new(16, 7168, 256, 8, 128).unwrap(), c);
+    // Re-deriving after construction: the bench's former order (new, then gpus_per_node).
+    let mut c = EpConfig::new(16, 7168, 256, 8, 128).unwrap();
+    c.set_gpus_per_node(16);
+    c.set_block_num(8);
+    assert_eq!((c.kernel_type, c.rdma_block_num), (KernelType::IntraNode, 0));
+    assert!(c.validate().is_ok());
+    c.set_gpus_per_node(4);
+    assert_eq!((c.kernel_type, c.block_num, c.rdma_block_num), (KernelType::InterNodeV1, 96, 64));
+    assert!(c.validate().is_ok());
+    // Assigning the field alone keeps the old kernel type (documented): one node of 16
+    // under InterNodeV1's launch, whose RDMA blocks exceed a small block_num.
+    let mut c = EpConfig::new(16, 7168, 256, 8, 128).unwrap();
+    c.gpus_per_node = 16;
+    c.block_num = 8;
+    assert_eq!(field_of(c.validate().unwrap_err()), "rdma_block_num");
+    // A node size that does not divide the world is refused at construction.
+    assert_eq!(field_of(EpConfig::with_gpus_per_node(16, 6, 7168, 256, 8, 128).unwrap_err()), "world_size");
+}
+
+#[test]
+fn rdma_blocks_follow_block_num() {
+    let mut c = EpConfig::with_gpus_per_node(16, 8, 1024, 64, 4, 16).unwrap();
+    for (b, r) in [(96, 64), (8, 5), (3, 2), (2, 1)] {
+        c.set_block_num(b);
+        assert_eq!(c.rdma_block_num, r, "block_num {b}");
+        assert!(c.validate().is_ok(), "block_num {b}");
+    }
+    c.set_block_num(1); // no room for an XGMI block
+    assert_eq!(field_of(c.validate().unwrap_err()), "rdma_block_num");
+    c.set_kernel_type(KernelType::AsyncLL);
+    assert_eq!((c.block_num, c.rdma_block_num, c.warps_per_block), (96, 0, 8));
+    c.set_block_num(1);
+    assert!(c.validate().is_ok());
+    c.set_kernel_type(KernelType::InterNodeV1LL);
+    assert_eq!((c.block_num, c.rdma_block_num), (96, 64));
+    assert!(c.validate().is_ok());
+}

@@ -26,7 +26,7 @@ use mori_ep::gpu::{perfetto_trace, CombineInput, CombineSpec, DispatchInput, Dis
 use mori_ep::routing::{generate_routing, RoutingSpec, SplitMix64};
 use mori_ep::{
     accounting, bf16, combine, dispatch, quantize_fp8_blocks, CombineOptions, DispatchHandle, DispatchOptions, EpConfig, Fp8E4m3,
-    OutOfRange, RankInput, SrcPos, Tensor2, Weighting,
+    KernelType, OutOfRange, RankInput, SrcPos, Tensor2, Weighting,
 };
 use mori_gpu::{Device, DeviceBuffer, Runtime, Stream};
 use serde::{Deserialize, Serialize};
@@ -67,7 +67,46 @@ enum IdxType {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum KernelTypeArg {
+    /// All ranks on one node (P2P); the default for one node.
     Intranode,
+    /// Inter-node V1 (RDMA and XGMI blocks); the default for several nodes.
+    V1,
+    /// Inter-node V1, low latency.
+    #[value(name = "v1_ll")]
+    V1Ll,
+    /// Asynchronous low-latency kernels.
+    #[value(name = "async_ll")]
+    AsyncLl,
+}
+
+impl KernelTypeArg {
+    fn of(k: KernelType) -> Self {
+        match k {
+            KernelType::IntraNode => KernelTypeArg::Intranode,
+            KernelType::InterNodeV1 => KernelTypeArg::V1,
+            KernelType::InterNodeV1LL => KernelTypeArg::V1Ll,
+            KernelType::AsyncLL => KernelTypeArg::AsyncLl,
+        }
+    }
+
+    fn kernel_type(self) -> KernelType {
+        match self {
+            KernelTypeArg::Intranode => KernelType::IntraNode,
+            KernelTypeArg::V1 => KernelType::InterNodeV1,
+            KernelTypeArg::V1Ll => KernelType::InterNodeV1LL,
+            KernelTypeArg::AsyncLl => KernelType::AsyncLL,
+        }
+    }
+
+    /// The flag value, as the user types it.
+    fn name(self) -> &'static str {
+        match self {
+            KernelTypeArg::Intranode => "intranode",
+            KernelTypeArg::V1 => "v1",
+            KernelTypeArg::V1Ll => "v1_ll",
+            KernelTypeArg::AsyncLl => "async_ll",
+        }
+    }
 }
 
 /// MORI-EP intranode dispatch/combine benchmark (GPU), checked against the host reference.
@@ -107,18 +146,20 @@ struct Args {
     /// Processes (this one and P-1 spawned); each hosts W/P consecutive ranks.
     #[arg(long, default_value_t = 1)]
     procs: usize,
-    /// GPUs per node (one node here: defaults to W).
+    /// GPUs (ranks) per node; ranks [n*g, (n+1)*g) form node n. Default: W (one node).
     #[arg(long = "gpus-per-node")]
     gpus_per_node: Option<usize>,
-    /// Kernel family (only intranode runs here).
-    #[arg(long = "kernel-type", value_enum, default_value = "intranode")]
-    kernel_type: KernelTypeArg,
+    /// Kernel family. Default: intranode on one node, v1 on several. Only intranode runs on
+    /// GPUs here.
+    #[arg(long = "kernel-type", value_enum)]
+    kernel_type: Option<KernelTypeArg>,
     /// Thread blocks per rank (all ranks' blocks on a GPU must fit its multiprocessors).
+    /// Default: 128 / ranks per GPU, at most 64. V1 kernels give two thirds of them to RDMA.
     #[arg(long = "block-num")]
     block_num: Option<usize>,
-    /// Warps per block.
-    #[arg(long = "warps-per-block", default_value_t = 16)]
-    warps_per_block: usize,
+    /// Warps per block. Default: the kernel family's (16 intranode, 8 otherwise).
+    #[arg(long = "warps-per-block")]
+    warps_per_block: Option<usize>,
     /// Timed iterations.
     #[arg(long, default_value_t = 20)]
     iters: usize,
@@ -259,7 +300,33 @@ fn config(a: &Args) -> AnyResult<EpConfig> {
     if a.top_k > a.num_experts {
         return Err(err(format!("--top-k {} exceeds --num-experts {}: a token picks top-k distinct experts", a.top_k, a.num_experts)));
     }
-    let mut cfg = EpConfig::new(w, a.hidden, a.num_experts, a.top_k, a.num_tokens)?;
+    let gpn = a.gpus_per_node.unwrap_or(w);
+    if gpn == 0 || !w.is_multiple_of(gpn) {
+        return Err(err(format!("--gpus-per-node {gpn} must divide --world-size {w}")));
+    }
+    let nodes = w / gpn;
+    // The kernel type and its launch defaults follow the node count of these flags.
+    let mut cfg = EpConfig::with_gpus_per_node(w, gpn, a.hidden, a.num_experts, a.top_k, a.num_tokens)?;
+    let kt = a.kernel_type.unwrap_or(KernelTypeArg::of(cfg.kernel_type));
+    let nodes_flags = || match a.gpus_per_node {
+        Some(g) => format!("--world-size {w} and --gpus-per-node {g}"),
+        None => format!("--world-size {w}"),
+    };
+    if kt == KernelTypeArg::Intranode && nodes > 1 {
+        return Err(err(format!(
+            "--kernel-type intranode with {} ({nodes} nodes): intranode needs all ranks on one node (use --kernel-type v1, v1_ll or async_ll)",
+            nodes_flags()
+        )));
+    }
+    if kt != KernelTypeArg::Intranode {
+        let how = if a.kernel_type.is_some() {
+            format!("--kernel-type {}", kt.name())
+        } else {
+            format!("{} ({nodes} nodes) selects --kernel-type {}", nodes_flags(), kt.name())
+        };
+        return Err(err(format!("{how}: the GPU internode kernels are not built yet; only --kernel-type intranode runs on GPUs")));
+    }
+    cfg.set_kernel_type(kt.kernel_type());
     cfg.max_token_type_size = a.dtype.size().max(match a.combine_dtype {
         CombDType::Bf16 => 2,
         CombDType::F32 => 4,
@@ -268,10 +335,20 @@ fn config(a: &Args) -> AnyResult<EpConfig> {
         cfg.scale_dim = a.hidden.div_ceil(128);
         cfg.scale_type_size = 4;
     }
-    cfg.gpus_per_node = a.gpus_per_node.unwrap_or(w);
     let ranks_per_gpu = w / a.num_gpus;
-    cfg.block_num = a.block_num.unwrap_or((128 / ranks_per_gpu).clamp(1, 64));
-    cfg.warps_per_block = a.warps_per_block;
+    let block_num = a.block_num.unwrap_or((128 / ranks_per_gpu).clamp(1, 64));
+    if cfg.kernel_type.uses_rdma_blocks() && block_num < 2 {
+        let given = if a.block_num.is_some() { "--block-num" } else { "the default --block-num" };
+        return Err(err(format!(
+            "{given} {block_num} with --kernel-type {} leaves no XGMI block: {} splits its blocks into RDMA and XGMI blocks (give --block-num 2 or more)",
+            kt.name(),
+            kt.name()
+        )));
+    }
+    cfg.set_block_num(block_num);
+    if let Some(wp) = a.warps_per_block {
+        cfg.warps_per_block = wp;
+    }
     cfg.validate()?;
     Ok(cfg)
 }

@@ -1,0 +1,64 @@
+//! bench_dispatch_combine's node geometry on the command line: the kernel type and its
+//! launch defaults follow `--gpus-per-node`, and refusals name the user's flags, before any
+//! GPU is touched (these run on CI machines without a GPU).
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_bench_dispatch_combine"))
+        .args(args)
+        .env("MORI_GPU_RUNTIME", "auto")
+        .output()
+        .expect("spawn bench_dispatch_combine");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+const SMALL: &[&str] = &["--num-tokens", "8", "--hidden", "256", "--num-experts", "32", "--top-k", "2"];
+
+fn with_small(args: &[&str]) -> Vec<String> {
+    args.iter().chain(SMALL).map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn one_node_of_sixteen_passes_validation() {
+    // Formerly refused with "rdma_block_num = 64 is invalid: InterNodeV1 needs 1..block_num (= 8)":
+    // the kernel type was chosen for nodes of 8 before --gpus-per-node was applied.
+    let args = with_small(&["--world-size", "16", "--gpus-per-node", "16", "--block-num", "8"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, text) = run(&args);
+    assert!(!text.contains("rdma_block_num") && !text.contains("InterNodeV1"), "{text}");
+    if text.contains("no GPU runtime") {
+        assert_eq!(code, 1, "{text}");
+        println!("path: validation passed, no GPU runtime on this machine");
+    } else {
+        assert_eq!(code, 0, "{text}");
+        assert!(text.contains("check (process 0): OK"), "{text}");
+        println!("path: a GPU runtime is present; the 16-rank one-node run passed its check");
+    }
+}
+
+#[test]
+fn node_refusals_name_the_users_flags() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--world-size", "16", "--gpus-per-node", "8", "--kernel-type", "intranode"],
+            &["--kernel-type intranode with --world-size 16 and --gpus-per-node 8 (2 nodes)"],
+        ),
+        (&["--world-size", "16", "--gpus-per-node", "8"], &["--gpus-per-node 8", "--kernel-type v1", "not built yet"]),
+        (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll", "GPU internode kernels are not built yet"]),
+        (&["--kernel-type", "async_ll"], &["--kernel-type async_ll", "not built yet"]),
+        (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
+    ];
+    for (args, wants) in cases {
+        let args = with_small(args);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, text) = run(&args);
+        assert_eq!(code, 1, "{args:?}: {text}");
+        assert!(text.contains("bench_dispatch_combine: error:"), "{args:?}: {text}");
+        for want in *wants {
+            assert!(text.contains(want), "{args:?}: wanted {want:?} in {text}");
+        }
+        assert!(!text.contains("rdma_block_num") && !text.contains("no GPU runtime"), "{args:?}: {text}");
+    }
+}
