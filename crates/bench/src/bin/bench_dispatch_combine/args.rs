@@ -1,0 +1,480 @@
+//! The command line: flags, their checks (every refusal names the user's flags, before any
+//! GPU or network is touched) and the [`EpConfig`] they build.
+
+use clap::{Parser, ValueEnum};
+use mori_bootstrap::BootstrapEnv;
+use mori_ep::{EpConfig, KernelType};
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, SocketAddr};
+
+pub type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+pub fn err(msg: impl Into<String>) -> Box<dyn std::error::Error> {
+    msg.into().into()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum DType {
+    Bf16,
+    F32,
+    /// FP8 E4M3 rows with f32 scales per 128 columns.
+    Fp8,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::Bf16 => 2,
+            DType::F32 => 4,
+            DType::Fp8 => 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum CombDType {
+    Bf16,
+    F32,
+}
+
+impl CombDType {
+    pub fn size(self) -> usize {
+        match self {
+            CombDType::Bf16 => 2,
+            CombDType::F32 => 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IdxType {
+    I32,
+    I64,
+}
+
+impl IdxType {
+    pub fn size(self) -> usize {
+        match self {
+            IdxType::I32 => 4,
+            IdxType::I64 => 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KernelTypeArg {
+    /// All ranks on one node (P2P); the default for one node.
+    Intranode,
+    /// Inter-node V1 (RDMA and XGMI blocks); the default for several nodes.
+    V1,
+    /// Inter-node V1, low latency.
+    #[value(name = "v1_ll")]
+    V1Ll,
+    /// Asynchronous low-latency kernels.
+    #[value(name = "async_ll")]
+    AsyncLl,
+}
+
+impl KernelTypeArg {
+    pub fn of(k: KernelType) -> Self {
+        match k {
+            KernelType::IntraNode => KernelTypeArg::Intranode,
+            KernelType::InterNodeV1 => KernelTypeArg::V1,
+            KernelType::InterNodeV1LL => KernelTypeArg::V1Ll,
+            KernelType::AsyncLL => KernelTypeArg::AsyncLl,
+        }
+    }
+
+    pub fn kernel_type(self) -> KernelType {
+        match self {
+            KernelTypeArg::Intranode => KernelType::IntraNode,
+            KernelTypeArg::V1 => KernelType::InterNodeV1,
+            KernelTypeArg::V1Ll => KernelType::InterNodeV1LL,
+            KernelTypeArg::AsyncLl => KernelType::AsyncLL,
+        }
+    }
+
+    /// The flag value, as the user types it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelTypeArg::Intranode => "intranode",
+            KernelTypeArg::V1 => "v1",
+            KernelTypeArg::V1Ll => "v1_ll",
+            KernelTypeArg::AsyncLl => "async_ll",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceArg {
+    /// The GPU kernels (intranode only), timed with CUDA events.
+    Gpu,
+    /// The host implementation (mori_ep::host): shared memory within a node, MORI-IO between
+    /// nodes.
+    Cpu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+pub enum TransportArg {
+    /// MORI-IO over TCP.
+    Tcp,
+    /// MORI-IO over RDMA verbs.
+    Rdma,
+}
+
+/// MORI-EP dispatch/combine benchmark, checked against the host reference: the GPU kernels
+/// (`--device gpu`, intranode) or the host implementation (`--device cpu`, intra- and
+/// inter-node).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "bench_dispatch_combine")]
+pub struct Args {
+    /// Where the ranks run: the GPU kernels or the host implementation.
+    #[arg(long, value_enum, default_value = "gpu")]
+    pub device: DeviceArg,
+    /// Tokens per rank T.
+    #[arg(long = "num-tokens", alias = "max-tokens", default_value_t = 4096)]
+    pub num_tokens: usize,
+    /// Hidden size H (elements).
+    #[arg(long, default_value_t = 7168)]
+    pub hidden: usize,
+    /// Experts in total E (split evenly over the ranks).
+    #[arg(long = "num-experts", default_value_t = 256)]
+    pub num_experts: usize,
+    /// Top-k K.
+    #[arg(long = "top-k", alias = "topk", default_value_t = 8)]
+    pub top_k: usize,
+    /// Dispatch dtype (fp8: E4M3 rows + f32 scales per 128 columns).
+    #[arg(long, value_enum, default_value = "fp8")]
+    pub dtype: DType,
+    /// Combine dtype (input and output).
+    #[arg(long = "combine-dtype", value_enum, default_value = "bf16")]
+    pub combine_dtype: CombDType,
+    /// Expert id type.
+    #[arg(long = "idx-type", value_enum, default_value = "i64")]
+    pub idx_type: IdxType,
+    /// EP ranks W. Default 8; with --device cpu under a launcher (no --local): the launcher's
+    /// processes x --ranks-per-proc.
+    #[arg(long = "world-size")]
+    world_size_flag: Option<usize>,
+    /// EP ranks W, resolved.
+    #[arg(skip)]
+    pub world_size: usize,
+    /// GPUs used (rank r on GPU r / (W / G)).
+    #[arg(long = "num-gpus", default_value_t = 1, conflicts_with = "ranks_per_gpu")]
+    pub num_gpus: usize,
+    /// Ranks sharing each GPU (the other way to say --num-gpus: G = W / this).
+    #[arg(long = "ranks-per-gpu")]
+    pub ranks_per_gpu: Option<usize>,
+    /// GPU: processes (this one and P-1 spawned); each hosts W/P consecutive ranks.
+    #[arg(long, default_value_t = 1)]
+    pub procs: usize,
+    /// GPUs (ranks) per node; ranks [n*g, (n+1)*g) form node n. Default: W (one node); with
+    /// --device cpu under a launcher, its processes per node (LOCAL_WORLD_SIZE,
+    /// OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE) x --ranks-per-proc.
+    #[arg(long = "gpus-per-node")]
+    pub gpus_per_node: Option<usize>,
+    /// Nodes N (sets --gpus-per-node to W / N).
+    #[arg(long = "num-nodes")]
+    pub num_nodes: Option<usize>,
+    /// GPUs (ranks) per node, resolved.
+    #[arg(skip)]
+    pub gpn: usize,
+    /// Kernel family. Default: intranode on one node, v1 on several. Only intranode runs on
+    /// GPUs here; the others run with --device cpu.
+    #[arg(long = "kernel-type", value_enum)]
+    pub kernel_type: Option<KernelTypeArg>,
+    /// Thread blocks per rank (all ranks' blocks on a GPU must fit its multiprocessors).
+    /// Default: GPU 128 / ranks per GPU, at most 64; CPU the kernel family's. V1 kernels give
+    /// two thirds of them to RDMA.
+    #[arg(long = "block-num")]
+    pub block_num: Option<usize>,
+    /// Warps per block. Default: the kernel family's (16 intranode, 8 otherwise).
+    #[arg(long = "warps-per-block")]
+    pub warps_per_block: Option<usize>,
+    /// CPU: run every rank on this host, one spawned process per --ranks-per-proc ranks
+    /// (without it, this process is one of those a launcher started: torchrun, srun, mpirun).
+    #[arg(long)]
+    pub local: bool,
+    /// CPU: EP ranks per process; process p hosts ranks [p*R, (p+1)*R). Default 1.
+    #[arg(long = "ranks-per-proc")]
+    pub ranks_per_proc: Option<usize>,
+    /// CPU: transport of the inter-node leg. Default tcp.
+    #[arg(long, value_enum)]
+    pub transport: Option<TransportArg>,
+    /// CPU: TCP lanes of the inter-node leg. Default 4.
+    #[arg(long)]
+    pub lanes: Option<usize>,
+    /// CPU: IP address the MORI-IO engines bind. Default 127.0.0.1.
+    #[arg(long)]
+    pub host: Option<IpAddr>,
+    /// (test) CPU: delay every inter-node put by up to this many µs (seeded by --seed).
+    #[arg(long = "inject-delay-us", hide = true)]
+    pub inject_delay_us: Option<u64>,
+    /// (test) CPU: let injected delays reorder inter-node puts.
+    #[arg(long = "inject-reorder", hide = true)]
+    pub inject_reorder: bool,
+    /// Timed iterations.
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    /// Untimed warm-up iterations.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// GPU: overwrite a 256 MiB buffer before each timed operation (cold L2).
+    #[arg(long = "l2-flush")]
+    pub l2_flush: bool,
+    /// Weighted combine (each rank's row scaled by the token's weights on that rank's experts).
+    #[arg(long)]
+    pub weighted: bool,
+    /// Skip the oracle check.
+    #[arg(long = "no-check")]
+    pub no_check: bool,
+    /// GPU: Perfetto JSON of per-block phase timestamps of the last iteration (rank 0's process).
+    #[arg(long)]
+    pub trace: Option<String>,
+    /// All figures as JSON.
+    #[arg(long)]
+    pub json: Option<String>,
+    /// Routing seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Deadline of every in-kernel (GPU) or transfer (CPU) wait, ms.
+    #[arg(long = "timeout-ms", default_value_t = 10_000)]
+    pub timeout_ms: u64,
+    /// (internal) index of this process when spawned.
+    #[arg(long = "proc-index", hide = true, default_value_t = 0)]
+    pub proc_index: usize,
+    /// (internal) bootstrap root address of spawned processes.
+    #[arg(long = "proc-master", hide = true)]
+    pub proc_master: Option<SocketAddr>,
+    /// CPU: the launcher's environment (no --local), resolved.
+    #[arg(skip)]
+    pub launch: Option<BootstrapEnv>,
+}
+
+impl Args {
+    /// CPU ranks per process, resolved.
+    pub fn rpp(&self) -> usize {
+        self.ranks_per_proc.unwrap_or(1)
+    }
+
+    /// CPU processes in all.
+    pub fn cpu_procs(&self) -> usize {
+        self.world_size / self.rpp().max(1)
+    }
+
+    /// Nodes, resolved.
+    pub fn nodes(&self) -> usize {
+        self.world_size / self.gpn.max(1)
+    }
+}
+
+/// Fills in the resolved fields (world size, GPUs, ranks per node; under a launcher its
+/// environment, read through `vars`) and checks the flags of the other device. `vars` is the
+/// process environment outside tests.
+pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<Args> {
+    let cpu = a.device == DeviceArg::Cpu;
+    if cpu {
+        for (given, flag) in [
+            (a.procs != 1, "--procs"),
+            (a.num_gpus != 1, "--num-gpus"),
+            (a.ranks_per_gpu.is_some(), "--ranks-per-gpu"),
+            (a.l2_flush, "--l2-flush"),
+            (a.trace.is_some(), "--trace"),
+        ] {
+            if given {
+                return Err(err(format!(
+                    "{flag} is a --device gpu flag; with --device cpu use --local and --ranks-per-proc to place the ranks"
+                )));
+            }
+        }
+    } else {
+        for (given, flag) in [
+            (a.local, "--local"),
+            (a.ranks_per_proc.is_some(), "--ranks-per-proc"),
+            (a.transport.is_some(), "--transport"),
+            (a.lanes.is_some(), "--lanes"),
+            (a.host.is_some(), "--host"),
+            (a.inject_delay_us.is_some() || a.inject_reorder, "--inject-delay-us/--inject-reorder"),
+        ] {
+            if given {
+                return Err(err(format!("{flag} is a --device cpu flag (the GPU path places ranks with --procs and --num-gpus)")));
+            }
+        }
+    }
+    let rpp = a.rpp();
+    if rpp == 0 {
+        return Err(err("--ranks-per-proc 0: every process hosts at least one rank"));
+    }
+    if a.lanes == Some(0) {
+        return Err(err("--lanes 0: the inter-node leg needs at least one lane"));
+    }
+    if a.inject_reorder && a.inject_delay_us.is_none() {
+        return Err(err("--inject-reorder needs --inject-delay-us (the delays are what reorders the puts)"));
+    }
+    // World size: the flag, else under a launcher its processes x ranks per process.
+    let mut local_procs = None;
+    if cpu && !a.local {
+        let env = BootstrapEnv::parse(&|k: &str| vars(k)).map_err(|e| {
+            err(format!(
+                "--device cpu without --local runs as one process of a launcher (torchrun, srun, mpirun, or MORI_RANK/MORI_WORLD_SIZE/MASTER_ADDR): {e}; pass --local to spawn every rank's process on this host"
+            ))
+        })?;
+        let w = env.world_size * rpp;
+        match a.world_size_flag {
+            Some(f) if f != w => {
+                return Err(err(format!(
+                    "--world-size {f} disagrees with the launcher's {} processes ({:?}) x --ranks-per-proc {rpp} = {w} ranks",
+                    env.world_size, env.launcher
+                )))
+            }
+            _ => a.world_size = w,
+        }
+        local_procs = ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"]
+            .iter()
+            .find_map(|k| vars(k).and_then(|v| v.trim().parse::<usize>().ok().map(|n| (*k, n))));
+        a.launch = Some(env);
+    } else {
+        a.world_size = a.world_size_flag.unwrap_or(8);
+    }
+    let w = a.world_size;
+    if w == 0 {
+        return Err(err("--world-size 0: at least one rank"));
+    }
+    if cpu && !w.is_multiple_of(rpp) {
+        return Err(err(format!("--ranks-per-proc {rpp} must divide --world-size {w}")));
+    }
+    if let Some(r) = a.ranks_per_gpu {
+        if r == 0 || !w.is_multiple_of(r) {
+            return Err(err(format!("--ranks-per-gpu {r} must divide --world-size {w}")));
+        }
+        a.num_gpus = w / r;
+    }
+    // Ranks per node: --num-nodes, --gpus-per-node (consistent when both), the launcher's
+    // processes per node, else one node.
+    a.gpn = match (a.num_nodes, a.gpus_per_node) {
+        (Some(n), g) => {
+            if n == 0 || !w.is_multiple_of(n) {
+                return Err(err(format!("--num-nodes {n} must divide --world-size {w}")));
+            }
+            if let Some(g) = g.filter(|&g| g != w / n) {
+                return Err(err(format!(
+                    "--num-nodes {n} and --gpus-per-node {g} disagree: --world-size {w} over {n} nodes is {} per node",
+                    w / n
+                )));
+            }
+            w / n
+        }
+        (None, Some(g)) => g,
+        (None, None) => match local_procs {
+            Some((var, n)) => {
+                let g = n * rpp;
+                if g == 0 || !w.is_multiple_of(g) {
+                    return Err(err(format!(
+                        "{var}={n} processes per node x --ranks-per-proc {rpp} = {g} ranks per node must divide the {w} ranks (give --num-nodes)"
+                    )));
+                }
+                g
+            }
+            None => w,
+        },
+    };
+    if a.gpn == 0 || !w.is_multiple_of(a.gpn) {
+        return Err(err(format!("--gpus-per-node {} must divide --world-size {w}", a.gpn)));
+    }
+    Ok(a)
+}
+
+/// The configuration the flags describe; every refusal names the user's flags.
+pub fn config(a: &Args) -> AnyResult<EpConfig> {
+    let w = a.world_size;
+    let gpu = a.device == DeviceArg::Gpu;
+    if gpu {
+        if a.num_gpus == 0 || !w.is_multiple_of(a.num_gpus) {
+            return Err(err(format!("--num-gpus {} must divide --world-size {w}", a.num_gpus)));
+        }
+        if a.procs == 0 || !w.is_multiple_of(a.procs) {
+            return Err(err(format!("--procs {} must divide --world-size {w}", a.procs)));
+        }
+        if a.procs > a.num_gpus && a.procs > 1 {
+            return Err(err(format!(
+                "--procs {} above --num-gpus {}: ranks of several processes sharing one GPU are not supported by this bench (use one process)",
+                a.procs, a.num_gpus
+            )));
+        }
+        if a.procs > 1 && a.procs != a.num_gpus {
+            return Err(err(format!(
+                "--procs {} with --num-gpus {}: with several processes each hosts exactly one GPU (--num-gpus must equal --procs)",
+                a.procs, a.num_gpus
+            )));
+        }
+        if a.proc_index >= a.procs {
+            return Err(err(format!("--proc-index {} is not below --procs {}", a.proc_index, a.procs)));
+        }
+    } else if a.launch.is_none() && a.proc_index >= a.cpu_procs() {
+        return Err(err(format!("--proc-index {} is not below the {} processes", a.proc_index, a.cpu_procs())));
+    }
+    if a.num_tokens == 0 || a.num_tokens > 1 << 20 {
+        return Err(err(format!("--num-tokens {}: must be in 1..=1048576 tokens per rank", a.num_tokens)));
+    }
+    if a.iters == 0 {
+        return Err(err("--iters 0: at least one timed iteration"));
+    }
+    if a.timeout_ms == 0 {
+        return Err(err("--timeout-ms 0: every in-kernel wait would fail at once; give at least 1 ms"));
+    }
+    if a.top_k > a.num_experts {
+        return Err(err(format!("--top-k {} exceeds --num-experts {}: a token picks top-k distinct experts", a.top_k, a.num_experts)));
+    }
+    let gpn = a.gpn;
+    let nodes = a.nodes();
+    // The kernel type and its launch defaults follow the node count of these flags.
+    let mut cfg = EpConfig::with_gpus_per_node(w, gpn, a.hidden, a.num_experts, a.top_k, a.num_tokens)?;
+    let kt = a.kernel_type.unwrap_or(KernelTypeArg::of(cfg.kernel_type));
+    let nodes_flags = || match (a.num_nodes, a.gpus_per_node) {
+        (Some(n), _) => format!("--world-size {w} and --num-nodes {n}"),
+        (None, Some(g)) => format!("--world-size {w} and --gpus-per-node {g}"),
+        (None, None) => format!("--world-size {w} ({gpn} ranks per node from the launcher)"),
+    };
+    if kt == KernelTypeArg::Intranode && nodes > 1 {
+        return Err(err(format!(
+            "--kernel-type intranode with {} ({nodes} nodes): intranode needs all ranks on one node (use --kernel-type v1, v1_ll or async_ll)",
+            nodes_flags()
+        )));
+    }
+    if gpu && kt != KernelTypeArg::Intranode {
+        let how = if a.kernel_type.is_some() {
+            format!("--kernel-type {}", kt.name())
+        } else {
+            format!("{} ({nodes} nodes) selects --kernel-type {}", nodes_flags(), kt.name())
+        };
+        return Err(err(format!(
+            "{how}: the GPU internode kernels are not built yet; only --kernel-type intranode runs on GPUs (use --device cpu for the host implementation)"
+        )));
+    }
+    cfg.set_kernel_type(kt.kernel_type());
+    cfg.max_token_type_size = a.dtype.size().max(a.combine_dtype.size());
+    if a.dtype == DType::Fp8 {
+        cfg.scale_dim = a.hidden.div_ceil(128);
+        cfg.scale_type_size = 4;
+    }
+    let block_num = match a.block_num {
+        Some(b) => b,
+        None if gpu => (128 / (w / a.num_gpus)).clamp(1, 64),
+        None => cfg.block_num,
+    };
+    if block_num == 0 {
+        return Err(err("--block-num 0: at least one block"));
+    }
+    if cfg.kernel_type.uses_rdma_blocks() && block_num < 2 {
+        return Err(err(format!(
+            "--block-num {block_num} with --kernel-type {0} leaves no XGMI block: {0} splits its blocks into RDMA and XGMI blocks (give --block-num 2 or more)",
+            kt.name()
+        )));
+    }
+    cfg.set_block_num(block_num);
+    if let Some(wp) = a.warps_per_block {
+        cfg.warps_per_block = wp;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}

@@ -1,0 +1,74 @@
+//! The inputs both paths run on, generated identically in every process: routing seeded per
+//! rank (DeepEP's setting, one expert group per node), token rows and combine rows that are
+//! small integers (exact in bf16 and fp8 E4M3 before scaling); and their little-endian bytes.
+
+use crate::args::{AnyResult, Args};
+use mori_ep::routing::{generate_routing, RoutingSpec, SplitMix64};
+use mori_ep::{bf16, EpConfig, Fp8E4m3, SrcPos, Tensor2};
+
+/// All ranks' inputs.
+pub struct Inputs {
+    pub idx: Vec<Tensor2<i64>>,
+    pub weights: Vec<Tensor2<f32>>,
+    pub x_f32: Vec<Tensor2<f32>>,
+}
+
+/// Rank r's routing from seed `seed * 1_000_003 + r`, expert groups = the nodes of `cfg`.
+pub fn gen_inputs(a: &Args, cfg: &EpConfig) -> AnyResult<Inputs> {
+    let nodes = (cfg.world_size / cfg.gpus_per_node.max(1)).max(1);
+    let mut idx = Vec::new();
+    let mut weights = Vec::new();
+    let mut x_f32 = Vec::new();
+    for r in 0..cfg.world_size {
+        let mut rng = SplitMix64::new(a.seed.wrapping_mul(1_000_003).wrapping_add(r as u64));
+        let (i, w) = generate_routing(RoutingSpec::deepep(a.num_tokens, a.num_experts, a.top_k, nodes), &mut rng)?;
+        idx.push(i);
+        weights.push(w);
+        x_f32.push(Tensor2::from_fn(a.num_tokens, a.hidden, |t, h| ((r * 131 + t * 7 + h) % 17) as f32 - 8.0)?);
+    }
+    Ok(Inputs { idx, weights, x_f32 })
+}
+
+/// The combine input row of a received token: a function of its source only.
+pub fn comb_value(src: SrcPos, h: usize) -> f32 {
+    ((src.rank * 5 + src.token * 3 + h) % 11) as f32 - 5.0
+}
+
+/// Little-endian bytes of an element, as the GPU buffers hold it.
+pub trait RowBytes {
+    fn put(&self, out: &mut Vec<u8>);
+}
+macro_rules! le_bytes {
+    ($($t:ty => |$v:ident| $bits:expr),* $(,)?) => {$(
+        impl RowBytes for $t {
+            fn put(&self, out: &mut Vec<u8>) {
+                let $v = self;
+                out.extend_from_slice(&$bits.to_le_bytes())
+            }
+        }
+    )*};
+}
+le_bytes!(f32 => |v| v, i32 => |v| v, i64 => |v| v, bf16 => |v| v.to_bits(), Fp8E4m3 => |v| v.0);
+
+pub fn bytes_of<T: RowBytes>(t: &Tensor2<T>) -> Vec<u8> {
+    let mut v = Vec::new();
+    for x in t.as_slice() {
+        x.put(&mut v);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_bytes_are_little_endian_as_on_the_gpu() {
+        let t = |v: Vec<u8>| v;
+        assert_eq!(bytes_of(&Tensor2::new(1, 2, vec![1.0f32, -2.0]).unwrap()), t(vec![0, 0, 0x80, 0x3f, 0, 0, 0, 0xc0]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 1, vec![bf16::from_f32(1.0)]).unwrap()), t(vec![0x80, 0x3f]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 2, vec![Fp8E4m3(0x38), Fp8E4m3(0xb8)]).unwrap()), t(vec![0x38, 0xb8]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 1, vec![-1i32]).unwrap()), t(vec![0xff; 4]));
+        assert_eq!(bytes_of(&Tensor2::new(1, 1, vec![258i64]).unwrap()), t(vec![2, 1, 0, 0, 0, 0, 0, 0]));
+    }
+}

@@ -1,0 +1,50 @@
+//! `bench_dispatch_combine`: MORI-EP dispatch/combine, checked against the host reference
+//! (mori-ep's oracle) and timed.
+//!
+//! - `--device gpu` (default, [`gpu`]): the intranode GPU kernels, next to a plain
+//!   device-to-device copy of the same byte count (the roofline) measured in the same run.
+//! - `--device cpu` ([`cpu`]): the host implementation (`mori_ep::host`), intra- and inter-node
+//!   (V1, V1-LL, AsyncLL), either every rank on this host (`--local`: one spawned process per
+//!   `--ranks-per-proc` ranks) or one process among many a launcher started (torchrun, srun,
+//!   mpirun: rank, world and master from the environment).
+//!
+//! Flags, their checks and the configuration they build are in [`args`]; both paths run on the
+//! inputs of [`inputs`] (same seeds, DeepEP routing with one expert group per node).
+//!
+//! Accounting (MORI-EP seed, "Bandwidth Computation"): XGMI/NVL bytes of a rank = received
+//! tokens x (hidden x element size + scale bytes); combine moves the same token count in the
+//! combine dtype; RDMA algo tokens = unique (token, node) pairs incl. the local node, physical
+//! = algo x (nodes-1)/nodes; GB = 1e9.
+
+mod args;
+mod gpu;
+mod gpu_check;
+mod inputs;
+
+use args::{err, AnyResult, Args, DeviceArg};
+use clap::Parser;
+use std::process::ExitCode;
+
+fn run(a: &Args) -> AnyResult<bool> {
+    match a.device {
+        DeviceArg::Gpu => gpu::run(a),
+        DeviceArg::Cpu => {
+            // Validate first, so that the flags' refusals read the same once the host
+            // implementation is wired in.
+            args::config(a)?;
+            Err(err("--device cpu is not wired into this build yet: the host implementation (mori_ep::host) has not landed"))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let vars = |k: &str| std::env::var(k).ok();
+    match args::resolve(Args::parse(), &vars).and_then(|a| run(&a)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("bench_dispatch_combine: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
