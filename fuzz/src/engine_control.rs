@@ -16,16 +16,20 @@
 //! fuzzed proof never holds); for a
 //! control connection, one reply per request up to the first one that does not decode (`Pong`
 //! for `Ping`; the registered descriptor, or `NotFound`, for `LookupMemory`; `NotSupported`
-//! for a backend request, as no backend here takes one); a tcp data lane is answered `Ok`
+//! for a backend request, as no backend here takes one; for `Signal`, per operation `Ok` or
+//! the error code `check_counter` gives against the registration, `NotFound` for an unknown
+//! region, the applied ones also applied to the shadow copies); a tcp data lane is answered `Ok`
 //! (its bytes are `tcp_data`'s business). Asserted: the answer is exactly that stream of frames,
-//! and the engine closes the connection once the input ends.
+//! the engine closes the connection once the input ends, and every registered buffer equals
+//! its shadow (guard bytes included: a counter never lands outside its region).
 
-use crate::engine::{self, Target};
+use crate::engine::{self, Target, GUARD};
+use mori_io_core::counter::check_counter;
 use mori_io_core::wire::{
-    encode_frame, read_frame, CtrlReply, CtrlRequest, FrameDecoder, Hello, HelloAuth, HelloReply, Role, DEFAULT_MAX_FRAME, MAX_HELLO,
-    PROTOCOL_VERSION,
+    encode_frame, read_frame, CtrlReply, CtrlRequest, FrameDecoder, Hello, HelloAuth, HelloReply, Role, WireSignal, DEFAULT_MAX_FRAME,
+    MAX_HELLO, PROTOCOL_VERSION,
 };
-use mori_io_core::{BackendKind, EngineDesc, ErrorCode, Secret};
+use mori_io_core::{BackendKind, EngineDesc, ErrorCode, Secret, SignalOp};
 
 /// A reply the model expects; errors are compared by code (their text is the engine's).
 #[derive(Debug)]
@@ -33,38 +37,55 @@ enum Want {
     Challenge,
     Hello(Result<(), ErrorCode>),
     Reply(Result<CtrlReply, ErrorCode>),
+    /// `Signalled`, one outcome per counter operation (errors by code).
+    Signalled(Vec<Result<(), ErrorCode>>),
+}
+
+/// The outcome of counter operation `s` on the target's regions; an applied one is applied
+/// to the region's shadow too (little-endian u64 at the offset).
+fn signal(s: &WireSignal, t: &mut Target) -> Result<(), ErrorCode> {
+    let b = t.bufs.iter_mut().find(|b| b.desc.id == s.mem).ok_or(ErrorCode::NotFound)?;
+    check_counter(b.desc.id, b.desc.addr, b.desc.len, b.desc.loc, s.offset).map_err(|e| e.code)?;
+    let at = GUARD + s.offset as usize;
+    let word: &mut [u8] = &mut b.shadow[at..at + 8];
+    let old = u64::from_le_bytes(word.try_into().unwrap_or_default());
+    let new = match s.op {
+        SignalOp::Add(v) => old.wrapping_add(v),
+        SignalOp::Set(v) => v,
+    };
+    word.copy_from_slice(&new.to_le_bytes());
+    Ok(())
 }
 
 /// The replies to the control requests in `stream`, up to the first that does not decode.
-fn control(stream: &[u8], t: &Target, out: &mut Vec<Want>) {
+fn control(stream: &[u8], t: &mut Target, out: &mut Vec<Want>) {
     let mut d = FrameDecoder::new(DEFAULT_MAX_FRAME);
     d.push(stream);
     // Notifications queued by this input (`run` empties the queue first).
     let mut queued = 0usize;
     while let Ok(Some(req)) = d.next_message::<CtrlRequest>() {
-        out.push(Want::Reply(match req {
-            CtrlRequest::Ping => Ok(CtrlReply::Pong),
+        out.push(match req {
+            CtrlRequest::Ping => Want::Reply(Ok(CtrlReply::Pong)),
             CtrlRequest::LookupMemory(id) => {
-                t.bufs.iter().find(|b| b.desc.id == id).map(|b| CtrlReply::Memory(b.desc.clone())).ok_or(ErrorCode::NotFound)
+                Want::Reply(t.bufs.iter().find(|b| b.desc.id == id).map(|b| CtrlReply::Memory(b.desc.clone())).ok_or(ErrorCode::NotFound))
             }
-            CtrlRequest::Backend { .. } => Err(ErrorCode::NotSupported),
-            CtrlRequest::Notify(msgs) => {
-                if msgs.iter().any(|m| m.len() > mori_io_core::MAX_NOTIF_LEN) {
-                    Err(ErrorCode::InvalidArgs)
-                } else if queued + msgs.len() > mori_io_core::notif::DEFAULT_MAX_QUEUED {
-                    Err(ErrorCode::Refused)
-                } else {
-                    queued += msgs.len();
-                    Ok(CtrlReply::Delivered)
-                }
-            }
-        }));
+            CtrlRequest::Backend { .. } => Want::Reply(Err(ErrorCode::NotSupported)),
+            CtrlRequest::Notify(msgs) => Want::Reply(if msgs.iter().any(|m| m.len() > mori_io_core::MAX_NOTIF_LEN) {
+                Err(ErrorCode::InvalidArgs)
+            } else if queued + msgs.len() > mori_io_core::notif::DEFAULT_MAX_QUEUED {
+                Err(ErrorCode::Refused)
+            } else {
+                queued += msgs.len();
+                Ok(CtrlReply::Delivered)
+            }),
+            CtrlRequest::Signal(ops) => Want::Signalled(ops.iter().map(|s| signal(s, t)).collect()),
+        });
     }
 }
 
 /// What the engine must answer to `stream` sent on a fresh connection (`dialed`: after a valid
 /// control hello of the harness), and whether the connection became a tcp data lane.
-fn model(stream: &[u8], dialed: bool, t: &Target) -> (Vec<Want>, bool) {
+fn model(stream: &[u8], dialed: bool, t: &mut Target) -> (Vec<Want>, bool) {
     let mut out = Vec::new();
     if dialed {
         control(stream, t, &mut out);
@@ -107,6 +128,16 @@ fn check(answer: &[u8], want: &[Want], data_lane: bool, reset: bool, eng: &Engin
                     (h, got) => panic!("hello: got {got:?}, the model expects {h:?}"),
                 }
             }
+            Want::Signalled(w) => {
+                let got = match read_frame::<CtrlReply, _>(&mut r, DEFAULT_MAX_FRAME) {
+                    Ok(g) => g,
+                    Err(_) if reset && r.is_empty() => return,
+                    Err(e) => panic!("answer {i}: no control reply: {e}"),
+                };
+                let CtrlReply::Signalled(got) = got else { panic!("reply {i}: got {got:?}, the model expects Signalled({w:?})") };
+                let got: Vec<Result<(), ErrorCode>> = got.into_iter().map(|r| r.map_err(|e| e.code)).collect();
+                assert_eq!(&got, w, "reply {i}: per-operation outcomes of a Signal request");
+            }
             Want::Reply(w) => {
                 let got = match read_frame::<CtrlReply, _>(&mut r, DEFAULT_MAX_FRAME) {
                     Ok(g) => g,
@@ -126,7 +157,7 @@ fn check(answer: &[u8], want: &[Want], data_lane: bool, reset: bool, eng: &Engin
 
 /// One input.
 pub fn run(data: &[u8]) {
-    let t = engine::target();
+    let mut t = engine::target();
     let mut c = crate::Cursor::new(data);
     let mode = c.u8() % 4;
     let rest = c.rest();
@@ -160,9 +191,10 @@ pub fn run(data: &[u8]) {
     let dialed = mode >= 2 || (mode == 1 && stream.len() < rest.len());
     // Notifications of earlier inputs would fill the target's queue: start from empty.
     let _ = t.eng().get_new_notifs();
-    let (want, data_lane) = model(&stream, dialed, &t);
+    let (want, data_lane) = model(&stream, dialed, &mut t);
     let (answer, reset) = engine::exchange(s, &stream);
     check(&answer, &want, data_lane, reset, t.eng().desc());
+    t.check_memory();
 }
 
 fn frames<T: serde::Serialize>(msgs: &[T]) -> Vec<u8> {
@@ -190,6 +222,15 @@ pub fn seeds() -> Vec<Vec<u8>> {
         CtrlRequest::Backend { backend: BackendKind::Xgmi, payload: vec![] },
         CtrlRequest::Notify(vec![b"req-1:1".to_vec(), Vec::new()]),
         CtrlRequest::Notify(Vec::new()),
+        CtrlRequest::Signal(vec![
+            WireSignal { mem: 1, offset: 0, op: SignalOp::Add(3) },
+            WireSignal { mem: 1, offset: 8, op: SignalOp::Set(u64::MAX) },
+            WireSignal { mem: 1, offset: 0, op: SignalOp::Add(u64::MAX) },
+            WireSignal { mem: 1, offset: 4092, op: SignalOp::Add(1) },
+            WireSignal { mem: 2, offset: 60, op: SignalOp::Set(1) },
+            WireSignal { mem: 3, offset: 0, op: SignalOp::Set(1) },
+            WireSignal { mem: 99, offset: 0, op: SignalOp::Add(1) },
+        ]),
     ]);
     let mut pre = Vec::new();
     for m in [CtrlRequest::Ping, CtrlRequest::LookupMemory(2), CtrlRequest::LookupMemory(99)] {

@@ -6,11 +6,12 @@
 //! - [`Backend`]: the transport trait; [`Refusal`] says why a backend will not serve a pair.
 //! - Sans-IO pieces: [`wire`] (control-plane framing), [`plan`] (batch checks and striping), [`paged`]
 //!   (block-table batches),
-//!   [`registry`] (bounds checks), [`inbound`] (target-side completion records), [`notif`]
+//!   [`registry`] (bounds checks), [`counter`] (signal counters' checks), [`inbound`] (target-side completion records), [`notif`]
 //!   (target-side notification queue), [`peer_map`]
 //!   (a backend's per-peer cache of remote regions).
 
 pub mod backend;
+pub mod counter;
 pub mod desc;
 pub mod error;
 pub mod handshake;
@@ -28,6 +29,7 @@ pub mod wire;
 pub mod wr_plan;
 
 pub use backend::{Backend, BackendContext, BackendKind, ControlClient, InboundSlot, Op, Refusal, Route, TransferRequest};
+pub use counter::SignalOp;
 pub use desc::{new_epoch, BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, Secret, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;

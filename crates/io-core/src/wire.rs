@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 
 /// Protocol version carried in every [`Hello`].
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Default upper bound of one control frame's body, bytes (16 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 16 << 20;
@@ -115,6 +115,22 @@ pub enum CtrlRequest {
     /// Notifications for the target's queue (`crate::notif`), in order; sent only after the
     /// data of the transfers they follow is in place. Answered `Delivered` or `Error`.
     Notify(Vec<Vec<u8>>),
+    /// Counter operations on the target's registered host memory (`crate::counter`), applied
+    /// in order, each as an atomic with release ordering; sent only after the data of the
+    /// writes they follow is in place. Answered `Signalled` (one result per operation) or
+    /// `Error`.
+    Signal(Vec<WireSignal>),
+}
+
+/// One counter operation of a [`CtrlRequest::Signal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireSignal {
+    /// The target's region.
+    pub mem: MemId,
+    /// Byte offset of the counter in it (8-byte aligned address, `offset + 8 <= len`).
+    pub offset: u64,
+    /// What to do to the counter.
+    pub op: crate::counter::SignalOp,
 }
 
 /// Replies on a control connection.
@@ -130,6 +146,9 @@ pub enum CtrlReply {
     Error(IoError),
     /// Answer to `Notify`: every message was queued.
     Delivered,
+    /// Answer to `Signal`: per operation, in order, applied (`Ok`) or why not (the region is
+    /// unknown, GPU memory, or the counter is out of bounds or misaligned).
+    Signalled(Vec<Result<(), IoError>>),
 }
 
 /// Opens a connection to `peer`'s listener for `role` and exchanges hellos: connect within
@@ -323,7 +342,11 @@ mod tests {
     proptest! {
         #[test]
         fn decoder_reassembles_any_split(ids in proptest::collection::vec(any::<u64>(), 1..20), cut in 1usize..7) {
-            let msgs: Vec<CtrlRequest> = ids.iter().map(|&i| if i % 3 == 0 { CtrlRequest::Ping } else { CtrlRequest::LookupMemory(i) }).collect();
+            let msgs: Vec<CtrlRequest> = ids.iter().map(|&i| match i % 4 {
+                0 => CtrlRequest::Ping,
+                1 => CtrlRequest::Signal(vec![WireSignal { mem: i, offset: i.rotate_left(7), op: crate::SignalOp::Add(i) }, WireSignal { mem: 1, offset: 8, op: crate::SignalOp::Set(i) }]),
+                _ => CtrlRequest::LookupMemory(i),
+            }).collect();
             let stream: Vec<u8> = msgs.iter().flat_map(|m| encode_frame(m).unwrap()).collect();
             let mut d = FrameDecoder::new(DEFAULT_MAX_FRAME);
             let mut got = Vec::new();

@@ -5,6 +5,7 @@ use mori_io_core::{BackendKind, ControlClient, EngineDesc, ErrorCode, IoError, I
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::TcpStream;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,10 +37,27 @@ impl CtrlPool {
     /// One request/reply with `peer`. A cached connection that turns out dead (peer restarted)
     /// is replaced once; errors name the peer and what was asked.
     pub(crate) fn call(&self, peer: &EngineDesc, req: &CtrlRequest, what: &str) -> IoResult<CtrlReply> {
+        self.call_with(peer, req, what, false)
+    }
+
+    /// As [`CtrlPool::call`], for a request the peer must not apply twice (counter additions):
+    /// it is sent again only when it cannot have been taken whole (its frame was not
+    /// written out), never after it was written. A cached connection with bytes or an end of
+    /// stream waiting before the request (the peer closed it while idle) is replaced first.
+    pub(crate) fn call_at_most_once(&self, peer: &EngineDesc, req: &CtrlRequest, what: &str) -> IoResult<CtrlReply> {
+        self.call_with(peer, req, what, true)
+    }
+
+    fn call_with(&self, peer: &EngineDesc, req: &CtrlRequest, what: &str, once: bool) -> IoResult<CtrlReply> {
         let mut retried = false;
         loop {
-            let cached = self.conns.lock().get(&peer.key).cloned();
+            let mut cached = self.conns.lock().get(&peer.key).cloned();
+            if once && cached.as_ref().is_some_and(|c| !quiet(&c.lock())) {
+                self.forget(&peer.key);
+                cached = None;
+            }
             let fresh = cached.is_none();
+            let mut written = false;
             let r = match cached {
                 Some(c) => Ok(c),
                 None => self.dial(peer),
@@ -47,6 +65,7 @@ impl CtrlPool {
             .and_then(|c| {
                 let mut s = c.lock();
                 write_frame(&mut *s, req)?;
+                written = true;
                 read_frame::<CtrlReply, _>(&mut *s, self.max_frame)
             });
             match r {
@@ -57,7 +76,7 @@ impl CtrlPool {
                     if broken {
                         self.forget(&peer.key);
                     }
-                    if broken && !fresh && !retried && e.code != ErrorCode::Timeout {
+                    if broken && !fresh && !retried && e.code != ErrorCode::Timeout && !(once && written) {
                         retried = true;
                         continue;
                     }
@@ -66,6 +85,12 @@ impl CtrlPool {
             }
         }
     }
+}
+
+/// Whether an idle request/reply connection has nothing waiting to be read (no stray bytes, no
+/// end of stream, no error): then it is still usable as far as this side can tell.
+fn quiet(s: &TcpStream) -> bool {
+    matches!(mori_io_tcp::vio::wait_readable(s.as_raw_fd(), Duration::ZERO), Ok(false))
 }
 
 impl ControlClient for CtrlPool {

@@ -588,7 +588,7 @@ impl IoEngine {
         Ok(self.inner.choose(local, remote, &peer)?.kind())
     }
 
-    fn own(&self, d: &MemoryDesc) -> IoResult<()> {
+    pub(crate) fn own(&self, d: &MemoryDesc) -> IoResult<()> {
         if d.engine_key != self.inner.desc.key {
             return Err(IoError::invalid(format!(
                 "memory {} belongs to engine {:?}, not to this engine {:?}",
@@ -601,7 +601,7 @@ impl IoEngine {
 
 /// `RemoteDisconnect` unless `remote` was registered by the incarnation of its engine that is
 /// registered here (`peer`).
-fn check_incarnation(remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<()> {
+pub(crate) fn check_incarnation(remote: &MemoryDesc, peer: &EngineDesc) -> IoResult<()> {
     if remote.engine_epoch == peer.epoch {
         return Ok(());
     }
@@ -643,7 +643,7 @@ impl EngineInner {
         self.remotes.read().get(key).cloned()
     }
 
-    fn remote(&self, key: &str) -> IoResult<Arc<EngineDesc>> {
+    pub(crate) fn remote(&self, key: &str) -> IoResult<Arc<EngineDesc>> {
         self.remotes.read().get(key).cloned().ok_or_else(|| {
             IoError::not_found(format!("engine {key:?} is not registered here; call register_remote_engine with its descriptor"))
         })

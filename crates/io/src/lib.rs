@@ -27,6 +27,7 @@ mod listener;
 mod notify;
 mod paged;
 mod session;
+mod signal;
 
 pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT, MAX_KEY_LEN};
 pub use mori_io_core::{
@@ -43,3 +44,4 @@ pub use mori_io_tcp::TcpConfig;
 pub use mori_io_xgmi::XgmiConfig;
 pub use notify::RegionBatch;
 pub use session::Session;
+pub use signal::{Signal, SignalOp};

@@ -172,6 +172,7 @@ fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::Engine
                 Ok(()) => CtrlReply::Delivered,
                 Err(e) => CtrlReply::Error(IoError::new(e.code, format!("engine {:?}: {}", eng.desc.key, e.msg))),
             },
+            CtrlRequest::Signal(ops) => CtrlReply::Signalled(crate::signal::apply(eng, &ops)),
             CtrlRequest::LookupMemory(id) => match eng.local_memory(id) {
                 Some(d) => CtrlReply::Memory(d),
                 None => CtrlReply::Error(IoError::not_found(format!("memory {id} is not registered at engine {:?}", eng.desc.key))),

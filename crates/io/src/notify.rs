@@ -16,7 +16,7 @@ use crate::engine::{EngineInner, IoEngine};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mori_io_core::notif::check_msg;
 use mori_io_core::status::Completion;
-use mori_io_core::wire::{CtrlReply, CtrlRequest};
+use mori_io_core::wire::{CtrlReply, CtrlRequest, WireSignal};
 use mori_io_core::{EngineDesc, IoError, IoResult, MemoryDesc, Op, TransferId, TransferStatus};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,13 +26,31 @@ use std::time::Duration;
 /// Most message bytes packed into one `Notify` request (far below the control frame limit).
 const MAX_BYTES_PER_REQUEST: usize = 1 << 20;
 
-/// One message to deliver: after `after` succeeded (when given), send `msg` to `peer`, then end
+/// What a [`Job`] carries to its peer.
+pub(crate) enum Payload {
+    /// A notification for the target's queue (a `Notify` request).
+    Msg(Vec<u8>),
+    /// Counter operations on the target's memory (a `Signal` request, see `crate::signal`).
+    Signals(Vec<WireSignal>),
+}
+
+impl Payload {
+    /// What one request of this kind holds at most: message bytes, or counter operations.
+    fn weight(&self) -> usize {
+        match self {
+            Payload::Msg(m) => m.len(),
+            Payload::Signals(s) => s.len(),
+        }
+    }
+}
+
+/// One delivery: after `after` succeeded (when given), send `payload` to `peer`, then end
 /// `outer` (the status the caller holds).
 pub(crate) struct Job {
-    peer: Arc<EngineDesc>,
-    msg: Vec<u8>,
-    after: Option<TransferStatus>,
-    outer: TransferStatus,
+    pub(crate) peer: Arc<EngineDesc>,
+    pub(crate) payload: Payload,
+    pub(crate) after: Option<TransferStatus>,
+    pub(crate) outer: TransferStatus,
 }
 
 /// Starts the engine's notification thread; it ends once the engine shut down (pending
@@ -61,10 +79,7 @@ fn run(rx: &Receiver<Job>, ctrl: &CtrlPool, shutdown: &AtomicBool) {
             }
             Err(RecvTimeoutError::Timeout) if shutdown.load(Ordering::Acquire) => {
                 for j in rx.try_iter() {
-                    j.outer.complete_piece(Err(IoError::bad_state(format!(
-                        "notification to engine {:?} not sent: this engine was dropped",
-                        j.peer.key
-                    ))));
+                    j.fail_unsent("this engine was dropped");
                 }
                 return;
             }
@@ -89,62 +104,116 @@ fn fail_like(outer: &TransferStatus, after: &TransferStatus) {
     outer.cancel_pieces_in(1, ranges, err);
 }
 
-/// Sends a burst: failed transfers end their status at once; the rest go per peer, in order,
-/// one request per peer and at most [`MAX_BYTES_PER_REQUEST`].
-fn deliver(ctrl: &CtrlPool, burst: Vec<Job>) {
-    let mut groups: Vec<(Arc<EngineDesc>, Vec<Job>, usize)> = Vec::new();
-    for j in burst {
-        if let Some(a) = &j.after {
-            if !a.succeeded() {
-                fail_like(&j.outer, a);
-                continue;
+/// Groups a burst into requests: item `i` (of kind `keys[i]`: its peer and what it carries,
+/// weighing `weights[i]`) joins the newest group of its kind while that group stays within
+/// `limit(kind)`, else opens a new one; an item heavier than the limit goes alone. Returns
+/// the groups as item indices, in the order they are to be sent: every kind's items keep
+/// their order across its groups, so a peer applies them in the order they were queued.
+pub(crate) fn pack<K: PartialEq>(keys: &[K], weights: &[usize], limit: impl Fn(&K) -> usize) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(usize, Vec<usize>, usize)> = Vec::new();
+    for (i, (k, &w)) in keys.iter().zip(weights).enumerate() {
+        match groups.iter_mut().rev().find(|(first, _, _)| keys[*first] == *k) {
+            Some((_, items, total)) if total.saturating_add(w) <= limit(k) => {
+                *total += w;
+                items.push(i);
             }
-        }
-        let n = j.msg.len();
-        match groups.iter_mut().find(|(p, _, bytes)| p.key == j.peer.key && *bytes + n <= MAX_BYTES_PER_REQUEST) {
-            Some((_, jobs, bytes)) => {
-                *bytes += n;
-                jobs.push(j);
-            }
-            None => groups.push((j.peer.clone(), vec![j], n)),
+            _ => groups.push((i, vec![i], w)),
         }
     }
-    for (peer, jobs, _) in groups {
-        let msgs: Vec<Vec<u8>> = jobs.iter().map(|j| j.msg.clone()).collect();
-        let r = match ctrl.call(&peer, &CtrlRequest::Notify(msgs), "delivering notifications") {
-            Ok(CtrlReply::Delivered) => Ok(()),
-            Ok(other) => Err(IoError::transport(format!("engine {:?} answered a notification with {other:?}", peer.key))),
-            Err(e) => Err(e),
-        };
-        for j in jobs {
-            j.outer.complete_piece(r.clone().map_err(|e| {
-                let landed = if j.after.is_some() { "the transfer's data landed, but its" } else { "the" };
-                IoError::new(e.code, format!("{landed} notification to engine {:?} was not delivered: {}", peer.key, e.msg))
-            }));
+    groups.into_iter().map(|(_, items, _)| items).collect()
+}
+
+/// Sends a burst: failed transfers end their status at once; the rest go per peer and kind,
+/// in order, packed by [`pack`] into requests of at most [`MAX_BYTES_PER_REQUEST`] message
+/// bytes or [`crate::signal::MAX_SIGNALS_PER_REQUEST`] counter operations.
+fn deliver(ctrl: &CtrlPool, burst: Vec<Job>) {
+    let mut live = Vec::with_capacity(burst.len());
+    for j in burst {
+        match &j.after {
+            Some(a) if !a.succeeded() => fail_like(&j.outer, a),
+            _ => live.push(j),
+        }
+    }
+    let keys: Vec<(&str, bool)> = live.iter().map(|j| (j.peer.key.as_str(), matches!(j.payload, Payload::Signals(_)))).collect();
+    let weights: Vec<usize> = live.iter().map(|j| j.payload.weight()).collect();
+    let groups = pack(&keys, &weights, |k| if k.1 { crate::signal::MAX_SIGNALS_PER_REQUEST } else { MAX_BYTES_PER_REQUEST });
+    let mut slots: Vec<Option<Job>> = live.into_iter().map(Some).collect();
+    for g in groups {
+        let jobs: Vec<Job> = g.iter().filter_map(|&i| slots[i].take()).collect();
+        match jobs.first().map(|j| matches!(j.payload, Payload::Signals(_))) {
+            Some(true) => crate::signal::deliver(ctrl, jobs),
+            Some(false) => deliver_msgs(ctrl, jobs),
+            None => {}
         }
     }
 }
 
+/// One `Notify` request carrying the messages of `jobs` (all to one peer).
+fn deliver_msgs(ctrl: &CtrlPool, mut jobs: Vec<Job>) {
+    let peer = jobs[0].peer.clone();
+    let mut msgs = Vec::with_capacity(jobs.len());
+    for j in &mut jobs {
+        if let Payload::Msg(m) = &mut j.payload {
+            msgs.push(std::mem::take(m));
+        }
+    }
+    let r = match ctrl.call(&peer, &CtrlRequest::Notify(msgs), "delivering notifications") {
+        Ok(CtrlReply::Delivered) => Ok(()),
+        Ok(other) => Err(IoError::transport(format!("engine {:?} answered a notification with {other:?}", peer.key))),
+        Err(e) => Err(e),
+    };
+    for j in jobs {
+        j.outer.complete_piece(r.clone().map_err(|e| {
+            let landed = if j.after.is_some() { "the transfer's data landed, but its" } else { "the" };
+            IoError::new(e.code, format!("{landed} notification to engine {:?} was not delivered: {}", peer.key, e.msg))
+        }));
+    }
+}
+
 impl EngineInner {
-    /// The status the caller gets for transfer `after` carrying `msg` to `peer`.
-    pub(crate) fn with_notif(&self, after: TransferStatus, peer: Arc<EngineDesc>, msg: &[u8]) -> TransferStatus {
+    /// The status the caller gets for transfer `after` followed by `payload` to `peer`: it ends
+    /// as `after` when that fails (nothing is sent), else once the peer answered the payload.
+    pub(crate) fn then_deliver(&self, after: TransferStatus, peer: Arc<EngineDesc>, payload: Payload) -> TransferStatus {
         if after.is_done() && !after.succeeded() {
             return after;
         }
         let outer = TransferStatus::new(1);
         outer.drive_like(&after);
-        let job = Job { peer, msg: msg.to_vec(), after: Some(after.clone()), outer: outer.clone() };
+        let job = Job { peer, payload, after: Some(after.clone()), outer: outer.clone() };
         let tx = self.notif_tx.clone();
         after.on_done(move || {
             if let Err(e) = tx.send(job) {
-                let j = e.into_inner();
-                j.outer.complete_piece(Err(IoError::bad_state(format!(
-                    "notification to engine {:?} not sent: the engine was dropped",
-                    j.peer.key
-                ))));
+                e.into_inner().fail_unsent("the engine was dropped");
             }
         });
         outer
+    }
+
+    /// The status the caller gets for transfer `after` carrying `msg` to `peer`.
+    pub(crate) fn with_notif(&self, after: TransferStatus, peer: Arc<EngineDesc>, msg: &[u8]) -> TransferStatus {
+        self.then_deliver(after, peer, Payload::Msg(msg.to_vec()))
+    }
+
+    /// Queues `payload` for `peer` alone (no transfer before it); the status ends once the peer
+    /// answered it.
+    pub(crate) fn deliver_alone(&self, peer: Arc<EngineDesc>, payload: Payload) -> TransferStatus {
+        let outer = TransferStatus::new(1);
+        let job = Job { peer, payload, after: None, outer: outer.clone() };
+        if self.notif_tx.send(job).is_err() {
+            return TransferStatus::failed(IoError::bad_state("the engine's notification thread has ended"));
+        }
+        outer
+    }
+}
+
+impl Job {
+    /// Ends the caller's status: this job was never sent, because of `why`.
+    fn fail_unsent(self, why: &str) {
+        let what = match self.payload {
+            Payload::Msg(_) => "notification",
+            Payload::Signals(_) => "signal",
+        };
+        self.outer.complete_piece(Err(IoError::bad_state(format!("{what} to engine {:?} not sent: {why}", self.peer.key))));
     }
 }
 
@@ -211,12 +280,7 @@ impl IoEngine {
                 "engine {remote_key:?} is not registered here; call register_remote_engine with its descriptor"
             )));
         };
-        let outer = TransferStatus::new(1);
-        let job = Job { peer, msg: msg.to_vec(), after: None, outer: outer.clone() };
-        if self.inner.notif_tx.send(job).is_err() {
-            return TransferStatus::failed(IoError::bad_state("the engine's notification thread has ended"));
-        }
-        outer
+        self.inner.deliver_alone(peer, Payload::Msg(msg.to_vec()))
     }
 
     /// Takes every notification received since the last call: per sending engine's key, its
@@ -232,5 +296,57 @@ impl IoEngine {
             .notifs
             .wait_next(timeout)
             .ok_or_else(|| IoError::timeout(format!("no notification arrived within {:.3} s", timeout.as_secs_f64())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack;
+
+    #[test]
+    fn a_kind_keeps_its_order_and_a_full_group_is_not_reopened() {
+        // Peer "a" with a limit of 10: 9 fills the first group, 5 opens a second, and 1 (which
+        // would still fit the first) goes to the second, behind 5, not ahead of it.
+        let keys = ["a", "a", "b", "a", "a", "b"];
+        let weights = [9, 5, 3, 1, 20, 8];
+        let g = pack(&keys, &weights, |k| if *k == "a" { 10 } else { 100 });
+        assert_eq!(g, vec![vec![0], vec![1, 3], vec![2, 5], vec![4]], "20 is over the limit: alone");
+        assert!(pack::<&str>(&[], &[], |_| 1).is_empty());
+    }
+
+    #[test]
+    fn packs_bursts_within_limits_in_order() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..500 {
+            let n = next(200) as usize;
+            let keys: Vec<(u64, bool)> = (0..n).map(|_| (next(3), next(2) == 0)).collect();
+            let weights: Vec<usize> = (0..n).map(|_| next(40) as usize).collect();
+            let limit = |k: &(u64, bool)| if k.1 { 50 } else { 64 };
+            let groups = pack(&keys, &weights, limit);
+            let mut seen = vec![false; n];
+            let mut last_of: std::collections::HashMap<(u64, bool), (usize, usize)> = Default::default();
+            for g in &groups {
+                let k = keys[g[0]];
+                let w: usize = g.iter().map(|&i| weights[i]).sum();
+                assert!(g.len() == 1 || w <= limit(&k), "group {g:?} weighs {w}");
+                assert!(g.windows(2).all(|p| p[0] < p[1]), "in order within a group");
+                if let Some(&(last, last_w)) = last_of.get(&k) {
+                    assert!(last < g[0], "a later group of a kind holds only later items");
+                    assert!(last_w + weights[g[0]] > limit(&k), "a group opened only when the last one was full");
+                }
+                for &i in g {
+                    assert_eq!(keys[i], k, "one kind per group");
+                    assert!(!std::mem::replace(&mut seen[i], true), "item {i} packed twice");
+                }
+                last_of.insert(k, (*g.last().unwrap(), w));
+            }
+            assert!(seen.iter().all(|&s| s), "every item packed");
+        }
     }
 }

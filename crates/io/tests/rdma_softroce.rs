@@ -285,3 +285,27 @@ fn two_live_engines_under_one_key_never_mix_rdma() {
 fn duplicate_in_flight_id_is_refused_rdma() {
     duplicate_in_flight_id_is_refused(&rdma(2));
 }
+
+/// 10 000 signalled writes over 8 QPs (entries apart, cut in 4 KiB chunks: a batch's work
+/// requests go round-robin over the QPs), each counter checked by a thread on the target.
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn signalled_writes_rdma_8_qps() {
+    let cfg = || BackendConfig::Rdma(RdmaConfig { qps_per_transfer: 8, chunk_bytes: 4096, ..RdmaConfig::from_env().unwrap() });
+    let n = 10_000;
+    let (c, took) = signalled_writes(&cfg, n, 512, std::time::Duration::from_secs(600));
+    println!(
+        "rdma, 8 QPs: {n} signalled writes in {:.3} s ({:.0} per s); checker verified {} ({} while writes were still being posted), {} mismatches",
+        took.as_secs_f64(),
+        n as f64 / took.as_secs_f64(),
+        c.verified,
+        c.verified_while_writing,
+        c.mismatches
+    );
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run by cargo xtask test inside the SoftRoCE guest"]
+fn signal_errors_rdma() {
+    signal_errors(&rdma(8), &["remote access error"]);
+}

@@ -1,16 +1,18 @@
 //! The conformance cases every backend must pass (DESIGN.md: "Every backend passes one
-//! conformance test suite"): data movement, batches, notifications, bounds, argument errors,
-//! deregistration. Each test file calls them with its backend's configuration.
+//! conformance test suite"): data movement, batches, notifications, signalled writes, bounds,
+//! argument errors, deregistration. Each test file calls them with its backend's configuration.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use mori_io::{BackendConfig, EngineConfig, ErrorCode, IoEngine, MemLoc, MemoryDesc};
 use std::time::Duration;
 
 mod notif;
 mod paged;
+mod signal;
 pub use notif::*;
 pub use paged::*;
+pub use signal::*;
 
 pub const T: Duration = Duration::from_secs(30);
 
