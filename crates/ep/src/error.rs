@@ -227,4 +227,65 @@ pub enum EpError {
         /// What was wrong.
         detail: String,
     },
+    /// The host executor could not set up or use a resource (shared memory, the bootstrap,
+    /// a MORI-IO engine).
+    #[error("host executor: {what}: {detail}")]
+    Host {
+        /// What failed (the call and the object).
+        what: String,
+        /// The underlying error.
+        detail: String,
+    },
+    /// A rank's phase did not complete within its deadline.
+    #[error(
+        "rank {rank}: {phase} not complete after {waited_ms} ms; still waiting for {waiting} (from ranks {writers:?}: are they alive?)"
+    )]
+    Timeout {
+        /// The waiting rank.
+        rank: usize,
+        /// `"dispatch"` or `"combine"`.
+        phase: &'static str,
+        /// The deadline, ms.
+        waited_ms: u64,
+        /// The segments still missing.
+        waiting: String,
+        /// The ranks that write them.
+        writers: Vec<usize>,
+    },
+    /// An inter-node write of a rank to a peer failed.
+    #[error("rank {rank}: inter-node write to rank {peer} failed: {detail}")]
+    Transport {
+        /// The writing rank.
+        rank: usize,
+        /// The destination rank (`usize::MAX` when unknown).
+        peer: usize,
+        /// The transport's error.
+        detail: String,
+    },
+    /// Two processes of one job run different configurations.
+    #[error("rank {rank} has {field} = {mine} but rank {peer} has {field} = {theirs}: every rank must use the same configuration")]
+    PeerMismatch {
+        /// A rank of this process.
+        rank: usize,
+        /// The differing field.
+        field: String,
+        /// This process's value.
+        mine: String,
+        /// The peer rank.
+        peer: usize,
+        /// The peer's value.
+        theirs: String,
+    },
+    /// Another rank of the job gave up (a failed write, a missed deadline) and told this one.
+    #[error("rank {rank}: {phase} aborted: rank {failed} failed or stopped answering (reported by rank {reporter})")]
+    PeerFailed {
+        /// This rank.
+        rank: usize,
+        /// `"dispatch"` or `"combine"`.
+        phase: &'static str,
+        /// The rank found failed.
+        failed: usize,
+        /// The rank that found it.
+        reporter: usize,
+    },
 }

@@ -19,6 +19,9 @@
 //! - [`routing`]: DeepEP-style random routing (`|randn| + 1`, grouped top-k) for tests and
 //!   benches.
 //!
+//! - [`internode`]: the inter-node protocol (V1, V1-LL, AsyncLL) as a sans-IO core, and
+//!   [`host`]: its host executor (shared memory within a node, MORI-IO signalled writes through
+//!   a proxy thread per rank between nodes).
 //! - [`gpu`]: the intranode kernels' host side ([`gpu::IntranodeEp`]) over a `mori-shmem`
 //!   symmetric heap: one process per GPU or several ranks sharing a GPU.
 //!
@@ -60,6 +63,7 @@ mod error;
 mod fp8;
 pub mod gpu;
 mod gpu_args;
+pub mod host;
 pub mod internode;
 mod layout;
 mod order;

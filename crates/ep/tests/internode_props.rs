@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{config, inputs, Mode};
+use common::{bits, config, expert_out, fractional, inputs, Mode};
 use mori_ep::internode::{CombineRank, DispatchRank, Outbox, Proto, Scheme, Seg, SignalOp, Window};
 use mori_ep::routing::SplitMix64;
 use mori_ep::*;
@@ -88,11 +88,7 @@ fn case(geo: (usize, usize), k: usize, scales: bool, mode: Mode, seed: u64) -> C
     let mut inp = inputs(&cfg, &tokens, mode, &mut rng);
     // Fractional values: f32 sums depend on their order, so the order is checked too.
     for i in &mut inp {
-        i.x = Tensor2::from_fn(i.x.rows(), 16, |_, _| {
-            let m = rng.below(1 << 16) as f32 / 65536.0 - 0.5;
-            bf16::from_f32(m * (2f32).powi(rng.below(61) as i32 - 30))
-        })
-        .unwrap();
+        i.x = fractional(i.x.rows(), 16, &mut rng);
     }
     if scales {
         for i in &mut inp {
@@ -180,18 +176,6 @@ fn reference(cfg: &EpConfig, scheme: Scheme, inp: &[RankInput<bf16, i64>], weigh
     };
     let c = combine::<bf16, f32, i64>(cfg, &d.handle, &xs, weighted.then_some(&ws[..]), &idx, opts).unwrap();
     (d, c)
-}
-
-/// Rank `r`'s expert output for its received rows: each value times
-/// `(1 + 0.37 r) 2^(20 - 9 r mod 40)` (bf16), so a token's contributions differ in magnitude
-/// between ranks and their f32 sum rounds differently in different orders.
-fn expert_out(r: usize, x: &Tensor2<bf16>) -> Tensor2<bf16> {
-    let c = (1.0 + 0.37 * r as f32) * 2f32.powi(20 - (9 * r % 40) as i32);
-    x.map(|v| bf16::from_f32(v.to_f32() * c))
-}
-
-fn bits(t: &Tensor2<f32>) -> Vec<u32> {
-    t.as_slice().iter().map(|v| v.to_bits()).collect()
 }
 
 proptest! {

@@ -79,3 +79,26 @@ pub fn config(world: usize, gpn: usize, epr: usize, k: usize, hidden: usize, max
     cfg.validate().unwrap();
     cfg
 }
+
+/// `[rows, cols]` bf16 with fractional values of magnitudes 2^-30..2^30 (their f32 sums
+/// depend on the summation order).
+pub fn fractional(rows: usize, cols: usize, rng: &mut SplitMix64) -> Tensor2<bf16> {
+    Tensor2::from_fn(rows, cols, |_, _| {
+        let m = rng.below(1 << 16) as f32 / 65536.0 - 0.5;
+        bf16::from_f32(m * (2f32).powi(rng.below(61) as i32 - 30))
+    })
+    .unwrap()
+}
+
+/// Rank `r`'s expert output for its received rows: each value times
+/// `(1 + 0.37 r) 2^(20 - 9 r mod 40)` (bf16), so a token's contributions differ in magnitude
+/// between ranks and their f32 sum rounds differently in different orders.
+pub fn expert_out(r: usize, x: &Tensor2<bf16>) -> Tensor2<bf16> {
+    let c = (1.0 + 0.37 * r as f32) * 2f32.powi(20 - (9 * r % 40) as i32);
+    x.map(|v| bf16::from_f32(v.to_f32() * c))
+}
+
+/// f32 values as bits (bit-exact comparison, NaN and -0 included).
+pub fn bits(t: &Tensor2<f32>) -> Vec<u32> {
+    t.as_slice().iter().map(|v| v.to_bits()).collect()
+}

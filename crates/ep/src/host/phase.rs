@@ -1,0 +1,260 @@
+//! Running a phase: issue each local rank's puts (shared memory inside the node, the proxy
+//! across nodes), poll until every local rank is complete or the deadline passes, flush the
+//! proxies, decode, and zero the counters the phase consumed.
+
+use super::proxy::Cmd;
+use super::HostEp;
+use crate::accounting::{rdma_algo_token_count, rdma_cross_node_token_count};
+use crate::combine::{CombineOptions, Combined, Weighting};
+use crate::dispatch::{RankInput, RankRecv};
+use crate::dtype::{CombineOut, Element, TopkIndex};
+use crate::error::{EpError, EpResult};
+use crate::internode::{CombineRank, DispatchRank, Outbox, Proto, Seg, Window};
+use crate::layout::OutOfRange;
+use crate::tensor::Tensor2;
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+/// One rank's side of a phase, as the driver sees it.
+trait Phase {
+    fn poll(&mut self, proto: &Proto, win: &dyn Window) -> EpResult<Outbox>;
+    fn is_complete(&self, proto: &Proto, win: &dyn Window) -> EpResult<bool>;
+    fn pending(&self, proto: &Proto, win: &dyn Window) -> Vec<(Seg, usize)>;
+}
+
+impl Phase for DispatchRank {
+    fn poll(&mut self, proto: &Proto, win: &dyn Window) -> EpResult<Outbox> {
+        DispatchRank::poll(self, proto, win)
+    }
+    fn is_complete(&self, proto: &Proto, win: &dyn Window) -> EpResult<bool> {
+        DispatchRank::is_complete(self, proto, win)
+    }
+    fn pending(&self, proto: &Proto, win: &dyn Window) -> Vec<(Seg, usize)> {
+        DispatchRank::pending(self, proto, win)
+    }
+}
+
+struct CombinePhase<X>(CombineRank, PhantomData<X>);
+
+impl<X: Element> Phase for CombinePhase<X> {
+    fn poll(&mut self, proto: &Proto, win: &dyn Window) -> EpResult<Outbox> {
+        self.0.poll::<X>(proto, win)
+    }
+    fn is_complete(&self, proto: &Proto, win: &dyn Window) -> EpResult<bool> {
+        self.0.is_complete(proto, win)
+    }
+    fn pending(&self, proto: &Proto, win: &dyn Window) -> Vec<(Seg, usize)> {
+        self.0.pending(proto, win)
+    }
+}
+
+/// What a phase measured per local rank: µs until complete, proxy bytes and busy µs.
+struct PhaseTimes {
+    done_us: Vec<f64>,
+    inter_bytes: Vec<u64>,
+    inter_us: Vec<f64>,
+}
+
+impl HostEp {
+    /// Dispatches one input per local rank (`inputs[i]` is rank `local_ranks().start + i`'s:
+    /// `[T, H]` x, `[T, K]` f32 weights, optional `[T, scale_dim]` f32 scales, `[T, K]` ids) and
+    /// returns what each local rank received, in the reference's order (origin rank, then token,
+    /// ascending). Every process calls it in the same round.
+    ///
+    /// Errors: `RankCount` for a wrong number of inputs; [`DispatchRank::start`]'s input errors
+    /// (`TooManyTokens`, `Shape`, `ExpertOutOfRange`, ...); `SegmentOverflow` / `Protocol` from a
+    /// peer's writes; `Timeout` naming the segments and ranks still missing at the deadline;
+    /// `Transport` naming the peer a write to failed.
+    pub fn dispatch<X: Element, I: TopkIndex>(&mut self, inputs: &[RankInput<X, I>]) -> EpResult<Vec<RankRecv<X, I>>> {
+        if inputs.len() != self.local.len() {
+            return Err(EpError::RankCount { input: "host dispatch inputs", expected: self.local.len(), got: inputs.len() });
+        }
+        self.usable()?;
+        let t0 = Instant::now();
+        self.staged.fill(0);
+        let cfg = self.proto.config().clone();
+        let nodes = self.proto.topology().num_nodes();
+        let mut ranks = Vec::with_capacity(inputs.len());
+        for (li, input) in inputs.iter().enumerate() {
+            let r = self.local.start + li;
+            let (st, out) = DispatchRank::start(&self.proto, r, input)?;
+            let ex = cfg.experts_per_rank * cfg.world_size;
+            let node = self.proto.topology().node_of_rank(r);
+            self.stats[li].rdma_algo_tokens = rdma_algo_token_count(&input.indices, ex, nodes, OutOfRange::default())?;
+            self.stats[li].rdma_physical_tokens = rdma_cross_node_token_count(&input.indices, ex, nodes, node, OutOfRange::default())?;
+            ranks.push(st);
+            self.issue(li, &out)?;
+        }
+        let times = self.drive("dispatch", t0, &mut ranks).map_err(|e| self.fail(e))?;
+        let mut recv = Vec::with_capacity(ranks.len());
+        for (li, st) in ranks.into_iter().enumerate() {
+            let r = self.local.start + li;
+            let win = self.win(r)?;
+            let (rr, cs) = st.finish::<X, I>(&self.proto, win)?;
+            win.zero(self.proto.layout().dispatch_counters());
+            self.states[li] = Some(cs);
+            let s = &mut self.stats[li];
+            s.recv_tokens = rr.num_recv() as u64;
+            s.dispatch_us = times.done_us[li];
+            s.inter_bytes = times.inter_bytes[li];
+            s.inter_dispatch_us = times.inter_us[li];
+            recv.push(rr);
+        }
+        Ok(recv)
+    }
+
+    /// Combines the local ranks' processed rows (`xs[i]` `[N_i, H]` in rank i's received order,
+    /// optional `weights[i]` `[N_i, K]` f32) back to their sources; returns each local rank's
+    /// `[T, H]` output (and `[T, K]` weight sums with weights), summed in the scheme's order.
+    ///
+    /// Errors: `BadState`-like `Host` when no dispatch preceded it; `RankCount`; `Shape`;
+    /// `WeightsRequired`; and the peer errors of [`HostEp::dispatch`].
+    pub fn combine<X: Element, O: CombineOut>(
+        &mut self,
+        xs: &[Tensor2<X>],
+        weights: Option<&[Tensor2<f32>]>,
+        weighting: Weighting,
+    ) -> EpResult<Vec<Combined<O>>> {
+        let n = self.local.len();
+        self.usable()?;
+        if xs.len() != n {
+            return Err(EpError::RankCount { input: "host combine x", expected: n, got: xs.len() });
+        }
+        if let Some(w) = weights {
+            if w.len() != n {
+                return Err(EpError::RankCount { input: "host combine weights", expected: n, got: w.len() });
+            }
+        }
+        let t0 = Instant::now();
+        self.staged.fill(0);
+        let opts = CombineOptions { weighting, out_of_range: OutOfRange::default(), order: self.proto.scheme().sum_order() };
+        let mut ranks = Vec::with_capacity(n);
+        for (li, x) in xs.iter().enumerate() {
+            let st = self.states[li].take().ok_or_else(|| EpError::Host {
+                what: format!("combine on rank {}", self.local.start + li),
+                detail: "no dispatch preceded it (each combine follows one dispatch)".into(),
+            })?;
+            let (cr, out) = CombineRank::start(&self.proto, st, x, weights.map(|w| &w[li]), opts)?;
+            ranks.push(CombinePhase::<X>(cr, PhantomData));
+            self.issue(li, &out)?;
+        }
+        let times = self.drive("combine", t0, &mut ranks).map_err(|e| self.fail(e))?;
+        let mut outs = Vec::with_capacity(n);
+        for (li, st) in ranks.into_iter().enumerate() {
+            let win = self.win(self.local.start + li)?;
+            let c = st.0.finish::<X, O>(&self.proto, win)?;
+            win.zero(self.proto.layout().combine_counters());
+            self.stats[li].combine_us = times.done_us[li];
+            outs.push(c);
+        }
+        Ok(outs)
+    }
+
+    fn issue(&mut self, li: usize, out: &Outbox) -> EpResult<()> {
+        let me = self.local.start + li;
+        let area = self.proto.layout().outbox();
+        for p in &out.puts {
+            let bytes = out.bytes.get(p.src.clone()).unwrap_or(&[]);
+            if self.proto.same_node(p.dst, me) {
+                let w = self.win(p.dst)?;
+                w.write(p.offset, bytes)?;
+                w.signal(p.counter, p.signal)?;
+                continue;
+            }
+            let at = area.start + self.staged[li];
+            if at + bytes.len() > area.end {
+                return Err(EpError::Host {
+                    what: format!("rank {me}'s outbox area"),
+                    detail: format!("{} staged bytes exceed its {} bytes", self.staged[li] + bytes.len(), area.len()),
+                });
+            }
+            self.win(me)?.write(at, bytes)?;
+            self.staged[li] += bytes.len().next_multiple_of(8);
+            let cmd = Cmd {
+                dst: p.dst as u32,
+                local_off: at as u64,
+                remote_off: p.offset as u64,
+                len: bytes.len() as u64,
+                counter: p.counter as u64,
+                op: p.signal,
+            };
+            let proxy = self
+                .proxies
+                .get(li)
+                .ok_or_else(|| EpError::Host { what: format!("rank {me}'s proxy"), detail: "none (one-node job)".into() })?;
+            proxy.put(cmd, self.opts.deadline).map_err(|detail| EpError::Transport { rank: me, peer: p.dst, detail })?;
+        }
+        Ok(())
+    }
+
+    /// Polls every local rank until all are complete; then flushes the proxies.
+    fn drive<P: Phase>(&mut self, phase: &'static str, t0: Instant, ranks: &mut [P]) -> EpResult<PhaseTimes> {
+        let n = ranks.len();
+        let deadline = t0 + self.opts.deadline;
+        let mut done_us = vec![f64::NAN; n];
+        let mut idle = 0u32;
+        loop {
+            let mut all = true;
+            for (li, st) in ranks.iter_mut().enumerate() {
+                if !done_us[li].is_nan() {
+                    continue;
+                }
+                let win = self
+                    .wins
+                    .get(&(self.local.start + li))
+                    .ok_or_else(|| EpError::Host { what: "window".into(), detail: "unmapped".into() })?;
+                let out = st.poll(&self.proto, win)?;
+                if !out.puts.is_empty() {
+                    idle = 0;
+                    self.issue(li, &out)?;
+                }
+                let win = self.win(self.local.start + li)?;
+                if st.is_complete(&self.proto, win)? {
+                    done_us[li] = t0.elapsed().as_secs_f64() * 1e6;
+                } else {
+                    all = false;
+                }
+            }
+            if all {
+                break;
+            }
+            self.check_abort(phase)?;
+            for (li, p) in self.proxies.iter().enumerate() {
+                if let Some((peer, detail)) = p.failure() {
+                    return Err(EpError::Transport { rank: self.local.start + li, peer, detail });
+                }
+            }
+            if Instant::now() > deadline {
+                let li = done_us.iter().position(|d| d.is_nan()).unwrap_or(0);
+                let r = self.local.start + li;
+                let pend = ranks[li].pending(&self.proto, self.win(r)?);
+                let mut writers: Vec<usize> = pend.iter().map(|(_, w)| *w).collect();
+                writers.sort_unstable();
+                writers.dedup();
+                let waiting = pend.iter().take(6).map(|(s, w)| format!("{s} (written by rank {w})")).collect::<Vec<_>>().join(", ")
+                    + if pend.len() > 6 { ", ..." } else { "" };
+                return Err(EpError::Timeout { rank: r, phase, waited_ms: self.opts.deadline.as_millis() as u64, waiting, writers });
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else if idle < 256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+        let mut inter_bytes = vec![0; n];
+        let mut inter_us = vec![0.0; n];
+        for (li, p) in self.proxies.iter().enumerate() {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+            let rep = p.flush(left);
+            if let Some((peer, detail)) = rep.error {
+                return Err(EpError::Transport { rank: self.local.start + li, peer, detail });
+            }
+            inter_bytes[li] = rep.bytes;
+            inter_us[li] = rep.busy.as_secs_f64() * 1e6;
+        }
+        Ok(PhaseTimes { done_us, inter_bytes, inter_us })
+    }
+}

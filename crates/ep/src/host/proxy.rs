@@ -1,0 +1,246 @@
+//! The proxy: one thread per rank that carries out the rank's inter-node puts as MORI-IO
+//! signalled writes (the bytes from the rank's outbox area to the peer's window, then the
+//! counter operation, applied by the peer only after the bytes are visible there).
+//!
+//! Producers hand it fixed-size commands ([`Cmd`]) through a bounded channel (the command
+//! ring); it posts each without waiting, keeps the statuses, and reports the first failure
+//! naming the destination rank. A flush waits, with a deadline, for every posted write.
+//! For tests it can delay every command by a random time and shuffle each burst of commands
+//! ([`super::ProxyInjection`]); the protocol must give the same results.
+
+use super::ProxyInjection;
+use crate::internode::SignalOp;
+use crate::routing::SplitMix64;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use mori_io::{IoEngine, MemoryDesc, RegionBatch, Signal, TransferStatus};
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Commands the ring holds (a full ring blocks the producer until the proxy took one).
+pub(crate) const RING_SLOTS: usize = 4096;
+
+/// One inter-node put: `len` bytes at `local_off` of the rank's window to `remote_off` of rank
+/// `dst`'s window, then `op` on the u64 at `counter` there. `len = 0`: the signal alone.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cmd {
+    pub dst: u32,
+    pub local_off: u64,
+    pub remote_off: u64,
+    pub len: u64,
+    pub counter: u64,
+    pub op: SignalOp,
+}
+
+/// What a flush reports: the bytes written since the previous flush, the time from the first
+/// post to the last completion, or the first failure (destination rank, message).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FlushReport {
+    pub bytes: u64,
+    pub busy: Duration,
+    pub error: Option<(usize, String)>,
+}
+
+enum Msg {
+    Put(Cmd),
+    Flush(Duration, Sender<FlushReport>),
+}
+
+/// The handle the rank's driver holds.
+pub(crate) struct Proxy {
+    tx: Option<Sender<Msg>>,
+    failed: Arc<Mutex<Option<(usize, String)>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct State {
+    engine: Arc<IoEngine>,
+    local: MemoryDesc,
+    peers: Vec<Option<MemoryDesc>>,
+    inject: Option<(ProxyInjection, SplitMix64)>,
+    inflight: Vec<(usize, u64, TransferStatus)>,
+    failed: Arc<Mutex<Option<(usize, String)>>>,
+    bytes: u64,
+    first: Option<Instant>,
+    last: Option<Instant>,
+}
+
+impl Proxy {
+    /// Starts the proxy of a rank whose window is `local` in `engine`; `peers[r]` is rank `r`'s
+    /// window (for ranks on other nodes).
+    pub(crate) fn start(
+        rank: usize,
+        engine: Arc<IoEngine>,
+        local: MemoryDesc,
+        peers: Vec<Option<MemoryDesc>>,
+        inject: Option<ProxyInjection>,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = crossbeam_channel::bounded(RING_SLOTS);
+        let failed = Arc::new(Mutex::new(None));
+        let inject = inject.map(|i| (i, SplitMix64::new(i.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))));
+        let mut st =
+            State { engine, local, peers, inject, inflight: Vec::new(), failed: failed.clone(), bytes: 0, first: None, last: None };
+        let thread = std::thread::Builder::new().name(format!("mori-ep-proxy-{rank}")).spawn(move || st.run(&rx))?;
+        Ok(Self { tx: Some(tx), failed, thread: Some(thread) })
+    }
+
+    /// Queues a put, waiting up to `timeout` for a free slot. Errors with a message when the
+    /// ring stayed full or the proxy ended.
+    pub(crate) fn put(&self, cmd: Cmd, timeout: Duration) -> Result<(), String> {
+        let tx = self.tx.as_ref().ok_or("the proxy was stopped")?;
+        tx.send_timeout(Msg::Put(cmd), timeout).map_err(|e| match e {
+            crossbeam_channel::SendTimeoutError::Timeout(_) => {
+                format!("the proxy's command ring stayed full ({RING_SLOTS} slots) for {timeout:?}")
+            }
+            crossbeam_channel::SendTimeoutError::Disconnected(_) => "the proxy thread ended".to_string(),
+        })
+    }
+
+    /// The first failure seen so far (destination rank, message), without waiting.
+    pub(crate) fn failure(&self) -> Option<(usize, String)> {
+        self.failed.lock().clone()
+    }
+
+    /// Waits until every put queued before it completed, up to `timeout`.
+    pub(crate) fn flush(&self, timeout: Duration) -> FlushReport {
+        let fail = |m: &str| FlushReport { error: Some((usize::MAX, m.to_string())), ..FlushReport::default() };
+        let Some(tx) = self.tx.as_ref() else { return fail("the proxy was stopped") };
+        let (rtx, rrx) = crossbeam_channel::bounded(1);
+        if tx.send_timeout(Msg::Flush(timeout, rtx), timeout).is_err() {
+            return fail("the proxy did not take the flush (ring full or thread ended)");
+        }
+        rrx.recv_timeout(timeout + Duration::from_secs(1)).unwrap_or_else(|_| fail("the proxy did not answer the flush in time"))
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl State {
+    fn run(&mut self, rx: &Receiver<Msg>) {
+        loop {
+            let first = match rx.recv_timeout(Duration::from_millis(1)) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.reap();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            // A burst: everything queued now, up to a flush (which stays last).
+            let mut burst = vec![first];
+            while !matches!(burst.last(), Some(Msg::Flush(..))) && burst.len() < RING_SLOTS {
+                match rx.try_recv() {
+                    Ok(m) => burst.push(m),
+                    Err(_) => break,
+                }
+            }
+            let flush = match burst.last() {
+                Some(Msg::Flush(..)) => burst.pop(),
+                _ => None,
+            };
+            let mut cmds: Vec<Cmd> = burst.into_iter().filter_map(|m| if let Msg::Put(c) = m { Some(c) } else { None }).collect();
+            if let Some((inj, rng)) = &mut self.inject {
+                if inj.reorder {
+                    for i in (1..cmds.len()).rev() {
+                        cmds.swap(i, rng.below(i as u64 + 1) as usize);
+                    }
+                }
+            }
+            for c in cmds {
+                if let Some((inj, rng)) = &mut self.inject {
+                    let us = inj.max_delay.as_micros() as u64;
+                    if us > 0 {
+                        std::thread::sleep(Duration::from_micros(rng.below(us + 1)));
+                    }
+                }
+                self.post(c);
+            }
+            self.reap();
+            if let Some(Msg::Flush(timeout, reply)) = flush {
+                let _ = reply.send(self.flush(timeout));
+            }
+        }
+    }
+
+    fn post(&mut self, c: Cmd) {
+        let dst = c.dst as usize;
+        let Some(remote) = self.peers.get(dst).cloned().flatten() else {
+            self.fail(dst, format!("rank {dst} has no window registered with this rank's engine (it is on this node, or out of range)"));
+            return;
+        };
+        let op = match c.op {
+            SignalOp::Add(v) => mori_io::SignalOp::Add(v),
+            SignalOp::Set(v) => mori_io::SignalOp::Set(v),
+        };
+        let sig = [Signal { remote: remote.clone(), offset: c.counter, op }];
+        let st = if c.len == 0 {
+            self.engine.signal(&sig)
+        } else {
+            let b = RegionBatch {
+                local: &self.local,
+                local_offs: &[c.local_off],
+                remote: &remote,
+                remote_offs: &[c.remote_off],
+                sizes: &[c.len],
+                id: self.engine.allocate_transfer_uid(),
+            };
+            self.engine.post_signalled(&b, &sig)
+        };
+        self.first.get_or_insert_with(Instant::now);
+        self.inflight.push((dst, c.len, st));
+    }
+
+    fn fail(&mut self, dst: usize, msg: String) {
+        let mut f = self.failed.lock();
+        if f.is_none() {
+            *f = Some((dst, msg));
+        }
+    }
+
+    /// Drops the completed statuses, recording the first failure.
+    fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.inflight.len() {
+            match self.inflight[i].2.poll() {
+                None => i += 1,
+                Some(r) => {
+                    let (dst, len, _) = self.inflight.swap_remove(i);
+                    self.done(dst, len, r);
+                }
+            }
+        }
+    }
+
+    fn done(&mut self, dst: usize, len: u64, r: Result<(), mori_io::IoError>) {
+        match r {
+            Ok(()) => {
+                self.bytes += len;
+                self.last = Some(Instant::now());
+            }
+            Err(e) => self.fail(dst, format!("signalled write to rank {dst} failed: {e}")),
+        }
+    }
+
+    fn flush(&mut self, timeout: Duration) -> FlushReport {
+        let deadline = Instant::now() + timeout;
+        for (dst, len, st) in std::mem::take(&mut self.inflight) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let r = st.wait_for(left);
+            self.done(dst, len, r);
+        }
+        let busy = match (self.first.take(), self.last.take()) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        };
+        let rep = FlushReport { bytes: std::mem::take(&mut self.bytes), busy, error: self.failed.lock().clone() };
+        rep
+    }
+}

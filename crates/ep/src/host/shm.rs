@@ -1,0 +1,185 @@
+//! A rank's window in POSIX shared memory (`shm_open` + `mmap`): created by the process that
+//! hosts the rank, opened by the other processes of its node, unlinked by its creator once all
+//! of them opened it (the mapping lives on until the last process unmaps it).
+
+use crate::error::{EpError, EpResult};
+use crate::internode::{SignalOp, Window};
+use std::ffi::CString;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One mapped window of `len` bytes (a multiple of 8, page-aligned start).
+pub(crate) struct ShmWindow {
+    ptr: *mut u8,
+    len: usize,
+    name: String,
+    owner: bool,
+}
+
+// SAFETY: the mapping is plain shared memory; concurrent access goes through atomics (the
+// counters) or through byte ranges the protocol gives to one writer at a time.
+unsafe impl Send for ShmWindow {}
+unsafe impl Sync for ShmWindow {}
+
+fn os_err(what: &str, name: &str) -> EpError {
+    EpError::Host { what: format!("{what} of shared-memory window {name}"), detail: std::io::Error::last_os_error().to_string() }
+}
+
+impl ShmWindow {
+    /// Creates `/dev/shm{name}` of `len` bytes (zeroed) and maps it. Errors: `Host` naming the
+    /// call that failed (an existing name, no space in /dev/shm).
+    pub(crate) fn create(name: &str, len: usize) -> EpResult<Self> {
+        Self::map(name, len, true)
+    }
+
+    /// Maps the existing window `name`; errors when it is missing or not `len` bytes.
+    pub(crate) fn open(name: &str, len: usize) -> EpResult<Self> {
+        Self::map(name, len, false)
+    }
+
+    fn map(name: &str, len: usize, create: bool) -> EpResult<Self> {
+        let c = CString::new(name).map_err(|_| EpError::Host { what: format!("window name {name:?}"), detail: "contains NUL".into() })?;
+        let flags = if create { libc::O_CREAT | libc::O_EXCL | libc::O_RDWR } else { libc::O_RDWR };
+        // SAFETY: valid C string; the fd is closed below on every path.
+        let fd = unsafe { libc::shm_open(c.as_ptr(), flags, 0o600) };
+        if fd < 0 {
+            return Err(os_err(if create { "shm_open (create)" } else { "shm_open" }, name));
+        }
+        let close = |e: EpError| {
+            // SAFETY: fd is open.
+            unsafe { libc::close(fd) };
+            if create {
+                // SAFETY: valid C string.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+            e
+        };
+        let off_len = libc::off_t::try_from(len).map_err(|_| EpError::SizeOverflow { what: "window bytes", limit: "off_t" })?;
+        if create {
+            // SAFETY: fd is an open shm object.
+            if unsafe { libc::ftruncate(fd, off_len) } != 0 {
+                return Err(close(os_err("ftruncate", name)));
+            }
+        } else {
+            // SAFETY: zeroed stat is a valid out-parameter.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fd is open, st is writable.
+            if unsafe { libc::fstat(fd, &mut st) } != 0 {
+                return Err(close(os_err("fstat", name)));
+            }
+            if st.st_size != off_len {
+                return Err(close(EpError::Host {
+                    what: format!("shared-memory window {name}"),
+                    detail: format!(
+                        "is {} bytes, this configuration's window is {len} bytes (a peer runs another configuration)",
+                        st.st_size
+                    ),
+                }));
+            }
+        }
+        // SAFETY: mapping a shm object of at least len bytes, shared, read/write.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len.max(8), libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(close(os_err("mmap", name)));
+        }
+        // SAFETY: the mapping holds its own reference to the object.
+        unsafe { libc::close(fd) };
+        Ok(Self { ptr: p.cast(), len, name: name.to_string(), owner: create })
+    }
+
+    /// Removes the name (the creator does, once every process of the node mapped it).
+    pub(crate) fn unlink(&mut self) {
+        if self.owner {
+            if let Ok(c) = CString::new(self.name.as_str()) {
+                // SAFETY: valid C string.
+                unsafe { libc::shm_unlink(c.as_ptr()) };
+            }
+            self.owner = false;
+        }
+    }
+
+    /// First byte of the mapping.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn check(&self, r: &Range<usize>) -> EpResult<()> {
+        if r.start > r.end || r.end > self.len {
+            return Err(EpError::Host {
+                what: format!("shared-memory window {}", self.name),
+                detail: format!("bytes {}..{} lie outside its {} bytes", r.start, r.end, self.len),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes` to byte `off`. Errors when the range leaves the window.
+    pub(crate) fn write(&self, off: usize, bytes: &[u8]) -> EpResult<()> {
+        let end = off.checked_add(bytes.len()).ok_or(EpError::SizeOverflow { what: "window offset", limit: "usize" })?;
+        self.check(&(off..end))?;
+        // SAFETY: in bounds (checked); the protocol gives this range to one writer.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(off), bytes.len()) };
+        Ok(())
+    }
+
+    fn counter(&self, off: usize) -> Option<&AtomicU64> {
+        if !off.is_multiple_of(8) || off.checked_add(8).is_none_or(|e| e > self.len) {
+            return None;
+        }
+        // SAFETY: in bounds, 8-aligned (the mapping is page-aligned), shared memory that lives
+        // as long as self.
+        Some(unsafe { AtomicU64::from_ptr(self.ptr.add(off).cast()) })
+    }
+
+    /// Applies `op` to the counter at `off` with release ordering (after this thread's data).
+    pub(crate) fn signal(&self, off: usize, op: SignalOp) -> EpResult<()> {
+        let c = self.counter(off).ok_or_else(|| EpError::Host {
+            what: format!("shared-memory window {}", self.name),
+            detail: format!("counter at byte {off} is misaligned or outside its {} bytes", self.len),
+        })?;
+        match op {
+            SignalOp::Add(v) => {
+                c.fetch_add(v, Ordering::Release);
+            }
+            SignalOp::Set(v) => c.store(v, Ordering::Release),
+        }
+        Ok(())
+    }
+
+    /// Zeroes the counters in `range` (8-byte aligned).
+    pub(crate) fn zero(&self, range: Range<usize>) {
+        for off in range.step_by(8) {
+            if let Some(c) = self.counter(off) {
+                c.store(0, Ordering::Release);
+            }
+        }
+    }
+}
+
+impl Window for ShmWindow {
+    fn load(&self, off: usize) -> u64 {
+        self.counter(off).map_or(0, |c| c.load(Ordering::Acquire))
+    }
+
+    fn read(&self, off: usize, out: &mut [u8]) {
+        let end = off.saturating_add(out.len()).min(self.len);
+        let n = end.saturating_sub(off);
+        // SAFETY: off..off+n is inside the mapping; the range is covered by a complete counter,
+        // so no writer touches it now.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off.min(self.len)), out.as_mut_ptr(), n) };
+        out[n..].fill(0);
+    }
+}
+
+impl Drop for ShmWindow {
+    fn drop(&mut self) {
+        self.unlink();
+        // SAFETY: mapped in map() with this length.
+        unsafe { libc::munmap(self.ptr.cast(), self.len.max(8)) };
+    }
+}
