@@ -110,7 +110,8 @@ fn test(extra: &[String]) -> Result<(), String> {
 }
 
 /// Builds the RDMA test binaries and bench_engine on the host, then runs them in one guest:
-/// the conformance suite, the bench_engine sweeps, then the fault tests (peer killed, send
+/// the conformance suite, the bench_engine sweeps, MORI-EP's host implementation (2 nodes x 2
+/// ranks over rdma, checked against the reference), then the fault tests (peer killed, send
 /// queue full, remote region deregistered), last so that a failure there hides nothing else.
 fn softroce_suite() -> Result<(), String> {
     let json = util::cargo_stdout(&[
@@ -134,18 +135,23 @@ fn softroce_suite() -> Result<(), String> {
             .ok_or(format!("cargo did not report the {name} test executable"))
     };
     let (bin, faults) = (exe("rdma_softroce")?, exe("rdma_faults")?);
-    util::cargo(&["build", "-p", "mori-bench", "--bin", "bench_engine"])?;
+    util::cargo(&["build", "-p", "mori-bench", "--bin", "bench_engine", "--bin", "bench_dispatch_combine"])?;
     let bench = util::workspace_root().join("target/debug/bench_engine");
+    let ep = util::workspace_root().join("target/debug/bench_dispatch_combine");
+    let ep_run = "--device cpu --local --world-size 4 --num-nodes 2 --transport rdma --num-tokens 32 --hidden 512 --num-experts 32 --top-k 4 --iters 2 --warmup 1";
     let sweep = "--local --backend rdma --all --sweep-start 64 --sweep-max 262144 --transfer-batch-size 8 --iters 10 --warmup-iters 2 --log-level warning";
     let script = format!(
         "set -e; '{bin}' --ignored --test-threads=1; \
          echo 'bench_engine --backend rdma --op write'; '{b}' --op write {sweep}; \
          echo 'bench_engine --backend rdma --op read'; '{b}' --op read --enable-sess {sweep}; \
+         echo 'bench_dispatch_combine --device cpu, 2 nodes x 2 ranks over rdma (v1 fp8, async_ll bf16)'; \
+         '{e}' {ep_run} --kernel-type v1 --dtype fp8; '{e}' {ep_run} --kernel-type async_ll --dtype bf16 --zero-token-ranks 1 --none-rows-every 4; \
          echo 'rdma fault tests (child engine killed, send queue full, remote region deregistered)'; \
          '{faults}' --ignored --test-threads=1",
-        b = bench.display()
+        b = bench.display(),
+        e = ep.display()
     );
-    println!("xtask: RDMA suite, bench_engine --backend rdma sweeps and RDMA fault tests in the SoftRoCE guest");
+    println!("xtask: RDMA suite, bench_engine --backend rdma sweeps, MORI-EP's host implementation over rdma and RDMA fault tests in the SoftRoCE guest");
     let rc = softroce::run(&["bash".to_string(), "-c".to_string(), script])?;
     if rc == 0 {
         Ok(())

@@ -77,6 +77,7 @@ fn flags_of_the_other_device() {
     refused(&["--local"], &[], &["--local is a --device cpu flag"]);
     refused(&["--lanes", "2"], &[], &["--lanes is a --device cpu flag"]);
     refused(&["--device", "cpu", "--local", "--lanes", "0"], &[], &["--lanes 0"]);
+    refused(&["--device", "cpu", "--local", "--transport", "rdma", "--lanes", "2"], &[], &["--lanes with --transport rdma"]);
     refused(&["--device", "cpu", "--local", "--ranks-per-proc", "3"], &[], &["--ranks-per-proc 3 must divide --world-size 8"]);
     refused(&["--device", "cpu", "--local", "--inject-reorder"], &[], &["--inject-reorder needs --inject-delay-us"]);
 }

@@ -364,3 +364,73 @@ fn link_down_mid_transfer() {
     assert!(matches!(d1.code, Some(c) if c != 0), "rank 1: {}", d1.dump());
     assert!(took1 < Duration::from_secs(20), "rank 1 took {took1:?}, past its 15 s bootstrap deadline");
 }
+
+// ------------------------------------------------------------------------------------------
+// MORI-EP's host implementation across the two hosts.
+
+const EP_BIN: &str = env!("CARGO_BIN_EXE_bench_dispatch_combine");
+
+/// `bench_dispatch_combine --device cpu` launched as torchrun launches upstream's test: one
+/// process per rank with `RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`;
+/// host A holds node 0 (ranks 0, 1), host B node 1 (ranks 2, 3). Every process checks its
+/// ranks against the reference, and the inter-node bytes crossed the veth.
+#[test]
+#[ignore = "needs root and ip netns; run by cargo xtask test"]
+fn ep_two_nodes_on_two_hosts_torchrun_style() {
+    let h = Hosts::new();
+    for (i, kernel) in ["v1", "async_ll"].into_iter().enumerate() {
+        let before = h.counter(&h.b, &h.veth_b, "rx_bytes");
+        let port = (PORT + 2 + i as u16).to_string();
+        let procs: Vec<Proc> = (0..4)
+            .map(|rank| {
+                let (ns, ip) = if rank < 2 { (&h.a, IP_A) } else { (&h.b, IP_B) };
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, EP_BIN, "--device", "cpu", "--kernel-type", kernel, "--host", ip]).args([
+                    "--num-tokens",
+                    "64",
+                    "--hidden",
+                    "1024",
+                    "--num-experts",
+                    "32",
+                    "--top-k",
+                    "4",
+                    "--iters",
+                    "3",
+                    "--warmup",
+                    "1",
+                    "--timeout-ms",
+                    "20000",
+                ]);
+                for k in [
+                    "MORI_RANK",
+                    "MORI_WORLD_SIZE",
+                    "MORI_MASTER_ADDR",
+                    "MORI_MASTER_PORT",
+                    "MORI_SOCKET_IFNAME",
+                    "TORCHELASTIC_USE_AGENT_STORE",
+                ] {
+                    c.env_remove(k);
+                }
+                c.env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", "4")
+                    .env("LOCAL_WORLD_SIZE", "2")
+                    .env("MASTER_ADDR", IP_A)
+                    .env("MASTER_PORT", &port);
+                Proc::spawn(&format!("{kernel} rank {rank}"), c, Duration::from_secs(120))
+            })
+            .collect();
+        let done: Vec<Done> = procs.into_iter().map(Proc::wait).collect();
+        for d in &done {
+            assert_eq!(d.code, Some(0), "{kernel}: {}", d.dump());
+        }
+        let out = &done[0].stdout;
+        for p in 0..4 {
+            assert!(out.contains(&format!("check (process {p}): OK")), "{kernel}: process {p}: {}", done[0].dump());
+        }
+        assert!(out.contains("2 node(s) x 2 ranks"), "{out}");
+        assert!(out.contains("inter-node: MORI-IO tcp, 4 lanes per peer on 198.18.0.1"), "{out}");
+        // Ranks 0 and 1 send 64 tokens x 1 KiB+ rows to node 1 each round (4 rounds).
+        let crossed = h.counter(&h.b, &h.veth_b, "rx_bytes") - before;
+        assert!(crossed > 4 * 2 * 64 * 1024, "{kernel}: only {crossed} bytes reached host B");
+    }
+}

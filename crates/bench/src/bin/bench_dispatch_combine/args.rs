@@ -213,6 +213,16 @@ pub struct Args {
     /// (test) CPU: let injected delays reorder inter-node puts.
     #[arg(long = "inject-reorder", hide = true)]
     pub inject_reorder: bool,
+    /// CPU: these ranks dispatch no tokens (comma-separated ranks; a routing shape for tests).
+    #[arg(long = "zero-token-ranks", value_delimiter = ',')]
+    pub zero_token_ranks: Vec<usize>,
+    /// CPU: every N-th token of every rank routes nowhere (all top-k ids -1).
+    #[arg(long = "none-rows-every")]
+    pub none_rows_every: Option<usize>,
+    /// (test) CPU: the process hosting this rank kills itself (SIGKILL) as its second dispatch
+    /// begins, while the others are in theirs; they must fail naming it within --timeout-ms.
+    #[arg(long = "inject-kill-rank", hide = true)]
+    pub inject_kill_rank: Option<usize>,
     /// Timed iterations.
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
@@ -294,7 +304,12 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
             (a.transport.is_some(), "--transport"),
             (a.lanes.is_some(), "--lanes"),
             (a.host.is_some(), "--host"),
-            (a.inject_delay_us.is_some() || a.inject_reorder, "--inject-delay-us/--inject-reorder"),
+            (!a.zero_token_ranks.is_empty(), "--zero-token-ranks"),
+            (a.none_rows_every.is_some(), "--none-rows-every"),
+            (
+                a.inject_delay_us.is_some() || a.inject_reorder || a.inject_kill_rank.is_some(),
+                "--inject-delay-us/--inject-reorder/--inject-kill-rank",
+            ),
         ] {
             if given {
                 return Err(err(format!("{flag} is a --device cpu flag (the GPU path places ranks with --procs and --num-gpus)")));
@@ -305,8 +320,14 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     if rpp == 0 {
         return Err(err("--ranks-per-proc 0: every process hosts at least one rank"));
     }
+    if a.none_rows_every == Some(0) {
+        return Err(err("--none-rows-every 0: give N >= 1 (every N-th token routes nowhere)"));
+    }
     if a.lanes == Some(0) {
         return Err(err("--lanes 0: the inter-node leg needs at least one lane"));
+    }
+    if a.transport == Some(TransportArg::Rdma) && a.lanes.is_some() {
+        return Err(err("--lanes with --transport rdma: lanes are TCP connections (--transport tcp); RDMA uses the NIC's queue pairs"));
     }
     if a.inject_reorder && a.inject_delay_us.is_none() {
         return Err(err("--inject-reorder needs --inject-delay-us (the delays are what reorders the puts)"));
@@ -339,6 +360,9 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     let w = a.world_size;
     if w == 0 {
         return Err(err("--world-size 0: at least one rank"));
+    }
+    if let Some(&r) = a.zero_token_ranks.iter().find(|&&r| r >= w) {
+        return Err(err(format!("--zero-token-ranks {r}: not a rank of --world-size {w}")));
     }
     if cpu && !w.is_multiple_of(rpp) {
         return Err(err(format!("--ranks-per-proc {rpp} must divide --world-size {w}")));

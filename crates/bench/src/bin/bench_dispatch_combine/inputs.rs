@@ -13,7 +13,8 @@ pub struct Inputs {
     pub x_f32: Vec<Tensor2<f32>>,
 }
 
-/// Rank r's routing from seed `seed * 1_000_003 + r`, expert groups = the nodes of `cfg`.
+/// Rank r's routing from seed `seed * 1_000_003 + r`, expert groups = the nodes of `cfg`;
+/// `--zero-token-ranks` have no tokens, `--none-rows-every N` makes every N-th token route nowhere.
 pub fn gen_inputs(a: &Args, cfg: &EpConfig) -> AnyResult<Inputs> {
     let nodes = (cfg.world_size / cfg.gpus_per_node.max(1)).max(1);
     let mut idx = Vec::new();
@@ -21,10 +22,14 @@ pub fn gen_inputs(a: &Args, cfg: &EpConfig) -> AnyResult<Inputs> {
     let mut x_f32 = Vec::new();
     for r in 0..cfg.world_size {
         let mut rng = SplitMix64::new(a.seed.wrapping_mul(1_000_003).wrapping_add(r as u64));
-        let (i, w) = generate_routing(RoutingSpec::deepep(a.num_tokens, a.num_experts, a.top_k, nodes), &mut rng)?;
+        let t_n = if a.zero_token_ranks.contains(&r) { 0 } else { a.num_tokens };
+        let (mut i, w) = generate_routing(RoutingSpec::deepep(t_n, a.num_experts, a.top_k, nodes), &mut rng)?;
+        if let Some(n) = a.none_rows_every.filter(|&n| n > 0) {
+            i = Tensor2::from_fn(t_n, a.top_k, |t, k| if t % n == 0 { -1 } else { i.row(t).map_or(-1, |row| row[k]) })?;
+        }
         idx.push(i);
         weights.push(w);
-        x_f32.push(Tensor2::from_fn(a.num_tokens, a.hidden, |t, h| ((r * 131 + t * 7 + h) % 17) as f32 - 8.0)?);
+        x_f32.push(Tensor2::from_fn(t_n, a.hidden, |t, h| ((r * 131 + t * 7 + h) % 17) as f32 - 8.0)?);
     }
     Ok(Inputs { idx, weights, x_f32 })
 }

@@ -17,23 +17,19 @@
 //! = algo x (nodes-1)/nodes; GB = 1e9.
 
 mod args;
+mod cpu;
 mod gpu;
 mod gpu_check;
 mod inputs;
 
-use args::{err, AnyResult, Args, DeviceArg};
+use args::{AnyResult, Args, DeviceArg};
 use clap::Parser;
 use std::process::ExitCode;
 
 fn run(a: &Args) -> AnyResult<bool> {
     match a.device {
         DeviceArg::Gpu => gpu::run(a),
-        DeviceArg::Cpu => {
-            // Validate first, so that the flags' refusals read the same once the host
-            // implementation is wired in.
-            args::config(a)?;
-            Err(err("--device cpu is not wired into this build yet: the host implementation (mori_ep::host) has not landed"))
-        }
+        DeviceArg::Cpu => cpu::run(a),
     }
 }
 

@@ -1,0 +1,126 @@
+//! `bench_dispatch_combine --device cpu --local`: the host implementation as one process per
+//! rank (or several ranks per process) on loopback, checked bit for bit against the host
+//! reference by the bench itself; a killed rank is named by every other process in time.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn run(args: &[&str]) -> (i32, String, Duration) {
+    let t = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_bench_dispatch_combine"))
+        .args(["--device", "cpu", "--local", "--iters", "2", "--warmup", "1"])
+        .args(args)
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("MORI_RANK")
+        .env_remove("SLURM_PROCID")
+        .env_remove("OMPI_COMM_WORLD_RANK")
+        .output()
+        .expect("spawn bench_dispatch_combine");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text, t.elapsed())
+}
+
+/// The run succeeded, every process's check passed, and every rank printed its seed line.
+fn passes(args: &[&str], procs: usize, world: usize) -> String {
+    let (code, text, _) = run(args);
+    assert_eq!(code, 0, "{args:?}: {text}");
+    for p in 0..procs {
+        assert!(
+            text.contains(&format!(
+                "check (process {p}): OK (dispatch rows, weights, scales, indices, sources; combine output and weights; bit-exact)"
+            )),
+            "{args:?}: process {p}: {text}"
+        );
+    }
+    for r in 0..world {
+        assert!(text.contains(&format!("rank {r} recv ")), "{args:?}: rank {r}: {text}");
+    }
+    text
+}
+
+const SMALL: &[&str] = &["--num-tokens", "24", "--hidden", "256", "--num-experts", "32", "--top-k", "4"];
+
+fn with(extra: &[&'static str]) -> Vec<&'static str> {
+    SMALL.iter().chain(extra).copied().collect()
+}
+
+#[test]
+fn two_nodes_of_four_v1_fp8_one_process_per_rank() {
+    let t = passes(&with(&["--world-size", "8", "--num-nodes", "2", "--kernel-type", "v1", "--dtype", "fp8"]), 8, 8);
+    assert!(t.contains("mori_ep::host: V1, 2 node(s) x 4 ranks"), "{t}");
+    assert!(t.contains("inter-node: MORI-IO tcp, 4 lanes per peer"), "{t}");
+    // 24 tokens, top-4 over 2 nodes with DeepEP's grouped routing (2 groups): every token
+    // reaches both nodes, so each rank counts 48 algo RDMA tokens.
+    assert!(t.contains("rank 0 recv") && t.contains(" tokens 48 rdma tokens"), "{t}");
+}
+
+#[test]
+fn four_nodes_of_two_async_ll_two_ranks_per_process_zero_token_ranks_and_none_rows() {
+    passes(
+        &with(&[
+            "--world-size",
+            "8",
+            "--num-nodes",
+            "4",
+            "--ranks-per-proc",
+            "2",
+            "--kernel-type",
+            "async_ll",
+            "--dtype",
+            "bf16",
+            "--idx-type",
+            "i32",
+            "--weighted",
+            "--zero-token-ranks",
+            "1,6",
+            "--none-rows-every",
+            "3",
+            "--lanes",
+            "2",
+        ]),
+        4,
+        8,
+    );
+}
+
+#[test]
+fn v1_ll_with_proxy_delays_and_reordering() {
+    passes(
+        &with(&[
+            "--world-size",
+            "4",
+            "--num-nodes",
+            "2",
+            "--kernel-type",
+            "v1_ll",
+            "--dtype",
+            "fp8",
+            "--lanes",
+            "8",
+            "--inject-delay-us",
+            "400",
+            "--inject-reorder",
+            "--combine-dtype",
+            "f32",
+        ]),
+        4,
+        4,
+    );
+}
+
+#[test]
+fn a_killed_rank_is_named_by_every_other_process_within_the_deadline() {
+    let (code, text, took) =
+        run(&with(&["--world-size", "4", "--num-nodes", "2", "--kernel-type", "v1", "--inject-kill-rank", "2", "--timeout-ms", "3000"]));
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("exited with signal: 9 (SIGKILL)"), "{text}");
+    for p in [0, 1, 3] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("error: process {p} (ranks {p}..{})", p + 1)))
+            .unwrap_or_else(|| panic!("process {p}: {text}"));
+        assert!(line.contains("rank 2"), "process {p} does not name rank 2: {line}");
+    }
+    assert!(took < Duration::from_secs(10), "took {took:?}: {text}");
+}
