@@ -53,3 +53,27 @@ fn planned_writes_stripe_and_stay_apart() {
         plan.iter().map(|p| p.sizes.len()).sum::<usize>()
     );
 }
+
+/// The target closes an idle control connection; the next signal goes over a fresh one and is
+/// applied exactly once (a `Signal` request is never sent twice).
+#[test]
+fn a_signal_after_the_target_closed_the_idle_connection_applies_once() {
+    use mori_io::{EngineConfig, IoEngine, MemLoc, Signal, SignalOp};
+    let idle = EngineConfig { idle_timeout: Duration::from_millis(150), ..EngineConfig::new("127.0.0.1", 0).unwrap() };
+    let t = IoEngine::new("idle-target", idle).unwrap();
+    let a = IoEngine::new("idle-init", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+    t.create_backend(tcp8()).unwrap();
+    a.create_backend(tcp8()).unwrap();
+    a.register_remote_engine(t.desc().clone()).unwrap();
+    let ctr = AlignedBuf::new(64);
+    // SAFETY: `ctr` outlives the registration, removed before the end.
+    let mem = unsafe { t.register_memory(ctr.as_mut_ptr(), ctr.len(), MemLoc::Host { numa: None }) }.unwrap();
+    let add = || a.signal(&[Signal { remote: mem.clone(), offset: 8, op: SignalOp::Add(1) }]).wait_for(T);
+    for round in 1..=3u64 {
+        add().unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!(t.load_counter(&mem, 8).unwrap(), round);
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    assert_eq!(t.wait_counter(&mem, 8, 3, Duration::ZERO).unwrap(), 3);
+    t.deregister_memory(&mem).unwrap();
+}
