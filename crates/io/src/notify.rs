@@ -10,6 +10,10 @@
 //! them, packing a burst per peer into one request. A transfer that fails sends nothing; a
 //! message the target does not take (queue full, peer gone) fails the status with that error,
 //! saying the data landed.
+//!
+//! The same thread delivers the counter operations of signalled writes (`crate::signal`): a
+//! [`Job`] carries either payload, and a burst is packed per peer and kind ([`pack`]), each
+//! kind in the order it was queued.
 
 use crate::control::CtrlPool;
 use crate::engine::{EngineInner, IoEngine};
