@@ -27,6 +27,7 @@
 
 mod bare;
 mod compare;
+mod compare_ep;
 mod compare_rdma;
 mod embedder;
 mod fuzz;
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("compare-tcp") => compare::run(&args[1..]),
         Some("compare-rdma") => compare_rdma::run(&args[1..]),
+        Some("compare-ep-tcp") => compare_ep::run(&args[1..]),
         Some("softroce") => return softroce::main(&args[1..]),
         Some("soak") => soak::run(&args[1..]),
         Some("kernels") => kernels::run(&args[1..]),
@@ -56,7 +58,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::run(&args[1..]),
         Some("py") => python::main(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | softroce [--] CMD [ARGS...] | soak [--phase P] [--count N] [--time-limit-s S] [--quick] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check | py <test | install | wheel> [--release] | fuzz [--target NAME | --all] [--seconds N] [--jobs J] [--build-only --out DIR]>");
+            eprintln!("usage: cargo xtask <bench [ARGS] | test | compare-tcp [--secs N] | compare-rdma [--secs N] | compare-ep-tcp [--rounds N] [--lanes N] [--chunk-tokens N] | softroce [--] CMD [ARGS...] | soak [--phase P] [--count N] [--time-limit-s S] [--quick] | kernels [--check] | gpu-bundle | bare-machine --yes | embedder-check | py <test | install | wheel> [--release] | fuzz [--target NAME | --all] [--seconds N] [--jobs J] [--build-only --out DIR]>");
             return ExitCode::from(2);
         }
     };

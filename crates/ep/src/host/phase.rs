@@ -48,6 +48,16 @@ impl<X: Element> Phase for CombinePhase<X> {
     }
 }
 
+/// Idle waiting: spin, then yield, then sleep 10 µs doubling to 160 µs (the proxy and the
+/// transport's threads need the cores more than a poller does).
+fn backoff(idle: u32) {
+    match idle {
+        0..64 => std::hint::spin_loop(),
+        64..256 => std::thread::yield_now(),
+        n => std::thread::sleep(Duration::from_micros(10 << ((n - 256) / 16).min(4))),
+    }
+}
+
 /// What a phase measured per local rank: µs until complete, proxy bytes and busy µs.
 struct PhaseTimes {
     done_us: Vec<f64>,
@@ -150,17 +160,15 @@ impl HostEp {
         Ok(outs)
     }
 
+    /// Issues local rank `li`'s puts: stages the inter-node bytes and hands all their commands
+    /// to the proxy at once (so that it can batch them per peer), then does the intra-node
+    /// copies while the network works.
     fn issue(&mut self, li: usize, out: &Outbox) -> EpResult<()> {
         let me = self.local.start + li;
         let area = self.proto.layout().outbox();
-        for p in &out.puts {
+        let mut cmds = Vec::new();
+        for p in out.puts.iter().filter(|p| !self.proto.same_node(p.dst, me)) {
             let bytes = out.bytes.get(p.src.clone()).unwrap_or(&[]);
-            if self.proto.same_node(p.dst, me) {
-                let w = self.win(p.dst)?;
-                w.write(p.offset, bytes)?;
-                w.signal(p.counter, p.signal)?;
-                continue;
-            }
             let at = area.start + self.staged[li];
             if at + bytes.len() > area.end {
                 return Err(EpError::Host {
@@ -170,19 +178,29 @@ impl HostEp {
             }
             self.win(me)?.write(at, bytes)?;
             self.staged[li] += bytes.len().next_multiple_of(8);
-            let cmd = Cmd {
+            let op = p.signal;
+            cmds.push(Cmd {
                 dst: p.dst as u32,
                 local_off: at as u64,
                 remote_off: p.offset as u64,
                 len: bytes.len() as u64,
                 counter: p.counter as u64,
-                op: p.signal,
-            };
+                op,
+            });
+        }
+        if !cmds.is_empty() {
             let proxy = self
                 .proxies
                 .get(li)
                 .ok_or_else(|| EpError::Host { what: format!("rank {me}'s proxy"), detail: "none (one-node job)".into() })?;
-            proxy.put(cmd, self.opts.deadline).map_err(|detail| EpError::Transport { rank: me, peer: p.dst, detail })?;
+            for c in cmds {
+                proxy.put(c, self.opts.deadline).map_err(|detail| EpError::Transport { rank: me, peer: c.dst as usize, detail })?;
+            }
+        }
+        for p in out.puts.iter().filter(|p| self.proto.same_node(p.dst, me)) {
+            let w = self.win(p.dst)?;
+            w.write(p.offset, out.bytes.get(p.src.clone()).unwrap_or(&[]))?;
+            w.signal(p.counter, p.signal)?;
         }
         Ok(())
     }
@@ -235,14 +253,8 @@ impl HostEp {
                     + if pend.len() > 6 { ", ..." } else { "" };
                 return Err(EpError::Timeout { rank: r, phase, waited_ms: self.opts.deadline.as_millis() as u64, waiting, writers });
             }
-            idle += 1;
-            if idle < 64 {
-                std::hint::spin_loop();
-            } else if idle < 256 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
+            idle = idle.saturating_add(1);
+            backoff(idle);
         }
         let mut inter_bytes = vec![0; n];
         let mut inter_us = vec![0.0; n];

@@ -4,7 +4,9 @@
 //!
 //! Producers hand it fixed-size commands ([`Cmd`]) through a bounded channel (the command
 //! ring); it posts each without waiting, keeps the statuses, and reports the first failure
-//! naming the destination rank. A flush waits, with a deadline, for every posted write.
+//! naming the destination rank. The commands of one burst to one peer become one batch (its
+//! entries stripe over the transport's lanes or QPs; its signals follow all of its bytes).
+//! A flush waits, with a deadline, for every posted write.
 //! For tests it can delay every command by a random time and shuffle each burst of commands
 //! ([`super::ProxyInjection`]); the protocol must give the same results.
 
@@ -14,9 +16,13 @@ use crate::routing::SplitMix64;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mori_io::{IoEngine, MemoryDesc, RegionBatch, Signal, TransferStatus};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Most commands in one batched signalled write (well below MORI-IO's signals per request).
+const MAX_BATCH: usize = 1024;
 
 /// Commands the ring holds (a full ring blocks the producer until the proxy took one).
 pub(crate) const RING_SLOTS: usize = 4096;
@@ -62,8 +68,12 @@ struct State {
     inflight: Vec<(usize, u64, TransferStatus)>,
     failed: Arc<Mutex<Option<(usize, String)>>>,
     bytes: u64,
+    /// When the proxy started: the origin of `last_done`.
+    base: Instant,
     first: Option<Instant>,
-    last: Option<Instant>,
+    /// Nanoseconds after `base` at which the latest write completed (set by the statuses'
+    /// completion callbacks, so the reaping interval does not count).
+    last_done: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -79,8 +89,18 @@ impl Proxy {
         let (tx, rx) = crossbeam_channel::bounded(RING_SLOTS);
         let failed = Arc::new(Mutex::new(None));
         let inject = inject.map(|i| (i, SplitMix64::new(i.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))));
-        let mut st =
-            State { engine, local, peers, inject, inflight: Vec::new(), failed: failed.clone(), bytes: 0, first: None, last: None };
+        let mut st = State {
+            engine,
+            local,
+            peers,
+            inject,
+            inflight: Vec::new(),
+            failed: failed.clone(),
+            bytes: 0,
+            base: Instant::now(),
+            first: None,
+            last_done: Arc::new(AtomicU64::new(0)),
+        };
         let thread = std::thread::Builder::new().name(format!("mori-ep-proxy-{rank}")).spawn(move || st.run(&rx))?;
         Ok(Self { tx: Some(tx), failed, thread: Some(thread) })
     }
@@ -154,14 +174,27 @@ impl State {
                     }
                 }
             }
-            for c in cmds {
-                if let Some((inj, rng)) = &mut self.inject {
-                    let us = inj.max_delay.as_micros() as u64;
-                    if us > 0 {
-                        std::thread::sleep(Duration::from_micros(rng.below(us + 1)));
+            if let Some(us) = self.inject.as_ref().map(|(i, _)| i.max_delay.as_micros() as u64) {
+                for c in cmds {
+                    let d = self.inject.as_mut().map_or(0, |(_, rng)| rng.below(us + 1));
+                    std::thread::sleep(Duration::from_micros(d));
+                    self.post(&[c]);
+                }
+            } else {
+                // One batch per peer: its entries stripe over the lanes / QPs together, and
+                // its signals are applied once all of its bytes landed.
+                let mut by_dst: Vec<(u32, Vec<Cmd>)> = Vec::new();
+                for c in cmds {
+                    match by_dst.iter_mut().find(|(d, _)| *d == c.dst) {
+                        Some((_, v)) => v.push(c),
+                        None => by_dst.push((c.dst, vec![c])),
                     }
                 }
-                self.post(c);
+                for (_, group) in by_dst {
+                    for part in group.chunks(MAX_BATCH) {
+                        self.post(part);
+                    }
+                }
             }
             self.reap();
             if let Some(Msg::Flush(timeout, reply)) = flush {
@@ -170,32 +203,51 @@ impl State {
         }
     }
 
-    fn post(&mut self, c: Cmd) {
-        let dst = c.dst as usize;
+    /// Posts `cmds` (all to one destination) as one signalled write: every data entry in one
+    /// batch, every counter operation after all of them.
+    fn post(&mut self, cmds: &[Cmd]) {
+        let Some(dst) = cmds.first().map(|c| c.dst as usize) else { return };
         let Some(remote) = self.peers.get(dst).cloned().flatten() else {
             self.fail(dst, format!("rank {dst} has no window registered with this rank's engine (it is on this node, or out of range)"));
             return;
         };
-        let op = match c.op {
-            SignalOp::Add(v) => mori_io::SignalOp::Add(v),
-            SignalOp::Set(v) => mori_io::SignalOp::Set(v),
-        };
-        let sig = [Signal { remote: remote.clone(), offset: c.counter, op }];
-        let st = if c.len == 0 {
-            self.engine.signal(&sig)
+        let sigs: Vec<Signal> = cmds
+            .iter()
+            .map(|c| Signal {
+                remote: remote.clone(),
+                offset: c.counter,
+                op: match c.op {
+                    SignalOp::Add(v) => mori_io::SignalOp::Add(v),
+                    SignalOp::Set(v) => mori_io::SignalOp::Set(v),
+                },
+            })
+            .collect();
+        let data: Vec<&Cmd> = cmds.iter().filter(|c| c.len > 0).collect();
+        let len: u64 = data.iter().map(|c| c.len).sum();
+        let st = if data.is_empty() {
+            self.engine.signal(&sigs)
         } else {
+            let (lo, ro, sz): (Vec<u64>, Vec<u64>, Vec<u64>) = (
+                data.iter().map(|c| c.local_off).collect(),
+                data.iter().map(|c| c.remote_off).collect(),
+                data.iter().map(|c| c.len).collect(),
+            );
             let b = RegionBatch {
                 local: &self.local,
-                local_offs: &[c.local_off],
+                local_offs: &lo,
                 remote: &remote,
-                remote_offs: &[c.remote_off],
-                sizes: &[c.len],
+                remote_offs: &ro,
+                sizes: &sz,
                 id: self.engine.allocate_transfer_uid(),
             };
-            self.engine.post_signalled(&b, &sig)
+            self.engine.post_signalled(&b, &sigs)
         };
         self.first.get_or_insert_with(Instant::now);
-        self.inflight.push((dst, c.len, st));
+        let (base, last) = (self.base, self.last_done.clone());
+        st.on_done(move || {
+            last.fetch_max(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        });
+        self.inflight.push((dst, len, st));
     }
 
     fn fail(&mut self, dst: usize, msg: String) {
@@ -221,10 +273,7 @@ impl State {
 
     fn done(&mut self, dst: usize, len: u64, r: Result<(), mori_io::IoError>) {
         match r {
-            Ok(()) => {
-                self.bytes += len;
-                self.last = Some(Instant::now());
-            }
+            Ok(()) => self.bytes += len,
             Err(e) => self.fail(dst, format!("signalled write to rank {dst} failed: {e}")),
         }
     }
@@ -236,10 +285,8 @@ impl State {
             let r = st.wait_for(left);
             self.done(dst, len, r);
         }
-        let busy = match (self.first.take(), self.last.take()) {
-            (Some(a), Some(b)) => b.saturating_duration_since(a),
-            _ => Duration::ZERO,
-        };
+        let last = self.base + Duration::from_nanos(self.last_done.swap(0, Ordering::Relaxed));
+        let busy = self.first.take().map_or(Duration::ZERO, |a| last.saturating_duration_since(a));
         let rep = FlushReport { bytes: std::mem::take(&mut self.bytes), busy, error: self.failed.lock().clone() };
         rep
     }

@@ -204,6 +204,10 @@ pub struct Args {
     /// CPU: TCP lanes of the inter-node leg. Default 4.
     #[arg(long)]
     pub lanes: Option<usize>,
+    /// CPU: tokens per inter-node signalled write (the leg's message size is this many
+    /// records). Default 32.
+    #[arg(long = "chunk-tokens")]
+    pub chunk_tokens: Option<usize>,
     /// CPU: IP address the MORI-IO engines bind. Default 127.0.0.1.
     #[arg(long)]
     pub host: Option<IpAddr>,
@@ -304,6 +308,7 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
             (a.transport.is_some(), "--transport"),
             (a.lanes.is_some(), "--lanes"),
             (a.host.is_some(), "--host"),
+            (a.chunk_tokens.is_some(), "--chunk-tokens"),
             (!a.zero_token_ranks.is_empty(), "--zero-token-ranks"),
             (a.none_rows_every.is_some(), "--none-rows-every"),
             (
@@ -322,6 +327,9 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     }
     if a.none_rows_every == Some(0) {
         return Err(err("--none-rows-every 0: give N >= 1 (every N-th token routes nowhere)"));
+    }
+    if a.chunk_tokens == Some(0) {
+        return Err(err("--chunk-tokens 0: each inter-node write carries at least one token"));
     }
     if a.lanes == Some(0) {
         return Err(err("--lanes 0: the inter-node leg needs at least one lane"));

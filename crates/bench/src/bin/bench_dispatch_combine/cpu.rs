@@ -121,6 +121,7 @@ fn host_options(a: &Args) -> HostOptions {
             TransportArg::Rdma => InterTransport::Rdma { devices: None },
         },
         deadline: Duration::from_millis(a.timeout_ms),
+        chunk_tokens: a.chunk_tokens.unwrap_or(HostOptions::default().chunk_tokens),
         inject: a.inject_delay_us.map(|us| ProxyInjection {
             seed: a.seed,
             max_delay: Duration::from_micros(us),
@@ -158,14 +159,14 @@ fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap) -> AnyResult<bo
         println!("{}", pf.describe);
     }
     let outcome = match a.dtype {
-        DType::F32 => by_idx(a, cfg, &mut ep, &inp, local, inp.x_f32.clone(), vec![None; cfg.world_size]),
+        DType::F32 => by_idx(a, cfg, boot, &mut ep, &inp, local, inp.x_f32.clone(), vec![None; cfg.world_size]),
         DType::Bf16 => {
             let xs = inp.x_f32.iter().map(|t| t.map(|&v| bf16::from_f32(v))).collect();
-            by_idx(a, cfg, &mut ep, &inp, local, xs, vec![None; cfg.world_size])
+            by_idx(a, cfg, boot, &mut ep, &inp, local, xs, vec![None; cfg.world_size])
         }
         DType::Fp8 => {
             let (q, s): (Vec<_>, Vec<_>) = inp.x_f32.iter().map(quantize_fp8_blocks).unzip();
-            by_idx(a, cfg, &mut ep, &inp, local, q, s.into_iter().map(Some).collect())
+            by_idx(a, cfg, boot, &mut ep, &inp, local, q, s.into_iter().map(Some).collect())
         }
     };
     // An error ends this process at once (its peers fail on their own deadlines): no final
@@ -184,9 +185,11 @@ fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap) -> AnyResult<bo
 
 type Outcome = AnyResult<(Vec<RankFigures>, String)>;
 
+#[allow(clippy::too_many_arguments)]
 fn by_idx<X: Element + RowBytes>(
     a: &Args,
     cfg: &EpConfig,
+    boot: &dyn Bootstrap,
     ep: &mut HostEp,
     inp: &Inputs,
     local: std::ops::Range<usize>,
@@ -194,8 +197,8 @@ fn by_idx<X: Element + RowBytes>(
     scales: Vec<Option<Tensor2<f32>>>,
 ) -> Outcome {
     match a.idx_type {
-        IdxType::I64 => by_comb(a, cfg, ep, inp, local, xs, scales, inp.idx.clone()),
-        IdxType::I32 => by_comb(a, cfg, ep, inp, local, xs, scales, inp.idx.iter().map(|t| t.map(|&v| v as i32)).collect()),
+        IdxType::I64 => by_comb(a, cfg, boot, ep, inp, local, xs, scales, inp.idx.clone()),
+        IdxType::I32 => by_comb(a, cfg, boot, ep, inp, local, xs, scales, inp.idx.iter().map(|t| t.map(|&v| v as i32)).collect()),
     }
 }
 
@@ -203,6 +206,7 @@ fn by_idx<X: Element + RowBytes>(
 fn by_comb<X: Element + RowBytes, I: TopkIndex + RowBytes>(
     a: &Args,
     cfg: &EpConfig,
+    boot: &dyn Bootstrap,
     ep: &mut HostEp,
     inp: &Inputs,
     local: std::ops::Range<usize>,
@@ -214,8 +218,8 @@ fn by_comb<X: Element + RowBytes, I: TopkIndex + RowBytes>(
         .map(|r| RankInput { x: xs[r].clone(), weights: inp.weights[r].clone(), scales: scales[r].clone(), indices: idx[r].clone() })
         .collect();
     match a.combine_dtype {
-        CombDType::Bf16 => rounds::<X, I, bf16>(a, cfg, ep, local, &inputs),
-        CombDType::F32 => rounds::<X, I, f32>(a, cfg, ep, local, &inputs),
+        CombDType::Bf16 => rounds::<X, I, bf16>(a, cfg, boot, ep, local, &inputs),
+        CombDType::F32 => rounds::<X, I, f32>(a, cfg, boot, ep, local, &inputs),
     }
 }
 
@@ -223,10 +227,12 @@ fn by_comb<X: Element + RowBytes, I: TopkIndex + RowBytes>(
 fn rounds<X: Element + RowBytes, I: TopkIndex + RowBytes, C: Element + CombineOut + RowBytes>(
     a: &Args,
     cfg: &EpConfig,
+    boot: &dyn Bootstrap,
     ep: &mut HostEp,
     local: std::ops::Range<usize>,
     inputs: &[RankInput<X, I>],
 ) -> Outcome {
+    let sync = || boot.barrier().map_err(|e| err(format!("bootstrap barrier before a timed phase: {e}")));
     let check = !a.no_check;
     let weighting = if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted };
     let mine = &inputs[local.clone()];
@@ -239,12 +245,14 @@ fn rounds<X: Element + RowBytes, I: TopkIndex + RowBytes, C: Element + CombineOu
             // SAFETY: signalling this process (the others are in their second dispatch).
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         }
+        sync()?;
         let recv = ep.dispatch(mine)?;
         let xs: Vec<Tensor2<C>> = recv
             .iter()
             .map(|rr| Tensor2::from_fn(rr.src.len(), cfg.hidden, |i, h| C::from_f32(comb_value(rr.src[i], h))))
             .collect::<Result<_, _>>()?;
         let ws: Vec<Tensor2<f32>> = recv.iter().map(|rr| rr.weights.clone()).collect();
+        sync()?;
         let out = ep.combine::<C, C>(&xs, Some(&ws), weighting)?;
         if it == 0 && check {
             check_msg = match check_round(cfg, inputs, local.clone(), &recv, &out, weighting) {
