@@ -101,7 +101,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         shape = Some((stride, msg, batch, bytes));
         let bj = json_run(
             Command::new(bin("bench_engine"))
-                .args(["--local", "--backend", "tcp", "--op", "write", "--iters", "20", "--warmup-iters", "3", "--log-level", "warning"])
+                .args(["--local", "--backend", "tcp", "--op", "write", "--iters", "100", "--warmup-iters", "10", "--log-level", "warning"])
                 .args(["--buffer-size", &msg.to_string(), "--transfer-batch-size", &batch.to_string(), "--num-qp-per-transfer", &lanes_s])
                 .arg("--json")
                 .arg(&be_json),

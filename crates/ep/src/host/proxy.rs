@@ -222,6 +222,8 @@ impl State {
                 },
             })
             .collect();
+        // The leg's clock starts before the first post (a backend may move bytes inside it).
+        self.first.get_or_insert_with(Instant::now);
         let data: Vec<&Cmd> = cmds.iter().filter(|c| c.len > 0).collect();
         let len: u64 = data.iter().map(|c| c.len).sum();
         let st = if data.is_empty() {
@@ -242,7 +244,6 @@ impl State {
             };
             self.engine.post_signalled(&b, &sigs)
         };
-        self.first.get_or_insert_with(Instant::now);
         let (base, last) = (self.base, self.last_done.clone());
         st.on_done(move || {
             last.fetch_max(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
