@@ -18,7 +18,6 @@
 
 use crate::args::{config, err, AnyResult, Args, CombDType, DType, IdxType, TransportArg};
 use crate::inputs::{bytes_of, comb_value, gen_inputs, Inputs, RowBytes};
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use mori_bootstrap::{Bootstrap, BootstrapEnv, SocketBootstrap, SocketBootstrapConfig};
 use mori_ep::host::{HostEp, HostOptions, InterTransport, ProxyInjection};
 use mori_ep::internode::Scheme;
@@ -158,15 +157,16 @@ fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap) -> AnyResult<bo
     if p == 0 {
         println!("{}", pf.describe);
     }
+    let mut run = Run { a, cfg, boot, ep: &mut ep, inp: &inp, local };
     let outcome = match a.dtype {
-        DType::F32 => by_idx(a, cfg, boot, &mut ep, &inp, local, inp.x_f32.clone(), vec![None; cfg.world_size]),
+        DType::F32 => run.by_idx(inp.x_f32.clone(), vec![None; cfg.world_size]),
         DType::Bf16 => {
             let xs = inp.x_f32.iter().map(|t| t.map(|&v| bf16::from_f32(v))).collect();
-            by_idx(a, cfg, boot, &mut ep, &inp, local, xs, vec![None; cfg.world_size])
+            run.by_idx(xs, vec![None; cfg.world_size])
         }
         DType::Fp8 => {
             let (q, s): (Vec<_>, Vec<_>) = inp.x_f32.iter().map(quantize_fp8_blocks).unzip();
-            by_idx(a, cfg, boot, &mut ep, &inp, local, q, s.into_iter().map(Some).collect())
+            run.by_idx(q, s.into_iter().map(Some).collect())
         }
     };
     // An error ends this process at once (its peers fail on their own deadlines): no final
@@ -185,41 +185,49 @@ fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap) -> AnyResult<bo
 
 type Outcome = AnyResult<(Vec<RankFigures>, String)>;
 
-#[allow(clippy::too_many_arguments)]
-fn by_idx<X: Element + RowBytes>(
-    a: &Args,
-    cfg: &EpConfig,
-    boot: &dyn Bootstrap,
-    ep: &mut HostEp,
-    inp: &Inputs,
+/// One process's run: its flags, configuration, bootstrap, executor, inputs and ranks.
+struct Run<'a> {
+    a: &'a Args,
+    cfg: &'a EpConfig,
+    boot: &'a dyn Bootstrap,
+    ep: &'a mut HostEp,
+    inp: &'a Inputs,
     local: std::ops::Range<usize>,
-    xs: Vec<Tensor2<X>>,
-    scales: Vec<Option<Tensor2<f32>>>,
-) -> Outcome {
-    match a.idx_type {
-        IdxType::I64 => by_comb(a, cfg, boot, ep, inp, local, xs, scales, inp.idx.clone()),
-        IdxType::I32 => by_comb(a, cfg, boot, ep, inp, local, xs, scales, inp.idx.iter().map(|t| t.map(|&v| v as i32)).collect()),
-    }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn by_comb<X: Element + RowBytes, I: TopkIndex + RowBytes>(
-    a: &Args,
-    cfg: &EpConfig,
-    boot: &dyn Bootstrap,
-    ep: &mut HostEp,
-    inp: &Inputs,
-    local: std::ops::Range<usize>,
-    xs: Vec<Tensor2<X>>,
-    scales: Vec<Option<Tensor2<f32>>>,
-    idx: Vec<Tensor2<I>>,
-) -> Outcome {
-    let inputs: Vec<RankInput<X, I>> = (0..cfg.world_size)
-        .map(|r| RankInput { x: xs[r].clone(), weights: inp.weights[r].clone(), scales: scales[r].clone(), indices: idx[r].clone() })
-        .collect();
-    match a.combine_dtype {
-        CombDType::Bf16 => rounds::<X, I, bf16>(a, cfg, boot, ep, local, &inputs),
-        CombDType::F32 => rounds::<X, I, f32>(a, cfg, boot, ep, local, &inputs),
+impl Run<'_> {
+    fn by_idx<X: Element + RowBytes>(&mut self, xs: Vec<Tensor2<X>>, scales: Vec<Option<Tensor2<f32>>>) -> Outcome {
+        match self.a.idx_type {
+            IdxType::I64 => {
+                let idx = self.inp.idx.clone();
+                self.by_comb(xs, scales, idx)
+            }
+            IdxType::I32 => {
+                let idx = self.inp.idx.iter().map(|t| t.map(|&v| v as i32)).collect();
+                self.by_comb(xs, scales, idx)
+            }
+        }
+    }
+
+    fn by_comb<X: Element + RowBytes, I: TopkIndex + RowBytes>(
+        &mut self,
+        xs: Vec<Tensor2<X>>,
+        scales: Vec<Option<Tensor2<f32>>>,
+        idx: Vec<Tensor2<I>>,
+    ) -> Outcome {
+        let inputs: Vec<RankInput<X, I>> = (0..self.cfg.world_size)
+            .map(|r| RankInput {
+                x: xs[r].clone(),
+                weights: self.inp.weights[r].clone(),
+                scales: scales[r].clone(),
+                indices: idx[r].clone(),
+            })
+            .collect();
+        let (a, cfg, boot, local) = (self.a, self.cfg, self.boot, self.local.clone());
+        match a.combine_dtype {
+            CombDType::Bf16 => rounds::<X, I, bf16>(a, cfg, boot, self.ep, local, &inputs),
+            CombDType::F32 => rounds::<X, I, f32>(a, cfg, boot, self.ep, local, &inputs),
+        }
     }
 }
 
@@ -380,42 +388,44 @@ fn report(a: &Args, cfg: &EpConfig, all: &[ProcFigures], host_s: f64) -> AnyResu
     );
     let mut ranks: Vec<&RankFigures> = all.iter().flat_map(|p| p.ranks.iter()).collect();
     ranks.sort_by_key(|r| r.rank);
-    for r in &ranks {
-        println!("rank {} recv {} tokens {} rdma tokens", r.rank, r.recv_tokens, r.rdma_algo_tokens);
-    }
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "rank",
-        "recv tokens",
-        "rdma algo",
-        "rdma phys",
-        "dispatch µs",
-        "combine µs",
-        "disp RDMA algo GB/s",
-        "disp RDMA phys GB/s",
-        "comb RDMA algo GB/s",
-        "comb RDMA phys GB/s",
-        "inter-node bytes",
-        "inter-node GB/s",
-    ]);
-    for r in &ranks {
-        t.add_row(vec![
-            r.rank.to_string(),
-            r.recv_tokens.to_string(),
-            r.rdma_algo_tokens.to_string(),
-            r.rdma_physical_tokens.to_string(),
-            format!("{:.1}", r.dispatch_us),
-            format!("{:.1}", r.combine_us),
-            format!("{:.2}", r.dispatch_rdma_algo_gbps),
-            format!("{:.2}", r.dispatch_rdma_physical_gbps),
-            format!("{:.2}", r.combine_rdma_algo_gbps),
-            format!("{:.2}", r.combine_rdma_physical_gbps),
-            r.inter_bytes.to_string(),
-            format!("{:.2}", r.inter_gbps),
-        ]);
-    }
-    println!("{t}");
+    let lines: Vec<(usize, u64, u64)> = ranks.iter().map(|r| (r.rank, r.recv_tokens, r.rdma_algo_tokens)).collect();
+    let rows = ranks
+        .iter()
+        .map(|r| {
+            vec![
+                r.rank.to_string(),
+                r.recv_tokens.to_string(),
+                r.rdma_algo_tokens.to_string(),
+                r.rdma_physical_tokens.to_string(),
+                format!("{:.1}", r.dispatch_us),
+                format!("{:.1}", r.combine_us),
+                format!("{:.2}", r.dispatch_rdma_algo_gbps),
+                format!("{:.2}", r.dispatch_rdma_physical_gbps),
+                format!("{:.2}", r.combine_rdma_algo_gbps),
+                format!("{:.2}", r.combine_rdma_physical_gbps),
+                r.inter_bytes.to_string(),
+                format!("{:.2}", r.inter_gbps),
+            ]
+        })
+        .collect();
+    crate::table::print_ranks(
+        &lines,
+        &[
+            "rank",
+            "recv tokens",
+            "rdma algo",
+            "rdma phys",
+            "dispatch µs",
+            "combine µs",
+            "disp RDMA algo GB/s",
+            "disp RDMA phys GB/s",
+            "comb RDMA algo GB/s",
+            "comb RDMA phys GB/s",
+            "inter-node bytes",
+            "inter-node GB/s",
+        ],
+        rows,
+    );
     for p in all {
         println!("check (process {}): {}", p.process, p.check);
     }

@@ -476,36 +476,28 @@ fn report(a: &Args, cfg: &EpConfig, all: &[ProcFigures], host_s: f64) -> AnyResu
     );
     let mut ranks: Vec<&RankFigures> = all.iter().flat_map(|p| p.ranks.iter()).collect();
     ranks.sort_by_key(|r| r.rank);
-    for r in &ranks {
-        println!("rank {} recv {} tokens {} rdma tokens", r.rank, r.recv_tokens, r.rdma_algo_tokens);
-    }
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "rank",
-        "gpu",
-        "recv tokens",
-        "rdma algo",
-        "rdma phys",
-        "dispatch µs",
-        "combine µs",
-        "dispatch XGMI GB/s",
-        "combine XGMI GB/s",
-    ]);
-    for r in &ranks {
-        t.add_row(vec![
-            r.rank.to_string(),
-            r.gpu.to_string(),
-            r.recv_tokens.to_string(),
-            r.rdma_algo_tokens.to_string(),
-            format!("{:.0}", r.rdma_physical_tokens),
-            format!("{:.1}", r.dispatch_us),
-            format!("{:.1}", r.combine_us),
-            format!("{:.1}", r.dispatch_gbps),
-            format!("{:.1}", r.combine_gbps),
-        ]);
-    }
-    println!("{t}");
+    let lines: Vec<(usize, u64, u64)> = ranks.iter().map(|r| (r.rank, r.recv_tokens as u64, r.rdma_algo_tokens)).collect();
+    let rows = ranks
+        .iter()
+        .map(|r| {
+            vec![
+                r.rank.to_string(),
+                r.gpu.to_string(),
+                r.recv_tokens.to_string(),
+                r.rdma_algo_tokens.to_string(),
+                format!("{:.0}", r.rdma_physical_tokens),
+                format!("{:.1}", r.dispatch_us),
+                format!("{:.1}", r.combine_us),
+                format!("{:.1}", r.dispatch_gbps),
+                format!("{:.1}", r.combine_gbps),
+            ]
+        })
+        .collect();
+    crate::table::print_ranks(
+        &lines,
+        &["rank", "gpu", "recv tokens", "rdma algo", "rdma phys", "dispatch µs", "combine µs", "dispatch XGMI GB/s", "combine XGMI GB/s"],
+        rows,
+    );
     let mut d = Table::new();
     d.load_preset(UTF8_BORDERS_ONLY);
     d.set_header(vec![

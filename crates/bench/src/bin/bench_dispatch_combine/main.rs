@@ -21,6 +21,7 @@ mod cpu;
 mod gpu;
 mod gpu_check;
 mod inputs;
+mod table;
 
 use args::{AnyResult, Args, DeviceArg};
 use clap::Parser;
