@@ -56,6 +56,22 @@ fn two_nodes_of_four_v1_fp8_one_process_per_rank() {
 }
 
 #[test]
+fn remote_only_ranks_send_every_token_off_node_only() {
+    // Ranks 0 and 3 route every token to the other node: 24 algo RDMA tokens (one node each);
+    // the others keep DeepEP's routing, most tokens reaching both nodes (more than 24).
+    let t = passes(&with(&["--world-size", "4", "--num-nodes", "2", "--kernel-type", "v1", "--remote-only-ranks", "0,3"]), 4, 4);
+    let algo = |r: usize| -> u64 {
+        let l = t.lines().find(|l| l.starts_with(&format!("rank {r} recv "))).unwrap_or_else(|| panic!("rank {r}: {t}"));
+        l.trim_end_matches(" rdma tokens").rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{l}"))
+    };
+    assert_eq!((algo(0), algo(3)), (24, 24), "{t}");
+    assert!(algo(1) > 24 && algo(2) > 24, "{t}");
+    let (code, text, _) = run(&with(&["--world-size", "4", "--remote-only-ranks", "0"]));
+    assert_ne!(code, 0);
+    assert!(text.contains("--remote-only-ranks with one node"), "{text}");
+}
+
+#[test]
 fn four_nodes_of_two_async_ll_two_ranks_per_process_zero_token_ranks_and_none_rows() {
     passes(
         &with(&[

@@ -223,6 +223,10 @@ pub struct Args {
     /// CPU: every N-th token of every rank routes nowhere (all top-k ids -1).
     #[arg(long = "none-rows-every")]
     pub none_rows_every: Option<usize>,
+    /// CPU: these ranks route every token to experts on other nodes only (comma-separated
+    /// ranks; the inter-node leg with no intra-node copies beside it). Needs 2+ nodes.
+    #[arg(long = "remote-only-ranks", value_delimiter = ',')]
+    pub remote_only_ranks: Vec<usize>,
     /// (test) CPU: the process hosting this rank kills itself (SIGKILL) as its second dispatch
     /// begins, while the others are in theirs; they must fail naming it within --timeout-ms.
     #[arg(long = "inject-kill-rank", hide = true)]
@@ -311,6 +315,7 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
             (a.chunk_tokens.is_some(), "--chunk-tokens"),
             (!a.zero_token_ranks.is_empty(), "--zero-token-ranks"),
             (a.none_rows_every.is_some(), "--none-rows-every"),
+            (!a.remote_only_ranks.is_empty(), "--remote-only-ranks"),
             (
                 a.inject_delay_us.is_some() || a.inject_reorder || a.inject_kill_rank.is_some(),
                 "--inject-delay-us/--inject-reorder/--inject-kill-rank",
@@ -372,6 +377,9 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     if let Some(&r) = a.zero_token_ranks.iter().find(|&&r| r >= w) {
         return Err(err(format!("--zero-token-ranks {r}: not a rank of --world-size {w}")));
     }
+    if let Some(&r) = a.remote_only_ranks.iter().find(|&&r| r >= w) {
+        return Err(err(format!("--remote-only-ranks {r}: not a rank of --world-size {w}")));
+    }
     if cpu && !w.is_multiple_of(rpp) {
         return Err(err(format!("--ranks-per-proc {rpp} must divide --world-size {w}")));
     }
@@ -412,6 +420,9 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     };
     if a.gpn == 0 || !w.is_multiple_of(a.gpn) {
         return Err(err(format!("--gpus-per-node {} must divide --world-size {w}", a.gpn)));
+    }
+    if !a.remote_only_ranks.is_empty() && a.gpn == w {
+        return Err(err("--remote-only-ranks with one node: there are no experts on other nodes (give --num-nodes 2 or more)"));
     }
     Ok(a)
 }
