@@ -72,6 +72,17 @@ fn remote_only_ranks_send_every_token_off_node_only() {
 }
 
 #[test]
+fn inputs_too_large_for_the_host_are_refused_before_anything_starts() {
+    // 8 processes x every rank's f32 inputs (8 x 1e6 x 7168 x 4 B = 229 GB each): refused up
+    // front with the figures, not an allocation abort.
+    let (code, text, took) = run(&["--world-size", "8", "--num-nodes", "2", "--num-tokens", "1000000", "--hidden", "7168"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("at least 230.1 GB, x 8 process(es) on this host = 1841.2 GB >") && text.contains("MemAvailable"), "{text}");
+    assert!(!text.contains("memory allocation"), "{text}");
+    assert!(took < Duration::from_secs(10), "refused in {took:?}");
+}
+
+#[test]
 fn four_nodes_of_two_async_ll_two_ranks_per_process_zero_token_ranks_and_none_rows() {
     passes(
         &with(&[

@@ -60,6 +60,20 @@ impl ShmWindow {
             if unsafe { libc::ftruncate(fd, off_len) } != 0 {
                 return Err(close(os_err("ftruncate", name)));
             }
+            // Reserve the pages now: a tmpfs too small for the window then fails here, with
+            // its figures, instead of a SIGBUS at the first touch of a page it cannot hold.
+            // SAFETY: fd is an open shm object.
+            let rc = unsafe { libc::posix_fallocate(fd, 0, off_len) };
+            if rc != 0 {
+                let free = shm_free_bytes().map_or("unknown".to_string(), |f| format!("{f}"));
+                return Err(close(EpError::Host {
+                    what: format!("shared-memory window {name} ({len} bytes)"),
+                    detail: format!(
+                        "/dev/shm cannot hold it ({}; {free} bytes free there): lower the max tokens per rank, hidden or world size, or enlarge /dev/shm",
+                        std::io::Error::from_raw_os_error(rc)
+                    ),
+                }));
+            }
         } else {
             // SAFETY: zeroed stat is a valid out-parameter.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -181,5 +195,36 @@ impl Drop for ShmWindow {
         self.unlink();
         // SAFETY: mapped in map() with this length.
         unsafe { libc::munmap(self.ptr.cast(), self.len.max(8)) };
+    }
+}
+
+/// Bytes free in /dev/shm (statvfs), if it can be read.
+fn shm_free_bytes() -> Option<u64> {
+    let c = CString::new("/dev/shm").ok()?;
+    // SAFETY: zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string, writable out-parameter.
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShmWindow;
+
+    #[test]
+    fn a_window_larger_than_dev_shm_is_refused_with_its_figures() {
+        let c = std::ffi::CString::new("/dev/shm").unwrap();
+        // SAFETY: zeroed statvfs is a valid out-parameter.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: valid C string, writable out-parameter.
+        assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+        // More than the whole tmpfs: tmpfs refuses such a reservation before allocating a page.
+        let len = (st.f_blocks as u64 * st.f_frsize as u64 + (1 << 30)) as usize;
+        let name = format!("/mori-ep-test-{}-big", std::process::id());
+        let e = ShmWindow::create(&name, len).err().expect("a window larger than /dev/shm must be refused").to_string();
+        assert!(e.contains(&format!("({len} bytes)")) && e.contains("/dev/shm cannot hold it") && e.contains("bytes free there"), "{e}");
+        assert!(!std::path::Path::new(&format!("/dev/shm{name}")).exists(), "the refused window was unlinked");
+        let ok = ShmWindow::create(&format!("/mori-ep-test-{}-small", std::process::id()), 1 << 20).expect("1 MiB window");
+        drop(ok);
     }
 }

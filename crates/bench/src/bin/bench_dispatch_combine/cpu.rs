@@ -62,6 +62,7 @@ struct ProcFigures {
 pub fn run(a: &Args) -> AnyResult<bool> {
     let cfg = config(a)?;
     let procs = a.cpu_procs();
+    check_host_memory(a, if a.local { procs } else { 1 })?;
     let spawner = a.local && a.proc_master.is_none();
     if spawner || a.launch.as_ref().is_some_and(|l| l.rank == 0) {
         if let Some(path) = &a.json {
@@ -104,6 +105,32 @@ pub fn run(a: &Args) -> AnyResult<bool> {
         }
     }
     Ok(result? && ok)
+}
+
+/// Refuses a run whose inputs cannot fit: every process generates every rank's inputs (the
+/// check needs them), at least `W x T x (4 H + 12 K)` bytes (f32 rows, i64 ids, f32 weights),
+/// and `procs_here` processes run on this host; compared with /proc/meminfo's MemAvailable.
+fn check_host_memory(a: &Args, procs_here: usize) -> AnyResult<()> {
+    let per_proc = (a.world_size as u128) * (a.num_tokens as u128) * (4 * a.hidden as u128 + 12 * a.top_k as u128);
+    let need = per_proc * procs_here as u128;
+    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u128>().ok())
+            .map(|kb| kb * 1024)
+    });
+    match avail {
+        Some(avail) if need > avail => Err(err(format!(
+            "--world-size {} --num-tokens {} --hidden {}: each process holds every rank's inputs for the check, at least {:.1} GB, x {procs_here} process(es) on this host = {:.1} GB > {:.1} GB available (MemAvailable); lower --num-tokens or --hidden",
+            a.world_size,
+            a.num_tokens,
+            a.hidden,
+            per_proc as f64 / 1e9,
+            need as f64 / 1e9,
+            avail as f64 / 1e9
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn launcher_config(env: &BootstrapEnv, procs: usize) -> AnyResult<SocketBootstrapConfig> {
