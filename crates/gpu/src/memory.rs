@@ -122,10 +122,12 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Page-locked (pinned) host memory from [`Runtime::alloc_pinned`], freed on drop.
+/// Page-locked (pinned) host memory from [`Runtime::alloc_pinned`] or, mapped into the device
+/// address space as well, from [`Runtime::alloc_mapped`]; freed on drop.
 ///
-/// The host reads and writes it as a byte slice; async copies read or write it in stream
-/// order, so it must not be touched while a queued copy that uses it has not yet run.
+/// The host reads and writes it as a byte slice; async copies (and, for a mapped buffer,
+/// kernels) read or write it in stream order, so it must not be touched through the slices
+/// while queued work that uses it has not yet run.
 pub struct PinnedBuffer {
     pub(crate) rt: Arc<dyn Runtime>,
     /// The device whose context allocated it (and frees it).
@@ -133,11 +135,17 @@ pub struct PinnedBuffer {
     /// Host address.
     pub(crate) ptr: u64,
     pub(crate) len: usize,
+    /// Device address of a mapped buffer (`alloc_mapped`); `None` for `alloc_pinned`.
+    pub(crate) device_ptr: Option<u64>,
 }
 
 impl fmt::Debug for PinnedBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "PinnedBuffer({:#x}+{} via {} of {})", self.ptr, self.len, self.rt.kind(), self.device)
+        write!(f, "PinnedBuffer({:#x}+{} via {} of {}", self.ptr, self.len, self.rt.kind(), self.device)?;
+        match self.device_ptr {
+            Some(d) => write!(f, ", mapped at device address {d:#x})"),
+            None => f.write_str(")"),
+        }
     }
 }
 
@@ -173,6 +181,22 @@ impl PinnedBuffer {
     /// The device whose context allocated it (any device's copies may use it).
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// The device address of the first byte for a buffer from [`Runtime::alloc_mapped`]: the
+    /// address kernels, copies and stream memory operations use to reach this host memory
+    /// (over PCIe or the host link). On CUDA with unified addressing it equals [`Self::ptr`].
+    /// `None` for a buffer from [`Runtime::alloc_pinned`], which is not mapped.
+    pub fn device_ptr(&self) -> Option<u64> {
+        self.device_ptr
+    }
+
+    /// The whole mapped buffer as a device range of [`Self::device`] (at [`Self::device_ptr`]),
+    /// for copies, stream memory operations and kernel arguments; `None` when not mapped.
+    pub fn device_slice(&self) -> Option<DeviceSlice<'_>> {
+        // SAFETY: device_ptr..device_ptr+len is this buffer's host memory mapped into the device
+        // address space (portable: for every device) and stays allocated while it is borrowed.
+        self.device_ptr.map(|d| unsafe { DeviceSlice::from_raw(d, self.len, self.device) })
     }
 }
 

@@ -51,7 +51,11 @@ pub trait RawDriver: Send + Sync {
     fn mem_alloc(&self, dev: Device, len: usize) -> Result<u64>;
     unsafe fn mem_free(&self, dev: Device, ptr: u64) -> Result<()>;
     /// Page-locked host memory, portable (usable by copies on every device); its host address.
-    fn host_alloc(&self, dev: Device, len: usize) -> Result<u64>;
+    /// `mapped`: also mapped into the device address space (CUDA `CU_MEMHOSTALLOC_DEVICEMAP`,
+    /// HIP `hipHostMallocMapped`), so that [`RawDriver::host_device_ptr`] may be asked for it.
+    fn host_alloc(&self, dev: Device, len: usize, mapped: bool) -> Result<u64>;
+    /// The device address of `host`, a byte of a block from `host_alloc(.., mapped: true)`.
+    unsafe fn host_device_ptr(&self, dev: Device, host: u64) -> Result<u64>;
     unsafe fn host_free(&self, dev: Device, ptr: u64) -> Result<()>;
     unsafe fn address_range(&self, dev: Device, ptr: u64) -> Result<(u64, u64)>;
     unsafe fn copy_htod(&self, dev: Device, dst: u64, src: *const u8, len: usize, stream: Option<u64>) -> Result<()>;
@@ -204,21 +208,36 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
     /// with `hipHostMallocPortable`), so copies on any device's streams may read or write it.
     /// An async copy from or to it is truly stream-ordered (the driver reads it when the
     /// stream gets there), unlike one from pageable memory, which the driver stages first.
+    /// Its [`PinnedBuffer::device_ptr`] is `None`; see [`Runtime::alloc_mapped`] for memory
+    /// kernels address directly.
+    ///
+    /// # Errors
+    /// [`GpuError::InvalidArgument`] for `len == 0`; the driver's error (out of memory ...).
     fn alloc_pinned(&self, dev: Device, len: usize) -> Result<PinnedBuffer> {
-        if len == 0 {
-            return Err(GpuError::invalid("pinned host allocation of 0 bytes"));
-        }
-        let rt = self.shared()?;
-        let ptr = self.raw().host_alloc(dev, len)?;
-        if ptr == 0 {
-            return Err(GpuError::invalid(format!("pinned host allocation of {len} bytes returned a null pointer")));
-        }
-        // The buffer frees ptr on drop, also if zeroing were to fail (it cannot).
-        let buf = PinnedBuffer { rt, device: dev, ptr, len };
-        // SAFETY: ptr..ptr+len is host memory just allocated for this buffer, writable, and not
-        // yet shared with any stream.
-        unsafe { std::ptr::write_bytes(ptr as usize as *mut u8, 0, len) };
-        Ok(buf)
+        alloc_host(self.shared()?, dev, len, false)
+    }
+
+    /// Allocates `len > 0` bytes of page-locked host memory, zeroed, that is also mapped into
+    /// the device address space: CUDA `cuMemHostAlloc` with `CU_MEMHOSTALLOC_PORTABLE |
+    /// CU_MEMHOSTALLOC_DEVICEMAP` and its device address from `cuMemHostGetDevicePointer_v2`;
+    /// HIP `hipHostMalloc` with `hipHostMallocPortable | hipHostMallocMapped` and
+    /// `hipHostGetDevicePointer`.
+    ///
+    /// [`PinnedBuffer::device_ptr`] (or [`PinnedBuffer::device_slice`]) is the address kernels,
+    /// copies and stream memory operations use to reach it; [`PinnedBuffer::ptr`] is the host's.
+    /// On CUDA with unified addressing ([`crate::Capabilities::unified_addressing`]: 64-bit
+    /// Linux) the two are equal; on HIP they usually are, but device code must use `device_ptr`.
+    /// The memory stays in host RAM: kernels' loads and stores to it travel over PCIe (or the
+    /// host link: NVLink-C2C, Infinity Fabric), so it suits rings of commands a kernel writes
+    /// for a host proxy and counters the host writes and a kernel polls, not bulk data. While
+    /// a kernel may write it, the host reads it through `ptr()` with volatile or atomic loads,
+    /// not through [`PinnedBuffer::as_slice`].
+    ///
+    /// # Errors
+    /// [`GpuError::InvalidArgument`] for `len == 0`; the driver's error (out of memory, or
+    /// mapping unsupported: a device without `canMapHostMemory`).
+    fn alloc_mapped(&self, dev: Device, len: usize) -> Result<PinnedBuffer> {
+        alloc_host(self.shared()?, dev, len, true)
     }
 
     /// Sets every byte of `dst` to `byte` (synchronous).
@@ -439,6 +458,34 @@ pub trait Runtime: sealed::Sealed + Send + Sync + fmt::Debug {
         // SAFETY: forwarded contract; the driver only reads the pointer array.
         unsafe { self.raw().launch(func.device(), func.raw, cfg, stream.raw(), params.as_ptr() as *mut *mut c_void) }
     }
+}
+
+/// `alloc_pinned` (`mapped == false`) and `alloc_mapped`: allocate, look up the device address
+/// of a mapped block, zero.
+fn alloc_host(rt: Arc<dyn Runtime>, dev: Device, len: usize, mapped: bool) -> Result<PinnedBuffer> {
+    let what = if mapped { "mapped" } else { "pinned" };
+    if len == 0 {
+        return Err(GpuError::invalid(format!("{what} host allocation of 0 bytes")));
+    }
+    let ptr = rt.raw().host_alloc(dev, len, mapped)?;
+    if ptr == 0 {
+        return Err(GpuError::invalid(format!("{what} host allocation of {len} bytes returned a null pointer")));
+    }
+    // From here the buffer frees ptr on drop, also when the device address cannot be had.
+    let mut buf = PinnedBuffer { rt, device: dev, ptr, len, device_ptr: None };
+    if mapped {
+        // SAFETY: ptr is the first byte of a live block that host_alloc just mapped on this
+        // runtime and device.
+        let dptr = unsafe { buf.rt.raw().host_device_ptr(dev, ptr)? };
+        if dptr == 0 {
+            return Err(GpuError::invalid(format!("mapped host allocation of {len} bytes has a null device address")));
+        }
+        buf.device_ptr = Some(dptr);
+    }
+    // SAFETY: ptr..ptr+len is host memory just allocated for this buffer, writable, and not
+    // yet shared with any stream or kernel.
+    unsafe { std::ptr::write_bytes(ptr as usize as *mut u8, 0, len) };
+    Ok(buf)
 }
 
 fn check_len(what: &str, device_len: usize, host_len: usize) -> Result<()> {

@@ -71,6 +71,7 @@ cuda_api! {
     cuMemFree_v2(Dptr);
     cuMemHostAlloc(*mut *mut c_void, usize, c_uint);
     cuMemFreeHost(*mut c_void);
+    cuMemHostGetDevicePointer_v2(*mut Dptr, *mut c_void, c_uint);
     cuMemGetAddressRange_v2(*mut Dptr, *mut usize, Dptr);
     cuMemcpyHtoD_v2(Dptr, *const c_void, usize);
     cuMemcpyDtoH_v2(*mut c_void, Dptr, usize);

@@ -27,6 +27,8 @@ const NOT_READY: c_uint = 600;
 const PEER_ACCESS_ALREADY_ENABLED: c_uint = 704;
 /// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context, not only the allocating one.
 const MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`: also mapped into the device address space.
+const MEMHOSTALLOC_DEVICEMAP: c_uint = 0x02;
 
 fn imex_hint(code: c_uint) -> Option<Cow<'static, str>> {
     match code {
@@ -132,12 +134,22 @@ impl RawDriver for CudaRuntime {
         self.check("cuMemFree_v2", unsafe { (self.api.cuMemFree_v2)(p) })
     }
 
-    fn host_alloc(&self, dev: Device, len: usize) -> Result<u64> {
+    fn host_alloc(&self, dev: Device, len: usize, mapped: bool) -> Result<u64> {
         self.bind_ctx(dev)?;
+        let flags = if mapped { MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP } else { MEMHOSTALLOC_PORTABLE };
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: p is a valid out-pointer; a context is current.
-        self.check("cuMemHostAlloc", unsafe { (self.api.cuMemHostAlloc)(&mut p, len, MEMHOSTALLOC_PORTABLE) })?;
+        self.check("cuMemHostAlloc", unsafe { (self.api.cuMemHostAlloc)(&mut p, len, flags) })?;
         Ok(int(p))
+    }
+
+    unsafe fn host_device_ptr(&self, dev: Device, host: u64) -> Result<u64> {
+        self.bind_ctx(dev)?;
+        let mut d: Dptr = 0;
+        // SAFETY: d is a valid out-pointer; the driver validates host (a mapped block of this
+        // runtime, by the caller's contract); flags must be 0.
+        self.check("cuMemHostGetDevicePointer_v2", unsafe { (self.api.cuMemHostGetDevicePointer_v2)(&mut d, ptr(host), 0) })?;
+        Ok(d)
     }
 
     unsafe fn host_free(&self, dev: Device, p: u64) -> Result<()> {

@@ -86,6 +86,7 @@ hip_api! {
         hipFree(*mut c_void);
         hipHostMalloc(*mut *mut c_void, usize, c_uint);
         hipHostFree(*mut c_void);
+        hipHostGetDevicePointer(*mut *mut c_void, *mut c_void, c_uint);
         hipMemGetAddressRange(*mut *mut c_void, *mut usize, *mut c_void);
         hipMemcpy(*mut c_void, *const c_void, usize, c_uint);
         hipMemcpyAsync(*mut c_void, *const c_void, usize, c_uint, Stream);

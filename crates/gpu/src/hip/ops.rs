@@ -25,6 +25,8 @@ const NOT_READY: c_uint = 600;
 const PEER_ACCESS_ALREADY_ENABLED: c_uint = 704;
 /// `hipHostMallocPortable`: pinned for every device, not only the current one.
 const HOST_MALLOC_PORTABLE: c_uint = 0x1;
+/// `hipHostMallocMapped`: also mapped into the device address space.
+const HOST_MALLOC_MAPPED: c_uint = 0x2;
 const H2D: c_uint = 1;
 const D2H: c_uint = 2;
 const D2D: c_uint = 3;
@@ -118,12 +120,22 @@ impl RawDriver for HipRuntime {
         self.check("hipFree", unsafe { (self.api.hipFree)(ptr(p)) })
     }
 
-    fn host_alloc(&self, dev: Device, len: usize) -> Result<u64> {
+    fn host_alloc(&self, dev: Device, len: usize, mapped: bool) -> Result<u64> {
         self.set(dev)?;
+        let flags = if mapped { HOST_MALLOC_PORTABLE | HOST_MALLOC_MAPPED } else { HOST_MALLOC_PORTABLE };
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: p is a valid out-pointer.
-        self.check("hipHostMalloc", unsafe { (self.api.hipHostMalloc)(&mut p, len, HOST_MALLOC_PORTABLE) })?;
+        self.check("hipHostMalloc", unsafe { (self.api.hipHostMalloc)(&mut p, len, flags) })?;
         Ok(int(p))
+    }
+
+    unsafe fn host_device_ptr(&self, dev: Device, host: u64) -> Result<u64> {
+        self.set(dev)?;
+        let mut d: *mut c_void = std::ptr::null_mut();
+        // SAFETY: d is a valid out-pointer; the runtime validates host (a mapped block of this
+        // runtime, by the caller's contract); flags must be 0.
+        self.check("hipHostGetDevicePointer", unsafe { (self.api.hipHostGetDevicePointer)(&mut d, ptr(host), 0) })?;
+        Ok(int(d))
     }
 
     unsafe fn host_free(&self, dev: Device, p: u64) -> Result<()> {

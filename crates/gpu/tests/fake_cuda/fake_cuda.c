@@ -10,8 +10,10 @@
  *   - strict argument checks (ranges inside allocations, flags, option lists, struct fields),
  *     so a swapped argument or a wrong flag fails here as it would on a GPU;
  *   - FABRIC handles refused with CUDA_ERROR_NOT_PERMITTED (800), as without IMEX;
- *   - pinned host memory (cuMemHostAlloc must be asked for PORTABLE; cuMemFreeHost refuses
- *     to free memory a queued copy still reads or writes);
+ *   - pinned host memory (cuMemHostAlloc must be asked for PORTABLE, or PORTABLE | DEVICEMAP;
+ *     cuMemFreeHost refuses to free memory queued work still reads or writes); a DEVICEMAP
+ *     block is device-addressable at its host address (cuMemHostGetDevicePointer_v2, as with
+ *     unified addressing): copies, memsets, stream memory operations and kernels may use it;
  *   - four kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
  *     the copy kernels of kernels/scatter_gather_copy.cu by their ABI (kernels/README.md):
  *     mori_scatter_gather_copy, mori_paged_copy and mori_paged_copy_inline (run table in
@@ -80,7 +82,26 @@ static struct region *add_region(uint64_t base, uint64_t size, int fd, int kind,
         if (!regs[i].kind) { regs[i] = (struct region){base, size, fd, kind, access}; return &regs[i]; }
     return NULL;
 }
-static int usable(uint64_t p, uint64_t n) { struct region *r = find(p, n ? n : 1); return r && r->access; }
+/* Pinned host memory: anonymous mappings, tracked so that frees are checked; `mapped` for
+ * CU_MEMHOSTALLOC_DEVICEMAP, whose blocks the device reaches at their host address. */
+struct host_block { uint64_t base, size; int mapped; };
+#define MAXH 256
+static struct host_block hosts[MAXH];
+static struct host_block *find_host(uint64_t p, uint64_t n) {
+    for (int i = 0; i < MAXH; i++) {
+        struct host_block *h = &hosts[i];
+        if (h->size && p >= h->base && n <= h->size && p - h->base <= h->size - n) return h;
+    }
+    return NULL;
+}
+/* Device-addressable: device memory with access, or a mapped pinned host block. */
+static int usable(uint64_t p, uint64_t n) {
+    if (!n) n = 1;
+    struct region *r = find(p, n);
+    if (r) return r->access;
+    struct host_block *h = find_host(p, n);
+    return h && h->mapped;
+}
 /* mori_paged_copy's by-value parameter (kernels/README.md): 88 bytes. */
 struct paged_params {
     uint64_t a_base, a_layer_stride, a_half_stride, a_block_stride;
@@ -299,39 +320,55 @@ static CUresult range(CUdeviceptr *b, size_t *s, CUdeviceptr p) {
 }
 API CUresult cuMemGetAddressRange_v2(CUdeviceptr *b, size_t *s, CUdeviceptr p) { NEED_CTX; LOCKED(range(b, s, p)); }
 
-/* Pinned host memory: anonymous mappings, tracked so that frees are checked. */
-struct host_block { uint64_t base, size; };
-#define MAXH 256
-static struct host_block hosts[MAXH];
 static CUresult host_alloc(void **pp, size_t n, unsigned flags) {
-    if (!pp || !n || flags != 1) return INVALID_VALUE; /* mori-gpu asks for CU_MEMHOSTALLOC_PORTABLE */
+    /* mori-gpu asks for CU_MEMHOSTALLOC_PORTABLE (1), or PORTABLE | DEVICEMAP (3) */
+    if (!pp || !n || (flags != 1 && flags != 3)) return INVALID_VALUE;
     for (int i = 0; i < MAXH; i++)
         if (!hosts[i].size) {
             void *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
             if (m == MAP_FAILED) return 2;
-            hosts[i] = (struct host_block){(uint64_t)(uintptr_t)m, n};
+            hosts[i] = (struct host_block){(uint64_t)(uintptr_t)m, n, flags == 3};
             *pp = m;
             return OK;
         }
     return 2;
 }
 static int overlaps(uint64_t p, uint64_t n, uint64_t base, uint64_t size) { return n && p < base + size && base < p + n; }
+/* Whether queued operation o reads or writes base..base+size (kernels' tables not followed). */
+static int op_touches(const struct op *o, uint64_t base, uint64_t size) {
+    switch (o->kind) {
+    case OP_COPY: return overlaps(o->a, o->n, base, size) || overlaps(o->b, o->n, base, size);
+    case OP_SET: return overlaps(o->a, o->n, base, size);
+    case OP_WRITE32: case OP_WAIT32: return overlaps(o->a, 4, base, size);
+    case OP_FILL: return overlaps(o->a, o->n * 4, base, size);
+    case OP_SG: return overlaps(o->a, o->n * 24, base, size);
+    default: return 0;
+    }
+}
 static CUresult host_free(void *p) {
     progress();
     for (int i = 0; i < MAXH; i++)
         if (hosts[i].size && hosts[i].base == (uint64_t)(uintptr_t)p) {
             for (struct stream *s = streams; s; s = s->next_stream)
                 for (struct op *o = s->head; o; o = o->next)
-                    if (o->kind == OP_COPY && (overlaps(o->a, o->n, hosts[i].base, hosts[i].size) || overlaps(o->b, o->n, hosts[i].base, hosts[i].size)))
-                        return INVALID_VALUE; /* a queued copy still uses it */
+                    if (op_touches(o, hosts[i].base, hosts[i].size)) return INVALID_VALUE; /* queued work still uses it */
             munmap(p, hosts[i].size);
             hosts[i].size = 0;
             return OK;
         }
     return INVALID_VALUE;
 }
+/* Any byte of a mapped block: its device address is its host address (unified addressing). */
+static CUresult host_device_ptr(CUdeviceptr *d, void *p, unsigned flags) {
+    if (!d || flags) return INVALID_VALUE;
+    struct host_block *h = find_host((uint64_t)(uintptr_t)p, 1);
+    if (!h || !h->mapped) return INVALID_VALUE;
+    *d = (uint64_t)(uintptr_t)p;
+    return OK;
+}
 API CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) { NEED_CTX; LOCKED(host_alloc(pp, n, flags)); }
 API CUresult cuMemFreeHost(void *p) { NEED_CTX; LOCKED(host_free(p)); }
+API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) { NEED_CTX; LOCKED(host_device_ptr(d, p, flags)); }
 
 static CUresult copy(uint64_t dst, int dst_dev, uint64_t src, int src_dev, size_t n, void *s) {
     if ((dst_dev && !usable(dst, n)) || (src_dev && !usable(src, n))) return INVALID_VALUE;
