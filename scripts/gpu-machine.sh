@@ -21,7 +21,8 @@ step() { echo; echo "=== $*"; }
 # node), and, only when named, paged (scripts/gpu-parts/paged.sh: bench_engine --paged on xgmi
 # and fabric for the paged KV-cache shapes, with same-run contiguous baselines), and, only when
 # named, py (scripts/gpu-parts/py.sh: the mori_rs wheel against NIXL from Python; carry .whl/
-# and .gpu-bundle/bench_engine.xz). One call
+# and .gpu-bundle/bench_engine.xz), and, only when named, proxy (scripts/gpu-parts/proxy.sh:
+# bench_proxy, GPU warps driving MORI-IO through the proxy's command ring). One call
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
@@ -91,7 +92,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -22,7 +22,20 @@ pub fn run(_args: &[String]) -> Result<(), String> {
     let root = workspace_root();
     let dir = root.join(".gpu-bundle");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    cargo(&["build", "--release", "-p", "mori-bench", "--bin", "bench_engine", "--bin", "bench_copy", "--bin", "bench_dispatch_combine"])?;
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "mori-bench",
+        "--bin",
+        "bench_engine",
+        "--bin",
+        "bench_copy",
+        "--bin",
+        "bench_dispatch_combine",
+        "--bin",
+        "bench_proxy",
+    ])?;
     cargo(&["build", "--release", "-p", "mori-cli", "--bin", "mori"])?;
     let items = [
         (test_exe("mori-gpu", "gpu")?, "gpu"),
@@ -34,6 +47,7 @@ pub fn run(_args: &[String]) -> Result<(), String> {
         (root.join("target/release/bench_engine").display().to_string(), "bench_engine"),
         (root.join("target/release/bench_copy").display().to_string(), "bench_copy"),
         (root.join("target/release/bench_dispatch_combine").display().to_string(), "bench_dispatch_combine"),
+        (root.join("target/release/bench_proxy").display().to_string(), "bench_proxy"),
         (root.join("target/release/mori").display().to_string(), "mori"),
     ];
     for (src, name) in items {

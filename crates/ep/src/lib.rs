@@ -22,6 +22,9 @@
 //! - [`internode`]: the inter-node protocol (V1, V1-LL, AsyncLL) as a sans-IO core, and
 //!   [`host`]: its host executor (shared memory within a node, MORI-IO signalled writes through
 //!   a proxy thread per rank between nodes).
+//! - [`ring`] and [`proxy`]: the proxy's command ring in shared memory (GPU warps or host
+//!   threads produce fixed-size commands, one proxy thread consumes them) and the proxy that
+//!   turns commands into MORI-IO signalled writes.
 //! - [`gpu`]: the intranode kernels' host side ([`gpu::IntranodeEp`]) over a `mori-shmem`
 //!   symmetric heap: one process per GPU or several ranks sharing a GPU.
 //!
@@ -63,10 +66,13 @@ mod error;
 mod fp8;
 pub mod gpu;
 mod gpu_args;
+pub mod gpu_ring;
 pub mod host;
 pub mod internode;
 mod layout;
 mod order;
+pub mod proxy;
+pub mod ring;
 pub mod routing;
 mod tensor;
 

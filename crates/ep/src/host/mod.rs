@@ -24,7 +24,6 @@
 
 mod abort;
 mod phase;
-mod proxy;
 mod setup;
 mod shm;
 
@@ -123,7 +122,7 @@ pub struct HostEp {
     proto: Proto,
     opts: HostOptions,
     local: Range<usize>,
-    proxies: Vec<proxy::Proxy>,
+    proxies: Vec<crate::proxy::Proxy>,
     mems: Vec<Option<MemoryDesc>>,
     engines: Vec<Arc<IoEngine>>,
     wins: BTreeMap<usize, ShmWindow>,

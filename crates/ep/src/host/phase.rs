@@ -2,7 +2,6 @@
 //! across nodes), poll until every local rank is complete or the deadline passes, flush the
 //! proxies, decode, and zero the counters the phase consumed.
 
-use super::proxy::Cmd;
 use super::HostEp;
 use crate::accounting::{rdma_algo_token_count, rdma_cross_node_token_count};
 use crate::combine::{CombineOptions, Combined, Weighting};
@@ -11,6 +10,7 @@ use crate::dtype::{CombineOut, Element, TopkIndex};
 use crate::error::{EpError, EpResult};
 use crate::internode::{CombineRank, DispatchRank, Outbox, Proto, Seg, Window};
 use crate::layout::OutOfRange;
+use crate::proxy::Cmd;
 use crate::tensor::Tensor2;
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};

@@ -1,12 +1,12 @@
 //! Setting a [`HostEp`] up: windows, engines, the descriptor exchange and its checks.
 
-use super::proxy::Proxy;
 use super::shm::ShmWindow;
 use super::{HostEp, HostOptions, InterTransport, RankStats};
 use crate::config::EpConfig;
 use crate::error::{EpError, EpResult};
 use crate::internode::{Proto, Scheme};
 use crate::layout::OutOfRange;
+use crate::proxy::{PeerWindow, Proxy};
 use mori_io::{BackendConfig, EngineConfig, EngineDesc, IoEngine, MemLoc, MemoryDesc, TcpConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -177,7 +177,7 @@ pub(super) fn build(
         let m = mine[li].as_ref().map(|(_, m)| m.clone()).ok_or_else(|| host_err("window descriptor", "missing"))?;
         peer_mems.push(peers.clone());
         proxies.push(
-            Proxy::start(r, eng.clone(), m.clone(), peers, opts.inject)
+            Proxy::start(r, eng.clone(), m.clone(), peers.into_iter().map(|p| p.map(PeerWindow::single)).collect(), opts.inject)
                 .map_err(|e| host_err(format!("starting rank {r}'s proxy thread"), e))?,
         );
         mems.push(Some(m));

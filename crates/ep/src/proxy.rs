@@ -1,22 +1,24 @@
 //! The proxy: one thread per rank that carries out the rank's inter-node puts as MORI-IO
-//! signalled writes (the bytes from the rank's outbox area to the peer's window, then the
-//! counter operation, applied by the peer only after the bytes are visible there).
+//! signalled writes (the bytes from the rank's window to the peer's window, then the counter
+//! operation, applied by the peer only after the bytes are visible there).
 //!
-//! Producers hand it fixed-size commands ([`Cmd`]) through a bounded channel (the command
-//! ring); it posts each without waiting, keeps the statuses, and reports the first failure
-//! naming the destination rank. The commands of one burst to one peer become one batch (its
-//! entries stripe over the transport's lanes or QPs; its signals follow all of its bytes).
-//! A flush waits, with a deadline, for every posted write.
-//! For tests it can delay every command by a random time and shuffle each burst of commands
-//! ([`super::ProxyInjection`]); the protocol must give the same results.
+//! Producers hand it fixed-size commands ([`RingCmd`]) through a bounded ring: a channel for
+//! the host executor's threads (`Proxy`), or a [`crate::ring`] in shared memory for GPU warps
+//! ([`RingProxy`]). It posts each burst without waiting, keeps the statuses, and reports the
+//! first failure naming the destination rank. The commands of one burst to one peer become one
+//! batch (its entries stripe over the transport's lanes or QPs; its signals follow all of its
+//! bytes). A flush waits, with a deadline, for every posted write.
+//! For tests the channel proxy can delay every command by a random time and shuffle each burst
+//! ([`crate::host::ProxyInjection`]); the protocol must give the same results.
 
-use super::ProxyInjection;
+use crate::host::ProxyInjection;
 use crate::internode::SignalOp;
+use crate::ring::{RingConsumer, RingMem};
 use crate::routing::SplitMix64;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mori_io::{IoEngine, MemoryDesc, RegionBatch, Signal, TransferStatus};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -27,16 +29,24 @@ const MAX_BATCH: usize = 1024;
 /// Commands the ring holds (a full ring blocks the producer until the proxy took one).
 pub(crate) const RING_SLOTS: usize = 4096;
 
-/// One inter-node put: `len` bytes at `local_off` of the rank's window to `remote_off` of rank
-/// `dst`'s window, then `op` on the u64 at `counter` there. `len = 0`: the signal alone.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Cmd {
-    pub dst: u32,
-    pub local_off: u64,
-    pub remote_off: u64,
-    pub len: u64,
-    pub counter: u64,
-    pub op: SignalOp,
+pub use crate::ring::RingCmd as Cmd;
+
+/// Where a proxy writes for one peer rank: its data window and the region its counters are in
+/// (the same region for the host executor; pinned host memory beside a GPU window, since a
+/// signal is applied by the peer's engine on the CPU).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerWindow {
+    /// The peer's window (destination of the bytes).
+    pub data: MemoryDesc,
+    /// The peer's counter region (destination of the counter operations).
+    pub counters: MemoryDesc,
+}
+
+impl PeerWindow {
+    /// Data and counters in one region.
+    pub fn single(m: MemoryDesc) -> Self {
+        Self { data: m.clone(), counters: m }
+    }
 }
 
 /// What a flush reports: the bytes written since the previous flush, the time from the first
@@ -63,7 +73,7 @@ pub(crate) struct Proxy {
 struct State {
     engine: Arc<IoEngine>,
     local: MemoryDesc,
-    peers: Vec<Option<MemoryDesc>>,
+    peers: Vec<Option<PeerWindow>>,
     inject: Option<(ProxyInjection, SplitMix64)>,
     inflight: Vec<(usize, u64, TransferStatus)>,
     failed: Arc<Mutex<Option<(usize, String)>>>,
@@ -83,24 +93,14 @@ impl Proxy {
         rank: usize,
         engine: Arc<IoEngine>,
         local: MemoryDesc,
-        peers: Vec<Option<MemoryDesc>>,
+        peers: Vec<Option<PeerWindow>>,
         inject: Option<ProxyInjection>,
     ) -> std::io::Result<Self> {
         let (tx, rx) = crossbeam_channel::bounded(RING_SLOTS);
         let failed = Arc::new(Mutex::new(None));
         let inject = inject.map(|i| (i, SplitMix64::new(i.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))));
-        let mut st = State {
-            engine,
-            local,
-            peers,
-            inject,
-            inflight: Vec::new(),
-            failed: failed.clone(),
-            bytes: 0,
-            base: Instant::now(),
-            first: None,
-            last_done: Arc::new(AtomicU64::new(0)),
-        };
+        let mut st = State::new(engine, local, peers, failed.clone());
+        st.inject = inject;
         let thread = std::thread::Builder::new().name(format!("mori-ep-proxy-{rank}")).spawn(move || st.run(&rx))?;
         Ok(Self { tx: Some(tx), failed, thread: Some(thread) })
     }
@@ -144,6 +144,38 @@ impl Drop for Proxy {
 }
 
 impl State {
+    fn new(engine: Arc<IoEngine>, local: MemoryDesc, peers: Vec<Option<PeerWindow>>, failed: Arc<Mutex<Option<(usize, String)>>>) -> Self {
+        State {
+            engine,
+            local,
+            peers,
+            inject: None,
+            inflight: Vec::new(),
+            failed,
+            bytes: 0,
+            base: Instant::now(),
+            first: None,
+            last_done: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Posts a burst: one batch per destination (in order of first appearance), at most
+    /// `MAX_BATCH` commands each.
+    fn post_burst(&mut self, cmds: Vec<Cmd>) {
+        let mut by_dst: Vec<(u32, Vec<Cmd>)> = Vec::new();
+        for c in cmds {
+            match by_dst.iter_mut().find(|(d, _)| *d == c.dst) {
+                Some((_, v)) => v.push(c),
+                None => by_dst.push((c.dst, vec![c])),
+            }
+        }
+        for (_, group) in by_dst {
+            for part in group.chunks(MAX_BATCH) {
+                self.post(part);
+            }
+        }
+    }
+
     fn run(&mut self, rx: &Receiver<Msg>) {
         loop {
             let first = match rx.recv_timeout(Duration::from_millis(1)) {
@@ -183,18 +215,7 @@ impl State {
             } else {
                 // One batch per peer: its entries stripe over the lanes / QPs together, and
                 // its signals are applied once all of its bytes landed.
-                let mut by_dst: Vec<(u32, Vec<Cmd>)> = Vec::new();
-                for c in cmds {
-                    match by_dst.iter_mut().find(|(d, _)| *d == c.dst) {
-                        Some((_, v)) => v.push(c),
-                        None => by_dst.push((c.dst, vec![c])),
-                    }
-                }
-                for (_, group) in by_dst {
-                    for part in group.chunks(MAX_BATCH) {
-                        self.post(part);
-                    }
-                }
+                self.post_burst(cmds);
             }
             self.reap();
             if let Some(Msg::Flush(timeout, reply)) = flush {
@@ -207,14 +228,15 @@ impl State {
     /// batch, every counter operation after all of them.
     fn post(&mut self, cmds: &[Cmd]) {
         let Some(dst) = cmds.first().map(|c| c.dst as usize) else { return };
-        let Some(remote) = self.peers.get(dst).cloned().flatten() else {
+        let Some(peer) = self.peers.get(dst).cloned().flatten() else {
             self.fail(dst, format!("rank {dst} has no window registered with this rank's engine (it is on this node, or out of range)"));
             return;
         };
+        let remote = peer.data;
         let sigs: Vec<Signal> = cmds
             .iter()
             .map(|c| Signal {
-                remote: remote.clone(),
+                remote: peer.counters.clone(),
                 offset: c.counter,
                 op: match c.op {
                     SignalOp::Add(v) => mori_io::SignalOp::Add(v),
@@ -290,5 +312,168 @@ impl State {
         let busy = self.first.take().map_or(Duration::ZERO, |a| last.saturating_duration_since(a));
         let rep = FlushReport { bytes: std::mem::take(&mut self.bytes), busy, error: self.failed.lock().clone() };
         rep
+    }
+}
+
+/// Commands taken from a ring per poll (one burst).
+const RING_BURST: usize = 4 * MAX_BATCH;
+
+/// Settings of a [`RingProxy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingProxyOptions {
+    /// How long the thread keeps spinning on an empty ring after the last command before it
+    /// starts sleeping (default 200 µs): a producer's next command is then picked up within
+    /// a poll, not a sleep.
+    pub spin: Duration,
+    /// Longest sleep between two polls of an idle ring (default 50 µs).
+    pub max_sleep: Duration,
+}
+
+impl Default for RingProxyOptions {
+    fn default() -> Self {
+        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50) }
+    }
+}
+
+/// What a [`RingProxy`] did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingProxyStats {
+    /// Commands taken from the ring.
+    pub commands: u64,
+    /// Batched signalled writes posted (one per destination per burst, at most 1024 commands).
+    pub batches: u64,
+    /// Bytes of the writes that completed.
+    pub bytes: u64,
+}
+
+#[derive(Default)]
+struct SharedStats {
+    commands: AtomicU64,
+    batches: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl SharedStats {
+    fn get(&self) -> RingProxyStats {
+        RingProxyStats {
+            commands: self.commands.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A proxy thread that consumes a [`crate::ring`] in shared memory (GPU warps or host threads
+/// produce into it) and carries out each command as a MORI-IO signalled write from `engine`:
+/// the bytes from `local` (the producer's window) to the destination's window, then the counter
+/// operation in the destination's counter region, which the peer's engine applies only after
+/// the bytes are visible there. Commands of one burst to one destination go as one batch.
+pub struct RingProxy {
+    stop: Arc<AtomicBool>,
+    failed: Arc<Mutex<Option<(usize, String)>>>,
+    stats: Arc<SharedStats>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RingProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RingProxy({:?})", self.stats.get())
+    }
+}
+
+impl RingProxy {
+    /// Starts the thread (named `mori-ep-ring-{name}`) consuming `ring` from ticket 0.
+    /// `peers[r]` is rank `r`'s windows (`None` for ranks this proxy never writes to: a command
+    /// naming one fails the proxy). Errors: the thread could not be spawned.
+    pub fn start(
+        name: &str,
+        engine: Arc<IoEngine>,
+        local: MemoryDesc,
+        peers: Vec<Option<PeerWindow>>,
+        ring: RingMem,
+        opts: RingProxyOptions,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(Mutex::new(None));
+        let stats = Arc::new(SharedStats::default());
+        let mut st = State::new(engine, local, peers, failed.clone());
+        let (stop2, stats2) = (stop.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("mori-ep-ring-{name}"))
+            .spawn(move || st.run_ring(RingConsumer::new(ring), &stop2, &stats2, opts))?;
+        Ok(Self { stop, failed, stats, thread: Some(thread) })
+    }
+
+    /// The first failure so far (a write that failed, naming its destination rank; a
+    /// malformed command), without waiting.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().as_ref().map(|(_, m)| m.clone())
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> RingProxyStats {
+        self.stats.get()
+    }
+
+    /// Stops the thread after it posted every command already in the ring and waited (up to
+    /// 10 s) for their completions; returns the final counts, or the first failure.
+    pub fn stop(mut self) -> Result<RingProxyStats, String> {
+        self.stop_thread();
+        match self.failure() {
+            Some(m) => Err(m),
+            None => Ok(self.stats.get()),
+        }
+    }
+
+    fn stop_thread(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.stop.store(true, Ordering::Release);
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RingProxy {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+impl State {
+    fn run_ring(&mut self, mut ring: RingConsumer, stop: &AtomicBool, stats: &SharedStats, opts: RingProxyOptions) {
+        let mut cmds = Vec::with_capacity(RING_BURST);
+        let mut last = Instant::now();
+        let mut sleep = Duration::from_micros(1);
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            cmds.clear();
+            if let Err(e) = ring.poll(&mut cmds, RING_BURST) {
+                self.fail(usize::MAX, e.to_string());
+            }
+            let got = !cmds.is_empty();
+            if got {
+                stats.commands.fetch_add(cmds.len() as u64, Ordering::Relaxed);
+                let before = self.inflight.len();
+                self.post_burst(std::mem::take(&mut cmds));
+                cmds = Vec::with_capacity(RING_BURST);
+                stats.batches.fetch_add(self.inflight.len().saturating_sub(before) as u64, Ordering::Relaxed);
+                last = Instant::now();
+                sleep = Duration::from_micros(1);
+            }
+            self.reap();
+            stats.bytes.store(self.bytes, Ordering::Relaxed);
+            if stopping {
+                // Everything the producers wrote before the stop was taken by the poll above.
+                let rep = self.flush(Duration::from_secs(10));
+                stats.bytes.store(rep.bytes, Ordering::Relaxed);
+                return;
+            }
+            if !got && self.inflight.is_empty() && last.elapsed() > opts.spin {
+                std::thread::sleep(sleep);
+                sleep = (sleep * 2).min(opts.max_sleep);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
     }
 }
