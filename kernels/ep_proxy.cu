@@ -17,7 +17,7 @@
 // device mapping, reaches base + i + 1; records the nanoseconds of each round trip.
 // mori_ep_ring_flood: every warp of the grid stages `per_warp` chunks into the source window
 // (word w of chunk c is ep_flood_word(c, w)), then pushes one command per chunk (Add 1 on
-// counter c % counters); the host checks the destination's bytes once the counters add up.
+// counter c % counters, from counter_base); the host checks the destination's bytes once the counters add up.
 // Faults (a full ring or a counter that never arrives, past `timeout_ns`) go to status:
 // [0] code (1 ring full, 2 counter timeout), [1] warp or iteration, [2] chunk.
 #include "mori_gpu.h"
@@ -106,6 +106,7 @@ struct FloodParams {
     uint64_t chunk;      // bytes between chunks (>= len)
     uint64_t len;        // bytes per chunk, a multiple of 4
     uint64_t timeout_ns;
+    uint64_t counter_base; // byte offset of the first counter in the destination's counter region
     uint32_t dst;
     uint32_t per_warp;
     uint32_t counters;   // commands add 1 to counter (chunk % counters), 8 bytes apart
@@ -135,7 +136,7 @@ MORI_KERNEL void mori_ep_ring_flood(FloodParams p) {
         mori_sync_group32();
         if (lane == 0) {
             const uint64_t off = (uint64_t)c * p.chunk;
-            if (mori_ring_push(p.ring, p.dst, RING_OP_ADD, off, off, p.len, 8ull * (c % p.counters), 1, deadline)) {
+            if (mori_ring_push(p.ring, p.dst, RING_OP_ADD, off, off, p.len, p.counter_base + 8ull * (c % p.counters), 1, deadline)) {
                 if (mori_atomic_cas_system_u32(status, 0, RING_ERR_FULL) == 0) {
                     status[1] = gw;
                     status[2] = c;

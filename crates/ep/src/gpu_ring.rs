@@ -112,6 +112,7 @@ struct FloodParams {
     chunk: u64,
     len: u64,
     timeout_ns: u64,
+    counter_base: u64,
     dst: u32,
     per_warp: u32,
     counters: u32,
@@ -147,7 +148,8 @@ pub struct RoundtripSpec {
 /// One flood run: `blocks` x `warps` warps, each staging `per_warp` chunks of `len` bytes
 /// (`chunk` bytes apart, chunk `c` at `c * chunk` of the source window at device address
 /// `src_ptr`, word `w` = [`flood_word`]`(c, w)`) and pushing one command per chunk to rank
-/// `dst` (same offset there, Add 1 on counter `c % counters`, 8 bytes apart).
+/// `dst` (same offset there, Add 1 on counter `c % counters`: the u64 at byte
+/// `counter_base + 8 * (c % counters)` of its counter region).
 #[derive(Debug, Clone, Copy)]
 pub struct FloodSpec {
     /// Destination rank.
@@ -162,6 +164,8 @@ pub struct FloodSpec {
     pub per_warp: u32,
     /// Counters the commands spread over.
     pub counters: u32,
+    /// Byte offset of the first counter in the destination's counter region (8-aligned).
+    pub counter_base: u64,
     /// Blocks.
     pub blocks: u32,
     /// Warps per block (1..=16).
@@ -285,7 +289,7 @@ impl RingKernels {
             return Err(EpGpuError::Ep(EpError::InvalidConfig {
                 field: "flood spec",
                 value: format!("{spec:?}"),
-                reason: "len a non-zero multiple of 4 and <= chunk, counters >= 1, 1..=16 warps, blocks >= 1".into(),
+                reason: "len a non-zero multiple of 4 and <= chunk, counters >= 1, counter_base 8-aligned, 1..=16 warps, blocks >= 1".into(),
             }));
         }
         let p = FloodParams {
@@ -295,6 +299,7 @@ impl RingKernels {
             chunk: spec.chunk,
             len: spec.len,
             timeout_ns: ns(spec.timeout),
+            counter_base: spec.counter_base,
             dst: spec.dst,
             per_warp: spec.per_warp,
             counters: spec.counters,
@@ -330,7 +335,7 @@ mod tests {
     fn abi_sizes() {
         assert_eq!(std::mem::size_of::<RingDev>(), 24);
         assert_eq!(std::mem::size_of::<RoundtripParams>(), 24 + 9 * 8 + 8);
-        assert_eq!(std::mem::size_of::<FloodParams>(), 24 + 5 * 8 + 16);
+        assert_eq!(std::mem::size_of::<FloodParams>(), 24 + 6 * 8 + 16);
     }
 
     #[test]
