@@ -151,3 +151,24 @@ fn a_killed_rank_is_named_by_every_other_process_within_the_deadline() {
     }
     assert!(took < Duration::from_secs(10), "took {took:?}: {text}");
 }
+
+#[test]
+fn bad_lanes_kill_rank_and_fp8_hidden_are_refused_once_before_any_process_starts() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--world-size", "8", "--num-nodes", "2", "--lanes", "65"], "error: --lanes 65: the inter-node leg takes 1..=64 TCP lanes per peer"),
+        (&["--world-size", "8", "--num-nodes", "2", "--inject-kill-rank", "8"], "error: --inject-kill-rank 8: not a rank of --world-size 8 (0..=7)"),
+        (
+            &["--world-size", "8", "--num-nodes", "2", "--num-experts", "32", "--top-k", "4", "--num-tokens", "40", "--hidden", "264", "--dtype", "fp8"],
+            "error: --hidden 264 with --dtype fp8: a row is 264 elements x 1 B = 264 B, not a multiple of 16 B (rows move as 16-byte vectors); give --hidden a multiple of 16",
+        ),
+        (&["--world-size", "4", "--num-nodes", "2", "--hidden", "260", "--dtype", "bf16"], "--hidden 260 with --dtype bf16: a row is 260 elements x 2 B = 520 B"),
+    ];
+    for (args, want) in cases {
+        let (code, text, took) = run(args);
+        assert_eq!(code, 1, "{args:?}: {text}");
+        assert_eq!(text.matches(want).count(), 1, "{args:?}: once, from the parent alone: {text}");
+        assert_eq!(text.matches("error:").count(), 1, "{args:?}: {text}");
+        assert!(!text.contains("num-qp-per-transfer") && !text.contains("MISMATCH"), "{args:?}: {text}");
+        assert!(took < Duration::from_secs(5), "{args:?}: refused in {took:?}");
+    }
+}

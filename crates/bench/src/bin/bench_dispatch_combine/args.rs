@@ -7,6 +7,9 @@ use mori_ep::{EpConfig, KernelType};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
 
+/// Most TCP lanes per peer MORI-IO's tcp backend takes.
+pub const MAX_LANES: usize = 64;
+
 pub type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 pub fn err(msg: impl Into<String>) -> Box<dyn std::error::Error> {
@@ -22,6 +25,15 @@ pub enum DType {
 }
 
 impl DType {
+    /// The flag value, as the user types it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::Bf16 => "bf16",
+            DType::F32 => "f32",
+            DType::Fp8 => "fp8",
+        }
+    }
+
     pub fn size(self) -> usize {
         match self {
             DType::Bf16 => 2,
@@ -336,8 +348,8 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     if a.chunk_tokens == Some(0) {
         return Err(err("--chunk-tokens 0: each inter-node write carries at least one token"));
     }
-    if a.lanes == Some(0) {
-        return Err(err("--lanes 0: the inter-node leg needs at least one lane"));
+    if let Some(l) = a.lanes.filter(|l| !(1..=MAX_LANES).contains(l)) {
+        return Err(err(format!("--lanes {l}: the inter-node leg takes 1..={MAX_LANES} TCP lanes per peer")));
     }
     if a.transport == Some(TransportArg::Rdma) && a.lanes.is_some() {
         return Err(err("--lanes with --transport rdma: lanes are TCP connections (--transport tcp); RDMA uses the NIC's queue pairs"));
@@ -376,6 +388,9 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     }
     if let Some(&r) = a.zero_token_ranks.iter().find(|&&r| r >= w) {
         return Err(err(format!("--zero-token-ranks {r}: not a rank of --world-size {w}")));
+    }
+    if let Some(r) = a.inject_kill_rank.filter(|&r| r >= w) {
+        return Err(err(format!("--inject-kill-rank {r}: not a rank of --world-size {w} (0..={})", w - 1)));
     }
     if let Some(&r) = a.remote_only_ranks.iter().find(|&&r| r >= w) {
         return Err(err(format!("--remote-only-ranks {r}: not a rank of --world-size {w}")));
@@ -467,6 +482,17 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
     }
     if a.top_k > a.num_experts {
         return Err(err(format!("--top-k {} exceeds --num-experts {}: a token picks top-k distinct experts", a.top_k, a.num_experts)));
+    }
+    let row = a.hidden.saturating_mul(a.dtype.size());
+    if !row.is_multiple_of(16) {
+        return Err(err(format!(
+            "--hidden {} with --dtype {}: a row is {} elements x {} B = {row} B, not a multiple of 16 B (rows move as 16-byte vectors); give --hidden a multiple of {}",
+            a.hidden,
+            a.dtype.name(),
+            a.hidden,
+            a.dtype.size(),
+            16 / a.dtype.size()
+        )));
     }
     let gpn = a.gpn;
     let nodes = a.nodes();
