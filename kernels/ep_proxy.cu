@@ -147,3 +147,8 @@ MORI_KERNEL void mori_ep_ring_flood(FloodParams p) {
         if (*(volatile uint32_t*)status) break; // a full ring anywhere: stop pushing
     }
 }
+
+#ifdef MORI_HOST_EMU
+MORI_EMU_EXPORT(mori_ep_ring_roundtrip, RoundtripParams)
+MORI_EMU_EXPORT(mori_ep_ring_flood, FloodParams)
+#endif

@@ -2,7 +2,9 @@
 //
 // The same source is compiled by nvcc (CUDA, sm_90) and by clang in HIP mode (gfx942,
 // gfx950) with -nogpulib -nogpuinc, so in HIP mode this header uses no vendor header:
-// only clang attributes and __builtin_amdgcn_* / __hip_atomic_* builtins.
+// only clang attributes and __builtin_amdgcn_* / __hip_atomic_* builtins. With
+// -DMORI_HOST_EMU a host C++ compiler builds kernels that use no shared memory into a
+// library whose threads run them on the CPU (tests only; see the end of this header).
 // Kernels use MORI_KERNEL (extern "C": the symbol name is the function name), MORI_DEVICE
 // for helpers, and the mori_* functions below instead of threadIdx/__syncthreads/atomics.
 #pragma once
@@ -139,6 +141,89 @@ MORI_DEVICE void mori_sync_group32() { __syncwarp(); }
 // Index of the lowest set bit of a non-zero value.
 MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)(__ffsll((long long)v) - 1); }
 
+#elif defined(MORI_HOST_EMU) // g++/clang++ -std=c++20 -pthread: the kernels on CPU threads, for tests
+// Every GPU thread of a launch is an OS thread (mori_emu_launch); blocks and 32-thread groups
+// synchronize through barriers, atomics are the compiler's (system scope = the process),
+// device memory is host memory. Reading the clock yields the CPU: every spin loop reads it for
+// its deadline, and spinning threads would otherwise starve the ones they wait for. Shared
+// memory is not emulated (MORI_SHARED does not compile here).
+#include <barrier>
+#include <memory>
+#include <sched.h>
+#include <thread>
+#include <time.h>
+#include <vector>
+#define MORI_DEVICE inline
+#define MORI_KERNEL extern "C"
+#define MORI_LAUNCH_BOUNDS(n)
+#define MORI_GRID_CONSTANT
+#define MORI_SHARED static_assert(false, "shared memory is not emulated by MORI_HOST_EMU");
+struct alignas(16) mori_vec16_t { uint32_t x, y, z, w; };
+
+struct mori_emu_block {
+    std::barrier<> all;
+    std::vector<std::unique_ptr<std::barrier<>>> groups;
+    explicit mori_emu_block(uint32_t threads) : all(threads) {
+        for (uint32_t i = 0; i < threads / 32; i++) groups.emplace_back(new std::barrier<>(32));
+    }
+};
+struct mori_emu_ctx {
+    uint32_t tid, bid, bdim, gdim;
+    mori_emu_block* block;
+};
+inline thread_local mori_emu_ctx mori_emu_tls;
+
+MORI_DEVICE uint32_t mori_thread_idx() { return mori_emu_tls.tid; }
+MORI_DEVICE uint32_t mori_block_idx() { return mori_emu_tls.bid; }
+MORI_DEVICE uint32_t mori_block_dim() { return mori_emu_tls.bdim; }
+MORI_DEVICE uint32_t mori_grid_dim() { return mori_emu_tls.gdim; }
+MORI_DEVICE void mori_sync_block() { mori_emu_tls.block->all.arrive_and_wait(); }
+MORI_DEVICE void mori_sync_group32() { mori_emu_tls.block->groups[mori_emu_tls.tid / 32]->arrive_and_wait(); }
+MORI_DEVICE void mori_fence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+MORI_DEVICE void mori_fence_device() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+MORI_DEVICE uint64_t mori_atomic_add_system(uint64_t* p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MORI_DEVICE uint32_t mori_atomic_add_system_u32(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MORI_DEVICE uint32_t mori_atomic_add_device_u32(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MORI_DEVICE uint32_t mori_atomic_add_block_u32(uint32_t* p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+MORI_DEVICE uint32_t mori_atomic_cas_system_u32(uint32_t* p, uint32_t expected, uint32_t desired) {
+    __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return expected;
+}
+MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+MORI_DEVICE uint64_t mori_load_acquire_device(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+MORI_DEVICE void mori_store_release_device(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+MORI_DEVICE uint64_t mori_clock_ns() {
+    sched_yield();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v); }
+
+// Runs kernel k over grid x block threads (block a multiple of 32) and returns when all ended.
+template <typename P>
+void mori_emu_launch(void (*k)(P), uint32_t grid, uint32_t block, const P& p) {
+    std::vector<std::unique_ptr<mori_emu_block>> blocks;
+    for (uint32_t b = 0; b < grid; b++) blocks.emplace_back(new mori_emu_block(block));
+    std::vector<std::thread> threads;
+    for (uint32_t b = 0; b < grid; b++)
+        for (uint32_t t = 0; t < block; t++)
+            threads.emplace_back([=, &blocks] {
+                mori_emu_tls = mori_emu_ctx{t, b, block, grid, blocks[b].get()};
+                k(p);
+            });
+    for (auto& th : threads) th.join();
+}
+// Exports `mori_emu_NAME(grid, block, params)`: the launch of kernel NAME, whose by-value
+// parameter is read from `params` (laid out as on the GPU).
+#define MORI_EMU_EXPORT(name, P)                                                              \
+    extern "C" __attribute__((visibility("default"))) int mori_emu_##name(uint32_t grid, uint32_t block, const void* params) { \
+        if (block == 0 || block % 32 != 0) return 1;                                          \
+        mori_emu_launch<P>(name, grid, block, *(const P*)params);                             \
+        return 0;                                                                             \
+    }
+
 #else
-#error "mori_gpu.h: compile with nvcc or with clang -x hip"
+#error "mori_gpu.h: compile with nvcc or with clang -x hip (or define MORI_HOST_EMU for the CPU emulation)"
 #endif

@@ -289,7 +289,8 @@ impl RingKernels {
             return Err(EpGpuError::Ep(EpError::InvalidConfig {
                 field: "flood spec",
                 value: format!("{spec:?}"),
-                reason: "len a non-zero multiple of 4 and <= chunk, counters >= 1, counter_base 8-aligned, 1..=16 warps, blocks >= 1".into(),
+                reason: "len a non-zero multiple of 4 and <= chunk, counters >= 1, counter_base 8-aligned, 1..=16 warps, blocks >= 1"
+                    .into(),
             }));
         }
         let p = FloodParams {
@@ -355,3 +356,7 @@ mod tests {
         });
     }
 }
+
+#[cfg(test)]
+#[path = "gpu_ring_emu_tests.rs"]
+mod emu_tests;
