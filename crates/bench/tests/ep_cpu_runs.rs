@@ -6,8 +6,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn run(args: &[&str]) -> (i32, String, Duration) {
+    run_env(args, &[])
+}
+
+fn run_env(args: &[&str], vars: &[(&str, &str)]) -> (i32, String, Duration) {
     let t = Instant::now();
     let out = Command::new(env!("CARGO_BIN_EXE_bench_dispatch_combine"))
+        .envs(vars.iter().copied())
         .args(["--device", "cpu", "--local", "--iters", "2", "--warmup", "1"])
         .args(args)
         .env_remove("RANK")
@@ -136,19 +141,110 @@ fn v1_ll_with_proxy_delays_and_reordering() {
     );
 }
 
+/// Whether `line` names EP rank `r`: "rank r" as a whole number, or in a "ranks [..]" list.
+fn names_rank(line: &str, r: usize) -> bool {
+    let whole = |at: usize, len: usize| !line[at + len..].starts_with(|c: char| c.is_ascii_digit());
+    let single = format!("rank {r}");
+    line.match_indices(&single).any(|(at, m)| whole(at, m.len()))
+        || line.match_indices("ranks [").any(|(at, m)| {
+            let rest = &line[at + m.len()..];
+            rest[..rest.find(']').unwrap_or(0)].split(", ").any(|x| x == r.to_string())
+        })
+}
+
 #[test]
 fn a_killed_rank_is_named_by_every_other_process_within_the_deadline() {
+    // Rank 2 dies inside its second dispatch, after issuing puts, while the others are in
+    // theirs: the abort word / write failure path, not a bootstrap barrier.
     let (code, text, took) =
         run(&with(&["--world-size", "4", "--num-nodes", "2", "--kernel-type", "v1", "--inject-kill-rank", "2", "--timeout-ms", "3000"]));
     assert_eq!(code, 1, "{text}");
-    assert!(text.contains("exited with signal: 9 (SIGKILL)"), "{text}");
+    assert!(text.contains("process 2 (EP rank 2) (pid ") && text.contains("exited with signal: 9 (SIGKILL)"), "{text}");
     for p in [0, 1, 3] {
         let line = text
             .lines()
             .find(|l| l.contains(&format!("error: process {p} (ranks {p}..{})", p + 1)))
             .unwrap_or_else(|| panic!("process {p}: {text}"));
-        assert!(line.contains("rank 2"), "process {p} does not name rank 2: {line}");
+        assert!(names_rank(line, 2), "process {p} does not name rank 2: {line}");
+        assert!(
+            (line.contains(": dispatch ") || line.contains("inter-node write to rank 2 failed")) && !line.contains("bootstrap"),
+            "process {p} failed outside dispatch: {line}"
+        );
     }
+    assert!(took < Duration::from_secs(10), "took {took:?}: {text}");
+}
+
+#[test]
+fn a_process_lost_in_setup_is_named_with_its_ep_ranks_and_its_windows_removed() {
+    let job = format!("{:x}", 0x7e57_0000_0000u64 | u64::from(std::process::id()));
+    let (code, text, took) = run_env(
+        &with(&[
+            "--world-size",
+            "8",
+            "--num-nodes",
+            "4",
+            "--ranks-per-proc",
+            "2",
+            "--inject-kill-rank",
+            "5",
+            "--inject-kill-at",
+            "setup",
+            "--timeout-ms",
+            "3000",
+        ]),
+        &[("MORI_EP_JOB", &job)],
+    );
+    assert_eq!(code, 1, "{text}");
+    for p in [0, 1, 3] {
+        let line = text.lines().find(|l| l.contains(&format!("error: process {p} "))).unwrap_or_else(|| panic!("process {p}: {text}"));
+        assert!(line.contains("bootstrap barrier after mapping the windows: process 2 (EP ranks 4, 5) was lost during barrier"), "{line}");
+        assert!(!line.contains("rank 2 was lost"), "{line}");
+    }
+    // Process 2 died with its windows (ranks 4 and 5) created and not unlinked: the parent
+    // removed them once the children exited.
+    let prefix = format!("mori-ep-{:0>16}-r", job);
+    assert!(text.contains(&format!("removed 2 window(s) the job left in /dev/shm: {prefix}4, {prefix}5")), "{text}");
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {text}");
+}
+
+#[test]
+fn a_dead_or_hung_process_ends_the_local_job_and_is_named() {
+    // Dead before joining the bootstrap: the job ends at once (not after the 60 s rendezvous),
+    // the others killed and named.
+    let (code, text, took) =
+        run(&with(&["--world-size", "4", "--num-nodes", "2", "--inject-kill-rank", "2", "--inject-kill-at", "bootstrap"]));
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("process 2 (EP rank 2) (pid ") && text.contains("exited with signal: 9 (SIGKILL) before the bootstrap completed"),
+        "{text}"
+    );
+    for p in [1, 3] {
+        assert!(text.contains(&format!("killed process {p} (EP rank {p}) (pid ")), "process {p}: {text}");
+    }
+    assert!(took < Duration::from_secs(5), "took {took:?}: {text}");
+    // Stopped inside its second dispatch: the others time out after --timeout-ms, naming the
+    // missing writers without calling them failed; the parent kills it after --timeout-ms + 2 s.
+    let (code, text, took) = run(&with(&[
+        "--world-size",
+        "4",
+        "--num-nodes",
+        "2",
+        "--inject-kill-rank",
+        "3",
+        "--inject-kill-at",
+        "stop-in-dispatch",
+        "--timeout-ms",
+        "1000",
+    ]));
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("killed process 3 (EP rank 3) (pid ") && text.contains("still running 3.0 s after"), "{text}");
+    assert!(!text.contains("rank 3 failed"), "a stopped rank is not seen to fail: {text}");
     assert!(took < Duration::from_secs(10), "took {took:?}: {text}");
 }
 

@@ -237,9 +237,7 @@ pub enum EpError {
         detail: String,
     },
     /// A rank's phase did not complete within its deadline.
-    #[error(
-        "rank {rank}: {phase} not complete after {waited_ms} ms; still waiting for {waiting} (from ranks {writers:?}: are they alive?)"
-    )]
+    #[error("rank {rank}: {phase} not complete after {waited_ms} ms: missing writes from ranks {writers:?}; still waiting for {waiting}")]
     Timeout {
         /// The waiting rank.
         rank: usize,
@@ -249,7 +247,7 @@ pub enum EpError {
         waited_ms: u64,
         /// The segments still missing.
         waiting: String,
-        /// The ranks that write them.
+        /// The other ranks that write them (never `rank` itself; sorted).
         writers: Vec<usize>,
     },
     /// An inter-node write of a rank to a peer failed.
@@ -277,15 +275,26 @@ pub enum EpError {
         theirs: String,
     },
     /// Another rank of the job gave up (a failed write, a missed deadline) and told this one.
-    #[error("rank {rank}: {phase} aborted: rank {failed} failed or stopped answering (reported by rank {reporter})")]
+    #[error("rank {rank}: {phase} aborted: {}", peer_failed_msg(*.failed, *.reporter, *.seen_dead))]
     PeerFailed {
         /// This rank.
         rank: usize,
         /// `"dispatch"` or `"combine"`.
         phase: &'static str,
-        /// The rank found failed.
+        /// The rank found failed (`seen_dead`), or whose writes the reporter timed out on.
         failed: usize,
         /// The rank that found it.
         reporter: usize,
+        /// Whether the reporter saw `failed` fail (connection lost, a write to it failed); false
+        /// when it only timed out waiting for its writes.
+        seen_dead: bool,
     },
+}
+
+fn peer_failed_msg(failed: usize, reporter: usize, seen_dead: bool) -> String {
+    if seen_dead {
+        format!("rank {failed} failed (rank {reporter} saw its connection lost or a write to it fail)")
+    } else {
+        format!("rank {reporter} timed out missing writes from rank {failed} (not seen to fail: stopped, slow, or waiting itself)")
+    }
 }

@@ -1,8 +1,10 @@
 //! Failure propagation: a rank that gives up (a write failed, a deadline passed) stores
-//! `failed + 1 | reporter << 32` in the abort word of every other rank's window (shared memory
-//! inside the node, a signal across nodes, best effort), so that every rank of the job fails
-//! promptly with an error naming the rank found failed, instead of each waiting for its own
-//! deadline and naming whichever peer gave up first.
+//! `suspect + 1 | reporter << 32 | timed_out << 63` in the abort word of every other rank's
+//! window (shared memory inside the node, a signal across nodes, best effort), so that every
+//! rank of the job fails promptly, instead of each waiting for its own deadline. The word says
+//! "failed" only for a rank the reporter saw fail (a write to it failed, its connection was
+//! lost); after a timeout it names the first other process's rank whose writes were missing,
+//! as missing, not as failed.
 
 use super::HostEp;
 use crate::error::{EpError, EpResult};
@@ -28,8 +30,8 @@ impl HostEp {
         for r in self.local.clone() {
             let v = self.wins.get(&r).map_or(0, |w| w.load(self.abort_off));
             if v != 0 {
-                let failed = ((v & 0xffff_ffff) - 1) as usize;
-                return Err(EpError::PeerFailed { rank: r, phase, failed, reporter: (v >> 32) as usize });
+                let (failed, reporter, seen_dead) = decode(v);
+                return Err(EpError::PeerFailed { rank: r, phase, failed, reporter, seen_dead });
             }
         }
         Ok(())
@@ -39,13 +41,13 @@ impl HostEp {
     /// other rank which rank failed. Returns `e`.
     pub(super) fn fail(&mut self, e: EpError) -> EpError {
         self.poisoned = Some(e.to_string());
-        let failed = match &e {
-            EpError::Transport { peer, .. } if *peer != usize::MAX => Some(*peer),
-            EpError::Timeout { writers, .. } => writers.iter().copied().find(|w| !self.local.contains(w)).or(writers.first().copied()),
-            _ => None,
+        let (failed, reporter, seen_dead) = match &e {
+            EpError::Transport { peer, rank, .. } if *peer != usize::MAX => (Some(*peer), *rank, true),
+            EpError::Timeout { writers, rank, .. } => (writers.iter().copied().find(|w| !self.local.contains(w)), *rank, false),
+            _ => (None, 0, false),
         };
-        let (Some(failed), Some(reporter)) = (failed, self.local.clone().next()) else { return e };
-        let word = (failed as u64 + 1) | (reporter as u64) << 32;
+        let Some(failed) = failed else { return e };
+        let word = encode(failed, reporter, seen_dead);
         for (&r, w) in &self.wins {
             if !self.local.contains(&r) {
                 let _ = w.signal(self.abort_off, SignalOp::Set(word));
@@ -65,5 +67,39 @@ impl HostEp {
             }
         }
         e
+    }
+}
+
+/// The abort word: `suspect + 1 | reporter << 32 | timed_out << 63` (never 0).
+fn encode(suspect: usize, reporter: usize, seen_dead: bool) -> u64 {
+    (suspect as u64 + 1) & 0xffff_ffff | ((reporter as u64) & 0x7fff_ffff) << 32 | u64::from(!seen_dead) << 63
+}
+
+/// (suspect, reporter, seen_dead) of a non-zero abort word.
+fn decode(v: u64) -> (usize, usize, bool) {
+    (((v & 0xffff_ffff).saturating_sub(1)) as usize, ((v >> 32) & 0x7fff_ffff) as usize, v >> 63 == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode, encode};
+    use crate::error::EpError;
+
+    #[test]
+    fn the_abort_word_says_failed_only_for_a_rank_seen_dead() {
+        for (s, r, d) in [(0, 5, true), (6, 2, false), (1023, 0, true)] {
+            assert_eq!(decode(encode(s, r, d)), (s, r, d));
+            assert_ne!(encode(s, r, d), 0);
+        }
+        let (failed, reporter, seen_dead) = decode(encode(6, 2, false));
+        let e = EpError::PeerFailed { rank: 0, phase: "dispatch", failed, reporter, seen_dead }.to_string();
+        assert_eq!(
+            e,
+            "rank 0: dispatch aborted: rank 2 timed out missing writes from rank 6 (not seen to fail: stopped, slow, or waiting itself)"
+        );
+        assert!(!e.contains("6 failed"), "{e}");
+        let (failed, reporter, seen_dead) = decode(encode(6, 2, true));
+        let e = EpError::PeerFailed { rank: 0, phase: "combine", failed, reporter, seen_dead }.to_string();
+        assert_eq!(e, "rank 0: combine aborted: rank 6 failed (rank 2 saw its connection lost or a write to it fail)");
     }
 }

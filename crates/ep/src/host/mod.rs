@@ -23,6 +23,7 @@
 //! The path taken is printed by [`HostEp::describe`]: nothing falls back silently.
 
 mod abort;
+mod names;
 mod phase;
 mod setup;
 mod shm;
@@ -31,6 +32,8 @@ use crate::config::EpConfig;
 use crate::error::{EpError, EpResult};
 use crate::internode::{CombineState, Proto, Scheme};
 use mori_io::{IoEngine, MemoryDesc};
+pub use names::process_names;
+pub use shm::remove_job_windows;
 use shm::ShmWindow;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -66,6 +69,32 @@ pub struct ProxyInjection {
     pub reorder: bool,
 }
 
+/// Test injection: the process hosting these ranks ends itself (SIGKILL) or stops (SIGSTOP) at
+/// a point of its run, as a crashed or hung process would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessInjection {
+    /// SIGKILL during setup, after its windows exist and before they are unlinked.
+    KillInSetup,
+    /// SIGKILL in dispatch number `nth` (0-based), after its first local rank issued its puts.
+    KillInDispatch {
+        /// Which dispatch.
+        nth: u64,
+    },
+    /// SIGSTOP at the same point (the process hangs until continued).
+    StopInDispatch {
+        /// Which dispatch.
+        nth: u64,
+    },
+}
+
+impl ProcessInjection {
+    fn raise(self) {
+        let sig = if matches!(self, ProcessInjection::StopInDispatch { .. }) { libc::SIGSTOP } else { libc::SIGKILL };
+        // SAFETY: signalling this process.
+        unsafe { libc::kill(libc::getpid(), sig) };
+    }
+}
+
 /// Settings of a [`HostEp`].
 #[derive(Debug, Clone)]
 pub struct HostOptions {
@@ -80,6 +109,13 @@ pub struct HostOptions {
     /// Address the MORI-IO engines listen on and advertise (default `127.0.0.1`; on several
     /// hosts, this host's address on the network between them).
     pub host: String,
+    /// The job id naming the shared-memory windows, `/dev/shm/mori-ep-<job as 16 hex
+    /// digits>-r<rank>` (process 0's is used by all). Default: from process 0's clock and pid.
+    /// A launcher that picks it can remove what a process that died during setup left
+    /// ([`remove_job_windows`]).
+    pub job: Option<u64>,
+    /// Process fault injection (tests; default none).
+    pub inject_exit: Option<ProcessInjection>,
 }
 
 impl Default for HostOptions {
@@ -90,6 +126,8 @@ impl Default for HostOptions {
             chunk_tokens: 32,
             inject: None,
             host: "127.0.0.1".into(),
+            job: None,
+            inject_exit: None,
         }
     }
 }
@@ -137,6 +175,8 @@ pub struct HostEp {
     abort_off: usize,
     /// Set by a failed phase: the HostEp is then unusable.
     poisoned: Option<String>,
+    /// Dispatches begun (for [`HostOptions::inject_exit`]).
+    dispatches: u64,
 }
 
 impl HostEp {

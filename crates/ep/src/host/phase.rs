@@ -58,6 +58,24 @@ fn backoff(idle: u32) {
     }
 }
 
+/// A timeout's suspects and segments for rank `me`: the other ranks whose writes are missing
+/// (sorted, never `me`: a segment `me` writes itself waits for its own inputs) and the first
+/// six segments, each with its writer.
+fn missing(me: usize, pend: &[(Seg, usize)]) -> (Vec<usize>, String) {
+    let mut writers: Vec<usize> = pend.iter().map(|(_, w)| *w).filter(|&w| w != me).collect();
+    writers.sort_unstable();
+    writers.dedup();
+    let seg = |(s, w): &(Seg, usize)| {
+        if *w == me {
+            format!("{s} (this rank's own, once its inputs are in)")
+        } else {
+            format!("{s} (written by rank {w})")
+        }
+    };
+    let waiting = pend.iter().take(6).map(seg).collect::<Vec<_>>().join(", ") + if pend.len() > 6 { ", ..." } else { "" };
+    (writers, waiting)
+}
+
 /// What a phase measured per local rank: µs until complete, proxy bytes and busy µs.
 struct PhaseTimes {
     done_us: Vec<f64>,
@@ -94,7 +112,18 @@ impl HostEp {
             self.stats[li].rdma_physical_tokens = rdma_cross_node_token_count(&input.indices, ex, nodes, node, OutOfRange::default())?;
             ranks.push(st);
             self.issue(li, &out)?;
+            if li == 0 {
+                match self.opts.inject_exit {
+                    Some(i @ (super::ProcessInjection::KillInDispatch { nth } | super::ProcessInjection::StopInDispatch { nth }))
+                        if nth == self.dispatches =>
+                    {
+                        i.raise()
+                    }
+                    _ => {}
+                }
+            }
         }
+        self.dispatches += 1;
         let times = self.drive("dispatch", t0, &mut ranks).map_err(|e| self.fail(e))?;
         let mut recv = Vec::with_capacity(ranks.len());
         for (li, st) in ranks.into_iter().enumerate() {
@@ -246,11 +275,7 @@ impl HostEp {
                 let li = done_us.iter().position(|d| d.is_nan()).unwrap_or(0);
                 let r = self.local.start + li;
                 let pend = ranks[li].pending(&self.proto, self.win(r)?);
-                let mut writers: Vec<usize> = pend.iter().map(|(_, w)| *w).collect();
-                writers.sort_unstable();
-                writers.dedup();
-                let waiting = pend.iter().take(6).map(|(s, w)| format!("{s} (written by rank {w})")).collect::<Vec<_>>().join(", ")
-                    + if pend.len() > 6 { ", ..." } else { "" };
+                let (writers, waiting) = missing(r, &pend);
                 return Err(EpError::Timeout { rank: r, phase, waited_ms: self.opts.deadline.as_millis() as u64, waiting, writers });
             }
             idle = idle.saturating_add(1);
@@ -268,5 +293,23 @@ impl HostEp {
             inter_us[li] = rep.busy.as_secs_f64() * 1e6;
         }
         Ok(PhaseTimes { done_us, inter_bytes, inter_us })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missing;
+    use crate::error::EpError;
+    use crate::internode::Seg;
+
+    #[test]
+    fn a_timeout_names_missing_writers_and_never_the_reporting_rank() {
+        let pend = [(Seg::Relay(1), 4), (Seg::In(6), 6), (Seg::In(7), 6), (Seg::In(0), 0)];
+        let (writers, waiting) = missing(4, &pend);
+        assert_eq!(writers, vec![0, 6]);
+        assert!(waiting.starts_with("relay segment of origin node 1 (this rank's own, once its inputs are in), dispatch segment of origin rank 6 (written by rank 6)"), "{waiting}");
+        let e = EpError::Timeout { rank: 4, phase: "dispatch", waited_ms: 3000, waiting, writers }.to_string();
+        assert!(e.starts_with("rank 4: dispatch not complete after 3000 ms: missing writes from ranks [0, 6]; still waiting for "), "{e}");
+        assert!(!e.contains("written by rank 4") && !e.contains("alive") && !e.contains("failed"), "{e}");
     }
 }

@@ -97,14 +97,20 @@ pub(super) fn build(
     let topo = *proto.topology();
     // The window: the protocol's layout, then the abort word (super::abort).
     let size = proto.layout().size() + 8;
-    let boot_err = |op: &str, e: mori_bootstrap::BootstrapError| host_err(format!("bootstrap {op}"), e);
+    // Bootstrap members are processes: their errors name processes (with their EP ranks
+    // once the descriptors told them).
+    let boot_err = |op: &str, e: mori_bootstrap::BootstrapError| {
+        host_err(format!("bootstrap {op}"), super::process_names(&e.to_string(), &|p| (p == boot.rank()).then(|| local.clone())))
+    };
     // The job's id names the shared-memory files: process 0's clock and pid.
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-        ^ u64::from(std::process::id()) << 32;
+    let seed = opts.job.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+            ^ u64::from(std::process::id()) << 32
+    });
     let job =
         boot.broadcast(0, (boot.rank() == 0).then_some(&seed.to_le_bytes()[..])).map_err(|e| boot_err("broadcast of the job id", e))?;
     let job = u64::from_le_bytes(job.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(|| host_err("job id", "short broadcast"))?);
-    let name = |r: usize| format!("/mori-ep-{job:016x}-r{r}");
+    let name = |r: usize| super::shm::window_name(job, r);
     let mut wins = BTreeMap::new();
     for r in local.clone() {
         wins.insert(r, ShmWindow::create(&name(r), size)?);
@@ -149,7 +155,13 @@ pub(super) fn build(
             wins.insert(r, ShmWindow::open(&name(r), size)?);
         }
     }
-    boot.barrier().map_err(|e| boot_err("barrier after mapping the windows", e))?;
+    if opts.inject_exit == Some(super::ProcessInjection::KillInSetup) {
+        super::ProcessInjection::KillInSetup.raise();
+    }
+    boot.barrier().map_err(|e| {
+        let ranks = |p: usize| hellos.get(p).map(|h| h.ranks.0..h.ranks.1);
+        host_err("bootstrap barrier after mapping the windows", super::process_names(&e.to_string(), &ranks))
+    })?;
     for r in local.clone() {
         if let Some(win) = wins.get_mut(&r) {
             win.unlink();
@@ -210,6 +222,7 @@ pub(super) fn build(
         peer_mems,
         abort_off: size - 8,
         poisoned: None,
+        dispatches: 0,
         stats: local.map(|rank| RankStats { rank, ..RankStats::default() }).collect(),
         describe,
     })

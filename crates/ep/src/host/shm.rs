@@ -198,6 +198,26 @@ impl Drop for ShmWindow {
     }
 }
 
+/// The shared-memory name of rank `r`'s window in job `job`.
+pub(crate) fn window_name(job: u64, r: usize) -> String {
+    format!("/mori-ep-{job:016x}-r{r}")
+}
+
+/// Removes every window of job `job` still in /dev/shm (those of processes that died between
+/// creating and unlinking them); returns the names removed. For a launcher, once every process
+/// of the job has exited (a live process unlinks its own windows).
+pub fn remove_job_windows(job: u64) -> Vec<String> {
+    let prefix = format!("mori-ep-{job:016x}-r");
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return Vec::new() };
+    let mut gone: Vec<String> = dir
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.strip_prefix(&prefix).is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit())))
+        .filter(|n| std::fs::remove_file(format!("/dev/shm/{n}")).is_ok())
+        .collect();
+    gone.sort();
+    gone
+}
+
 /// Bytes free in /dev/shm (statvfs), if it can be read.
 fn shm_free_bytes() -> Option<u64> {
     let c = CString::new("/dev/shm").ok()?;
@@ -209,7 +229,22 @@ fn shm_free_bytes() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::ShmWindow;
+    use super::{remove_job_windows, window_name, ShmWindow};
+
+    #[test]
+    fn a_jobs_left_windows_are_removed_and_no_others() {
+        let job = 0x5eed_0000_0000_0000 | u64::from(std::process::id());
+        let w0 = ShmWindow::create(&window_name(job, 0), 4096).unwrap();
+        let w12 = ShmWindow::create(&window_name(job, 12), 4096).unwrap();
+        let other = ShmWindow::create(&window_name(job + 1, 0), 4096).unwrap();
+        // As a killed process leaves them: created, never unlinked.
+        std::mem::forget((w0, w12));
+        assert_eq!(remove_job_windows(job), vec![format!("mori-ep-{job:016x}-r0"), format!("mori-ep-{job:016x}-r12")]);
+        assert!(!std::path::Path::new(&format!("/dev/shm{}", window_name(job, 0))).exists());
+        assert!(std::path::Path::new(&format!("/dev/shm{}", window_name(job + 1, 0))).exists(), "another job's window stays");
+        assert!(remove_job_windows(job).is_empty());
+        drop(other);
+    }
 
     #[test]
     fn a_window_larger_than_dev_shm_is_refused_with_its_figures() {

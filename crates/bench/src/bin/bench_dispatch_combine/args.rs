@@ -126,6 +126,19 @@ pub enum DeviceArg {
     Cpu,
 }
 
+/// Where `--inject-kill-rank` strikes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KillAt {
+    /// SIGKILL before joining the bootstrap.
+    Bootstrap,
+    /// SIGKILL during setup, after creating its windows and before unlinking them.
+    Setup,
+    /// SIGKILL inside the second dispatch, after its first rank issued its puts.
+    Dispatch,
+    /// SIGSTOP at the same point (a hung process).
+    StopInDispatch,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 pub enum TransportArg {
     /// MORI-IO over TCP.
@@ -239,10 +252,14 @@ pub struct Args {
     /// ranks; the inter-node leg with no intra-node copies beside it). Needs 2+ nodes.
     #[arg(long = "remote-only-ranks", value_delimiter = ',')]
     pub remote_only_ranks: Vec<usize>,
-    /// (test) CPU: the process hosting this rank kills itself (SIGKILL) as its second dispatch
-    /// begins, while the others are in theirs; they must fail naming it within --timeout-ms.
+    /// (test) CPU: the process hosting this rank kills itself (SIGKILL) inside its second
+    /// dispatch, after its first rank issued its puts, while the others are in theirs; they
+    /// must fail naming it within --timeout-ms. --inject-kill-at picks another point.
     #[arg(long = "inject-kill-rank", hide = true)]
     pub inject_kill_rank: Option<usize>,
+    /// (test) CPU: where --inject-kill-rank strikes. Default dispatch.
+    #[arg(long = "inject-kill-at", value_enum, hide = true, requires = "inject_kill_rank")]
+    pub inject_kill_at: Option<KillAt>,
     /// Timed iterations.
     #[arg(long, default_value_t = 20)]
     pub iters: usize,
@@ -391,6 +408,13 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     }
     if let Some(r) = a.inject_kill_rank.filter(|&r| r >= w) {
         return Err(err(format!("--inject-kill-rank {r}: not a rank of --world-size {w} (0..={})", w - 1)));
+    }
+    if let (Some(r), Some(at @ (KillAt::Bootstrap | KillAt::Setup))) = (a.inject_kill_rank, a.inject_kill_at) {
+        if a.local && r < rpp {
+            return Err(err(format!(
+                "--inject-kill-rank {r} with --inject-kill-at {at:?}: rank {r} is hosted by process 0, the --local parent that supervises the others (pick a rank of another process)"
+            )));
+        }
     }
     if let Some(&r) = a.remote_only_ranks.iter().find(|&&r| r >= w) {
         return Err(err(format!("--remote-only-ranks {r}: not a rank of --world-size {w}")));

@@ -16,10 +16,10 @@
 //! is a valid round; times are the host implementation's own (RankStats), averaged over
 //! `--iters` after `--warmup`.
 
-use crate::args::{config, err, AnyResult, Args, CombDType, DType, IdxType, TransportArg};
+use crate::args::{config, err, AnyResult, Args, CombDType, DType, IdxType, KillAt, TransportArg};
 use crate::inputs::{bytes_of, comb_value, gen_inputs, Inputs, RowBytes};
 use mori_bootstrap::{Bootstrap, BootstrapEnv, SocketBootstrap, SocketBootstrapConfig};
-use mori_ep::host::{HostEp, HostOptions, InterTransport, ProxyInjection};
+use mori_ep::host::{HostEp, HostOptions, InterTransport, ProcessInjection, ProxyInjection};
 use mori_ep::internode::Scheme;
 use mori_ep::{
     accounting, bf16, combine, dispatch, quantize_fp8_blocks, CombineOptions, CombineOut, DispatchOptions, Element, EpConfig, KernelType,
@@ -28,6 +28,8 @@ use mori_ep::{
 use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One rank's figures (means over the timed iterations).
@@ -69,8 +71,15 @@ pub fn run(a: &Args) -> AnyResult<bool> {
             std::fs::File::create(path).map_err(|e| err(format!("--json {path}: cannot be written: {e}")))?;
         }
     }
-    let timeouts = (Duration::from_secs(60), Duration::from_secs(120));
-    let mut children: Vec<Child> = Vec::new();
+    let timeouts = bootstrap_timeouts(&|k: &str| std::env::var(k).ok())?;
+    // The --local parent (process 0) picks the job id: it names every window of the job, so
+    // that the parent can remove those a process that died during setup left.
+    let job = if spawner { Some(job_id(&|k: &str| std::env::var(k).ok())?) } else { None };
+    if a.local && a.inject_kill_at == Some(KillAt::Bootstrap) && a.inject_kill_rank.is_some_and(|r| r / a.rpp() == a.proc_index) {
+        // SAFETY: signalling this process (test injection: dead before joining the bootstrap).
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    let mut sup = None;
     let bc = match &a.launch {
         Some(env) => launcher_config(env, procs)?,
         None => {
@@ -81,30 +90,241 @@ pub fn run(a: &Args) -> AnyResult<bool> {
                     let m: SocketAddr = format!("127.0.0.1:{port}").parse()?;
                     let exe = std::env::current_exe()?;
                     let argv: Vec<String> = std::env::args().skip(1).collect();
+                    let mut children = Vec::new();
                     for i in 1..procs {
-                        children.push(
-                            Command::new(&exe)
-                                .args(&argv)
-                                .args(["--proc-index", &i.to_string(), "--proc-master", &m.to_string()])
-                                .spawn()?,
-                        );
+                        let child = Command::new(&exe)
+                            .args(&argv)
+                            .args(["--proc-index", &i.to_string(), "--proc-master", &m.to_string()])
+                            .spawn()
+                            .map_err(|e| err(format!("spawning process {i} of {procs} ({}): {e}", exe.display())));
+                        match child {
+                            Ok(c) => children.push((i, c)),
+                            Err(e) => {
+                                Supervisor::start(children, a, job).abort(&e.to_string());
+                                return Err(e);
+                            }
+                        }
                     }
+                    sup = Some(Supervisor::start(children, a, job));
                     m
                 }
             };
             SocketBootstrapConfig::new(a.proc_index, procs, master).with_timeouts(timeouts.0, timeouts.1)
         }
     };
-    let result = SocketBootstrap::new(bc).map_err(|e| err(format!("bootstrap: {e}"))).and_then(|boot| run_process(a, &cfg, &boot));
-    let mut ok = true;
-    for mut c in children {
-        let st = c.wait()?;
-        if !st.success() {
-            eprintln!("bench_dispatch_combine: process {:?} exited with {st}", c.id());
-            ok = false;
+    let rpp = a.rpp();
+    let boot = SocketBootstrap::new(bc).map_err(|e| err(format!("bootstrap: {}", members(&e, rpp))));
+    if let (Some(s), Ok(_)) = (&sup, &boot) {
+        s.joined();
+    }
+    let result = boot.and_then(|boot| run_process(a, &cfg, &boot, job));
+    let children_ok = match sup {
+        Some(s) => s.finish(!matches!(result, Ok(true))),
+        None => true,
+    };
+    Ok(result? && children_ok)
+}
+
+/// The bootstrap's rendezvous and per-collective deadlines: `MORI_BOOTSTRAP_TIMEOUT` and
+/// `MORI_BOOTSTRAP_OP_TIMEOUT` (seconds) when set, else 60 s and 120 s (a collective before a
+/// timed phase waits for every process's previous phase and check).
+fn bootstrap_timeouts(vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<(Duration, Duration)> {
+    let get = |k: &str, default: Duration| -> AnyResult<Duration> {
+        match vars(k).filter(|v| !v.trim().is_empty()) {
+            Some(v) => Ok(mori_bootstrap::parse_secs(k, &v)?),
+            None => Ok(default),
+        }
+    };
+    let set = vars(mori_bootstrap::ENV_TIMEOUT).is_some_and(|v| !v.trim().is_empty());
+    let rendezvous = get(mori_bootstrap::ENV_TIMEOUT, Duration::from_secs(60))?;
+    // As the bootstrap reads them: the per-collective deadline defaults to the rendezvous one.
+    let op = get(mori_bootstrap::ENV_OP_TIMEOUT, if set { rendezvous } else { Duration::from_secs(120) })?;
+    Ok((rendezvous, op))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bootstrap_timeouts, job_id};
+    use std::time::Duration;
+
+    #[test]
+    fn local_bootstrap_deadlines_honour_the_variables_their_errors_name() {
+        let vars =
+            |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        let s = Duration::from_secs;
+        assert_eq!(bootstrap_timeouts(&vars(&[])).unwrap(), (s(60), s(120)));
+        assert_eq!(bootstrap_timeouts(&vars(&[("MORI_BOOTSTRAP_TIMEOUT", "5")])).unwrap(), (s(5), s(5)));
+        assert_eq!(
+            bootstrap_timeouts(&vars(&[("MORI_BOOTSTRAP_TIMEOUT", "5"), ("MORI_BOOTSTRAP_OP_TIMEOUT", "2.5")])).unwrap(),
+            (s(5), Duration::from_millis(2500))
+        );
+        let e = bootstrap_timeouts(&vars(&[("MORI_BOOTSTRAP_TIMEOUT", "soon")])).unwrap_err().to_string();
+        assert!(e.contains("MORI_BOOTSTRAP_TIMEOUT") && e.contains("soon"), "{e}");
+        assert_eq!(job_id(&vars(&[("MORI_EP_JOB", "00ab")])).unwrap(), 0xab);
+        let e = job_id(&vars(&[("MORI_EP_JOB", "xyz")])).unwrap_err().to_string();
+        assert!(e.starts_with("MORI_EP_JOB=\"xyz\": not a job id"), "{e}");
+    }
+}
+
+/// The job id of a --local run: `MORI_EP_JOB` (16 hex digits at most) when set, else from the
+/// clock and this process's id.
+fn job_id(vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<u64> {
+    match vars("MORI_EP_JOB") {
+        Some(v) => u64::from_str_radix(v.trim(), 16)
+            .map_err(|e| err(format!("MORI_EP_JOB={v:?}: not a job id (1 to 16 hex digits, as in /dev/shm/mori-ep-<job>-r<rank>): {e}"))),
+        None => Ok(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+            ^ u64::from(std::process::id()) << 32),
+    }
+}
+
+/// A bootstrap error with its members named as processes and their EP ranks.
+fn members(e: &mori_bootstrap::BootstrapError, rpp: usize) -> String {
+    mori_ep::host::process_names(&e.to_string(), &|p| Some(p * rpp..(p + 1) * rpp))
+}
+
+/// "process 2 (EP ranks 4, 5)".
+fn proc_name(p: usize, rpp: usize) -> String {
+    mori_ep::host::process_names(&format!("rank {p}"), &|p| Some(p * rpp..(p + 1) * rpp))
+}
+
+/// Set by SIGINT / SIGTERM in the --local parent; its supervisor ends the job.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// The --local parent's watch over its children (processes 1..P), from a thread of its own:
+/// - a child that exits unsuccessfully before the bootstrap completed ends the job at once
+///   (every other process would wait for it until the rendezvous deadline);
+/// - after one fails (or this process's run failed or ended), the children still running get
+///   `--timeout-ms` + 2 s to exit, then are killed, each named;
+/// - SIGINT / SIGTERM kill every child at once;
+/// - whenever the job ends, the job's shared-memory windows left in /dev/shm are removed.
+///
+/// When this process's own run cannot end (the job ended while it waits), the supervisor exits
+/// the process (status 1, 130 when interrupted).
+struct Supervisor {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<bool>>,
+}
+
+#[derive(Default)]
+struct Shared {
+    joined: AtomicBool,
+    /// 0 running, 1 this process's run succeeded, 2 it failed.
+    main: AtomicU8,
+}
+
+impl Supervisor {
+    fn start(children: Vec<(usize, Child)>, a: &Args, job: Option<u64>) -> Supervisor {
+        let shared = Arc::new(Shared::default());
+        let grace = Duration::from_millis(a.timeout_ms).saturating_add(Duration::from_secs(2));
+        let rpp = a.rpp();
+        // SAFETY: the handler only stores to an atomic.
+        unsafe {
+            libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t);
+            libc::signal(libc::SIGTERM, on_interrupt as *const () as libc::sighandler_t);
+        }
+        let sh = shared.clone();
+        let thread = std::thread::spawn(move || watch(children, &sh, grace, rpp, job));
+        Supervisor { shared, thread: Some(thread) }
+    }
+
+    /// This process joined the bootstrap (so did every child).
+    fn joined(&self) {
+        self.shared.joined.store(true, Ordering::SeqCst);
+    }
+
+    /// This process's run ended (`failed` or not): waits for the children (at most the grace,
+    /// then kills them); true when every child exited successfully.
+    fn finish(mut self, failed: bool) -> bool {
+        self.shared.main.store(if failed { 2 } else { 1 }, Ordering::SeqCst);
+        self.thread.take().is_some_and(|t| t.join().unwrap_or(false))
+    }
+
+    /// Ends the job before the bootstrap: kills the children, removes the windows and exits
+    /// the process (status 1) after printing `why`.
+    fn abort(mut self, why: &str) {
+        eprintln!("bench_dispatch_combine: error: {why}");
+        self.shared.main.store(2, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
-    Ok(result? && ok)
+}
+
+/// The supervisor thread; returns whether every child exited successfully.
+fn watch(mut children: Vec<(usize, Child)>, sh: &Shared, grace: Duration, rpp: usize, job: Option<u64>) -> bool {
+    let mut ok = true;
+    // When the job started ending, and why.
+    let mut ending: Option<(Instant, String)> = None;
+    let end = |children: &mut Vec<(usize, Child)>, why: &str, code: Option<i32>| {
+        for (i, c) in children.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+            eprintln!("bench_dispatch_combine: killed {} (pid {}): {why}", proc_name(*i, rpp), c.id());
+        }
+        children.clear();
+        if let Some(job) = job {
+            let gone = mori_ep::host::remove_job_windows(job);
+            if !gone.is_empty() {
+                eprintln!("bench_dispatch_combine: removed {} window(s) the job left in /dev/shm: {}", gone.len(), gone.join(", "));
+            }
+        }
+        if let Some(code) = code {
+            std::process::exit(code);
+        }
+    };
+    loop {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            end(&mut children, "interrupted (SIGINT or SIGTERM)", Some(130));
+        }
+        let mut still = Vec::with_capacity(children.len());
+        for (i, mut c) in children.drain(..) {
+            match c.try_wait() {
+                Ok(None) => still.push((i, c)),
+                Ok(Some(st)) if st.success() => {}
+                Ok(Some(st)) => {
+                    ok = false;
+                    let before = if sh.joined.load(Ordering::SeqCst) { "" } else { " before the bootstrap completed" };
+                    eprintln!("bench_dispatch_combine: {} (pid {}) exited with {st}{before}", proc_name(i, rpp), c.id());
+                    ending.get_or_insert_with(|| (Instant::now(), format!("{} exited with {st}", proc_name(i, rpp))));
+                }
+                Err(e) => {
+                    ok = false;
+                    eprintln!("bench_dispatch_combine: waiting for {} (pid {}): {e}", proc_name(i, rpp), c.id());
+                    still.push((i, c));
+                    ending.get_or_insert_with(|| (Instant::now(), format!("waiting for {} failed", proc_name(i, rpp))));
+                }
+            }
+        }
+        children = still;
+        let main = sh.main.load(Ordering::SeqCst);
+        if main != 0 && ending.is_none() {
+            let why = if main == 2 { "process 0's run failed" } else { "process 0's run ended" };
+            ending = Some((Instant::now(), why.to_string()));
+        }
+        if children.is_empty() && main != 0 {
+            end(&mut children, "", None);
+            return ok;
+        }
+        if let Some((since, why)) = &ending {
+            if !sh.joined.load(Ordering::SeqCst) {
+                // Nobody can complete the bootstrap without the dead child.
+                end(&mut children, &format!("{why} before the bootstrap completed"), Some(1));
+            }
+            if since.elapsed() >= grace {
+                ok &= children.is_empty();
+                let why = format!("still running {:.1} s after {why}", grace.as_secs_f64());
+                end(&mut children, &why, if main == 0 { Some(1) } else { None });
+                if main != 0 {
+                    return ok;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Refuses a run whose inputs cannot fit: every process generates every rank's inputs (the
@@ -140,7 +360,7 @@ fn launcher_config(env: &BootstrapEnv, procs: usize) -> AnyResult<SocketBootstra
     Ok(env.clone().into_config()?)
 }
 
-fn host_options(a: &Args) -> HostOptions {
+fn host_options(a: &Args, local: &std::ops::Range<usize>, job: Option<u64>) -> HostOptions {
     let mut o = HostOptions {
         transport: match a.transport.unwrap_or(TransportArg::Tcp) {
             TransportArg::Tcp => InterTransport::Tcp { lanes: a.lanes.unwrap_or(4) },
@@ -152,6 +372,14 @@ fn host_options(a: &Args) -> HostOptions {
             seed: a.seed,
             max_delay: Duration::from_micros(us),
             reorder: a.inject_reorder,
+        }),
+        job,
+        inject_exit: a.inject_kill_rank.filter(|r| local.contains(r)).and_then(|_| match a.inject_kill_at.unwrap_or(KillAt::Dispatch) {
+            KillAt::Bootstrap => None,
+            KillAt::Setup => Some(ProcessInjection::KillInSetup),
+            // The second dispatch: iteration 1, the others in theirs.
+            KillAt::Dispatch => Some(ProcessInjection::KillInDispatch { nth: 1 }),
+            KillAt::StopInDispatch => Some(ProcessInjection::StopInDispatch { nth: 1 }),
         }),
         ..HostOptions::default()
     };
@@ -169,7 +397,7 @@ fn sum_order(k: KernelType) -> SumOrder {
     }
 }
 
-fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap) -> AnyResult<bool> {
+fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap, job: Option<u64>) -> AnyResult<bool> {
     let t0 = Instant::now();
     let p = boot.rank();
     let rpp = a.rpp();
@@ -178,7 +406,7 @@ fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap) -> AnyResult<bo
     let inp = gen_inputs(a, cfg)?;
     let host_s = t0.elapsed().as_secs_f64();
     let scheme = Scheme::from_kernel_type(cfg.kernel_type);
-    let mut ep = HostEp::new(cfg, scheme, local.clone(), boot, host_options(a))
+    let mut ep = HostEp::new(cfg, scheme, local.clone(), boot, host_options(a, &local, job))
         .map_err(|e| err(format!("process {p} (ranks {}..{}): setup: {e}", local.start, local.end)))?;
     let mut pf = ProcFigures { process: p, describe: ep.describe(), ..Default::default() };
     if p == 0 {
@@ -197,12 +425,20 @@ fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap) -> AnyResult<bo
         }
     };
     // An error ends this process at once (its peers fail on their own deadlines): no final
-    // collective that a dead peer would hold up.
+    // collective that a dead peer would hold up, and no orderly shutdown of the executor (its
+    // engines would wait for a stopped peer's connections; its windows are unlinked already).
+    if outcome.is_err() {
+        std::mem::forget(ep);
+    }
     let (ranks, check) = outcome.map_err(|e| err(format!("process {p} (ranks {}..{}): {e}", local_start, local_start + rpp)))?;
     pf.ranks = ranks;
     pf.check = check;
-    let all: Vec<ProcFigures> =
-        boot.allgather(&serde_json::to_vec(&pf)?)?.iter().map(|v| serde_json::from_slice(v)).collect::<Result<_, _>>()?;
+    let all: Vec<ProcFigures> = boot
+        .allgather(&serde_json::to_vec(&pf)?)
+        .map_err(|e| err(format!("process {p}: bootstrap allgather of the figures: {}", members(&e, rpp))))?
+        .iter()
+        .map(|v| serde_json::from_slice(v))
+        .collect::<Result<_, _>>()?;
     let ok = all.iter().all(|p| p.check.starts_with("OK") || p.check == "skipped");
     if p == 0 {
         report(a, cfg, &all, host_s)?;
@@ -267,7 +503,7 @@ fn rounds<X: Element + RowBytes, I: TopkIndex + RowBytes, C: Element + CombineOu
     local: std::ops::Range<usize>,
     inputs: &[RankInput<X, I>],
 ) -> Outcome {
-    let sync = || boot.barrier().map_err(|e| err(format!("bootstrap barrier before a timed phase: {e}")));
+    let sync = || boot.barrier().map_err(|e| err(format!("bootstrap barrier before a timed phase: {}", members(&e, a.rpp()))));
     let check = !a.no_check;
     let weighting = if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted };
     let mine = &inputs[local.clone()];
@@ -276,10 +512,6 @@ fn rounds<X: Element + RowBytes, I: TopkIndex + RowBytes, C: Element + CombineOu
     let mut last = Vec::new();
     let mut check_msg = if check { String::new() } else { "skipped".to_string() };
     for it in 0..a.warmup + a.iters {
-        if it == 1 && a.inject_kill_rank.is_some_and(|r| local.contains(&r)) {
-            // SAFETY: signalling this process (the others are in their second dispatch).
-            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        }
         sync()?;
         let recv = ep.dispatch(mine)?;
         let xs: Vec<Tensor2<C>> = recv
