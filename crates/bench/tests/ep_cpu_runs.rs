@@ -268,3 +268,52 @@ fn bad_lanes_kill_rank_and_fp8_hidden_are_refused_once_before_any_process_starts
         assert!(took < Duration::from_secs(5), "{args:?}: refused in {took:?}");
     }
 }
+
+#[test]
+fn sigint_to_the_process_group_during_setup_leaves_no_window() {
+    use std::os::unix::process::CommandExt;
+    let job = format!("{:x}", 0x5161_0000_0000u64 | u64::from(std::process::id()));
+    let prefix = format!("mori-ep-{job:0>16}-r");
+    let ours = || -> Vec<String> {
+        std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bench_dispatch_combine"))
+        .args(["--device", "cpu", "--local", "--world-size", "8", "--num-nodes", "2", "--num-tokens", "256", "--hidden", "7168"])
+        .args(["--num-experts", "32", "--top-k", "4", "--iters", "2", "--warmup", "1"])
+        .env("MORI_EP_JOB", &job)
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pg = child.id() as i32;
+    let t = Instant::now();
+    while ours().is_empty() && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    assert!(!ours().is_empty(), "no window of job {job} appeared");
+    // SAFETY: signalling the test's own child process group.
+    unsafe { libc::kill(-pg, libc::SIGINT) };
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            // SAFETY: as above.
+            unsafe { libc::kill(-pg, libc::SIGKILL) };
+            panic!("not ended 10 s after SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert_eq!(ours(), Vec::<String>::new(), "{err}");
+}
