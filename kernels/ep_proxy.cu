@@ -21,45 +21,10 @@
 // Faults (a full ring or a counter that never arrives, past `timeout_ns`) go to status:
 // [0] code (1 ring full, 2 counter timeout), [1] warp or iteration, [2] chunk.
 #include "mori_gpu.h"
+#include "mori_ring.h"
 
-#define RING_TAIL_BYTES 64
-#define RING_SLOT_BYTES 64
-#define RING_OP_ADD 1u
-#define RING_OP_SET 2u
 #define RING_ERR_FULL 1u
 #define RING_ERR_TIMEOUT 2u
-
-struct RingDev {
-    uint64_t head;   // u64* next ticket (device memory)
-    uint64_t region; // ring region as the device addresses it (host-mapped)
-    uint32_t slots;  // a power of two
-    uint32_t pad;
-};
-
-// Writes one command; 0 on success, RING_ERR_FULL when no slot freed before `deadline` (the
-// ticket then stays reserved: the job must be failed).
-MORI_DEVICE uint32_t mori_ring_push(const RingDev& r, uint32_t dst, uint32_t op, uint64_t local_off,
-                                    uint64_t remote_off, uint64_t len, uint64_t counter, uint64_t value,
-                                    uint64_t deadline) {
-    const uint64_t t = mori_atomic_add_system((uint64_t*)r.head, 1);
-    const uint64_t* tail = (const uint64_t*)r.region;
-    while (t - mori_load_acquire_system(tail) >= (uint64_t)r.slots) {
-        if (mori_clock_ns() > deadline) return RING_ERR_FULL;
-    }
-    uint8_t* slot = (uint8_t*)r.region + RING_TAIL_BYTES + (t & (uint64_t)(r.slots - 1)) * RING_SLOT_BYTES;
-    volatile uint32_t* w32 = (volatile uint32_t*)(slot + 8);
-    w32[0] = dst;
-    w32[1] = op;
-    volatile uint64_t* w64 = (volatile uint64_t*)(slot + 16);
-    w64[0] = local_off;
-    w64[1] = remote_off;
-    w64[2] = len;
-    w64[3] = counter;
-    w64[4] = value;
-    mori_fence_system();
-    mori_store_release_system((uint64_t*)slot, t + 1);
-    return 0;
-}
 
 struct RoundtripParams {
     RingDev ring;

@@ -20,6 +20,8 @@ typedef __INT64_TYPE__ int64_t;
 #define MORI_DEVICE __attribute__((device)) inline __attribute__((always_inline))
 #define MORI_KERNEL extern "C" __attribute__((global))
 #define MORI_SHARED __attribute__((shared))
+// A block's shared variable of struct type T (the form MORI_HOST_EMU can emulate).
+#define MORI_SHARED_STRUCT(T, name) __attribute__((shared)) T name
 // Kernel launchable with up to n threads per block (caps registers per thread accordingly).
 #define MORI_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 // A by-value kernel parameter read in place (kernel arguments already live in readable memory).
@@ -84,6 +86,8 @@ MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v
 #define MORI_DEVICE __device__ __forceinline__
 #define MORI_KERNEL extern "C" __global__
 #define MORI_SHARED __shared__
+// A block's shared variable of struct type T (the form MORI_HOST_EMU can emulate).
+#define MORI_SHARED_STRUCT(T, name) __shared__ T name
 // Kernel launchable with up to n threads per block (caps registers per thread accordingly).
 #define MORI_LAUNCH_BOUNDS(n) __launch_bounds__(n)
 // A by-value kernel parameter read in place, never copied to local memory (sm_70+, CUDA 11.7+).
@@ -146,9 +150,12 @@ MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)(__ffsll((long lo
 // synchronize through barriers, atomics are the compiler's (system scope = the process),
 // device memory is host memory. Reading the clock yields the CPU: every spin loop reads it for
 // its deadline, and spinning threads would otherwise starve the ones they wait for. Shared
-// memory is not emulated (MORI_SHARED does not compile here).
+// memory is emulated for MORI_SHARED_STRUCT (one zeroed instance per block and type);
+// MORI_SHARED arrays do not compile here.
 #include <barrier>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <sched.h>
 #include <thread>
 #include <time.h>
@@ -163,8 +170,13 @@ struct alignas(16) mori_vec16_t { uint32_t x, y, z, w; };
 struct mori_emu_block {
     std::barrier<> all;
     std::vector<std::unique_ptr<std::barrier<>>> groups;
+    std::mutex shared_mu;
+    std::vector<std::pair<const void*, void*>> shared; // (type tag, instance)
     explicit mori_emu_block(uint32_t threads) : all(threads) {
         for (uint32_t i = 0; i < threads / 32; i++) groups.emplace_back(new std::barrier<>(32));
+    }
+    ~mori_emu_block() {
+        for (auto& s : shared) std::free(s.second);
     }
 };
 struct mori_emu_ctx {
@@ -200,6 +212,21 @@ MORI_DEVICE uint64_t mori_clock_ns() {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v); }
+
+// The calling block's instance of shared struct T (zeroed at first use).
+template <typename T>
+T& mori_emu_shared() {
+    static const char tag = 0;
+    mori_emu_block* b = mori_emu_tls.block;
+    std::lock_guard<std::mutex> g(b->shared_mu);
+    for (auto& s : b->shared)
+        if (s.first == &tag) return *(T*)s.second;
+    void* m = std::aligned_alloc(64, (sizeof(T) + 63) / 64 * 64);
+    __builtin_memset(m, 0, (sizeof(T) + 63) / 64 * 64);
+    b->shared.emplace_back(&tag, m);
+    return *(T*)m;
+}
+#define MORI_SHARED_STRUCT(T, name) T& name = mori_emu_shared<T>()
 
 // Runs kernel k over grid x block threads (block a multiple of 32) and returns when all ended.
 template <typename P>

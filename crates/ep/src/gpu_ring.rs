@@ -24,11 +24,11 @@ static GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/ep_proxy.gfx942
 /// `RingDev` of the kernel ABI.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-struct RingDev {
-    head: u64,
-    region: u64,
-    slots: u32,
-    pad: u32,
+pub(crate) struct RingDev {
+    pub(crate) head: u64,
+    pub(crate) region: u64,
+    pub(crate) slots: u32,
+    pub(crate) pad: u32,
 }
 
 /// A command ring whose producers are GPU warps of one device.
@@ -74,6 +74,11 @@ impl DeviceRing {
     /// The layout.
     pub fn layout(&self) -> RingLayout {
         self.layout
+    }
+
+    /// The kernel ABI's view (head and the region's device address).
+    pub(crate) fn dev_args(&self) -> GpuResult<RingDev> {
+        self.dev()
     }
 
     fn dev(&self) -> GpuResult<RingDev> {
@@ -342,8 +347,9 @@ mod tests {
     #[test]
     fn kernel_source_matches_the_host_mirror() {
         let src = include_str!("../../../kernels/ep_proxy.cu");
+        let ring = include_str!("../../../kernels/mori_ring.h");
         for needle in ["#define RING_TAIL_BYTES 64", "#define RING_SLOT_BYTES 64", "#define RING_OP_ADD 1u", "#define RING_OP_SET 2u"] {
-            assert!(src.contains(needle), "ep_proxy.cu lost {needle}");
+            assert!(ring.contains(needle), "mori_ring.h lost {needle}");
         }
         assert_eq!((crate::ring::TAIL_BYTES, crate::ring::SLOT_BYTES, crate::ring::OP_ADD, crate::ring::OP_SET), (64, 64, 1, 2));
         // ep_flood_word's constants and shifts.

@@ -5,110 +5,14 @@
 //! module.
 
 use super::*;
+use crate::emu_support::{launch, Region};
 use crate::internode::SignalOp;
 use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
 use crate::ring::{RingConsumer, RingLayout, RingMem};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, TcpConfig};
-use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::ffi::{c_void, CString};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
-
-/// 64-byte aligned zeroed host memory standing in for device and mapped memory.
-struct Region {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-// SAFETY: plain heap memory, shared through atomics or after the emulated launch returned.
-unsafe impl Send for Region {}
-// SAFETY: as for Send.
-unsafe impl Sync for Region {}
-
-impl Region {
-    fn new(bytes: usize) -> Self {
-        let layout = Layout::from_size_align(bytes.max(64), 64).unwrap();
-        // SAFETY: non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        assert!(!ptr.is_null());
-        Self { ptr, layout }
-    }
-    fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: allocated and zeroed for layout.size() bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
-    }
-    fn u64_at(&self, off: usize) -> &AtomicU64 {
-        assert!(off.is_multiple_of(8) && off + 8 <= self.layout.size());
-        // SAFETY: aligned and inside the region.
-        unsafe { AtomicU64::from_ptr(self.ptr.add(off) as *mut u64) }
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout.
-        unsafe { dealloc(self.ptr, self.layout) };
-    }
-}
-
-type EmuLaunch = unsafe extern "C" fn(u32, u32, *const c_void) -> i32;
-
-/// The emulation library of kernels/ep_proxy.cu, built once per test process with the host
-/// C++ compiler (`$CXX`, else `c++`; the machine image ships g++).
-fn emu_lib() -> usize {
-    static LIB: OnceLock<usize> = OnceLock::new();
-    *LIB.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../kernels/ep_proxy.cu");
-        let dir = std::env::temp_dir().join(format!("mori-ep-proxy-emu-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let so = dir.join("libep_proxy_emu.so");
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let out = std::process::Command::new(&cxx)
-            .args([
-                "-x",
-                "c++",
-                "-std=c++20",
-                "-O1",
-                "-pthread",
-                "-shared",
-                "-fPIC",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-DMORI_HOST_EMU",
-                "-o",
-            ])
-            .arg(&so)
-            .arg(&src)
-            .output()
-            .unwrap_or_else(|e| panic!("the host C++ compiler {cxx} is needed to emulate kernels/ep_proxy.cu: {e}"));
-        assert!(out.status.success(), "building the emulation of {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
-        let c = CString::new(so.to_str().unwrap()).unwrap();
-        // SAFETY: a path to a library this test just built; it stays loaded for the process.
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!h.is_null(), "dlopen {}", so.display());
-        h as usize
-    })
-}
-
-/// Runs kernel `name` over `grid` x `block` emulated threads with by-value parameter `p`.
-fn launch<P>(name: &str, grid: u32, block: u32, p: &P) {
-    let sym = CString::new(format!("mori_emu_{name}")).unwrap();
-    // SAFETY: the handle is a loaded library; the symbol, if present, has MORI_EMU_EXPORT's
-    // signature.
-    let f = unsafe { libc::dlsym(emu_lib() as *mut c_void, sym.as_ptr()) };
-    assert!(!f.is_null(), "no symbol mori_emu_{name}");
-    // SAFETY: MORI_EMU_EXPORT defines it as int(uint32_t, uint32_t, const void*); `p` is laid
-    // out as the kernel's parameter (the ABI structs of gpu_ring.rs) and every address in it
-    // points into memory that outlives the call.
-    let rc = unsafe { std::mem::transmute::<*mut c_void, EmuLaunch>(f)(grid, block, p as *const P as *const c_void) };
-    assert_eq!(rc, 0, "mori_emu_{name}: bad launch shape");
-}
 
 fn tcp_engine(key: &str) -> Arc<IoEngine> {
     let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
@@ -165,7 +69,7 @@ fn ring_kernels_emulated_on_cpu_threads_through_a_tcp_proxy() {
     };
     // The proxy starts only once the warps have filled the ring and wait for room.
     let proxy = std::thread::scope(|s| {
-        let k = s.spawn(|| launch("mori_ep_ring_flood", blocks, warps * 32, &p));
+        let k = s.spawn(|| launch("ep_proxy", "mori_ep_ring_flood", blocks, warps * 32, &p));
         // Every slot taken, then no ticket beyond one waiting push per warp.
         let until = Instant::now() + Duration::from_secs(20);
         while head.u64_at(0).load(Ordering::Acquire) < 8 {
@@ -214,7 +118,7 @@ fn ring_kernels_emulated_on_cpu_threads_through_a_tcp_proxy() {
         dst: 0,
         iters: 20,
     };
-    launch("mori_ep_ring_roundtrip", 1, 32, &rt);
+    launch("ep_proxy", "mori_ep_ring_roundtrip", 1, 32, &rt);
     assert_eq!(status(&st2), [0; 4], "round-trip fault words");
     assert_eq!(ctr.u64_at(0).load(Ordering::Acquire), 20);
     let t = times.bytes();
@@ -255,7 +159,7 @@ fn ring_kernel_faults_land_in_the_status_words() {
         pad: 0,
     };
     let t0 = Instant::now();
-    launch("mori_ep_ring_flood", 1, 64, &p);
+    launch("ep_proxy", "mori_ep_ring_flood", 1, 64, &p);
     assert!(t0.elapsed() < Duration::from_secs(20), "the full ring's wait is bounded by the deadline");
     let s = status(&st);
     assert_eq!(RingKernelFault::from_status(s).map(|f| matches!(f, RingKernelFault::RingFull(..))), Some(true), "{s:?}");
@@ -288,6 +192,6 @@ fn ring_kernel_faults_land_in_the_status_words() {
         dst: 0,
         iters: 1,
     };
-    launch("mori_ep_ring_roundtrip", 1, 32, &rt);
+    launch("ep_proxy", "mori_ep_ring_roundtrip", 1, 32, &rt);
     assert_eq!(RingKernelFault::from_status(status(&st2)), Some(RingKernelFault::CounterTimeout(0)));
 }

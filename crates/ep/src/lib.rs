@@ -62,10 +62,13 @@ mod combine;
 mod config;
 mod dispatch;
 mod dtype;
+#[cfg(test)]
+mod emu_support;
 mod error;
 mod fp8;
 pub mod gpu;
 mod gpu_args;
+pub mod gpu_internode;
 pub mod gpu_ring;
 pub mod host;
 pub mod internode;

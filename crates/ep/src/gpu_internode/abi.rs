@@ -1,0 +1,106 @@
+//! `#[repr(C)]` mirrors of kernels/ep_internode.cu's parameter structs (field for field, same
+//! order, natural alignment); sizes checked in the tests below.
+
+use crate::gpu_ring::RingDev;
+
+/// `IeLayout`: byte offsets inside every rank's window.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IeLayout {
+    /// Dispatch segment of source `s` at `disp_in + s * seg_rec`.
+    pub disp_in: u64,
+    /// Combine segment of rank `e` at `comb_in + e * seg_comb`.
+    pub comb_in: u64,
+    /// Staging of records for destination `d` at `out_disp + d * seg_rec`.
+    pub out_disp: u64,
+    /// Staging of combine rows for source `s` at `out_comb + s * seg_comb`.
+    pub out_comb: u64,
+    /// `max_tokens * rec_bytes`.
+    pub seg_rec: u64,
+    /// `max_tokens * comb_bytes`.
+    pub seg_comb: u64,
+}
+
+/// `IeRank`: one local rank's buffers (device addresses).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IeRank {
+    pub rank: u32,
+    pub num_tokens: u32,
+    pub comb_rows: u32,
+    pub pad: u32,
+    pub x: u64,
+    pub weights: u64,
+    pub idx: u64,
+    pub scales: u64,
+    pub mask: u64,
+    pub pos: u64,
+    pub cnt: u64,
+    pub recv_cnt: u64,
+    pub recv_base: u64,
+    pub recv_pos: u64,
+    pub done: u64,
+    pub out_x: u64,
+    pub out_w: u64,
+    pub out_idx: u64,
+    pub out_scales: u64,
+    pub out_src: u64,
+    pub comb_x: u64,
+    pub comb_w: u64,
+    pub comb_out: u64,
+    pub comb_out_w: u64,
+    pub status: u64,
+    pub host_ctr: u64,
+    pub ring: RingDev,
+}
+
+/// `IeParams`: the by-value parameter of every kernel.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IeParams {
+    pub win: [u64; super::MAX_WORLD],
+    pub dev_ctr: [u64; super::MAX_WORLD],
+    pub lay: IeLayout,
+    pub ranks: u64,
+    pub timeout_ns: u64,
+    pub num_local: u32,
+    pub world: u32,
+    pub gpn: u32,
+    pub blocks_per_rank: u32,
+    pub row_bytes: u32,
+    pub hidden: u32,
+    pub top_k: u32,
+    pub idx_size: u32,
+    pub scale_bytes: u32,
+    pub experts_per_rank: u32,
+    pub max_tokens: u32,
+    pub max_recv: u32,
+    pub rec_bytes: u32,
+    pub comb_bytes: u32,
+    pub comb_elem: u32,
+    pub out_elem: u32,
+    pub flags: u32,
+    pub pad: u32,
+}
+
+/// `IE_FLAG_DROP_OUT_OF_RANGE`: out-of-range expert ids are skipped without a fault.
+pub const FLAG_DROP_OUT_OF_RANGE: u32 = 1;
+/// `IE_FLAG_WEIGHTED`: combine scales each row by the receiving rank's weights of the token's
+/// slots it owns ([`crate::Weighting::RankSlotSum`]).
+pub const FLAG_WEIGHTED: u32 = 2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_match_the_kernel() {
+        assert_eq!(std::mem::size_of::<IeLayout>(), 48);
+        assert_eq!(std::mem::size_of::<IeRank>(), 16 + 22 * 8 + 24);
+        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 48 + 16 + 18 * 4);
+        let src = include_str!("../../../../kernels/ep_internode.cu");
+        for needle in ["#define IE_MAX_WORLD 64", "#define IE_FLAG_DROP_OUT_OF_RANGE 1u", "#define IE_FLAG_WEIGHTED 2u"] {
+            assert!(src.contains(needle), "ep_internode.cu lost {needle}");
+        }
+    }
+}

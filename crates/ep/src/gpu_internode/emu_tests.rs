@@ -1,0 +1,319 @@
+//! kernels/ep_internode.cu (AsyncLL) on CPU threads (`MORI_HOST_EMU`), 2 nodes x 2 ranks: each
+//! node's kernels launched by a thread of its own with only its own ranks' windows and counter
+//! blocks addressable (another node's are 0 in the parameters: touching them would fault),
+//! other nodes reached only through each rank's proxy ring, carried by a real `RingProxy`
+//! over MORI-IO tcp into the peer's window and host counter block. Two rounds of dispatch and
+//! combine, each equal to the host reference bit for bit (received rows in the reference's
+//! order; combine summed over destination ranks ascending).
+
+use super::abi::{IeParams, IeRank, FLAG_WEIGHTED};
+use super::*;
+use crate::emu_support::{launch, Region};
+use crate::gpu_ring::RingDev;
+use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
+use crate::ring::{RingLayout, RingMem};
+use crate::routing::SplitMix64;
+use crate::{bf16, combine, dispatch, CombineOptions, DispatchOptions, RankInput, SumOrder, Tensor2, Weighting};
+use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig};
+use std::sync::Arc;
+
+const W: usize = 4;
+const G: usize = 2;
+const H: usize = 32;
+const K: usize = 3;
+const E: usize = 8;
+const TMAX: usize = 6;
+const SCALES: usize = 2;
+const BLOCKS: u32 = 2;
+const THREADS: u32 = 64;
+
+/// One rank's memory, all host memory standing in for device and mapped memory.
+struct RankMem {
+    win: Region,
+    dev_ctr: Region,
+    host_ctr: Region,
+    ring_region: Region,
+    head: Region,
+    scratch: Vec<Region>, // mask, pos, cnt, recv_cnt, recv_base, recv_pos, done
+    x: Region,
+    w: Region,
+    idx: Region,
+    scales: Region,
+    out: Vec<Region>, // x, w, idx, scales, src
+    comb_x: Region,
+    comb_w: Region,
+    comb_out: Region,
+    comb_out_w: Region,
+    status: Region,
+}
+
+impl RankMem {
+    fn new(l: &InterLayout) -> Self {
+        let r = Region::new;
+        let ring = RingLayout::new(16).unwrap();
+        Self {
+            win: r(l.window_bytes),
+            dev_ctr: r(l.counter_bytes()),
+            host_ctr: r(l.counter_bytes()),
+            ring_region: r(ring.bytes()),
+            head: r(64),
+            scratch: vec![r(TMAX * 8), r(TMAX * W * 4), r(W * 4), r(W * 4), r(W * 4), r(l.max_recv * 4), r(16)],
+            x: r(TMAX * l.row_bytes),
+            w: r(TMAX * K * 4),
+            idx: r(TMAX * K * 8),
+            scales: r(TMAX * SCALES * 4),
+            out: vec![
+                r(l.max_recv * l.row_bytes),
+                r(l.max_recv * K * 4),
+                r(l.max_recv * K * 8),
+                r(l.max_recv * SCALES * 4),
+                r(l.max_recv * 4),
+            ],
+            comb_x: r(l.max_recv * H * 2),
+            comb_w: r(l.max_recv * K * 4),
+            comb_out: r(TMAX * H * 4),
+            comb_out_w: r(TMAX * K * 4),
+            status: r(64),
+        }
+    }
+
+    fn write(&self, reg: &Region, bytes: &[u8]) {
+        assert!(bytes.len() <= reg.bytes().len());
+        // SAFETY: inside the region; no kernel runs while the test writes inputs.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), reg.ptr, bytes.len()) };
+    }
+
+    fn abi(&self, rank: usize, tokens: usize, comb_rows: usize) -> IeRank {
+        let s = &self.scratch;
+        IeRank {
+            rank: rank as u32,
+            num_tokens: tokens as u32,
+            comb_rows: comb_rows as u32,
+            pad: 0,
+            x: self.x.addr(),
+            weights: self.w.addr(),
+            idx: self.idx.addr(),
+            scales: self.scales.addr(),
+            mask: s[0].addr(),
+            pos: s[1].addr(),
+            cnt: s[2].addr(),
+            recv_cnt: s[3].addr(),
+            recv_base: s[4].addr(),
+            recv_pos: s[5].addr(),
+            done: s[6].addr(),
+            out_x: self.out[0].addr(),
+            out_w: self.out[1].addr(),
+            out_idx: self.out[2].addr(),
+            out_scales: self.out[3].addr(),
+            out_src: self.out[4].addr(),
+            comb_x: self.comb_x.addr(),
+            comb_w: self.comb_w.addr(),
+            comb_out: self.comb_out.addr(),
+            comb_out_w: self.comb_out_w.addr(),
+            status: self.status.addr(),
+            host_ctr: self.host_ctr.addr(),
+            ring: RingDev { head: self.head.addr(), region: self.ring_region.addr(), slots: 16, pad: 0 },
+        }
+    }
+
+    fn status(&self) -> [u32; 5] {
+        let b = self.status.bytes();
+        std::array::from_fn(|i| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]))
+    }
+}
+
+fn le<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
+    v.iter().flat_map(|&x| f(x)).collect()
+}
+
+fn inputs(rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, i64>> {
+    (0..W)
+        .map(|r| {
+            // Rank 1 sends nothing in round 0; the others 1..=TMAX tokens.
+            let t = if r == 1 && round == 0 { 0 } else { 1 + rng.below(TMAX as u64) as usize };
+            let ids: Vec<i64> = (0..t * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
+            RankInput {
+                x: Tensor2::from_fn(t, H, |_, _| bf16::from_f32(rng.below(16) as f32 - 8.0)).unwrap(),
+                weights: Tensor2::from_fn(t, K, |_, _| rng.below(8) as f32 * 0.25).unwrap(),
+                scales: Some(Tensor2::from_fn(t, SCALES, |_, _| rng.below(100) as f32 * 0.5).unwrap()),
+                indices: Tensor2::new(t, K, ids).unwrap(),
+            }
+        })
+        .collect()
+}
+
+fn tcp_engine(key: &str) -> Arc<IoEngine> {
+    let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+    e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 2, min_lane_bytes: 64, ..TcpConfig::default() })).unwrap();
+    Arc::new(e)
+}
+
+/// The parameters of node `n`'s launches: only its ranks' windows and device counter blocks.
+fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> IeParams {
+    let mut win = [0u64; MAX_WORLD];
+    let mut dev_ctr = [0u64; MAX_WORLD];
+    for r in n * G..(n + 1) * G {
+        win[r] = mems[r].win.addr();
+        dev_ctr[r] = mems[r].dev_ctr.addr();
+    }
+    IeParams {
+        win,
+        dev_ctr,
+        lay: l.lay,
+        ranks: ranks_abi.addr(),
+        timeout_ns: 20_000_000_000,
+        num_local: G as u32,
+        world: W as u32,
+        gpn: G as u32,
+        blocks_per_rank: BLOCKS,
+        row_bytes: l.row_bytes as u32,
+        hidden: H as u32,
+        top_k: K as u32,
+        idx_size: 8,
+        scale_bytes: l.scale_bytes as u32,
+        experts_per_rank: (E / W) as u32,
+        max_tokens: TMAX as u32,
+        max_recv: l.max_recv as u32,
+        rec_bytes: l.rec_bytes as u32,
+        comb_bytes: l.comb_bytes as u32,
+        comb_elem: 2,
+        out_elem: 4,
+        flags: FLAG_WEIGHTED,
+        pad: 0,
+    }
+}
+
+fn run_node(p: &IeParams, kernel: &str) {
+    let grid = if kernel == "mori_ie_layout" { G as u32 } else { G as u32 * BLOCKS };
+    launch("ep_internode", kernel, grid, THREADS, p);
+}
+
+#[test]
+fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
+    let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
+    cfg.scale_dim = SCALES;
+    cfg.scale_type_size = 4;
+    cfg.max_token_type_size = 2;
+    let l = InterLayout::new(&cfg, 2, 8, 2).unwrap();
+    let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
+    let engines: Vec<Arc<IoEngine>> = (0..W).map(|r| tcp_engine(&format!("ie-emu-r{r}"))).collect();
+    // SAFETY: windows and counter blocks outlive the registrations (deregistered at the end).
+    let regs: Vec<(MemoryDesc, MemoryDesc)> = (0..W)
+        .map(|r| unsafe {
+            (
+                engines[r].register_memory(mems[r].win.ptr, l.window_bytes, MemLoc::Host { numa: None }).unwrap(),
+                engines[r].register_memory(mems[r].host_ctr.ptr, l.counter_bytes(), MemLoc::Host { numa: None }).unwrap(),
+            )
+        })
+        .collect();
+    let mut proxies = Vec::new();
+    for r in 0..W {
+        let mut peers = vec![None; W];
+        for (d, peer) in peers.iter_mut().enumerate() {
+            if d / G != r / G {
+                engines[r].register_remote_engine(engines[d].desc().clone()).unwrap();
+                *peer = Some(PeerWindow { data: regs[d].0.clone(), counters: regs[d].1.clone() });
+            }
+        }
+        // SAFETY: 64-aligned zeroed region living as long as `mems` (the proxies stop first).
+        let ring = unsafe { RingMem::new(mems[r].ring_region.ptr, RingLayout::new(16).unwrap()).unwrap() };
+        proxies.push(
+            RingProxy::start(&format!("ie{r}"), engines[r].clone(), regs[r].0.clone(), peers, ring, RingProxyOptions::default()).unwrap(),
+        );
+    }
+    let mut rng = SplitMix64::new(0x1e_2024);
+    for round in 0..2 {
+        let inp = inputs(&mut rng, round);
+        let want = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+        for (r, i) in inp.iter().enumerate() {
+            let m = &mems[r];
+            m.write(&m.x, &le(i.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()));
+            m.write(&m.w, &le(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()));
+            m.write(&m.idx, &le(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()));
+            m.write(&m.scales, &le(i.scales.as_ref().unwrap().as_slice(), |v: f32| v.to_le_bytes().to_vec()));
+        }
+        // Combine inputs: each rank returns its received rows as they are (bf16) with their
+        // received weights; the reference gets the same.
+        let abi_regions: Vec<Region> = (0..2).map(|_| Region::new(G * std::mem::size_of::<IeRank>())).collect();
+        for (n, reg) in abi_regions.iter().enumerate() {
+            for (j, r) in (n * G..(n + 1) * G).enumerate() {
+                let a = mems[r].abi(r, inp[r].x.rows(), want.ranks[r].num_recv());
+                // SAFETY: the region holds G IeRank structs.
+                unsafe { (reg.ptr as *mut IeRank).add(j).write(a) };
+            }
+        }
+        let ps: Vec<IeParams> = (0..2).map(|n| params(&l, &mems, &abi_regions[n], n)).collect();
+        // Dispatch: each node's kernels in stream order on a thread of its own.
+        std::thread::scope(|s| {
+            for p in &ps {
+                s.spawn(move || {
+                    for k in ["mori_ie_layout", "mori_ie_dispatch", "mori_ie_dispatch_recv"] {
+                        run_node(p, k);
+                    }
+                });
+            }
+        });
+        for r in 0..W {
+            let st = mems[r].status();
+            let rr = &want.ranks[r];
+            let n = rr.num_recv();
+            assert_eq!(st[1], 0, "round {round} rank {r}: fault {st:?}; proxy {:?}", proxies[r].failure());
+            assert_eq!(st[0] as usize, n, "round {round} rank {r}: received count");
+            let o = &mems[r].out;
+            assert_eq!(
+                &o[0].bytes()[..n * l.row_bytes],
+                &le(rr.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec())[..],
+                "rank {r} rows"
+            );
+            assert_eq!(&o[1].bytes()[..n * K * 4], &le(rr.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec())[..], "rank {r} weights");
+            assert_eq!(&o[2].bytes()[..n * K * 8], &le(rr.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec())[..], "rank {r} ids");
+            assert_eq!(
+                &o[3].bytes()[..n * SCALES * 4],
+                &le(rr.scales.as_ref().unwrap().as_slice(), |v: f32| v.to_le_bytes().to_vec())[..],
+                "rank {r} scales"
+            );
+            let src: Vec<u8> = rr.src.iter().flat_map(|s| (s.flat(TMAX) as i32).to_le_bytes()).collect();
+            assert_eq!(&o[4].bytes()[..n * 4], &src[..], "rank {r} sources");
+            let m = &mems[r];
+            m.write(&m.comb_x, &o[0].bytes()[..n * l.row_bytes]);
+            m.write(&m.comb_w, &o[1].bytes()[..n * K * 4]);
+        }
+        // Combine.
+        std::thread::scope(|s| {
+            for p in &ps {
+                s.spawn(move || {
+                    for k in ["mori_ie_combine_send", "mori_ie_combine_recv"] {
+                        run_node(p, k);
+                    }
+                });
+            }
+        });
+        let xs: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
+        let ws: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
+        let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
+        let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: SumOrder::Ascending, ..CombineOptions::default() };
+        let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap();
+        for r in 0..W {
+            let st = mems[r].status();
+            assert_eq!(st[1], 0, "round {round} rank {r}: combine fault {st:?}; proxy {:?}", proxies[r].failure());
+            let t = inp[r].x.rows();
+            let got_x: Vec<u32> =
+                mems[r].comb_out.bytes()[..t * H * 4].chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let want_x: Vec<u32> = out[r].x.as_slice().iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got_x, want_x, "round {round} rank {r}: combined rows");
+            let got_w: Vec<u32> =
+                mems[r].comb_out_w.bytes()[..t * K * 4].chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let want_w: Vec<u32> = out[r].weights.as_ref().unwrap().as_slice().iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got_w, want_w, "round {round} rank {r}: combined weights");
+            // Every counter was zeroed by its reader.
+            assert!(mems[r].dev_ctr.bytes()[..l.counter_bytes()].iter().all(|&b| b == 0), "rank {r}: device counters left set");
+            assert!(mems[r].host_ctr.bytes()[..l.counter_bytes()].iter().all(|&b| b == 0), "rank {r}: host counters left set");
+        }
+    }
+    let stats: Vec<_> = proxies.into_iter().map(|p| p.stop().unwrap()).collect();
+    assert!(stats.iter().all(|s| s.commands > 0), "every rank sent through its proxy: {stats:?}");
+    for (r, (wm, cm)) in regs.iter().enumerate() {
+        engines[r].deregister_memory(wm).unwrap();
+        engines[r].deregister_memory(cm).unwrap();
+    }
+}

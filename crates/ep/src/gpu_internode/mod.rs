@@ -1,0 +1,132 @@
+//! MORI-EP across nodes on GPUs, AsyncLL scheme: the layout and kernel ABI of
+//! `kernels/ep_internode.cu` (direct puts to every destination rank: same-node ones by P2P
+//! stores, other nodes' through the rank's proxy ring as MORI-IO signalled writes).
+//!
+//! Every rank has a window ([`InterLayout::window_bytes`]: dispatch segments per source,
+//! combine segments per destination, and two staging areas the proxy reads from) and two
+//! counter blocks of [`InterLayout::counter_bytes`]: a device one for same-node writers and a
+//! host one (pinned, mapped into the device) that the rank's MORI-IO engine updates when a
+//! signal from another node arrives. The kernels and their order are described in the kernel
+//! file; [`abi`] mirrors its structs.
+
+pub mod abi;
+mod run;
+
+pub use run::{AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
+
+use crate::config::EpConfig;
+use crate::error::{EpError, EpResult};
+
+/// Most ranks the kernels address.
+pub const MAX_WORLD: usize = 64;
+
+fn round16(n: usize) -> usize {
+    n.div_ceil(16) * 16
+}
+
+/// Sizes and byte offsets of one configuration (identical on every rank).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterLayout {
+    /// Ranks.
+    pub world: usize,
+    /// Ranks per node.
+    pub gpn: usize,
+    /// Tokens per rank at most.
+    pub max_tokens: usize,
+    /// Records a rank receives at most.
+    pub max_recv: usize,
+    /// Bytes of a token row (hidden x element size, a multiple of 16).
+    pub row_bytes: usize,
+    /// Elements per row.
+    pub hidden: usize,
+    /// Top-k.
+    pub top_k: usize,
+    /// Bytes per expert id (4 or 8).
+    pub idx_size: usize,
+    /// Bytes of a token's scales (a multiple of 4; 0 = none).
+    pub scale_bytes: usize,
+    /// Bytes of a dispatch record: row, K f32 weights, K ids, scales, i32 source; 16-aligned.
+    pub rec_bytes: usize,
+    /// Bytes of a combine row: H elements of `comb_elem` bytes, K f32 weights; 16-aligned.
+    pub comb_bytes: usize,
+    /// Combine input element bytes (2 bf16, 4 f32).
+    pub comb_elem: usize,
+    /// The kernel ABI's offsets.
+    pub lay: abi::IeLayout,
+    /// Window bytes per rank.
+    pub window_bytes: usize,
+}
+
+impl InterLayout {
+    /// The layout for `cfg` (validated) with dispatch rows of `elem` bytes per element, ids of
+    /// `idx_size` bytes and combine inputs of `comb_elem` bytes per element.
+    /// Errors: `InvalidConfig` naming the field for a world above [`MAX_WORLD`], a row that is
+    /// not a multiple of 16 bytes, a hidden size that is not a multiple of 8, an id size other
+    /// than 4 or 8, a combine element size other than 2 or 4; `SizeOverflow` for a window above
+    /// `u64`.
+    pub fn new(cfg: &EpConfig, elem: usize, idx_size: usize, comb_elem: usize) -> EpResult<Self> {
+        cfg.validate()?;
+        let bad = |field: &'static str, value: String, reason: &str| Err(EpError::InvalidConfig { field, value, reason: reason.into() });
+        if cfg.world_size > MAX_WORLD {
+            return bad("world_size", cfg.world_size.to_string(), "the inter-node GPU kernels address at most 64 ranks");
+        }
+        let row_bytes = cfg.hidden * elem;
+        if row_bytes == 0 || !row_bytes.is_multiple_of(16) {
+            return bad("hidden x element size", format!("{} x {elem} B", cfg.hidden), "must be a non-zero multiple of 16 bytes");
+        }
+        if !cfg.hidden.is_multiple_of(8) {
+            return bad("hidden", cfg.hidden.to_string(), "must be a multiple of 8 (combine rows of bf16 are copied 16 bytes at a time)");
+        }
+        if idx_size != 4 && idx_size != 8 {
+            return bad("expert id size", idx_size.to_string(), "must be 4 (i32) or 8 (i64)");
+        }
+        if comb_elem != 2 && comb_elem != 4 {
+            return bad("combine element size", comb_elem.to_string(), "must be 2 (bf16) or 4 (f32)");
+        }
+        let scale_bytes = cfg.scale_dim * cfg.scale_type_size;
+        if !scale_bytes.is_multiple_of(4) {
+            return bad("scale_dim x scale_type_size", scale_bytes.to_string(), "must be a multiple of 4 bytes");
+        }
+        let k = cfg.top_k;
+        let rec_bytes = round16(row_bytes + k * 4 + k * idx_size + scale_bytes + 4);
+        let comb_bytes = round16(cfg.hidden * comb_elem + k * 4);
+        let ov = || EpError::SizeOverflow { what: "inter-node GPU window bytes", limit: "u64" };
+        let w = cfg.world_size as u64;
+        let seg_rec = (cfg.max_tokens_per_rank as u64).checked_mul(rec_bytes as u64).ok_or_else(ov)?;
+        let seg_comb = (cfg.max_tokens_per_rank as u64).checked_mul(comb_bytes as u64).ok_or_else(ov)?;
+        let half = w.checked_mul(seg_rec.checked_add(seg_comb).ok_or_else(ov)?).ok_or_else(ov)?;
+        let lay = abi::IeLayout { disp_in: 0, comb_in: w * seg_rec, out_disp: half, out_comb: half + w * seg_rec, seg_rec, seg_comb };
+        let window = half.checked_mul(2).ok_or_else(ov)?;
+        Ok(Self {
+            world: cfg.world_size,
+            gpn: cfg.gpus_per_node,
+            max_tokens: cfg.max_tokens_per_rank,
+            max_recv: cfg.max_recv_tokens,
+            row_bytes,
+            hidden: cfg.hidden,
+            top_k: k,
+            idx_size,
+            scale_bytes,
+            rec_bytes,
+            comb_bytes,
+            comb_elem,
+            lay,
+            window_bytes: usize::try_from(window.max(64)).map_err(|_| ov())?,
+        })
+    }
+
+    /// Bytes of each counter block: u64 `[phase 2][writer W][arrived, total]`.
+    pub fn counter_bytes(&self) -> usize {
+        self.world * 2 * 2 * 8
+    }
+
+    /// Byte offset of counter (phase 0 dispatch / 1 combine, writer `w`, 0 arrived / 1 total)
+    /// in a counter block (`ie_ctr` in the kernel).
+    pub fn counter(&self, phase: usize, w: usize, which: usize) -> usize {
+        8 * ((phase * self.world + w) * 2 + which)
+    }
+}
+
+#[cfg(test)]
+#[path = "emu_tests.rs"]
+mod emu_tests;

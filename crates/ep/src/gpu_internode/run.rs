@@ -1,0 +1,653 @@
+//! [`AsyncLlGpu`]: every rank of an inter-node job in this process on one GPU, nodes as groups
+//! of ranks (the single-GPU stand-in for several nodes): windows, counter blocks, command rings,
+//! one MORI-IO engine and [`RingProxy`] per rank, and the kernels of
+//! `kernels/ep_internode.cu` launched per node on a stream of its own (both nodes' blocks
+//! resident at once). Inputs and outputs travel as little-endian bytes.
+
+use super::abi::{IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
+use super::{InterLayout, MAX_WORLD};
+use crate::config::EpConfig;
+use crate::error::EpError;
+use crate::gpu::{EpGpuError, GpuResult};
+use crate::gpu_ring::DeviceRing;
+use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
+use mori_gpu::{Device, DeviceBuffer, Function, KernelArgs, KernelImages, LaunchConfig, Module, PinnedBuffer, Runtime, Stream};
+use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig, XgmiConfig};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+static CUBIN: &[u8] = include_bytes!("../../../../kernels/prebuilt/ep_internode.sm_90.cubin");
+static PTX: &str = include_str!("../../../../kernels/prebuilt/ep_internode.sm_90.ptx");
+static GFX942: &[u8] = include_bytes!("../../../../kernels/prebuilt/ep_internode.gfx942.hsaco");
+
+/// How the inter-node leg moves bytes (printed by [`AsyncLlGpu::describe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterPath {
+    /// MORI-IO's xgmi backend: windows in GPU memory, copies by the GPU.
+    Xgmi,
+    /// MORI-IO's tcp backend with `lanes` connections: windows in pinned host memory mapped
+    /// into the GPU, so the kernels stage into host memory (explicit host staging).
+    Tcp {
+        /// Connections per peer (1..=64).
+        lanes: usize,
+    },
+}
+
+/// Settings of an [`AsyncLlGpu`].
+#[derive(Debug, Clone, Copy)]
+pub struct AsyncLlOptions {
+    /// The inter-node leg.
+    pub path: InterPath,
+    /// Blocks per rank (each also one proxy command per destination and phase).
+    pub blocks_per_rank: u32,
+    /// Warps per block (1..=16).
+    pub warps_per_block: u32,
+    /// Deadline of every wait inside the kernels and of each call.
+    pub timeout: Duration,
+    /// Weighted combine ([`crate::Weighting::RankSlotSum`]).
+    pub weighted: bool,
+    /// Proxy ring slots per rank.
+    pub ring_slots: usize,
+}
+
+impl Default for AsyncLlOptions {
+    fn default() -> Self {
+        Self {
+            path: InterPath::Xgmi,
+            blocks_per_rank: 4,
+            warps_per_block: 8,
+            timeout: Duration::from_secs(20),
+            weighted: false,
+            ring_slots: 1024,
+        }
+    }
+}
+
+/// Element sizes in bytes: dispatch rows (`elem`: 1 fp8, 2 bf16, 4 f32), expert ids
+/// (`idx_size`: 4 or 8), combine inputs and outputs (2 bf16 or 4 f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElemSizes {
+    /// Dispatch row element.
+    pub elem: usize,
+    /// Expert id.
+    pub idx_size: usize,
+    /// Combine input element.
+    pub comb_elem: usize,
+    /// Combine output element.
+    pub out_elem: usize,
+}
+
+/// One rank's dispatch inputs as bytes: `[T, H]` rows, `[T, K]` f32 weights, `[T, K]` ids,
+/// `[T, scale_bytes]` scales (empty when the configuration has none).
+#[derive(Debug, Clone, Copy)]
+pub struct RankBytes<'a> {
+    /// Tokens.
+    pub tokens: usize,
+    /// Rows.
+    pub x: &'a [u8],
+    /// Weights.
+    pub weights: &'a [u8],
+    /// Ids.
+    pub idx: &'a [u8],
+    /// Scales.
+    pub scales: &'a [u8],
+}
+
+/// What one rank received, as bytes in the received order (source rank, then token).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecvBytes {
+    /// `[N, row_bytes]`.
+    pub x: Vec<u8>,
+    /// `[N, K]` f32.
+    pub weights: Vec<u8>,
+    /// `[N, K]` ids.
+    pub idx: Vec<u8>,
+    /// `[N, scale_bytes]`.
+    pub scales: Vec<u8>,
+    /// `[N]` i32 flat sources (`rank * max_tokens + token`).
+    pub src: Vec<u8>,
+}
+
+enum WinMem {
+    Dev(DeviceBuffer),
+    Host(PinnedBuffer),
+}
+
+impl WinMem {
+    fn host_ptr(&self) -> u64 {
+        match self {
+            WinMem::Dev(b) => b.ptr(),
+            WinMem::Host(b) => b.ptr(),
+        }
+    }
+    fn dev_ptr(&self) -> u64 {
+        match self {
+            WinMem::Dev(b) => b.ptr(),
+            WinMem::Host(b) => b.device_ptr().unwrap_or(0),
+        }
+    }
+}
+
+struct GpuRank {
+    win: WinMem,
+    dev_ctr: DeviceBuffer,
+    host_ctr: PinnedBuffer,
+    ring: DeviceRing,
+    /// mask, pos, cnt, recv_cnt, recv_base, recv_pos, done, status.
+    scratch: Vec<DeviceBuffer>,
+    /// x, weights, idx, scales.
+    inp: Vec<DeviceBuffer>,
+    /// x, weights, idx, scales, src.
+    out: Vec<DeviceBuffer>,
+    /// comb_x, comb_w, comb_out, comb_out_w.
+    comb: Vec<DeviceBuffer>,
+    tokens: usize,
+    comb_rows: usize,
+}
+
+/// The kernels' timings of the last call, µs (GPU events around each node's launches).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseTimes {
+    /// Slowest node's dispatch (layout, dispatch, receive), µs.
+    pub dispatch_us: f64,
+    /// Slowest node's combine (send, receive), µs.
+    pub combine_us: f64,
+}
+
+/// AsyncLL dispatch/combine for every rank of the job, in this process, on one GPU.
+pub struct AsyncLlGpu {
+    rt: Arc<dyn Runtime>,
+    dev: Device,
+    layout: InterLayout,
+    opts: AsyncLlOptions,
+    out_elem: usize,
+    ranks: Vec<GpuRank>,
+    proxies: Vec<RingProxy>,
+    regs: Vec<(Arc<IoEngine>, MemoryDesc)>,
+    abi: Vec<DeviceBuffer>,
+    streams: Vec<Stream>,
+    funcs: Vec<Function>,
+    _module: Module,
+    experts_per_rank: usize,
+    times: PhaseTimes,
+    describe: String,
+}
+
+fn bad(field: &'static str, value: impl ToString, reason: impl Into<String>) -> EpGpuError {
+    EpGpuError::Ep(EpError::InvalidConfig { field, value: value.to_string(), reason: reason.into() })
+}
+
+fn host_err(what: &str, e: impl std::fmt::Display) -> EpGpuError {
+    EpGpuError::Ep(EpError::Host { what: what.to_string(), detail: e.to_string() })
+}
+
+const KERNELS: [&str; 5] = ["mori_ie_layout", "mori_ie_dispatch", "mori_ie_dispatch_recv", "mori_ie_combine_send", "mori_ie_combine_recv"];
+
+impl AsyncLlGpu {
+    /// Sets up every rank of `cfg` on `dev` for element sizes `sz`. Warms each inter-node path with one host-posted write per peer before any
+    /// kernel runs (a transport's first transfer may allocate, and a CUDA allocation can wait
+    /// for a spinning kernel forever).
+    ///
+    /// Errors: [`InterLayout::new`]'s; `InvalidConfig` for a single node, more than
+    /// [`MAX_WORLD`] ranks, a grid that cannot be resident, warps outside 1..=16; GPU, engine
+    /// and registration failures.
+    pub fn new(rt: Arc<dyn Runtime>, dev: Device, cfg: &EpConfig, sz: ElemSizes, opts: AsyncLlOptions) -> GpuResult<Self> {
+        let ElemSizes { elem, idx_size, comb_elem, out_elem } = sz;
+        let layout = InterLayout::new(cfg, elem, idx_size, comb_elem)?;
+        let (w, g) = (cfg.world_size, cfg.gpus_per_node);
+        if g == 0 || w / g < 2 || w % g != 0 {
+            return Err(bad(
+                "gpus_per_node",
+                g,
+                format!("AsyncLL across nodes needs world_size ({w}) = nodes x gpus_per_node with at least 2 nodes"),
+            ));
+        }
+        if !(1..=16).contains(&opts.warps_per_block) || opts.blocks_per_rank == 0 {
+            return Err(bad(
+                "launch shape",
+                format!("{} blocks x {} warps", opts.blocks_per_rank, opts.warps_per_block),
+                "1..=16 warps and at least 1 block per rank",
+            ));
+        }
+        if out_elem != 2 && out_elem != 4 {
+            return Err(bad("combine output element size", out_elem, "must be 2 (bf16) or 4 (f32)"));
+        }
+        let sms = rt.device_properties(dev)?.multiprocessors as u64;
+        let grid = w as u64 * opts.blocks_per_rank as u64;
+        if grid > sms {
+            return Err(bad(
+                "blocks per rank",
+                opts.blocks_per_rank,
+                format!(
+                    "{w} ranks x {} blocks = {grid} blocks, but all must be resident at once on {sms} multiprocessors",
+                    opts.blocks_per_rank
+                ),
+            ));
+        }
+        rt.bind(dev)?;
+        let module = KernelImages { cubin: CUBIN, ptx: PTX, hsaco: GFX942 }.load(rt.as_ref(), dev)?;
+        let funcs = KERNELS.iter().map(|k| module.function(k)).collect::<Result<Vec<_>, _>>()?;
+        let (t, k, r_max) = (layout.max_tokens, layout.top_k, layout.max_recv);
+        let zeroed = |len: usize| -> GpuResult<DeviceBuffer> {
+            let b = rt.alloc(dev, len.max(16))?;
+            rt.memset(&b.slice(), 0)?;
+            Ok(b)
+        };
+        let mut ranks = Vec::with_capacity(w);
+        for _ in 0..w {
+            let win = match opts.path {
+                InterPath::Xgmi => WinMem::Dev(zeroed(layout.window_bytes)?),
+                InterPath::Tcp { .. } => WinMem::Host(rt.alloc_mapped(dev, layout.window_bytes)?),
+            };
+            ranks.push(GpuRank {
+                win,
+                dev_ctr: zeroed(layout.counter_bytes())?,
+                host_ctr: rt.alloc_mapped(dev, layout.counter_bytes())?,
+                ring: DeviceRing::new(rt.as_ref(), dev, opts.ring_slots)?,
+                scratch: [t * 8, t * w * 4, w * 4, w * 4, w * 4, r_max * 4, 16, 64].iter().map(|&n| zeroed(n)).collect::<Result<_, _>>()?,
+                inp: [t * layout.row_bytes, t * k * 4, t * k * idx_size, t * layout.scale_bytes]
+                    .iter()
+                    .map(|&n| zeroed(n))
+                    .collect::<Result<_, _>>()?,
+                out: [r_max * layout.row_bytes, r_max * k * 4, r_max * k * idx_size, r_max * layout.scale_bytes, r_max * 4]
+                    .iter()
+                    .map(|&n| zeroed(n))
+                    .collect::<Result<_, _>>()?,
+                comb: [r_max * layout.hidden * comb_elem, r_max * k * 4, t * layout.hidden * out_elem, t * k * 4]
+                    .iter()
+                    .map(|&n| zeroed(n))
+                    .collect::<Result<_, _>>()?,
+                tokens: 0,
+                comb_rows: 0,
+            });
+        }
+        // Engines, registrations, descriptors, proxies.
+        let mut engines = Vec::with_capacity(w);
+        let mut descs = Vec::with_capacity(w);
+        let mut regs = Vec::new();
+        for (r, gr) in ranks.iter().enumerate() {
+            let eng = IoEngine::new(
+                &format!("ie-r{r}-{}", std::process::id()),
+                EngineConfig::new("127.0.0.1", 0).map_err(|e| host_err("engine config", e))?,
+            )
+            .map_err(|e| host_err("MORI-IO engine", e))?;
+            let (bc, loc) = match opts.path {
+                InterPath::Xgmi => (BackendConfig::Xgmi(XgmiConfig::default()), MemLoc::Gpu { device: dev.0 }),
+                InterPath::Tcp { lanes } => {
+                    let mut t = TcpConfig::from_env().map_err(|e| host_err("tcp settings", e))?;
+                    t.lanes = lanes;
+                    (BackendConfig::Tcp(t), MemLoc::Host { numa: None })
+                }
+            };
+            eng.create_backend(bc).map_err(|e| host_err("MORI-IO backend", e))?;
+            // SAFETY: the window and the counter block live in `ranks`, which outlives the
+            // registrations (deregistered in Drop before the buffers are freed).
+            let (wm, cm) = unsafe {
+                (
+                    eng.register_memory(gr.win.host_ptr() as usize as *mut u8, layout.window_bytes, loc)
+                        .map_err(|e| host_err("registering a window", e))?,
+                    eng.register_memory(gr.host_ctr.ptr() as usize as *mut u8, layout.counter_bytes(), MemLoc::Host { numa: None })
+                        .map_err(|e| host_err("registering a counter block", e))?,
+                )
+            };
+            let eng = Arc::new(eng);
+            regs.push((eng.clone(), wm.clone()));
+            regs.push((eng.clone(), cm.clone()));
+            descs.push((wm, cm));
+            engines.push(eng);
+        }
+        let mut proxies = Vec::with_capacity(w);
+        for r in 0..w {
+            let mut peers = vec![None; w];
+            for (d, peer) in peers.iter_mut().enumerate() {
+                if d / g != r / g {
+                    engines[r].register_remote_engine(engines[d].desc().clone()).map_err(|e| host_err("peer engine", e))?;
+                    *peer = Some(PeerWindow { data: descs[d].0.clone(), counters: descs[d].1.clone() });
+                }
+            }
+            // Warm the path to every peer: one signalled write of a record's size, host-posted.
+            for d in (0..w).filter(|&d| d / g != r / g) {
+                let b = mori_io::RegionBatch {
+                    local: &descs[r].0,
+                    local_offs: &[layout.lay.out_disp],
+                    remote: &descs[d].0,
+                    remote_offs: &[layout.lay.out_disp],
+                    sizes: &[layout.rec_bytes as u64],
+                    id: engines[r].allocate_transfer_uid(),
+                };
+                engines[r]
+                    .post(mori_io::Op::Write, &b, None)
+                    .wait_for(opts.timeout)
+                    .map_err(|e| host_err("warming the inter-node path", e))?;
+            }
+            proxies.push(
+                RingProxy::start(
+                    &format!("ie{r}"),
+                    engines[r].clone(),
+                    descs[r].0.clone(),
+                    peers,
+                    ranks[r].ring.mem(),
+                    RingProxyOptions::default(),
+                )
+                .map_err(|e| host_err("proxy thread", e))?,
+            );
+        }
+        let nodes = w / g;
+        let abi = (0..nodes).map(|_| zeroed(g * std::mem::size_of::<IeRank>())).collect::<Result<Vec<_>, _>>()?;
+        let streams = (0..nodes).map(|_| rt.stream(dev)).collect::<Result<Vec<_>, _>>()?;
+        let describe = format!(
+            "mori_ep::gpu_internode: AsyncLL, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank; intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), signalled writes; window {:.1} MB per rank",
+            rt.kind(),
+            opts.blocks_per_rank,
+            opts.warps_per_block,
+            match opts.path {
+                InterPath::Xgmi => "MORI-IO xgmi (windows in GPU memory)".to_string(),
+                InterPath::Tcp { lanes } => format!("MORI-IO tcp, {lanes} lanes (windows in pinned host memory: the kernels stage into it)"),
+            },
+            opts.ring_slots,
+            layout.window_bytes as f64 / 1e6
+        );
+        Ok(Self {
+            rt,
+            dev,
+            layout,
+            opts,
+            out_elem,
+            ranks,
+            proxies,
+            regs,
+            abi,
+            streams,
+            funcs,
+            _module: module,
+            experts_per_rank: cfg.experts_per_rank,
+            times: PhaseTimes::default(),
+            describe,
+        })
+    }
+
+    /// One line: scheme, nodes x ranks, launch shape, both legs' paths.
+    pub fn describe(&self) -> String {
+        self.describe.clone()
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &InterLayout {
+        &self.layout
+    }
+
+    /// The kernels' times of the last dispatch and combine.
+    pub fn times(&self) -> PhaseTimes {
+        self.times
+    }
+
+    fn params(&self, node: usize) -> IeParams {
+        let (w, g) = (self.layout.world, self.layout.gpn);
+        let mut win = [0u64; MAX_WORLD];
+        let mut dev_ctr = [0u64; MAX_WORLD];
+        for r in node * g..(node + 1) * g {
+            win[r] = self.ranks[r].win.dev_ptr();
+            dev_ctr[r] = self.ranks[r].dev_ctr.ptr();
+        }
+        let l = &self.layout;
+        IeParams {
+            win,
+            dev_ctr,
+            lay: IeLayout { ..l.lay },
+            ranks: self.abi[node].ptr(),
+            timeout_ns: u64::try_from(self.opts.timeout.as_nanos()).unwrap_or(u64::MAX),
+            num_local: g as u32,
+            world: w as u32,
+            gpn: g as u32,
+            blocks_per_rank: self.opts.blocks_per_rank,
+            row_bytes: l.row_bytes as u32,
+            hidden: l.hidden as u32,
+            top_k: l.top_k as u32,
+            idx_size: l.idx_size as u32,
+            scale_bytes: l.scale_bytes as u32,
+            experts_per_rank: self.experts_per_rank as u32,
+            max_tokens: l.max_tokens as u32,
+            max_recv: l.max_recv as u32,
+            rec_bytes: l.rec_bytes as u32,
+            comb_bytes: l.comb_bytes as u32,
+            comb_elem: l.comb_elem as u32,
+            out_elem: self.out_elem as u32,
+            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 },
+            pad: 0,
+        }
+    }
+
+    fn upload_abi(&self) -> GpuResult<()> {
+        let g = self.layout.gpn;
+        for (node, buf) in self.abi.iter().enumerate() {
+            let mut bytes = Vec::with_capacity(g * std::mem::size_of::<IeRank>());
+            for r in node * g..(node + 1) * g {
+                let gr = &self.ranks[r];
+                let s = &gr.scratch;
+                let a = IeRank {
+                    rank: r as u32,
+                    num_tokens: gr.tokens as u32,
+                    comb_rows: gr.comb_rows as u32,
+                    pad: 0,
+                    x: gr.inp[0].ptr(),
+                    weights: gr.inp[1].ptr(),
+                    idx: gr.inp[2].ptr(),
+                    scales: if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
+                    mask: s[0].ptr(),
+                    pos: s[1].ptr(),
+                    cnt: s[2].ptr(),
+                    recv_cnt: s[3].ptr(),
+                    recv_base: s[4].ptr(),
+                    recv_pos: s[5].ptr(),
+                    done: s[6].ptr(),
+                    out_x: gr.out[0].ptr(),
+                    out_w: gr.out[1].ptr(),
+                    out_idx: gr.out[2].ptr(),
+                    out_scales: if self.layout.scale_bytes > 0 { gr.out[3].ptr() } else { 0 },
+                    out_src: gr.out[4].ptr(),
+                    comb_x: gr.comb[0].ptr(),
+                    comb_w: gr.comb[1].ptr(),
+                    comb_out: gr.comb[2].ptr(),
+                    comb_out_w: gr.comb[3].ptr(),
+                    status: s[7].ptr(),
+                    host_ctr: gr.host_ctr.device_ptr().unwrap_or(0),
+                    ring: gr.ring.dev_args()?,
+                };
+                // SAFETY: IeRank is plain old data (integers), read as its bytes.
+                bytes.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(&a as *const IeRank as *const u8, std::mem::size_of::<IeRank>())
+                });
+            }
+            self.rt.copy_htod(&buf.slice(), &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Runs kernels `ks` for every node, each node on its stream, and waits; returns the
+    /// slowest node's GPU time in µs.
+    fn run(&self, ks: &[usize]) -> GpuResult<f64> {
+        let (g, b) = (self.layout.gpn as u32, self.opts.blocks_per_rank);
+        let threads = self.opts.warps_per_block * 32;
+        let mut evs = Vec::new();
+        let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
+        for (n, s) in self.streams.iter().enumerate() {
+            let (e0, e1) = (self.rt.event(self.dev, true)?, self.rt.event(self.dev, true)?);
+            e0.record(s)?;
+            for &k in ks {
+                let grid = if k == 0 { g } else { g * b };
+                let cfg = LaunchConfig { grid: (grid, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
+                let mut args = KernelArgs::new();
+                args.push(params[n]);
+                // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
+                // address in it belongs to buffers of self, which outlive the synchronization below.
+                unsafe { self.funcs[k].launch(s, &cfg, &args.params())? };
+            }
+            e1.record(s)?;
+            evs.push((e0, e1));
+        }
+        let deadline = Instant::now() + self.opts.timeout + Duration::from_secs(5);
+        for (e0, e1) in &evs {
+            loop {
+                if e1.query()? {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(host_err("inter-node kernels", format!("still running {:?} after their deadline", self.opts.timeout)));
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            let _ = e0;
+        }
+        let mut worst = 0.0f64;
+        for (e0, e1) in &evs {
+            worst = worst.max(e0.elapsed_ms(e1)? as f64 * 1e3);
+        }
+        Ok(worst)
+    }
+
+    /// The status words of every rank: a fault becomes `Kernel { rank, what }`.
+    fn check_status(&self, phase: &str) -> GpuResult<Vec<u32>> {
+        let mut counts = Vec::with_capacity(self.ranks.len());
+        for (r, gr) in self.ranks.iter().enumerate() {
+            let mut b = [0u8; 32];
+            self.rt.copy_dtoh(&mut b, &gr.scratch[7].slice())?;
+            let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+            let what = match w(1) {
+                0 => None,
+                1 => Some(format!("{phase}: expert id {} out of range (token {}, slot {})", w(4) as i32, w(2), w(3))),
+                3 => Some(format!(
+                    "{phase}: deadline: rank {} never completed its segment ({} entries arrived) in the {} phase",
+                    w(3),
+                    w(4),
+                    if w(2) == 1 { "dispatch" } else { "combine" }
+                )),
+                4 => Some(format!("{phase}: {} records announced, capacity {}", w(2), w(3))),
+                5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
+                6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
+                c => Some(format!("{phase}: fault code {c}")),
+            };
+            if let Some(what) = what {
+                let proxy = self.proxies[r].failure().map(|f| format!("; proxy: {f}")).unwrap_or_default();
+                return Err(EpGpuError::Kernel { rank: r, what: what + &proxy });
+            }
+            counts.push(w(0));
+        }
+        Ok(counts)
+    }
+
+    /// Dispatches `inputs[r]` of every rank; returns what each received, in the reference's
+    /// order. Errors: `RankCount`-like `InvalidConfig` for a wrong number of inputs, a token
+    /// count above the maximum or byte lengths that do not match; kernel faults naming the rank.
+    pub fn dispatch(&mut self, inputs: &[RankBytes<'_>]) -> GpuResult<Vec<RecvBytes>> {
+        let l = self.layout.clone();
+        if inputs.len() != l.world {
+            return Err(bad("inputs", inputs.len(), format!("one per rank: {}", l.world)));
+        }
+        for (r, i) in inputs.iter().enumerate() {
+            let want = [i.tokens * l.row_bytes, i.tokens * l.top_k * 4, i.tokens * l.top_k * l.idx_size, i.tokens * l.scale_bytes];
+            let got = [i.x.len(), i.weights.len(), i.idx.len(), i.scales.len()];
+            if i.tokens > l.max_tokens || want != got {
+                return Err(bad(
+                    "rank inputs",
+                    format!("rank {r}: {} tokens, bytes {got:?}", i.tokens),
+                    format!("at most {} tokens and bytes {want:?}", l.max_tokens),
+                ));
+            }
+            let gr = &mut self.ranks[r];
+            gr.tokens = i.tokens;
+            for (buf, bytes) in gr.inp.iter().zip([i.x, i.weights, i.idx, i.scales]) {
+                if !bytes.is_empty() {
+                    self.rt.copy_htod(&buf.sub(0, bytes.len())?, bytes)?;
+                }
+            }
+        }
+        self.upload_abi()?;
+        self.times.dispatch_us = self.run(&[0, 1, 2])?;
+        let counts = self.check_status("dispatch")?;
+        let mut out = Vec::with_capacity(l.world);
+        for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
+            let n = n as usize;
+            gr.comb_rows = 0;
+            let sizes = [n * l.row_bytes, n * l.top_k * 4, n * l.top_k * l.idx_size, n * l.scale_bytes, n * 4];
+            let mut got: Vec<Vec<u8>> = Vec::new();
+            for (buf, len) in gr.out.iter().zip(sizes) {
+                let mut v = vec![0u8; len];
+                if len > 0 {
+                    self.rt.copy_dtoh(&mut v, &buf.sub(0, len)?)?;
+                }
+                got.push(v);
+            }
+            let mut it = got.into_iter();
+            let mut next = || it.next().unwrap_or_default();
+            out.push(RecvBytes { x: next(), weights: next(), idx: next(), scales: next(), src: next() });
+        }
+        Ok(out)
+    }
+
+    /// Combines: `x[r]` `[N_r, H]` (combine element bytes) and optional `w[r]` `[N_r, K]` f32 in
+    /// rank r's received order; returns each rank's `[T, H]` output (output element bytes) and
+    /// `[T, K]` f32 weight sums (zeros without weights).
+    pub fn combine(&mut self, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let l = self.layout.clone();
+        if x.len() != l.world || w.is_some_and(|w| w.len() != l.world) {
+            return Err(bad("combine inputs", x.len(), format!("one per rank: {}", l.world)));
+        }
+        for (r, xr) in x.iter().enumerate() {
+            let row = l.hidden * l.comb_elem;
+            if xr.len() % row != 0 || xr.len() / row > l.max_recv {
+                return Err(bad(
+                    "combine rows",
+                    format!("rank {r}: {} bytes", xr.len()),
+                    format!("whole rows of {row} B, at most {}", l.max_recv),
+                ));
+            }
+            let gr = &mut self.ranks[r];
+            gr.comb_rows = xr.len() / row;
+            if !xr.is_empty() {
+                self.rt.copy_htod(&gr.comb[0].sub(0, xr.len())?, xr)?;
+            }
+            let wr = w.map(|w| w[r]).unwrap_or(&[]);
+            if wr.len() != gr.comb_rows * l.top_k * 4 && !wr.is_empty() {
+                return Err(bad(
+                    "combine weights",
+                    format!("rank {r}: {} bytes", wr.len()),
+                    format!("{} rows of {} f32", gr.comb_rows, l.top_k),
+                ));
+            }
+            if !wr.is_empty() {
+                self.rt.copy_htod(&gr.comb[1].sub(0, wr.len())?, wr)?;
+            } else {
+                self.rt.memset(&gr.comb[1].slice(), 0)?;
+            }
+        }
+        self.upload_abi()?;
+        self.times.combine_us = self.run(&[3, 4])?;
+        self.check_status("combine")?;
+        let mut out = Vec::with_capacity(l.world);
+        for gr in &self.ranks {
+            let mut ox = vec![0u8; gr.tokens * l.hidden * self.out_elem];
+            let mut ow = vec![0u8; gr.tokens * l.top_k * 4];
+            if !ox.is_empty() {
+                let (nx, nw) = (ox.len(), ow.len());
+                self.rt.copy_dtoh(&mut ox, &gr.comb[2].sub(0, nx)?)?;
+                self.rt.copy_dtoh(&mut ow, &gr.comb[3].sub(0, nw)?)?;
+            }
+            out.push((ox, ow));
+        }
+        Ok(out)
+    }
+
+    /// Per rank: commands and bytes its proxy carried so far.
+    pub fn proxy_stats(&self) -> Vec<crate::proxy::RingProxyStats> {
+        self.proxies.iter().map(|p| p.stats()).collect()
+    }
+}
+
+impl Drop for AsyncLlGpu {
+    fn drop(&mut self) {
+        self.proxies.clear();
+        for (e, m) in &self.regs {
+            let _ = e.deregister_memory(m);
+        }
+    }
+}

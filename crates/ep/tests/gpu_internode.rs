@@ -1,0 +1,135 @@
+//! AsyncLL across nodes on a real GPU (`mori_ep::gpu_internode::AsyncLlGpu`): 2 nodes x 4 ranks
+//! on GPU 0, the inter-node leg through each rank's proxy over MORI-IO xgmi and over tcp with
+//! host staging; every received row, weight, id, scale and source and every combined row equal
+//! the host reference bit for bit, over several rounds. Needs a CUDA device: `--ignored`.
+
+use mori_ep::gpu_internode::{AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, RankBytes};
+use mori_ep::routing::SplitMix64;
+use mori_ep::{bf16, combine, dispatch, CombineOptions, DispatchOptions, EpConfig, RankInput, SumOrder, Tensor2, Weighting};
+use mori_gpu::Device;
+use std::time::Duration;
+
+fn bytes<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
+    v.iter().flat_map(|&x| f(x)).collect()
+}
+
+struct Shape {
+    w: usize,
+    g: usize,
+    t: usize,
+    h: usize,
+    e: usize,
+    k: usize,
+    scales: usize,
+}
+
+fn inputs(s: &Shape, rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, i64>> {
+    (0..s.w)
+        .map(|r| {
+            let t = if r == 2 && round == 0 { 0 } else { s.t - rng.below(s.t as u64 / 2 + 1) as usize };
+            let ids: Vec<i64> = (0..t * s.k).map(|_| rng.below(s.e as u64 + 1) as i64 - 1).collect();
+            RankInput {
+                x: Tensor2::from_fn(t, s.h, |_, _| bf16::from_f32(rng.below(16) as f32 - 8.0)).unwrap(),
+                weights: Tensor2::from_fn(t, s.k, |_, _| rng.below(8) as f32 * 0.25).unwrap(),
+                scales: (s.scales > 0).then(|| Tensor2::from_fn(t, s.scales, |_, _| rng.below(100) as f32 * 0.5).unwrap()),
+                indices: Tensor2::new(t, s.k, ids).unwrap(),
+            }
+        })
+        .collect()
+}
+
+fn run(s: &Shape, path: InterPath, rounds: usize, timed: usize) {
+    let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
+    let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
+    cfg.scale_dim = s.scales;
+    cfg.scale_type_size = 4;
+    cfg.max_token_type_size = 2;
+    let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
+    let opts = AsyncLlOptions { path, weighted: true, timeout: Duration::from_secs(20), ..AsyncLlOptions::default() };
+    let mut ep = AsyncLlGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
+    println!("{}", ep.describe());
+    let mut rng = SplitMix64::new(0x5eed_0017);
+    for round in 0..rounds + timed {
+        let inp = inputs(s, &mut rng, round);
+        let owned: Vec<[Vec<u8>; 4]> = inp
+            .iter()
+            .map(|i| {
+                [
+                    bytes(i.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()),
+                    bytes(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()),
+                    bytes(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()),
+                    i.scales.as_ref().map(|t| bytes(t.as_slice(), |v: f32| v.to_le_bytes().to_vec())).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        let rb: Vec<RankBytes<'_>> = inp
+            .iter()
+            .zip(&owned)
+            .map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] })
+            .collect();
+        let got = ep.dispatch(&rb).unwrap();
+        let want = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+        for (r, (g, w)) in got.iter().zip(&want.ranks).enumerate() {
+            assert_eq!(g.x, bytes(w.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()), "round {round} rank {r}: rows");
+            assert_eq!(g.weights, bytes(w.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "round {round} rank {r}: weights");
+            assert_eq!(g.idx, bytes(w.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()), "round {round} rank {r}: ids");
+            if let Some(sc) = &w.scales {
+                assert_eq!(g.scales, bytes(sc.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "round {round} rank {r}: scales");
+            }
+            let src: Vec<u8> = w.src.iter().flat_map(|p| (p.flat(s.t) as i32).to_le_bytes()).collect();
+            assert_eq!(g.src, src, "round {round} rank {r}: sources");
+        }
+        let xs: Vec<&[u8]> = got.iter().map(|g| &g.x[..]).collect();
+        let ws: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
+        let comb = ep.combine(&xs, Some(&ws)).unwrap();
+        let rx: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
+        let rw: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
+        let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
+        let o = CombineOptions { weighting: Weighting::RankSlotSum, order: SumOrder::Ascending, ..CombineOptions::default() };
+        let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &rx, Some(&rw), &idx, o).unwrap();
+        for (r, ((gx, gw), w)) in comb.iter().zip(&out).enumerate() {
+            assert_eq!(*gx, bytes(w.x.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "round {round} rank {r}: combined rows");
+            assert_eq!(
+                *gw,
+                bytes(w.weights.as_ref().unwrap().as_slice(), |v: f32| v.to_le_bytes().to_vec()),
+                "round {round} rank {r}: weight sums"
+            );
+        }
+        let recv: usize = got.iter().map(|g| g.src.len() / 4).sum();
+        let t = ep.times();
+        println!(
+            "round {round}: check OK; {recv} rows received in all; kernels: dispatch {:.1} us, combine {:.1} us{}",
+            t.dispatch_us,
+            t.combine_us,
+            if round >= rounds { " (timed)" } else { "" }
+        );
+    }
+    println!("proxies: {:?}", ep.proxy_stats());
+}
+
+const SMALL: Shape = Shape { w: 8, g: 4, t: 48, h: 256, e: 64, k: 8, scales: 2 };
+const DECODE: Shape = Shape { w: 8, g: 4, t: 128, h: 7168, e: 256, k: 8, scales: 0 };
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_2x4_on_one_gpu_over_xgmi_equals_the_reference() {
+    run(&SMALL, InterPath::Xgmi, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_2x4_on_one_gpu_over_tcp_with_host_staging_equals_the_reference() {
+    run(&SMALL, InterPath::Tcp { lanes: 4 }, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_decode_shape_over_xgmi() {
+    run(&DECODE, InterPath::Xgmi, 1, 5);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_decode_shape_over_tcp() {
+    run(&DECODE, InterPath::Tcp { lanes: 4 }, 1, 3);
+}
