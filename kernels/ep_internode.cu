@@ -71,7 +71,8 @@ struct IeRank {
     uint64_t recv_cnt;   // u32 [W] records received from each rank
     uint64_t recv_base;  // u32 [W] first output row of each source
     uint64_t recv_pos;   // u32 [max_recv] index of output row i in its source's segment
-    uint64_t done;       // u32 [4] blocks finished, per kernel that zeroes
+    uint64_t done;       // u32 [4 + 2W]: blocks finished per zeroing kernel, then blocks that
+                         // staged for each remote destination (dispatch [W], combine [W])
     uint64_t out_x;      // [max_recv, row_bytes]
     uint64_t out_w;      // [max_recv, K] f32 or 0
     uint64_t out_idx;    // [max_recv, K] of idx_size
@@ -167,6 +168,21 @@ MORI_DEVICE void ie_signal(const IeParams& p, const IeRank& a, uint32_t d, uint3
     }
     if (mori_ring_push(a.ring, d, which == 0 ? RING_OP_ADD : RING_OP_SET, local_off, remote_off, len, off, value, deadline))
         ie_error((uint32_t*)a.status, IE_ERR_RING_FULL, d, phase + 1, 0);
+}
+
+// Called by every block of the rank for peer d after its entries for d are staged (fenced):
+// the last block to finish hands the whole segment (`count` entries of `stride` bytes from
+// `local` to `remote`) to the proxy as one command, then the end marker. One command pair per
+// (rank, remote peer, phase) instead of one per block: each command costs the proxy a
+// signalled write with its own control round trip.
+MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t stride,
+                               uint64_t local, uint64_t remote, uint64_t deadline) {
+    uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
+    if (mori_atomic_add_system_u32(staged, 1) != p.blocks_per_rank - 1) return;
+    mori_fence_system(); // every block's staged entries before the command that carries them
+    *(volatile uint32_t*)staged = 0;
+    if (count) ie_signal(p, a, d, phase, 0, count, local, remote, (uint64_t)count * stride, deadline);
+    ie_signal(p, a, d, phase, 1, (uint64_t)count + 1, 0, 0, 0, deadline);
 }
 
 // Zeroes this rank's counters of `phase` (device and host blocks).
@@ -272,7 +288,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         }
         sh.n[d] = n;
         sh.first[d] = first;
-        if (b == 0) ie_signal(p, a, d, 0, 1, (uint64_t)((const uint32_t*)a.cnt)[d] + 1, 0, 0, 0, deadline);
+        if (b == 0 && ie_same_node(p, r, d)) ie_signal(p, a, d, 0, 1, (uint64_t)((const uint32_t*)a.cnt)[d] + 1, 0, 0, 0, deadline);
     }
     mori_sync_block();
     // Records: one 32-thread group per token, written to every destination.
@@ -300,11 +316,12 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     mori_fence_system();
     mori_sync_block();
     for (uint32_t d = tid; d < W; d += nthreads) {
-        const uint32_t n = sh.n[d];
-        if (n == 0) continue;
-        const uint64_t at = (uint64_t)sh.first[d] * p.rec_bytes;
-        ie_signal(p, a, d, 0, 0, n, p.lay.out_disp + d * p.lay.seg_rec + at, p.lay.disp_in + r * p.lay.seg_rec + at,
-                  (uint64_t)n * p.rec_bytes, deadline);
+        if (!ie_same_node(p, r, d)) {
+            ie_stage_done(p, a, d, 0, ((const uint32_t*)a.cnt)[d], p.rec_bytes, p.lay.out_disp + d * p.lay.seg_rec,
+                          p.lay.disp_in + r * p.lay.seg_rec, deadline);
+            continue;
+        }
+        if (sh.n[d]) ie_signal(p, a, d, 0, 0, sh.n[d], 0, 0, 0, deadline);
     }
     if (b != 0) return;
     // Block 0 receives: every source's segment complete, then the first output row of each.
@@ -381,7 +398,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
         const uint32_t lo = base[s] > i0 ? base[s] : i0, hi = base[s] + rc[s] < i1 ? base[s] + rc[s] : i1;
         sh.n[s] = hi > lo ? hi - lo : 0;
         sh.first[s] = hi > lo ? lo - base[s] : 0;
-        if (b == 0) ie_signal(p, a, s, 1, 1, (uint64_t)rc[s] + 1, 0, 0, 0, deadline);
+        if (b == 0 && ie_same_node(p, r, s)) ie_signal(p, a, s, 1, 1, (uint64_t)rc[s] + 1, 0, 0, 0, deadline);
     }
     mori_sync_block();
     const uint32_t xb = p.hidden * p.comb_elem, kw = p.top_k * 4;
@@ -397,11 +414,12 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     mori_fence_system();
     mori_sync_block();
     for (uint32_t s = tid; s < W; s += nthreads) {
-        const uint32_t n = sh.n[s];
-        if (n == 0) continue;
-        const uint64_t at = (uint64_t)sh.first[s] * p.comb_bytes;
-        ie_signal(p, a, s, 1, 0, n, p.lay.out_comb + s * p.lay.seg_comb + at, p.lay.comb_in + r * p.lay.seg_comb + at,
-                  (uint64_t)n * p.comb_bytes, deadline);
+        if (!ie_same_node(p, r, s)) {
+            ie_stage_done(p, a, s, 1, rc[s], p.comb_bytes, p.lay.out_comb + s * p.lay.seg_comb, p.lay.comb_in + r * p.lay.seg_comb,
+                          deadline);
+            continue;
+        }
+        if (sh.n[s]) ie_signal(p, a, s, 1, 0, sh.n[s], 0, 0, 0, deadline);
     }
 }
 
@@ -413,8 +431,18 @@ MORI_DEVICE uint32_t ie_f32_to_bf16(float f) {
     return u >> 16;
 }
 
+// Per 32-thread group: the token's contributing ranks, compacted (ascending), with their rows
+// and factors.
+struct IeGather {
+    uint64_t row[16][IE_MAX_WORLD];
+    float f[16][IE_MAX_WORLD];
+    uint32_t n[16];
+    uint32_t last;
+};
+
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, sh);
+    MORI_SHARED_STRUCT(IeGather, gs);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, W = p.world, tid = mori_thread_idx();
@@ -435,39 +463,80 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
     const uint32_t xb = p.hidden * p.comb_elem;
     const int64_t num_experts = (int64_t)p.experts_per_rank * W;
     for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
-        uint8_t* out = (uint8_t*)a.comb_out + (uint64_t)t * p.hidden * p.out_elem;
-        for (uint32_t h = lane; h < p.hidden; h += 32) {
-            float acc = 0.0f;
-            for (uint32_t e = 0; e < W; e++) {
-                const int32_t q = pos[(uint64_t)t * W + e];
-                if (q < 0) continue;
-                const uint8_t* row = (const uint8_t*)(p.win[r] + p.lay.comb_in + e * p.lay.seg_comb + (uint64_t)q * p.comb_bytes);
-                float f = 1.0f;
-                if (weighted) {
-                    const float* w = (const float*)(row + xb);
-                    f = 0.0f;
-                    for (uint32_t k = 0; k < p.top_k; k++) {
-                        const int64_t id = ie_load_idx(p, idx, (uint64_t)t * p.top_k + k);
-                        if (id >= 0 && id < num_experts && (uint32_t)(id / p.experts_per_rank) == e) f += w[k];
-                    }
+        // The contributing ranks' rows and factors, then compacted by lane 0 (in place).
+        for (uint32_t e = lane; e < W; e += 32) {
+            const int32_t q = pos[(uint64_t)t * W + e];
+            const uint64_t row = q < 0 ? 0 : p.win[r] + p.lay.comb_in + e * p.lay.seg_comb + (uint64_t)q * p.comb_bytes;
+            float f = 1.0f;
+            if (weighted && q >= 0) {
+                const float* w = (const float*)(row + xb);
+                f = 0.0f;
+                for (uint32_t k = 0; k < p.top_k; k++) {
+                    const int64_t id = ie_load_idx(p, idx, (uint64_t)t * p.top_k + k);
+                    if (id >= 0 && id < num_experts && (uint32_t)(id / p.experts_per_rank) == e) f += w[k];
                 }
-                const float v = p.comb_elem == 2 ? ie_bf16_to_f32(((const uint16_t*)row)[h]) : ((const float*)row)[h];
-                acc += f * v;
             }
-            if (p.out_elem == 2) ((uint16_t*)out)[h] = (uint16_t)ie_f32_to_bf16(acc);
-            else ((float*)out)[h] = acc;
+            gs.row[warp][e] = row;
+            gs.f[warp][e] = f;
+        }
+        mori_sync_group32();
+        if (lane == 0) {
+            uint32_t n = 0;
+            for (uint32_t e = 0; e < W; e++) {
+                if (!gs.row[warp][e]) continue;
+                gs.row[warp][n] = gs.row[warp][e];
+                gs.f[warp][n] = gs.f[warp][e];
+                n++;
+            }
+            gs.n[warp] = n;
+        }
+        mori_sync_group32();
+        const uint32_t nd = gs.n[warp];
+        uint8_t* out = (uint8_t*)a.comb_out + (uint64_t)t * p.hidden * p.out_elem;
+        // 8 columns per lane and step, summed over the ranks in ascending order.
+        for (uint32_t h0 = lane * 8; h0 < p.hidden; h0 += 256) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (uint32_t j = 0; j < nd; j++) {
+                const uint8_t* src = (const uint8_t*)gs.row[warp][j] + (uint64_t)h0 * p.comb_elem;
+                const float f = gs.f[warp][j];
+                if (p.comb_elem == 2) {
+                    const mori_vec16_t v = *(const mori_vec16_t*)src;
+                    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+                    for (int i = 0; i < 4; i++) {
+                        acc[2 * i] += f * ie_bf16_to_f32(wv[i] & 0xffffu);
+                        acc[2 * i + 1] += f * ie_bf16_to_f32(wv[i] >> 16);
+                    }
+                } else {
+                    const mori_vec16_t v0 = ((const mori_vec16_t*)src)[0], v1 = ((const mori_vec16_t*)src)[1];
+                    const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+                    for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, wv[i]);
+                }
+            }
+            if (p.out_elem == 2) {
+                mori_vec16_t v;
+                v.x = ie_f32_to_bf16(acc[0]) | (ie_f32_to_bf16(acc[1]) << 16);
+                v.y = ie_f32_to_bf16(acc[2]) | (ie_f32_to_bf16(acc[3]) << 16);
+                v.z = ie_f32_to_bf16(acc[4]) | (ie_f32_to_bf16(acc[5]) << 16);
+                v.w = ie_f32_to_bf16(acc[6]) | (ie_f32_to_bf16(acc[7]) << 16);
+                *(mori_vec16_t*)(out + (uint64_t)h0 * 2) = v;
+            } else {
+                mori_vec16_t v0, v1;
+                v0.x = __builtin_bit_cast(uint32_t, acc[0]); v0.y = __builtin_bit_cast(uint32_t, acc[1]);
+                v0.z = __builtin_bit_cast(uint32_t, acc[2]); v0.w = __builtin_bit_cast(uint32_t, acc[3]);
+                v1.x = __builtin_bit_cast(uint32_t, acc[4]); v1.y = __builtin_bit_cast(uint32_t, acc[5]);
+                v1.z = __builtin_bit_cast(uint32_t, acc[6]); v1.w = __builtin_bit_cast(uint32_t, acc[7]);
+                *(mori_vec16_t*)(out + (uint64_t)h0 * 4) = v0;
+                *(mori_vec16_t*)(out + (uint64_t)h0 * 4 + 16) = v1;
+            }
         }
         if (a.comb_out_w) {
             for (uint32_t k = lane; k < p.top_k; k += 32) {
                 float sw = 0.0f;
-                for (uint32_t e = 0; e < W; e++) {
-                    const int32_t q = pos[(uint64_t)t * W + e];
-                    if (q < 0) continue;
-                    sw += ((const float*)(p.win[r] + p.lay.comb_in + e * p.lay.seg_comb + (uint64_t)q * p.comb_bytes + xb))[k];
-                }
+                for (uint32_t j = 0; j < nd; j++) sw += ((const float*)(gs.row[warp][j] + xb))[k];
                 ((float*)a.comb_out_w)[(uint64_t)t * p.top_k + k] = sw;
             }
         }
+        mori_sync_group32();
     }
     if (ie_last_block(p, a, 1, sh) && ok) ie_zero_phase(p, a, 1);
 }

@@ -57,7 +57,7 @@ impl RankMem {
             host_ctr: r(l.counter_bytes()),
             ring_region: r(ring.bytes()),
             head: r(64),
-            scratch: vec![r(TMAX * 8), r(TMAX * W * 4), r(W * 4), r(W * 4), r(W * 4), r(l.max_recv * 4), r(16)],
+            scratch: vec![r(TMAX * 8), r(TMAX * W * 4), r(W * 4), r(W * 4), r(W * 4), r(l.max_recv * 4), r(16 + 8 * W)],
             x: r(TMAX * l.row_bytes),
             w: r(TMAX * K * 4),
             idx: r(TMAX * K * 8),

@@ -244,7 +244,10 @@ impl AsyncLlGpu {
                 dev_ctr: zeroed(layout.counter_bytes())?,
                 host_ctr: rt.alloc_mapped(dev, layout.counter_bytes())?,
                 ring: DeviceRing::new(rt.as_ref(), dev, opts.ring_slots)?,
-                scratch: [t * 8, t * w * 4, w * 4, w * 4, w * 4, r_max * 4, 16, 64].iter().map(|&n| zeroed(n)).collect::<Result<_, _>>()?,
+                scratch: [t * 8, t * w * 4, w * 4, w * 4, w * 4, r_max * 4, 16 + 8 * w, 64]
+                    .iter()
+                    .map(|&n| zeroed(n))
+                    .collect::<Result<_, _>>()?,
                 inp: [t * layout.row_bytes, t * k * 4, t * k * idx_size, t * layout.scale_bytes]
                     .iter()
                     .map(|&n| zeroed(n))
@@ -510,7 +513,7 @@ impl AsyncLlGpu {
         let mut counts = Vec::with_capacity(self.ranks.len());
         for (r, gr) in self.ranks.iter().enumerate() {
             let mut b = [0u8; 32];
-            self.rt.copy_dtoh(&mut b, &gr.scratch[7].slice())?;
+            self.rt.copy_dtoh(&mut b, &gr.scratch[7].sub(0, 32)?)?;
             let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
             let what = match w(1) {
                 0 => None,
