@@ -56,7 +56,11 @@ fn node_flags() {
     refused(
         &["--num-nodes", "2"],
         &[],
-        &["--world-size 8 and --num-nodes 2 (2 nodes) selects --kernel-type v1", "GPU internode kernels are not built yet", "--device cpu"],
+        &[
+            "--world-size 8 and --num-nodes 2 (2 nodes) selects --kernel-type v1",
+            "GPU kernels of v1 and v1_ll are not built yet",
+            "--device cpu",
+        ],
     );
     refused(
         &["--device", "cpu", "--local", "--num-nodes", "2", "--kernel-type", "intranode"],
@@ -75,7 +79,7 @@ fn flags_of_the_other_device() {
     refused(&["--device", "cpu", "--local", "--procs", "2"], &[], &["--procs is a --device gpu flag"]);
     refused(&["--device", "cpu", "--local", "--trace", "/tmp/t.json"], &[], &["--trace is a --device gpu flag"]);
     refused(&["--local"], &[], &["--local is a --device cpu flag"]);
-    refused(&["--lanes", "2"], &[], &["--lanes is a --device cpu flag"]);
+    refused(&["--lanes", "2"], &[], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll"]);
     refused(&["--device", "cpu", "--local", "--lanes", "0"], &[], &["--lanes 0"]);
     refused(&["--device", "cpu", "--local", "--transport", "rdma", "--lanes", "2"], &[], &["--lanes with --transport rdma"]);
     refused(&["--device", "cpu", "--local", "--ranks-per-proc", "3"], &[], &["--ranks-per-proc 3 must divide --world-size 8"]);

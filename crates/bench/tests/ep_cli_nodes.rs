@@ -45,9 +45,14 @@ fn node_refusals_name_the_users_flags() {
             &["--world-size", "16", "--gpus-per-node", "8", "--kernel-type", "intranode"],
             &["--kernel-type intranode with --world-size 16 and --gpus-per-node 8 (2 nodes)"],
         ),
-        (&["--world-size", "16", "--gpus-per-node", "8"], &["--gpus-per-node 8", "--kernel-type v1", "not built yet"]),
-        (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll", "GPU internode kernels are not built yet"]),
-        (&["--kernel-type", "async_ll"], &["--kernel-type async_ll", "not built yet"]),
+        (
+            &["--world-size", "16", "--gpus-per-node", "8"],
+            &["--gpus-per-node 8", "--kernel-type v1", "GPU kernels of v1 and v1_ll are not built yet"],
+        ),
+        (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll", "GPU kernels of v1 and v1_ll are not built yet"]),
+        (&["--kernel-type", "async_ll"], &["--kernel-type async_ll on GPUs runs across nodes", "one node"]),
+        (&["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "rdma"], &["--transport rdma on GPUs: not built"]),
+        (&["--lanes", "2"], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll"]),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
     ];
     for (args, wants) in cases {
@@ -60,5 +65,24 @@ fn node_refusals_name_the_users_flags() {
             assert!(text.contains(want), "{args:?}: wanted {want:?} in {text}");
         }
         assert!(!text.contains("rdma_block_num") && !text.contains("no GPU runtime"), "{args:?}: {text}");
+    }
+}
+
+/// `--kernel-type async_ll --num-nodes 2` on GPUs passes validation; without a GPU runtime it
+/// stops there, with one it runs every rank on GPU 0 and checks against the reference.
+#[test]
+fn async_ll_across_two_nodes_is_accepted_on_gpus() {
+    for extra in [&[][..], &["--transport", "tcp", "--lanes", "2"][..]] {
+        let mut args = with_small(&["--kernel-type", "async_ll", "--num-nodes", "2"]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, text) = run(&args);
+        assert!(!text.contains("not built yet"), "{args:?}: {text}");
+        if text.contains("no GPU runtime") {
+            assert_eq!(code, 1, "{text}");
+        } else {
+            assert_eq!(code, 0, "{text}");
+            assert!(text.contains("check: OK"), "{text}");
+        }
     }
 }

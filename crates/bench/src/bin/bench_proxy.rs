@@ -210,7 +210,16 @@ fn finish(s: Setup) {
 
 /// The GPU path's round trips for one size: ns per round trip.
 #[allow(clippy::too_many_arguments)]
-fn gpu_roundtrips(s: &Setup, k: &RingKernels, ring: &DeviceRing, a: &Args, size: u64, iters: u32, counter: usize, proxy: &RingProxy) -> R<Vec<f64>> {
+fn gpu_roundtrips(
+    s: &Setup,
+    k: &RingKernels,
+    ring: &DeviceRing,
+    a: &Args,
+    size: u64,
+    iters: u32,
+    counter: usize,
+    proxy: &RingProxy,
+) -> R<Vec<f64>> {
     let stream = s.rt.stream(s.dev).map_err(e("stream"))?;
     let times = s.rt.alloc(s.dev, iters.max(1) as usize * 8).map_err(e("times buffer"))?;
     let status = s.rt.alloc(s.dev, 16).map_err(e("status buffer"))?;

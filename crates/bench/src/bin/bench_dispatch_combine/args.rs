@@ -338,8 +338,6 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
         for (given, flag) in [
             (a.local, "--local"),
             (a.ranks_per_proc.is_some(), "--ranks-per-proc"),
-            (a.transport.is_some(), "--transport"),
-            (a.lanes.is_some(), "--lanes"),
             (a.host.is_some(), "--host"),
             (a.chunk_tokens.is_some(), "--chunk-tokens"),
             (!a.zero_token_ranks.is_empty(), "--zero-token-ranks"),
@@ -534,15 +532,29 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if gpu && kt != KernelTypeArg::Intranode {
+    if gpu && kt != KernelTypeArg::Intranode && kt != KernelTypeArg::AsyncLl {
         let how = if a.kernel_type.is_some() {
             format!("--kernel-type {}", kt.name())
         } else {
             format!("{} ({nodes} nodes) selects --kernel-type {}", nodes_flags(), kt.name())
         };
         return Err(err(format!(
-            "{how}: the GPU internode kernels are not built yet; only --kernel-type intranode runs on GPUs (use --device cpu for the host implementation)"
+            "{how}: the GPU kernels of v1 and v1_ll are not built yet; on GPUs across nodes only --kernel-type async_ll runs (use --device cpu for the host implementation of all three)"
         )));
+    }
+    if gpu && kt == KernelTypeArg::AsyncLl && nodes < 2 {
+        return Err(err(format!(
+            "--kernel-type async_ll on GPUs runs across nodes, but {} is one node (give --num-nodes 2 or more; one node: --kernel-type intranode)",
+            nodes_flags()
+        )));
+    }
+    if gpu && kt != KernelTypeArg::AsyncLl && (a.transport.is_some() || a.lanes.is_some()) {
+        return Err(err(
+            "--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll across nodes; intranode has none",
+        ));
+    }
+    if gpu && a.transport == Some(TransportArg::Rdma) {
+        return Err(err("--transport rdma on GPUs: not built (no machine here has a GPU and an RDMA NIC); the GPU inter-node leg is xgmi (default) or tcp"));
     }
     cfg.set_kernel_type(kt.kernel_type());
     cfg.max_token_type_size = a.dtype.size().max(a.combine_dtype.size());

@@ -68,11 +68,11 @@ struct ProcFigures {
 }
 
 /// Host-side byte images of one rank's dispatch inputs.
-struct HostRank {
-    x: Vec<u8>,
-    w: Vec<u8>,
-    idx: Vec<u8>,
-    scales: Vec<u8>,
+pub struct HostRank {
+    pub x: Vec<u8>,
+    pub w: Vec<u8>,
+    pub idx: Vec<u8>,
+    pub scales: Vec<u8>,
 }
 
 /// The oracle's received bytes of one rank, in canonical (source) order.
@@ -85,9 +85,9 @@ pub struct OracleRecv {
 }
 
 /// The oracle's dispatch of all ranks: received bytes per rank and the handle.
-type Oracle = (Vec<OracleRecv>, DispatchHandle);
+pub type Oracle = (Vec<OracleRecv>, DispatchHandle);
 
-fn host_images_and_oracle(a: &Args, cfg: &EpConfig, inp: &Inputs, want_oracle: bool) -> AnyResult<(Vec<HostRank>, Option<Oracle>)> {
+pub fn host_images_and_oracle(a: &Args, cfg: &EpConfig, inp: &Inputs, want_oracle: bool) -> AnyResult<(Vec<HostRank>, Option<Oracle>)> {
     let idx_bytes = |t: &Tensor2<i64>| match a.idx_type {
         IdxType::I64 => bytes_of(t),
         IdxType::I32 => bytes_of(&t.map(|&v| v as i32)),
@@ -144,6 +144,9 @@ fn host_images_and_oracle(a: &Args, cfg: &EpConfig, inp: &Inputs, want_oracle: b
 
 pub fn run(a: &Args) -> AnyResult<bool> {
     let cfg = config(a)?;
+    if cfg.kernel_type == mori_ep::KernelType::AsyncLL {
+        return crate::gpu_inter::run(a, &cfg);
+    }
     // Output files are created before the GPU work, so an unwritable path fails first.
     if a.proc_index == 0 {
         for (flag, path) in [("--json", &a.json), ("--trace", &a.trace)] {

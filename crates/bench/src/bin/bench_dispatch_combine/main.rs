@@ -2,7 +2,9 @@
 //! (mori-ep's oracle) and timed.
 //!
 //! - `--device gpu` (default, [`gpu`]): the intranode GPU kernels, next to a plain
-//!   device-to-device copy of the same byte count (the roofline) measured in the same run.
+//!   device-to-device copy of the same byte count (the roofline) measured in the same run;
+//!   across nodes with `--kernel-type async_ll` ([`gpu_inter`]): every rank on one GPU, the
+//!   nodes as groups of ranks, the inter-node leg through the proxies (xgmi or tcp).
 //! - `--device cpu` ([`cpu`]): the host implementation (`mori_ep::host`), intra- and inter-node
 //!   (V1, V1-LL, AsyncLL), either every rank on this host (`--local`: one spawned process per
 //!   `--ranks-per-proc` ranks) or one process among many a launcher started (torchrun, srun,
@@ -20,6 +22,7 @@ mod args;
 mod cpu;
 mod gpu;
 mod gpu_check;
+mod gpu_inter;
 mod inputs;
 mod table;
 

@@ -1,0 +1,219 @@
+//! `--device gpu --kernel-type async_ll` across nodes: every rank on one GPU, the nodes as
+//! groups of ranks (`mori_ep::gpu_internode::AsyncLlGpu`), the inter-node leg through each
+//! rank's proxy over MORI-IO xgmi (default) or tcp with host staging (`--transport tcp`).
+//! The first iteration is checked against the host reference byte for byte (received rows,
+//! weights, ids, scales, sources in the reference's order; combine summed over destination
+//! ranks ascending, bit-exact on these integer-valued inputs, within 1e-2 relative with
+//! `--weighted`); times are the kernels' GPU
+//! event times of the slowest node, averaged over `--iters` after `--warmup`.
+
+use crate::args::{err, AnyResult, Args, CombDType, TransportArg};
+use crate::gpu::host_images_and_oracle;
+use crate::inputs::{comb_value, gen_inputs};
+use crate::table::print_ranks;
+use mori_ep::gpu_internode::{AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, RankBytes, RecvBytes};
+use mori_ep::{accounting, bf16, combine, CombineOptions, EpConfig, OutOfRange, SumOrder, Tensor2, Weighting};
+use mori_gpu::Device;
+use std::time::Duration;
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
+    if a.procs != 1 || a.num_gpus != 1 {
+        return Err(err("--kernel-type async_ll on GPUs runs every rank in this process on one GPU (the nodes as groups of ranks): drop --procs and --num-gpus"));
+    }
+    let path = match a.transport {
+        Some(TransportArg::Tcp) => InterPath::Tcp { lanes: a.lanes.unwrap_or(4) },
+        _ => InterPath::Xgmi,
+    };
+    let rt = mori_gpu::detect()?;
+    let inp = gen_inputs(a, cfg)?;
+    let (host, oracle) = host_images_and_oracle(a, cfg, &inp, true)?;
+    let (orc, handle) = oracle.ok_or_else(|| err("the oracle was not computed"))?;
+    let sz = ElemSizes {
+        elem: a.dtype.size(),
+        idx_size: a.idx_type.size(),
+        comb_elem: a.combine_dtype.size(),
+        out_elem: a.combine_dtype.size(),
+    };
+    let opts = AsyncLlOptions {
+        path,
+        blocks_per_rank: cfg.block_num as u32,
+        warps_per_block: cfg.warps_per_block as u32,
+        timeout: Duration::from_millis(a.timeout_ms),
+        weighted: a.weighted,
+        ring_slots: 1024,
+    };
+    let mut ep = AsyncLlGpu::new(rt, Device(0), cfg, sz, opts)?;
+    println!("{}", ep.describe());
+    let w = cfg.world_size;
+    let rb: Vec<RankBytes<'_>> = (0..w)
+        .map(|r| RankBytes { tokens: inp.idx[r].rows(), x: &host[r].x, weights: &host[r].w, idx: &host[r].idx, scales: &host[r].scales })
+        .collect();
+    // Combine inputs: a function of each received row's source (as the intranode bench).
+    let h = cfg.hidden;
+    let comb_rows = |r: usize| -> Vec<u8> {
+        let mut v = Vec::with_capacity(orc[r].src.len() * h * a.combine_dtype.size());
+        for s in &orc[r].src {
+            for c in 0..h {
+                let x = comb_value(*s, c);
+                match a.combine_dtype {
+                    CombDType::Bf16 => v.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
+                    CombDType::F32 => v.extend_from_slice(&x.to_le_bytes()),
+                }
+            }
+        }
+        v
+    };
+    let cx: Vec<Vec<u8>> = (0..w).map(comb_rows).collect();
+    let mut ok = true;
+    let (mut disp, mut comb, mut timed) = (0.0, 0.0, 0usize);
+    let mut last: Vec<RecvBytes> = Vec::new();
+    for it in 0..a.warmup + a.iters {
+        let got = ep.dispatch(&rb)?;
+        let cw: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
+        let cxr: Vec<&[u8]> = cx.iter().map(|v| &v[..]).collect();
+        let out = ep.combine(&cxr, Some(&cw))?;
+        if it == 0 {
+            ok &= check(a, cfg, &orc, &handle, &inp.idx, &got, &out);
+        }
+        if it >= a.warmup {
+            let t = ep.times();
+            disp += t.dispatch_us;
+            comb += t.combine_us;
+            timed += 1;
+        }
+        last = got;
+    }
+    let (disp, comb) = (disp / timed.max(1) as f64, comb / timed.max(1) as f64);
+    let nodes = w / cfg.gpus_per_node;
+    let ex = cfg.experts_per_rank * w;
+    let tok_bytes = (h * a.dtype.size() + cfg.scale_dim * cfg.scale_type_size) as f64;
+    let mut lines = Vec::new();
+    let mut rows = Vec::new();
+    for (r, lr) in last.iter().enumerate() {
+        let recv = lr.src.len() / 4;
+        let algo = accounting::rdma_algo_token_count(&inp.idx[r], ex, nodes, OutOfRange::default())? as u64;
+        let phys = accounting::rdma_cross_node_token_count(&inp.idx[r], ex, nodes, r / cfg.gpus_per_node, OutOfRange::default())? as u64;
+        lines.push((r, recv as u64, algo));
+        let gbps = |tokens: f64, us: f64| if us > 0.0 { tokens * tok_bytes / us / 1e3 } else { 0.0 };
+        rows.push(vec![
+            r.to_string(),
+            recv.to_string(),
+            algo.to_string(),
+            phys.to_string(),
+            format!("{disp:.1}"),
+            format!("{comb:.1}"),
+            format!("{:.2}", gbps(recv as f64, disp)),
+            format!("{:.2}", gbps(algo as f64, disp)),
+            format!("{:.2}", gbps(phys as f64, disp)),
+        ]);
+    }
+    print_ranks(
+        &lines,
+        &[
+            "rank",
+            "recv tokens",
+            "rdma algo",
+            "rdma phys",
+            "dispatch µs",
+            "combine µs",
+            "dispatch XGMI GB/s",
+            "RDMA algo GB/s",
+            "RDMA phys GB/s",
+        ],
+        rows,
+    );
+    println!(
+        "times: GPU events of the slowest node's kernels, mean of {timed} iterations after {} warm-up; RDMA = the inter-node leg through the proxies ({}); proxies: {:?}",
+        a.warmup,
+        match path {
+            InterPath::Xgmi => "xgmi".to_string(),
+            InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes"),
+        },
+        ep.proxy_stats().iter().map(|s| s.commands).collect::<Vec<_>>()
+    );
+    println!(
+        "check: {}",
+        if ok { "OK (dispatch rows, weights, indices, scales, sources; combine output and weights)" } else { "MISMATCH" }
+    );
+    Ok(ok)
+}
+
+/// The first iteration against the oracle; prints the first difference.
+fn check(
+    a: &Args,
+    cfg: &EpConfig,
+    orc: &[crate::gpu::OracleRecv],
+    handle: &mori_ep::DispatchHandle,
+    idx: &[Tensor2<i64>],
+    got: &[RecvBytes],
+    out: &[(Vec<u8>, Vec<u8>)],
+) -> bool {
+    for (r, (g, o)) in got.iter().zip(orc).enumerate() {
+        let src: Vec<u8> = o.src.iter().flat_map(|s| (s.flat(cfg.max_tokens_per_rank) as i32).to_le_bytes()).collect();
+        for (name, x, y) in [
+            ("rows", &g.x, &o.x),
+            ("weights", &g.weights, &o.w),
+            ("ids", &g.idx, &o.idx),
+            ("scales", &g.scales, &o.scales),
+            ("sources", &g.src, &src),
+        ] {
+            if x != y {
+                println!("check: rank {r}: received {name} differ from the reference ({} vs {} bytes)", x.len(), y.len());
+                return false;
+            }
+        }
+    }
+    let xs: Vec<Tensor2<f32>> = orc
+        .iter()
+        .map(|o| Tensor2::from_fn(o.src.len(), cfg.hidden, |i, c| comb_value(o.src[i], c)))
+        .collect::<Result<_, _>>()
+        .unwrap_or_default();
+    let ws: Vec<Tensor2<f32>> =
+        orc.iter().map(|o| Tensor2::new(o.src.len(), cfg.top_k, f32s(&o.w))).collect::<Result<_, _>>().unwrap_or_default();
+    let opts = CombineOptions {
+        weighting: if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted },
+        order: SumOrder::Ascending,
+        ..CombineOptions::default()
+    };
+    let want = match combine::<f32, f32, i64>(cfg, handle, &xs, Some(&ws), idx, opts) {
+        Ok(w) => w,
+        Err(e) => {
+            println!("check: the reference combine failed: {e}");
+            return false;
+        }
+    };
+    for (r, ((gx, gw), w)) in out.iter().zip(&want).enumerate() {
+        let wx: Vec<u8> = match a.combine_dtype {
+            CombDType::F32 => w.x.as_slice().iter().flat_map(|v| v.to_le_bytes()).collect(),
+            CombDType::Bf16 => w.x.as_slice().iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect(),
+        };
+        // Weighted sums of DeepEP's random weights may round differently (the GPU contracts
+        // multiply-adds): within 1e-2 relative then, bit-exact otherwise.
+        let same = if a.weighted {
+            let dec = |b: &[u8]| -> Vec<f32> {
+                match a.combine_dtype {
+                    CombDType::F32 => f32s(b),
+                    CombDType::Bf16 => b.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect(),
+                }
+            };
+            let (g, e) = (dec(gx), dec(&wx));
+            g.len() == e.len() && g.iter().zip(&e).all(|(x, y)| (x - y).abs() <= 1e-2 * y.abs().max(1.0))
+        } else {
+            *gx == wx
+        };
+        if !same {
+            println!("check: rank {r}: combined rows differ from the reference");
+            return false;
+        }
+        let ww: Vec<u8> = w.weights.as_ref().map(|t| t.as_slice().iter().flat_map(|v| v.to_le_bytes()).collect()).unwrap_or_default();
+        if *gw != ww {
+            println!("check: rank {r}: combined weight sums differ from the reference");
+            return false;
+        }
+    }
+    true
+}
