@@ -39,6 +39,8 @@ fn inputs(s: &Shape, rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, 
 }
 
 fn run(s: &Shape, path: InterPath, rounds: usize, timed: usize) {
+    // Before the CUDA context exists (every test sets it; the first one creates the context).
+    std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
     let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
     cfg.scale_dim = s.scales;
@@ -132,4 +134,39 @@ fn async_ll_decode_shape_over_xgmi() {
 #[ignore = "needs a CUDA device"]
 fn async_ll_decode_shape_over_tcp() {
     run(&DECODE, InterPath::Tcp { lanes: 4 }, 1, 3);
+}
+
+/// Dispatch and combine back to back, no host work between the calls, f32 combine rows: the
+/// pattern that timed out over xgmi before each stream had a hardware queue of its own.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_back_to_back_calls_over_xgmi() {
+    std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
+    let s = DECODE;
+    let cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
+    let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 4, out_elem: 4 };
+    let mut ep = AsyncLlGpu::new(rt, Device(0), &cfg, sz, AsyncLlOptions { blocks_per_rank: 16, ..AsyncLlOptions::default() }).unwrap();
+    let mut rng = SplitMix64::new(3);
+    let inp = inputs(&s, &mut rng, 1);
+    let owned: Vec<[Vec<u8>; 3]> = inp
+        .iter()
+        .map(|i| {
+            [
+                bytes(i.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()),
+                bytes(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()),
+                bytes(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()),
+            ]
+        })
+        .collect();
+    let rb: Vec<RankBytes<'_>> =
+        inp.iter().zip(&owned).map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &[] }).collect();
+    for it in 0..20 {
+        let got = ep.dispatch(&rb).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
+        let rows: Vec<Vec<u8>> = got.iter().map(|g| vec![0u8; g.src.len() / 4 * s.h * 4]).collect();
+        let xs: Vec<&[u8]> = rows.iter().map(|v| &v[..]).collect();
+        ep.combine(&xs, None).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
+        let t = ep.times();
+        println!("iteration {it}: dispatch {:.1} us, combine {:.1} us", t.dispatch_us, t.combine_us);
+    }
 }

@@ -12,7 +12,7 @@
 pub mod abi;
 mod run;
 
-pub use run::{AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
+pub use run::{needed_connections, AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
 
 use crate::config::EpConfig;
 use crate::error::{EpError, EpResult};

@@ -181,6 +181,18 @@ fn host_err(what: &str, e: impl std::fmt::Display) -> EpGpuError {
     EpGpuError::Ep(EpError::Host { what: what.to_string(), detail: e.to_string() })
 }
 
+/// Copy streams each rank's xgmi engine keeps (few, so that every stream of the process can
+/// have a hardware queue of its own: see [`needed_connections`]).
+const XGMI_STREAMS: usize = 2;
+
+/// `CUDA_DEVICE_MAX_CONNECTIONS` an xgmi job of `world` ranks and `nodes` kernel streams needs
+/// so that no copy stream shares a hardware work queue with a spinning kernel's stream: CUDA
+/// maps streams onto that many queues (default 8), and work on a shared queue runs in order,
+/// so a copy queued behind a kernel that waits for it never starts.
+pub fn needed_connections(world: usize, nodes: usize) -> usize {
+    world * XGMI_STREAMS + nodes
+}
+
 const KERNELS: [&str; 5] = ["mori_ie_layout", "mori_ie_dispatch", "mori_ie_dispatch_recv", "mori_ie_combine_send", "mori_ie_combine_recv"];
 
 impl AsyncLlGpu {
@@ -223,6 +235,20 @@ impl AsyncLlGpu {
                     opts.blocks_per_rank
                 ),
             ));
+        }
+        if opts.path == InterPath::Xgmi {
+            let need = needed_connections(w, w / g);
+            let have = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(8);
+            if have < need {
+                return Err(bad(
+                    "CUDA_DEVICE_MAX_CONNECTIONS",
+                    have,
+                    format!(
+                        "the xgmi leg of {w} ranks uses {need} streams ({XGMI_STREAMS} copy streams per rank and one kernel stream per node) and each needs a hardware queue of its own, or a copy can wait behind a kernel that waits for it; set it to {need}..=32 before the process creates its CUDA context (at most {} ranks then)",
+                        (32 - w / g) / XGMI_STREAMS
+                    ),
+                ));
+            }
         }
         rt.bind(dev)?;
         let module = KernelImages { cubin: CUBIN, ptx: PTX, hsaco: GFX942 }.load(rt.as_ref(), dev)?;
@@ -275,7 +301,9 @@ impl AsyncLlGpu {
             )
             .map_err(|e| host_err("MORI-IO engine", e))?;
             let (bc, loc) = match opts.path {
-                InterPath::Xgmi => (BackendConfig::Xgmi(XgmiConfig::default()), MemLoc::Gpu { device: dev.0 }),
+                InterPath::Xgmi => {
+                    (BackendConfig::Xgmi(XgmiConfig { num_streams: XGMI_STREAMS, ..XgmiConfig::default() }), MemLoc::Gpu { device: dev.0 })
+                }
                 InterPath::Tcp { lanes } => {
                     let mut t = TcpConfig::from_env().map_err(|e| host_err("tcp settings", e))?;
                     t.lanes = lanes;

@@ -28,6 +28,11 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         Some(TransportArg::Tcp) => InterPath::Tcp { lanes: a.lanes.unwrap_or(4) },
         _ => InterPath::Xgmi,
     };
+    if path == InterPath::Xgmi && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // Before the CUDA context exists: a hardware queue per stream (AsyncLlGpu::new says why).
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+        println!("CUDA_DEVICE_MAX_CONNECTIONS=32 (set here: every copy and kernel stream of the job on a hardware queue of its own)");
+    }
     let rt = mori_gpu::detect()?;
     let inp = gen_inputs(a, cfg)?;
     let (host, oracle) = host_images_and_oracle(a, cfg, &inp, true)?;
