@@ -100,9 +100,10 @@ fn run(s: &Shape, path: InterPath, rounds: usize, timed: usize) {
         let recv: usize = got.iter().map(|g| g.src.len() / 4).sum();
         let t = ep.times();
         println!(
-            "round {round}: check OK; {recv} rows received in all; kernels: dispatch {:.1} us, combine {:.1} us{}",
+            "round {round}: check OK; {recv} rows received in all; kernels: dispatch {:.1} us, combine {:.1} us; per kernel {:.1?} us{}",
             t.dispatch_us,
             t.combine_us,
+            t.kernel_us,
             if round >= rounds { " (timed)" } else { "" }
         );
     }
@@ -167,6 +168,9 @@ fn async_ll_back_to_back_calls_over_xgmi() {
         let xs: Vec<&[u8]> = rows.iter().map(|v| &v[..]).collect();
         ep.combine(&xs, None).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
         let t = ep.times();
-        println!("iteration {it}: dispatch {:.1} us, combine {:.1} us", t.dispatch_us, t.combine_us);
+        println!(
+            "iteration {it}: dispatch {:.1} us, combine {:.1} us; per kernel (layout, dispatch, receive, combine send, reduce) {:.1?} us",
+            t.dispatch_us, t.combine_us, t.kernel_us
+        );
     }
 }

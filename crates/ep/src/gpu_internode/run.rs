@@ -152,6 +152,9 @@ pub struct PhaseTimes {
     pub dispatch_us: f64,
     /// Slowest node's combine (send, receive), µs.
     pub combine_us: f64,
+    /// Per kernel, the slowest node's time, µs: layout, dispatch, dispatch receive, combine
+    /// send, combine reduce (events between the launches of a node's stream).
+    pub kernel_us: [f64; 5],
 }
 
 /// AsyncLL dispatch/combine for every rank of the job, in this process, on one GPU.
@@ -495,15 +498,16 @@ impl AsyncLlGpu {
     }
 
     /// Runs kernels `ks` for every node, each node on its stream, and waits; returns the
-    /// slowest node's GPU time in µs.
-    fn run(&self, ks: &[usize]) -> GpuResult<f64> {
+    /// slowest node's GPU time in µs, and records each kernel's slowest time.
+    fn run(&mut self, ks: &[usize]) -> GpuResult<f64> {
         let (g, b) = (self.layout.gpn as u32, self.opts.blocks_per_rank);
         let threads = self.opts.warps_per_block * 32;
         let mut evs = Vec::new();
         let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
         for (n, s) in self.streams.iter().enumerate() {
-            let (e0, e1) = (self.rt.event(self.dev, true)?, self.rt.event(self.dev, true)?);
-            e0.record(s)?;
+            let first = self.rt.event(self.dev, true)?;
+            first.record(s)?;
+            let mut marks = vec![first];
             for &k in ks {
                 let grid = if k == 0 { g } else { g * b };
                 let cfg = LaunchConfig { grid: (grid, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
@@ -512,26 +516,32 @@ impl AsyncLlGpu {
                 // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
                 // address in it belongs to buffers of self, which outlive the synchronization below.
                 unsafe { self.funcs[k].launch(s, &cfg, &args.params())? };
+                let e = self.rt.event(self.dev, true)?;
+                e.record(s)?;
+                marks.push(e);
             }
-            e1.record(s)?;
-            evs.push((e0, e1));
+            evs.push(marks);
         }
         let deadline = Instant::now() + self.opts.timeout + Duration::from_secs(5);
-        for (e0, e1) in &evs {
-            loop {
-                if e1.query()? {
-                    break;
-                }
+        for marks in &evs {
+            let Some(last) = marks.last() else { continue };
+            while !last.query()? {
                 if Instant::now() > deadline {
                     return Err(host_err("inter-node kernels", format!("still running {:?} after their deadline", self.opts.timeout)));
                 }
                 std::thread::sleep(Duration::from_micros(50));
             }
-            let _ = e0;
         }
         let mut worst = 0.0f64;
-        for (e0, e1) in &evs {
-            worst = worst.max(e0.elapsed_ms(e1)? as f64 * 1e3);
+        for &k in ks {
+            self.times.kernel_us[k] = 0.0;
+        }
+        for marks in &evs {
+            worst = worst.max(marks[0].elapsed_ms(&marks[marks.len() - 1])? as f64 * 1e3);
+            for (i, &k) in ks.iter().enumerate() {
+                let us = marks[i].elapsed_ms(&marks[i + 1])? as f64 * 1e3;
+                self.times.kernel_us[k] = self.times.kernel_us[k].max(us);
+            }
         }
         Ok(worst)
     }

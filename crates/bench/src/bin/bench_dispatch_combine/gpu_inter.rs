@@ -75,6 +75,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let cx: Vec<Vec<u8>> = (0..w).map(comb_rows).collect();
     let mut ok = true;
     let (mut disp, mut comb, mut timed) = (0.0, 0.0, 0usize);
+    let mut per_kernel = [0.0f64; 5];
     let mut last: Vec<RecvBytes> = Vec::new();
     for it in 0..a.warmup + a.iters {
         let got = ep.dispatch(&rb)?;
@@ -88,6 +89,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             let t = ep.times();
             disp += t.dispatch_us;
             comb += t.combine_us;
+            for (acc, k) in per_kernel.iter_mut().zip(t.kernel_us) {
+                *acc += k;
+            }
             timed += 1;
         }
         last = got;
@@ -139,6 +143,11 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes"),
         },
         ep.proxy_stats().iter().map(|s| s.commands).collect::<Vec<_>>()
+    );
+    let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
+    println!(
+        "per kernel µs (slowest node, mean): layout {}, dispatch {}, receive {}, combine send {}, combine reduce {}",
+        pk[0], pk[1], pk[2], pk[3], pk[4]
     );
     println!(
         "check: {}",
