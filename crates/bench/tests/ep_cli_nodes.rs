@@ -53,6 +53,11 @@ fn node_refusals_name_the_users_flags() {
         (&["--kernel-type", "async_ll"], &["--kernel-type async_ll on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "rdma"], &["--transport rdma on GPUs: not built"]),
         (&["--lanes", "2"], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll"]),
+        (&["--kernel-type", "async_ll", "--num-nodes", "2", "--lanes", "8"], &["--lanes on GPUs sets the TCP lanes of --transport tcp"]),
+        (
+            &["--kernel-type", "async_ll", "--world-size", "32", "--num-nodes", "2"],
+            &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
+        ),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
     ];
     for (args, wants) in cases {

@@ -174,6 +174,11 @@ pub struct AsyncLlGpu {
     experts_per_rank: usize,
     times: PhaseTimes,
     describe: String,
+    /// Set by a failed call: counters and staging counts may be half-updated, so the object
+    /// refuses further calls.
+    poisoned: Option<String>,
+    /// A dispatch completed and no combine consumed it yet.
+    dispatched: bool,
 }
 
 fn bad(field: &'static str, value: impl ToString, reason: impl Into<String>) -> EpGpuError {
@@ -237,6 +242,13 @@ impl AsyncLlGpu {
                     "{w} ranks x {} blocks = {grid} blocks, but all must be resident at once on {sms} multiprocessors",
                     opts.blocks_per_rank
                 ),
+            ));
+        }
+        if opts.timeout.is_zero() || opts.timeout > Duration::from_secs(3600) {
+            return Err(bad(
+                "timeout",
+                format!("{:?}", opts.timeout),
+                "must be between 1 ns and 1 hour (every in-kernel wait adds it to the GPU clock)",
             ));
         }
         if opts.path == InterPath::Xgmi {
@@ -396,6 +408,8 @@ impl AsyncLlGpu {
             _module: module,
             experts_per_rank: cfg.experts_per_rank,
             times: PhaseTimes::default(),
+            poisoned: None,
+            dispatched: false,
             describe,
         })
     }
@@ -522,7 +536,8 @@ impl AsyncLlGpu {
             }
             evs.push(marks);
         }
-        let deadline = Instant::now() + self.opts.timeout + Duration::from_secs(5);
+        // Each kernel may run until its own in-kernel deadline.
+        let deadline = Instant::now() + self.opts.timeout * ks.len() as u32 + Duration::from_secs(5);
         for marks in &evs {
             let Some(last) = marks.last() else { continue };
             while !last.query()? {
@@ -622,19 +637,41 @@ impl AsyncLlGpu {
             let mut next = || it.next().unwrap_or_default();
             out.push(RecvBytes { x: next(), weights: next(), idx: next(), scales: next(), src: next() });
         }
+        self.dispatched = true;
         Ok(out)
+    }
+
+    fn usable(&self) -> GpuResult<()> {
+        match &self.poisoned {
+            Some(m) => Err(host_err(
+                "AsyncLlGpu",
+                format!("unusable after an earlier failure ({m}); its counters may be half-updated: create a new one"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn poison_on<T>(&mut self, r: GpuResult<T>) -> GpuResult<T> {
+        if let Err(e) = &r {
+            self.poisoned = Some(e.to_string());
+        }
+        r
     }
 
     /// Combines: `x[r]` `[N_r, H]` (combine element bytes) and optional `w[r]` `[N_r, K]` f32 in
     /// rank r's received order; returns each rank's `[T, H]` output (output element bytes) and
     /// `[T, K]` f32 weight sums (zeros without weights).
     pub fn combine(&mut self, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        let l = self.layout.clone();
+        self.usable()?;
+        if !self.dispatched {
+            return Err(host_err("AsyncLlGpu::combine", "no dispatch preceded it (each combine follows one dispatch)"));
+        }
+        let l = &self.layout;
         if x.len() != l.world || w.is_some_and(|w| w.len() != l.world) {
             return Err(bad("combine inputs", x.len(), format!("one per rank: {}", l.world)));
         }
+        let row = l.hidden * l.comb_elem;
         for (r, xr) in x.iter().enumerate() {
-            let row = l.hidden * l.comb_elem;
             if xr.len() % row != 0 || xr.len() / row > l.max_recv {
                 return Err(bad(
                     "combine rows",
@@ -642,19 +679,33 @@ impl AsyncLlGpu {
                     format!("whole rows of {row} B, at most {}", l.max_recv),
                 ));
             }
+            let wr = w.map(|w| w[r]).unwrap_or(&[]);
+            if !wr.is_empty() && wr.len() != xr.len() / row * l.top_k * 4 {
+                return Err(bad(
+                    "combine weights",
+                    format!("rank {r}: {} bytes", wr.len()),
+                    format!("{} rows of {} f32", xr.len() / row, l.top_k),
+                ));
+            }
+        }
+        let r = self.combine_inner(x, w);
+        if r.is_ok() {
+            self.dispatched = false;
+        }
+        self.poison_on(r)
+    }
+
+    /// `combine` after its checks: uploads, runs, reads back.
+    fn combine_inner(&mut self, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
+        let l = self.layout.clone();
+        for (r, xr) in x.iter().enumerate() {
+            let row = l.hidden * l.comb_elem;
             let gr = &mut self.ranks[r];
             gr.comb_rows = xr.len() / row;
             if !xr.is_empty() {
                 self.rt.copy_htod(&gr.comb[0].sub(0, xr.len())?, xr)?;
             }
             let wr = w.map(|w| w[r]).unwrap_or(&[]);
-            if wr.len() != gr.comb_rows * l.top_k * 4 && !wr.is_empty() {
-                return Err(bad(
-                    "combine weights",
-                    format!("rank {r}: {} bytes", wr.len()),
-                    format!("{} rows of {} f32", gr.comb_rows, l.top_k),
-                ));
-            }
             if !wr.is_empty() {
                 self.rt.copy_htod(&gr.comb[1].sub(0, wr.len())?, wr)?;
             } else {
@@ -686,6 +737,11 @@ impl AsyncLlGpu {
 
 impl Drop for AsyncLlGpu {
     fn drop(&mut self) {
+        // Kernels still running (a call that gave up) end by their in-kernel deadlines; the
+        // buffers they use are freed only after.
+        for s in &self.streams {
+            let _ = s.synchronize();
+        }
         self.proxies.clear();
         for (e, m) in &self.regs {
             let _ = e.deregister_memory(m);

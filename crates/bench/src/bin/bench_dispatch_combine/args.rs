@@ -204,8 +204,8 @@ pub struct Args {
     /// GPUs (ranks) per node, resolved.
     #[arg(skip)]
     pub gpn: usize,
-    /// Kernel family. Default: intranode on one node, v1 on several. Only intranode runs on
-    /// GPUs here; the others run with --device cpu.
+    /// Kernel family. Default: intranode on one node, v1 on several. On GPUs: intranode, and
+    /// async_ll across nodes (every rank on GPU 0); v1 and v1_ll run with --device cpu.
     #[arg(long = "kernel-type", value_enum)]
     pub kernel_type: Option<KernelTypeArg>,
     /// Thread blocks per rank (all ranks' blocks on a GPU must fit its multiprocessors).
@@ -223,10 +223,11 @@ pub struct Args {
     /// CPU: EP ranks per process; process p hosts ranks [p*R, (p+1)*R). Default 1.
     #[arg(long = "ranks-per-proc")]
     pub ranks_per_proc: Option<usize>,
-    /// CPU: transport of the inter-node leg. Default tcp.
+    /// Transport of the inter-node leg. CPU: tcp (default) or rdma; GPU async_ll: xgmi when
+    /// not given, or tcp (the kernels stage into pinned host memory).
     #[arg(long, value_enum)]
     pub transport: Option<TransportArg>,
-    /// CPU: TCP lanes of the inter-node leg. Default 4.
+    /// TCP lanes of the inter-node leg (CPU, or GPU async_ll with --transport tcp). Default 4.
     #[arg(long)]
     pub lanes: Option<usize>,
     /// CPU: tokens per inter-node signalled write (the leg's message size is this many
@@ -554,7 +555,24 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
         ));
     }
     if gpu && a.transport == Some(TransportArg::Rdma) {
-        return Err(err("--transport rdma on GPUs: not built (no machine here has a GPU and an RDMA NIC); the GPU inter-node leg is xgmi (default) or tcp"));
+        return Err(err("--transport rdma on GPUs: not built (no machine here has a GPU and an RDMA NIC); the GPU inter-node leg is xgmi (no --transport) or --transport tcp"));
+    }
+    if gpu && a.lanes.is_some() && a.transport != Some(TransportArg::Tcp) {
+        return Err(err("--lanes on GPUs sets the TCP lanes of --transport tcp; without it the inter-node leg is xgmi, which has none"));
+    }
+    if gpu && kt == KernelTypeArg::AsyncLl && w > mori_ep::gpu_internode::MAX_WORLD {
+        return Err(err(format!(
+            "--world-size {w}: the inter-node GPU kernels address at most {} ranks",
+            mori_ep::gpu_internode::MAX_WORLD
+        )));
+    }
+    if gpu && kt == KernelTypeArg::AsyncLl && a.transport.is_none() {
+        let need = mori_ep::gpu_internode::needed_connections(w, nodes);
+        if need > 32 {
+            return Err(err(format!(
+                "--world-size {w} over xgmi: {need} streams (2 copy streams per rank and one kernel stream per node) but CUDA gives at most 32 hardware queues; at most 15 ranks in 2 nodes, or use --transport tcp"
+            )));
+        }
     }
     cfg.set_kernel_type(kt.kernel_type());
     cfg.max_token_type_size = a.dtype.size().max(a.combine_dtype.size());
