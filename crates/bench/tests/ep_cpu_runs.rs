@@ -197,7 +197,14 @@ fn a_process_lost_in_setup_is_named_with_its_ep_ranks_and_its_windows_removed() 
     assert_eq!(code, 1, "{text}");
     for p in [0, 1, 3] {
         let line = text.lines().find(|l| l.contains(&format!("error: process {p} "))).unwrap_or_else(|| panic!("process {p}: {text}"));
-        assert!(line.contains("bootstrap barrier after mapping the windows: process 2 (EP ranks 4, 5) was lost during barrier"), "{line}");
+        // Where a survivor notices depends on how far its own setup got: at the barrier after
+        // mapping the windows (every process's EP ranks known), or, under load, still in the
+        // descriptor allgather (only its own known: "process 2" without its ranks).
+        assert!(
+            line.contains("bootstrap barrier after mapping the windows: process 2 (EP ranks 4, 5) was lost during barrier")
+                || line.contains("bootstrap allgather of descriptors: process 2 was lost"),
+            "{line}"
+        );
         assert!(!line.contains("rank 2 was lost"), "{line}");
     }
     // Process 2 died with its windows (ranks 4 and 5) created and not unlinked: the parent
@@ -281,23 +288,39 @@ fn sigint_to_the_process_group_during_setup_leaves_no_window() {
             .filter(|n| n.starts_with(&prefix))
             .collect()
     };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bench_dispatch_combine"))
-        .args(["--device", "cpu", "--local", "--world-size", "8", "--num-nodes", "2", "--num-tokens", "256", "--hidden", "7168"])
-        .args(["--num-experts", "32", "--top-k", "4", "--iters", "2", "--warmup", "1"])
-        .env("MORI_EP_JOB", &job)
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .process_group(0)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pg = child.id() as i32;
-    let t = Instant::now();
-    while ours().is_empty() && t.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    assert!(!ours().is_empty(), "no window of job {job} appeared");
+    // The windows exist between their creation and the unlink after the setup barrier; a
+    // loaded machine can run a whole setup between two polls, so a run in which none was seen
+    // is ended and retried (at most 3 runs).
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_bench_dispatch_combine"))
+            .args(["--device", "cpu", "--local", "--world-size", "8", "--num-nodes", "2", "--num-tokens", "256", "--hidden", "7168"])
+            .args(["--num-experts", "32", "--top-k", "4", "--iters", "2", "--warmup", "1"])
+            .env("MORI_EP_JOB", &job)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE")
+            .process_group(0)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut attempt = 0;
+    let (mut child, pg) = loop {
+        attempt += 1;
+        let mut child = spawn();
+        let pg = child.id() as i32;
+        let t = Instant::now();
+        while ours().is_empty() && t.elapsed() < Duration::from_secs(20) && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if !ours().is_empty() {
+            break (child, pg);
+        }
+        // SAFETY: killing the test's own child process group.
+        unsafe { libc::kill(-pg, libc::SIGKILL) };
+        let _ = child.wait();
+        assert!(attempt < 3, "no window of job {job} appeared in 3 runs");
+    };
     // SAFETY: signalling the test's own child process group.
     unsafe { libc::kill(-pg, libc::SIGINT) };
     let t = Instant::now();
