@@ -89,6 +89,94 @@ impl DeviceRing {
     }
 }
 
+/// A window the proxy reads from or writes into: GPU memory (the xgmi leg) or pinned host
+/// memory mapped into the device (the tcp leg: kernels stage into host memory).
+pub enum Window {
+    /// Device memory.
+    Gpu(DeviceBuffer),
+    /// Pinned host memory with a device mapping.
+    Host(PinnedBuffer),
+}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Window::Gpu(b) => write!(f, "Window::Gpu({:#x}+{})", b.ptr(), b.len()),
+            Window::Host(b) => write!(f, "Window::Host({b:?})"),
+        }
+    }
+}
+
+impl Window {
+    /// `len > 0` zeroed bytes on `dev`: device memory when `on_gpu`, else mapped pinned host
+    /// memory. Errors: the runtime's allocation errors.
+    pub fn new(rt: &dyn Runtime, dev: Device, on_gpu: bool, len: usize) -> GpuResult<Self> {
+        Ok(if on_gpu {
+            let b = rt.alloc(dev, len)?;
+            rt.memset(&b.slice(), 0)?;
+            Window::Gpu(b)
+        } else {
+            Window::Host(rt.alloc_mapped(dev, len)?)
+        })
+    }
+
+    /// The address this process registers with MORI-IO.
+    pub fn host_ptr(&self) -> u64 {
+        match self {
+            Window::Gpu(b) => b.ptr(),
+            Window::Host(b) => b.ptr(),
+        }
+    }
+
+    /// The address kernels use.
+    pub fn dev_ptr(&self) -> u64 {
+        match self {
+            Window::Gpu(b) => b.ptr(),
+            Window::Host(b) => b.device_ptr().unwrap_or(0),
+        }
+    }
+
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Window::Gpu(b) => b.len(),
+            Window::Host(b) => b.len(),
+        }
+    }
+
+    /// Whether it has no bytes (never: allocations of 0 bytes are refused).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where MORI-IO should think it is (`dev` for GPU memory).
+    pub fn loc(&self, dev: Device) -> mori_io::MemLoc {
+        match self {
+            Window::Gpu(_) => mori_io::MemLoc::Gpu { device: dev.0 },
+            Window::Host(_) => mori_io::MemLoc::Host { numa: None },
+        }
+    }
+
+    /// Copies `out.len()` bytes from byte `off` (synchronous). Errors: a range outside the
+    /// window (`InvalidConfig`), the runtime's copy errors.
+    pub fn read(&self, rt: &dyn Runtime, off: usize, out: &mut [u8]) -> GpuResult<()> {
+        if off.checked_add(out.len()).is_none_or(|end| end > self.len()) {
+            return Err(EpGpuError::Ep(EpError::InvalidConfig {
+                field: "window read",
+                value: format!("{} bytes at {off}", out.len()),
+                reason: format!("the window holds {} bytes", self.len()),
+            }));
+        }
+        match self {
+            Window::Gpu(b) => Ok(rt.copy_dtoh(out, &b.sub(off, out.len())?)?),
+            Window::Host(b) => {
+                out.copy_from_slice(&b.as_slice()[off..off + out.len()]);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// `RoundtripParams` of the kernel ABI.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

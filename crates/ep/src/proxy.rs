@@ -159,21 +159,16 @@ impl State {
         }
     }
 
-    /// Posts a burst: one batch per destination (in order of first appearance), at most
-    /// `MAX_BATCH` commands each.
-    fn post_burst(&mut self, cmds: Vec<Cmd>) {
-        let mut by_dst: Vec<(u32, Vec<Cmd>)> = Vec::new();
-        for c in cmds {
-            match by_dst.iter_mut().find(|(d, _)| *d == c.dst) {
-                Some((_, v)) => v.push(c),
-                None => by_dst.push((c.dst, vec![c])),
-            }
-        }
-        for (_, group) in by_dst {
+    /// Posts a burst and empties it: one batch per destination (ascending; each destination's
+    /// commands keep their order), at most `MAX_BATCH` commands each.
+    fn post_burst(&mut self, cmds: &mut Vec<Cmd>) {
+        cmds.sort_by_key(|c| c.dst);
+        for group in cmds.chunk_by(|a, b| a.dst == b.dst) {
             for part in group.chunks(MAX_BATCH) {
                 self.post(part);
             }
         }
+        cmds.clear();
     }
 
     fn run(&mut self, rx: &Receiver<Msg>) {
@@ -215,7 +210,7 @@ impl State {
             } else {
                 // One batch per peer: its entries stripe over the lanes / QPs together, and
                 // its signals are applied once all of its bytes landed.
-                self.post_burst(cmds);
+                self.post_burst(&mut cmds);
             }
             self.reap();
             if let Some(Msg::Flush(timeout, reply)) = flush {
@@ -454,8 +449,7 @@ impl State {
             if got {
                 stats.commands.fetch_add(cmds.len() as u64, Ordering::Relaxed);
                 let before = self.inflight.len();
-                self.post_burst(std::mem::take(&mut cmds));
-                cmds = Vec::with_capacity(RING_BURST);
+                self.post_burst(&mut cmds);
                 stats.batches.fetch_add(self.inflight.len().saturating_sub(before) as u64, Ordering::Relaxed);
                 last = Instant::now();
                 sleep = Duration::from_micros(1);

@@ -19,9 +19,9 @@
 //!   Every destination byte is checked (`check: OK`, exit 1 otherwise).
 
 use clap::{Parser, ValueEnum};
-use mori_ep::gpu_ring::{flood_word, DeviceRing, FloodSpec, RingKernelFault, RingKernels, RoundtripSpec};
+use mori_ep::gpu_ring::{flood_word, DeviceRing, FloodSpec, RingKernelFault, RingKernels, RoundtripSpec, Window};
 use mori_ep::proxy::{PeerWindow, RingProxy, RingProxyOptions};
-use mori_gpu::{Device, DeviceBuffer, PinnedBuffer, Runtime};
+use mori_gpu::{Device, PinnedBuffer, Runtime};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, RegionBatch, Signal, TcpConfig, XgmiConfig};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,58 +82,6 @@ fn e<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |x| format!("{what}: {x}")
 }
 
-/// A window: GPU memory (xgmi) or pinned host memory mapped into the GPU (tcp).
-enum Mem {
-    Gpu(DeviceBuffer),
-    Host(PinnedBuffer),
-}
-
-impl Mem {
-    fn new(rt: &Arc<dyn Runtime>, dev: Device, t: Transport, len: usize) -> R<Self> {
-        Ok(match t {
-            Transport::Xgmi => {
-                let b = rt.alloc(dev, len).map_err(e("GPU window"))?;
-                rt.memset(&b.slice(), 0).map_err(e("zeroing a GPU window"))?;
-                Mem::Gpu(b)
-            }
-            Transport::Tcp => Mem::Host(rt.alloc_mapped(dev, len).map_err(e("mapped host window"))?),
-        })
-    }
-    fn host_ptr(&self) -> u64 {
-        match self {
-            Mem::Gpu(b) => b.ptr(),
-            Mem::Host(b) => b.ptr(),
-        }
-    }
-    fn dev_ptr(&self) -> u64 {
-        match self {
-            Mem::Gpu(b) => b.ptr(),
-            Mem::Host(b) => b.device_ptr().unwrap_or(0),
-        }
-    }
-    fn len(&self) -> usize {
-        match self {
-            Mem::Gpu(b) => b.len(),
-            Mem::Host(b) => b.len(),
-        }
-    }
-    fn loc(&self, dev: Device) -> MemLoc {
-        match self {
-            Mem::Gpu(_) => MemLoc::Gpu { device: dev.0 },
-            Mem::Host(_) => MemLoc::Host { numa: None },
-        }
-    }
-    fn read(&self, rt: &Arc<dyn Runtime>, off: usize, out: &mut [u8]) -> R<()> {
-        match self {
-            Mem::Gpu(b) => rt.copy_dtoh(out, &b.sub(off, out.len()).map_err(e("window range"))?).map_err(e("reading a GPU window")),
-            Mem::Host(b) => {
-                out.copy_from_slice(&b.as_slice()[off..off + out.len()]);
-                Ok(())
-            }
-        }
-    }
-}
-
 fn engine(key: &str, a: &Args) -> R<Arc<IoEngine>> {
     let eng = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).map_err(e("engine config"))?).map_err(e("engine"))?;
     let cfg = match a.transport {
@@ -157,8 +105,8 @@ struct Setup {
     rt: Arc<dyn Runtime>,
     dev: Device,
     src_eng: Arc<IoEngine>,
-    src: Mem,
-    dst: Mem,
+    src: Window,
+    dst: Window,
     ctr: PinnedBuffer,
     src_m: MemoryDesc,
     dst_m: MemoryDesc,
@@ -181,8 +129,9 @@ fn setup(a: &Args, window: usize) -> R<Setup> {
     let (src_eng, dst_eng) = (engine("proxy-src", a)?, engine("proxy-dst", a)?);
     src_eng.register_remote_engine(dst_eng.desc().clone()).map_err(e("peer engine"))?;
     dst_eng.register_remote_engine(src_eng.desc().clone()).map_err(e("peer engine"))?;
-    let src = Mem::new(&rt, dev, a.transport, window)?;
-    let dst = Mem::new(&rt, dev, a.transport, window)?;
+    let on_gpu = a.transport == Transport::Xgmi;
+    let src = Window::new(rt.as_ref(), dev, on_gpu, window).map_err(e("source window"))?;
+    let dst = Window::new(rt.as_ref(), dev, on_gpu, window).map_err(e("destination window"))?;
     let ctr = rt.alloc_mapped(dev, 4096).map_err(e("counter block"))?;
     // SAFETY: the three regions stay allocated (owned by Setup) until deregistered in `finish`.
     let (src_m, dst_m, ctr_m) = unsafe {
@@ -281,7 +230,7 @@ fn check_flood(s: &Setup, spec: &FloodSpec) -> R<()> {
     let words = (spec.len / 4) as usize;
     let mut buf = vec![0u8; spec.len as usize];
     for c in 0..spec.chunks() {
-        s.dst.read(&s.rt, (c * spec.chunk) as usize, &mut buf)?;
+        s.dst.read(s.rt.as_ref(), (c * spec.chunk) as usize, &mut buf).map_err(e("reading the destination window"))?;
         for (w, b) in buf.chunks(4).enumerate().take(words) {
             let got = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             if got != flood_word(c as u32, w as u32) {

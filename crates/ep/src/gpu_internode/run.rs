@@ -9,9 +9,9 @@ use super::{InterLayout, MAX_WORLD};
 use crate::config::EpConfig;
 use crate::error::EpError;
 use crate::gpu::{EpGpuError, GpuResult};
-use crate::gpu_ring::DeviceRing;
+use crate::gpu_ring::{DeviceRing, Window};
 use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
-use mori_gpu::{Device, DeviceBuffer, Function, KernelArgs, KernelImages, LaunchConfig, Module, PinnedBuffer, Runtime, Stream};
+use mori_gpu::{Device, DeviceBuffer, Event, Function, KernelArgs, KernelImages, LaunchConfig, Module, PinnedBuffer, Runtime, Stream};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig, XgmiConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -108,28 +108,8 @@ pub struct RecvBytes {
     pub src: Vec<u8>,
 }
 
-enum WinMem {
-    Dev(DeviceBuffer),
-    Host(PinnedBuffer),
-}
-
-impl WinMem {
-    fn host_ptr(&self) -> u64 {
-        match self {
-            WinMem::Dev(b) => b.ptr(),
-            WinMem::Host(b) => b.ptr(),
-        }
-    }
-    fn dev_ptr(&self) -> u64 {
-        match self {
-            WinMem::Dev(b) => b.ptr(),
-            WinMem::Host(b) => b.device_ptr().unwrap_or(0),
-        }
-    }
-}
-
 struct GpuRank {
-    win: WinMem,
+    win: Window,
     dev_ctr: DeviceBuffer,
     host_ctr: PinnedBuffer,
     ring: DeviceRing,
@@ -160,7 +140,6 @@ pub struct PhaseTimes {
 /// AsyncLL dispatch/combine for every rank of the job, in this process, on one GPU.
 pub struct AsyncLlGpu {
     rt: Arc<dyn Runtime>,
-    dev: Device,
     layout: InterLayout,
     opts: AsyncLlOptions,
     out_elem: usize,
@@ -169,6 +148,8 @@ pub struct AsyncLlGpu {
     regs: Vec<(Arc<IoEngine>, MemoryDesc)>,
     abi: Vec<DeviceBuffer>,
     streams: Vec<Stream>,
+    /// Per node, timing events recorded before and after each kernel of a call (created once).
+    marks: Vec<Vec<Event>>,
     funcs: Vec<Function>,
     _module: Module,
     experts_per_rank: usize,
@@ -276,10 +257,7 @@ impl AsyncLlGpu {
         };
         let mut ranks = Vec::with_capacity(w);
         for _ in 0..w {
-            let win = match opts.path {
-                InterPath::Xgmi => WinMem::Dev(zeroed(layout.window_bytes)?),
-                InterPath::Tcp { .. } => WinMem::Host(rt.alloc_mapped(dev, layout.window_bytes)?),
-            };
+            let win = Window::new(rt.as_ref(), dev, opts.path == InterPath::Xgmi, layout.window_bytes)?;
             ranks.push(GpuRank {
                 win,
                 dev_ctr: zeroed(layout.counter_bytes())?,
@@ -315,14 +293,12 @@ impl AsyncLlGpu {
                 EngineConfig::new("127.0.0.1", 0).map_err(|e| host_err("engine config", e))?,
             )
             .map_err(|e| host_err("MORI-IO engine", e))?;
-            let (bc, loc) = match opts.path {
-                InterPath::Xgmi => {
-                    (BackendConfig::Xgmi(XgmiConfig { num_streams: XGMI_STREAMS, ..XgmiConfig::default() }), MemLoc::Gpu { device: dev.0 })
-                }
+            let bc = match opts.path {
+                InterPath::Xgmi => BackendConfig::Xgmi(XgmiConfig { num_streams: XGMI_STREAMS, ..XgmiConfig::default() }),
                 InterPath::Tcp { lanes } => {
                     let mut t = TcpConfig::from_env().map_err(|e| host_err("tcp settings", e))?;
                     t.lanes = lanes;
-                    (BackendConfig::Tcp(t), MemLoc::Host { numa: None })
+                    BackendConfig::Tcp(t)
                 }
             };
             eng.create_backend(bc).map_err(|e| host_err("MORI-IO backend", e))?;
@@ -330,7 +306,7 @@ impl AsyncLlGpu {
             // registrations (deregistered in Drop before the buffers are freed).
             let (wm, cm) = unsafe {
                 (
-                    eng.register_memory(gr.win.host_ptr() as usize as *mut u8, layout.window_bytes, loc)
+                    eng.register_memory(gr.win.host_ptr() as usize as *mut u8, layout.window_bytes, gr.win.loc(dev))
                         .map_err(|e| host_err("registering a window", e))?,
                     eng.register_memory(gr.host_ctr.ptr() as usize as *mut u8, layout.counter_bytes(), MemLoc::Host { numa: None })
                         .map_err(|e| host_err("registering a counter block", e))?,
@@ -381,6 +357,8 @@ impl AsyncLlGpu {
         let nodes = w / g;
         let abi = (0..nodes).map(|_| zeroed(g * std::mem::size_of::<IeRank>())).collect::<Result<Vec<_>, _>>()?;
         let streams = (0..nodes).map(|_| rt.stream(dev)).collect::<Result<Vec<_>, _>>()?;
+        let marks =
+            (0..nodes).map(|_| (0..4).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
             "mori_ep::gpu_internode: AsyncLL, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank; intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), signalled writes; window {:.1} MB per rank",
             rt.kind(),
@@ -395,7 +373,6 @@ impl AsyncLlGpu {
         );
         Ok(Self {
             rt,
-            dev,
             layout,
             opts,
             out_elem,
@@ -404,6 +381,7 @@ impl AsyncLlGpu {
             regs,
             abi,
             streams,
+            marks,
             funcs,
             _module: module,
             experts_per_rank: cfg.experts_per_rank,
@@ -516,31 +494,25 @@ impl AsyncLlGpu {
     fn run(&mut self, ks: &[usize]) -> GpuResult<f64> {
         let (g, b) = (self.layout.gpn as u32, self.opts.blocks_per_rank);
         let threads = self.opts.warps_per_block * 32;
-        let mut evs = Vec::new();
         let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
-        for (n, s) in self.streams.iter().enumerate() {
-            let first = self.rt.event(self.dev, true)?;
-            first.record(s)?;
-            let mut marks = vec![first];
-            for &k in ks {
+        for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
+            marks[0].record(s)?;
+            for (i, &k) in ks.iter().enumerate() {
                 let grid = if k == 0 { g } else { g * b };
                 let cfg = LaunchConfig { grid: (grid, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
                 let mut args = KernelArgs::new();
-                args.push(params[n]);
+                args.push(*p);
                 // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
                 // address in it belongs to buffers of self, which outlive the synchronization below.
                 unsafe { self.funcs[k].launch(s, &cfg, &args.params())? };
-                let e = self.rt.event(self.dev, true)?;
-                e.record(s)?;
-                marks.push(e);
+                marks[i + 1].record(s)?;
             }
-            evs.push(marks);
         }
         // Each kernel may run until its own in-kernel deadline.
         let deadline = Instant::now() + self.opts.timeout * ks.len() as u32 + Duration::from_secs(5);
-        for marks in &evs {
-            let Some(last) = marks.last() else { continue };
-            while !last.query()? {
+        let n = ks.len();
+        for marks in &self.marks {
+            while !marks[n].query()? {
                 if Instant::now() > deadline {
                     return Err(host_err("inter-node kernels", format!("still running {:?} after their deadline", self.opts.timeout)));
                 }
@@ -551,8 +523,8 @@ impl AsyncLlGpu {
         for &k in ks {
             self.times.kernel_us[k] = 0.0;
         }
-        for marks in &evs {
-            worst = worst.max(marks[0].elapsed_ms(&marks[marks.len() - 1])? as f64 * 1e3);
+        for marks in &self.marks {
+            worst = worst.max(marks[0].elapsed_ms(&marks[n])? as f64 * 1e3);
             for (i, &k) in ks.iter().enumerate() {
                 let us = marks[i].elapsed_ms(&marks[i + 1])? as f64 * 1e3;
                 self.times.kernel_us[k] = self.times.kernel_us[k].max(us);
