@@ -22,7 +22,8 @@ step() { echo; echo "=== $*"; }
 # and fabric for the paged KV-cache shapes, with same-run contiguous baselines), and, only when
 # named, py (scripts/gpu-parts/py.sh: the mori_rs wheel against NIXL from Python; carry .whl/
 # and .gpu-bundle/bench_engine.xz), and, only when named, proxy (scripts/gpu-parts/proxy.sh:
-# bench_proxy, GPU warps driving MORI-IO through the proxy's command ring). One call
+# bench_proxy, GPU warps driving MORI-IO through the proxy's command ring, and AsyncLL across
+# nodes on one GPU: its GPU tests and bench_dispatch_combine --kernel-type async_ll). One call
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):

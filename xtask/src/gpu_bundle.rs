@@ -44,6 +44,7 @@ pub fn run(_args: &[String]) -> Result<(), String> {
         (test_exe("mori-cli", "gpu")?, "cli_gpu"),
         (test_exe("mori-shmem", "gpu")?, "shmem_gpu"),
         (test_exe("mori-ep", "gpu")?, "ep_gpu"),
+        (test_exe("mori-ep", "gpu_internode")?, "ep_internode_gpu"),
         (root.join("target/release/bench_engine").display().to_string(), "bench_engine"),
         (root.join("target/release/bench_copy").display().to_string(), "bench_copy"),
         (root.join("target/release/bench_dispatch_combine").display().to_string(), "bench_dispatch_combine"),
