@@ -246,7 +246,7 @@ impl Supervisor {
     /// Ends the job before the bootstrap: kills the children, removes the windows and exits
     /// the process (status 1) after printing `why`.
     fn abort(mut self, why: &str) {
-        eprintln!("bench_dispatch_combine: error: {why}");
+        crate::say(&format!("bench_dispatch_combine: error: {why}"));
         self.shared.main.store(2, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -263,13 +263,17 @@ fn watch(mut children: Vec<(usize, Child)>, sh: &Shared, grace: Duration, rpp: u
         for (i, c) in children.iter_mut() {
             let _ = c.kill();
             let _ = c.wait();
-            eprintln!("bench_dispatch_combine: killed {} (pid {}): {why}", proc_name(*i, rpp), c.id());
+            crate::say(&format!("bench_dispatch_combine: killed {} (pid {}): {why}", proc_name(*i, rpp), c.id()));
         }
         children.clear();
         if let Some(job) = job {
             let gone = mori_ep::host::remove_job_windows(job);
             if !gone.is_empty() {
-                eprintln!("bench_dispatch_combine: removed {} window(s) the job left in /dev/shm: {}", gone.len(), gone.join(", "));
+                crate::say(&format!(
+                    "bench_dispatch_combine: removed {} window(s) the job left in /dev/shm: {}",
+                    gone.len(),
+                    gone.join(", ")
+                ));
             }
         }
         if let Some(code) = code {
@@ -288,12 +292,12 @@ fn watch(mut children: Vec<(usize, Child)>, sh: &Shared, grace: Duration, rpp: u
                 Ok(Some(st)) => {
                     ok = false;
                     let before = if sh.joined.load(Ordering::SeqCst) { "" } else { " before the bootstrap completed" };
-                    eprintln!("bench_dispatch_combine: {} (pid {}) exited with {st}{before}", proc_name(i, rpp), c.id());
+                    crate::say(&format!("bench_dispatch_combine: {} (pid {}) exited with {st}{before}", proc_name(i, rpp), c.id()));
                     ending.get_or_insert_with(|| (Instant::now(), format!("{} exited with {st}", proc_name(i, rpp))));
                 }
                 Err(e) => {
                     ok = false;
-                    eprintln!("bench_dispatch_combine: waiting for {} (pid {}): {e}", proc_name(i, rpp), c.id());
+                    crate::say(&format!("bench_dispatch_combine: waiting for {} (pid {}): {e}", proc_name(i, rpp), c.id()));
                     still.push((i, c));
                     ending.get_or_insert_with(|| (Instant::now(), format!("waiting for {} failed", proc_name(i, rpp))));
                 }

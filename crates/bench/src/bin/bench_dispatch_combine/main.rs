@@ -37,13 +37,24 @@ fn run(a: &Args) -> AnyResult<bool> {
     }
 }
 
+/// Writes `line` and a newline to stderr in one write: the processes of a `--local` job share
+/// the parent's stderr, and `eprintln!` writes its pieces separately, so lines of two
+/// processes could interleave mid-line (a pipe keeps writes of up to 4 KiB whole).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let mut b = Vec::with_capacity(line.len() + 1);
+    b.extend_from_slice(line.as_bytes());
+    b.push(b'\n');
+    let _ = std::io::stderr().lock().write_all(&b);
+}
+
 fn main() -> ExitCode {
     let vars = |k: &str| std::env::var(k).ok();
     match args::resolve(Args::parse(), &vars).and_then(|a| run(&a)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("bench_dispatch_combine: error: {e}");
+            say(&format!("bench_dispatch_combine: error: {e}"));
             ExitCode::FAILURE
         }
     }
