@@ -73,6 +73,9 @@ MORI_DEVICE void mori_store_release_device(uint64_t* p, uint64_t v) {
 }
 // Nanoseconds from a constant-rate clock (s_memrealtime runs at 100 MHz).
 MORI_DEVICE uint64_t mori_clock_ns() { return __builtin_amdgcn_s_memrealtime() * 10; }
+// A short pause (about 128 cycles) between polls of memory another agent writes, so that many
+// pollers of host memory do not fill the bus with reads.
+MORI_DEVICE void mori_backoff() { __builtin_amdgcn_s_sleep(2); }
 // Synchronizes the 32-thread group (a half or whole wavefront) the calling thread is in.
 MORI_DEVICE void mori_sync_group32() {
     __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
@@ -140,6 +143,9 @@ MORI_DEVICE uint64_t mori_clock_ns() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+// A short pause (about 128 ns) between polls of memory another agent writes, so that many
+// pollers of host memory do not fill the bus with reads.
+MORI_DEVICE void mori_backoff() { __nanosleep(128); }
 // Synchronizes the 32-thread warp the calling thread is in.
 MORI_DEVICE void mori_sync_group32() { __syncwarp(); }
 // Index of the lowest set bit of a non-zero value.
@@ -205,6 +211,7 @@ MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) { return __atom
 MORI_DEVICE uint64_t mori_load_acquire_device(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 MORI_DEVICE void mori_store_release_device(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+MORI_DEVICE void mori_backoff() { sched_yield(); }
 MORI_DEVICE uint64_t mori_clock_ns() {
     sched_yield();
     struct timespec ts;

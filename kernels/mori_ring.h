@@ -7,6 +7,7 @@
 #define RING_SLOT_BYTES 64
 #define RING_OP_ADD 1u
 #define RING_OP_SET 2u
+#define RING_OP_TAIL 3u // value: source offset of 16 bytes written to `counter` of the peer's window after the bytes landed
 
 struct RingDev {
     uint64_t head;   // u64* next ticket (device memory)

@@ -23,7 +23,9 @@ step() { echo; echo "=== $*"; }
 # named, py (scripts/gpu-parts/py.sh: the mori_rs wheel against NIXL from Python; carry .whl/
 # and .gpu-bundle/bench_engine.xz), and, only when named, proxy (scripts/gpu-parts/proxy.sh:
 # bench_proxy, GPU warps driving MORI-IO through the proxy's command ring, and AsyncLL across
-# nodes on one GPU: its GPU tests and bench_dispatch_combine --kernel-type async_ll). One call
+# nodes on one GPU: its GPU tests and bench_dispatch_combine --kernel-type async_ll), and,
+# only when named, asyncll (scripts/gpu-parts/asyncll.sh: the AsyncLL tests, traced benches
+# and their same-call baselines, without the proxy sweeps). One call
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
@@ -93,7 +95,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy asyncll xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

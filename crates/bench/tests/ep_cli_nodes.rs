@@ -59,6 +59,8 @@ fn node_refusals_name_the_users_flags() {
             &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
         ),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
+        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks tune the GPU --kernel-type async_ll"]),
+        (&["--kernel-type", "async_ll", "--num-nodes", "2", "--copy-blocks", "0"], &["--copy-blocks 0: give 1..=1024"]),
     ];
     for (args, wants) in cases {
         let args = with_small(args);

@@ -21,6 +21,8 @@ pub enum Lane {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kernel {
+    /// `dispatch_layout` (mori-rs AsyncLL: destination masks and segment positions).
+    Layout,
     /// `ep_dispatch_copy_to_staging`.
     CopyToStaging,
     /// `dispatch_inter_node_send` (`_ll_send`).
@@ -31,6 +33,10 @@ pub enum Kernel {
     DispatchIntra,
     /// `dispatch_sync`.
     DispatchSync,
+    /// `dispatch_copy_out` (mori-rs AsyncLL: received records into the outputs).
+    CopyOut,
+    /// `combine_copy_to_staging` (mori-rs AsyncLL: rows for other nodes staged).
+    CombineStaging,
     /// `combine_sync`.
     CombineSync,
     /// `ep_combine_sync_barrier`.
@@ -49,11 +55,14 @@ impl Kernel {
         let n = name.trim().to_ascii_lowercase();
         let n = n.strip_prefix("ep_").unwrap_or(&n);
         Some(match n {
+            "dispatch_layout" => Kernel::Layout,
             "dispatch_copy_to_staging" | "copy_to_staging" => Kernel::CopyToStaging,
             "dispatch_inter_node_send" | "dispatch_inter_node_ll_send" => Kernel::DispatchSend,
             "dispatch_inter_node_recv" | "dispatch_inter_node_ll_recv" => Kernel::DispatchRecv,
             "dispatch_intra" | "dispatch_intra_node" | "dispatch_intra_node_ll" | "dispatch_intra_ll" => Kernel::DispatchIntra,
             "dispatch_sync" => Kernel::DispatchSync,
+            "dispatch_copy_out" => Kernel::CopyOut,
+            "combine_copy_to_staging" => Kernel::CombineStaging,
             "combine_sync" => Kernel::CombineSync,
             "combine_sync_barrier" => Kernel::CombineSyncBarrier,
             "combine_inter_node" | "combine_inter_node_ll" => Kernel::CombineInter,
@@ -75,24 +84,30 @@ impl Kernel {
     /// Phase order within an iteration (kernels of one phase run concurrently).
     pub fn phase(self) -> u8 {
         match self {
-            Kernel::CopyToStaging => 0,
-            Kernel::DispatchSend | Kernel::DispatchRecv | Kernel::DispatchIntra => 1,
-            Kernel::DispatchSync => 2,
-            Kernel::CombineSync => 3,
-            Kernel::CombineSyncBarrier => 4,
-            Kernel::CombineInter | Kernel::CombineIntra => 5,
-            Kernel::CombineAll => 6,
+            Kernel::Layout => 0,
+            Kernel::CopyToStaging => 1,
+            Kernel::DispatchSend | Kernel::DispatchRecv | Kernel::DispatchIntra => 2,
+            Kernel::DispatchSync => 3,
+            Kernel::CopyOut => 4,
+            Kernel::CombineStaging => 5,
+            Kernel::CombineSync => 6,
+            Kernel::CombineSyncBarrier => 7,
+            Kernel::CombineInter | Kernel::CombineIntra => 8,
+            Kernel::CombineAll => 9,
         }
     }
 
     /// Short bar label (the seed's `disp_send`, `comb_inter`, ...).
     pub fn label(self) -> &'static str {
         match self {
+            Kernel::Layout => "layout",
             Kernel::CopyToStaging => "staging",
             Kernel::DispatchSend => "disp_send",
             Kernel::DispatchRecv => "disp_recv",
             Kernel::DispatchIntra => "disp_intra",
             Kernel::DispatchSync => "disp_sync",
+            Kernel::CopyOut => "copy_out",
+            Kernel::CombineStaging => "comb_stage",
             Kernel::CombineSync => "comb_sync",
             Kernel::CombineSyncBarrier => "barrier",
             Kernel::CombineInter => "comb_inter",

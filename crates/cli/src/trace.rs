@@ -3,7 +3,9 @@
 //! are read too): spans, iterations, per-iteration kernel extents and aggregates.
 //!
 //! Kernels are put in the seed's lanes: serial (`ep_dispatch_copy_to_staging`,
-//! `dispatch_sync`, `combine_sync`, `ep_combine_sync_barrier`, `ep_combine_all`), internode
+//! `dispatch_sync`, `combine_sync`, `ep_combine_sync_barrier`, `ep_combine_all`, and the
+//! mori-rs AsyncLL GPU phases `dispatch_layout`, `dispatch_copy_out`,
+//! `combine_copy_to_staging`), internode
 //! (`dispatch_inter_node_{send,recv}`, `combine_inter_node`, and `_ll` variants), intranode
 //! (`dispatch_intra`, `combine_intra_node`, and `_ll`). An iteration starts where the
 //! earliest-phase kernel present (normally the copy to staging) recurs after a kernel of a
@@ -245,7 +247,7 @@ pub fn analyze(parsed: &Spans) -> CliResult<Analysis> {
         rows.iter_mut().for_each(|r| r.dur_us = r.end_us - r.start_us);
         rows.sort_by(|a, b| a.start_us.total_cmp(&b.start_us).then_with(|| a.name.cmp(&b.name)));
         let mut concurrent = Vec::new();
-        for (phase, p) in [("dispatch", 1u8), ("combine", 5u8)] {
+        for (phase, p) in [("dispatch", Kernel::DispatchSend.phase()), ("combine", Kernel::CombineInter.phase())] {
             let in_phase = |lane: Lane| {
                 let rows = rows.iter().filter(move |r| r.lane == lane && Kernel::of(&r.name).is_some_and(|k| k.phase() == p));
                 extent(rows)
@@ -313,6 +315,14 @@ mod tests {
         assert_eq!(lane_of("combine_sync"), Lane::Serial);
         assert_eq!(lane_of("gemm"), Lane::Other);
         assert!(Kernel::CopyToStaging.phase() < Kernel::DispatchSend.phase());
+        // mori-rs AsyncLL's own phases: serial, in call order around the seed's.
+        assert_eq!(Kernel::of("dispatch_layout"), Some(Kernel::Layout));
+        assert_eq!(lane_of("dispatch_copy_out"), Lane::Serial);
+        assert_eq!(lane_of("combine_copy_to_staging"), Lane::Serial);
+        assert!(Kernel::Layout.phase() < Kernel::CopyToStaging.phase());
+        assert!(Kernel::DispatchSync.phase() < Kernel::CopyOut.phase());
+        assert!(Kernel::CopyOut.phase() < Kernel::CombineStaging.phase());
+        assert!(Kernel::CombineStaging.phase() < Kernel::CombineIntra.phase());
         assert_eq!(Kernel::DispatchSend.phase(), Kernel::DispatchIntra.phase());
     }
 
@@ -347,6 +357,32 @@ mod tests {
         assert_eq!(a.iterations.len(), 1);
         assert_eq!(a.iterations[0].dur_us, 8.0);
         assert!(a.warnings.iter().any(|w| w.contains("inner")), "{:?}", a.warnings);
+    }
+
+    #[test]
+    fn async_ll_phases_give_one_iteration_with_both_overlaps() {
+        let ev = |n: &str, s: f64, e: f64, tid: u32| {
+            format!(r#"{{"name": "{n}", "ph": "X", "ts": {s}, "dur": {}, "pid": 0, "tid": {tid}}}"#, e - s)
+        };
+        let v = [
+            ev("dispatch_layout", 0.0, 5.0, 0),
+            ev("ep_dispatch_copy_to_staging", 6.0, 10.0, 0),
+            ev("dispatch_intra", 10.0, 30.0, 0),
+            ev("dispatch_inter_node_send", 10.0, 60.0, 1001),
+            ev("dispatch_sync", 30.0, 62.0, 0),
+            ev("dispatch_copy_out", 63.0, 70.0, 0),
+            ev("combine_copy_to_staging", 71.0, 75.0, 0),
+            ev("combine_intra_node", 75.0, 90.0, 0),
+            ev("combine_inter_node", 75.0, 120.0, 1001),
+            ev("combine_sync", 91.0, 121.0, 0),
+            ev("ep_combine_all", 121.0, 130.0, 0),
+        ];
+        let a = analyze(&parse(&format!("[{}]", v.join(","))).unwrap()).unwrap();
+        assert_eq!(a.iterations.len(), 1);
+        assert_eq!(a.iterations[0].dur_us, 130.0);
+        let c: Vec<(&str, f64, f64)> = a.iterations[0].concurrent.iter().map(|c| (c.phase, c.start_us, c.end_us)).collect();
+        assert_eq!(c, [("dispatch", 10.0, 30.0), ("combine", 75.0, 90.0)]);
+        assert!(a.warnings.is_empty(), "{:?}", a.warnings);
     }
 
     #[test]

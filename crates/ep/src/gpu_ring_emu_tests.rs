@@ -6,8 +6,8 @@
 
 use super::*;
 use crate::emu_support::{launch, Region};
-use crate::internode::SignalOp;
 use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
+use crate::ring::CmdOp;
 use crate::ring::{RingConsumer, RingLayout, RingMem};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, TcpConfig};
 use std::sync::atomic::Ordering;
@@ -171,7 +171,7 @@ fn ring_kernel_faults_land_in_the_status_words() {
     cons.poll(&mut got, 16).unwrap();
     assert_eq!(got.len(), 4);
     for c in &got {
-        assert_eq!((c.dst, c.len, c.counter, c.op), (0, 256, 0, SignalOp::Add(1)));
+        assert_eq!((c.dst, c.len, c.counter, c.op), (0, 256, 0, CmdOp::Add(1)));
         assert!(c.local_off.is_multiple_of(256) && c.local_off == c.remote_off);
     }
     // Round trip: the counter never moves.

@@ -12,11 +12,11 @@
 //! ([`crate::host::ProxyInjection`]); the protocol must give the same results.
 
 use crate::host::ProxyInjection;
-use crate::internode::SignalOp;
-use crate::ring::{RingConsumer, RingMem};
+use crate::ring::{CmdOp, RingConsumer, RingMem, TAIL_WRITE_BYTES};
 use crate::routing::SplitMix64;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use mori_io::{IoEngine, MemoryDesc, RegionBatch, Signal, TransferStatus};
+use mori_io::{ErrorCode, IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
+use mori_io_core::status::Completion;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -84,6 +84,21 @@ struct State {
     /// Nanoseconds after `base` at which the latest write completed (set by the statuses'
     /// completion callbacks, so the reaping interval does not count).
     last_done: Arc<AtomicU64>,
+    /// When the commands being posted were taken from the ring or channel.
+    taken: Instant,
+    /// Per-write timing ([`RingProxyStats`]).
+    timing: Arc<SharedStats>,
+    /// Tail writes whose command's bytes landed, for this thread to post.
+    follow_tx: Sender<Followup>,
+    follow_rx: Receiver<Followup>,
+}
+
+/// A command's tail writes (`(src in the local window, offset in the peer's window)`, 16 bytes
+/// each), posted after its bytes landed; they end one piece of `outer`.
+struct Followup {
+    tails: Vec<(u64, u64)>,
+    remote: MemoryDesc,
+    outer: TransferStatus,
 }
 
 impl Proxy {
@@ -145,7 +160,10 @@ impl Drop for Proxy {
 
 impl State {
     fn new(engine: Arc<IoEngine>, local: MemoryDesc, peers: Vec<Option<PeerWindow>>, failed: Arc<Mutex<Option<(usize, String)>>>) -> Self {
+        let (follow_tx, follow_rx) = crossbeam_channel::unbounded();
         State {
+            follow_tx,
+            follow_rx,
             engine,
             local,
             peers,
@@ -156,6 +174,8 @@ impl State {
             base: Instant::now(),
             first: None,
             last_done: Arc::new(AtomicU64::new(0)),
+            taken: Instant::now(),
+            timing: Arc::new(SharedStats::default()),
         }
     }
 
@@ -189,6 +209,7 @@ impl State {
                     Err(_) => break,
                 }
             }
+            self.taken = Instant::now();
             let flush = match burst.last() {
                 Some(Msg::Flush(..)) => burst.pop(),
                 _ => None,
@@ -220,31 +241,58 @@ impl State {
     }
 
     /// Posts `cmds` (all to one destination) as one signalled write: every data entry in one
-    /// batch, every counter operation after all of them.
+    /// batch; once all of them landed, every counter operation (one MORI-IO signal request)
+    /// and every tail write ([`CmdOp::Tail`], one write batch posted by this thread).
     fn post(&mut self, cmds: &[Cmd]) {
         let Some(dst) = cmds.first().map(|c| c.dst as usize) else { return };
         let Some(peer) = self.peers.get(dst).cloned().flatten() else {
             self.fail(dst, format!("rank {dst} has no window registered with this rank's engine (it is on this node, or out of range)"));
             return;
         };
-        let remote = peer.data;
-        let sigs: Vec<Signal> = cmds
-            .iter()
-            .map(|c| Signal {
-                remote: peer.counters.clone(),
-                offset: c.counter,
-                op: match c.op {
-                    SignalOp::Add(v) => mori_io::SignalOp::Add(v),
-                    SignalOp::Set(v) => mori_io::SignalOp::Set(v),
-                },
-            })
-            .collect();
+        let mut sigs = Vec::new();
+        let mut tails = Vec::new();
+        for c in cmds {
+            let op = match c.op {
+                CmdOp::Add(v) => mori_io::SignalOp::Add(v),
+                CmdOp::Set(v) => mori_io::SignalOp::Set(v),
+                CmdOp::Tail { src } => {
+                    tails.push((src, c.counter));
+                    continue;
+                }
+            };
+            sigs.push(Signal { remote: peer.counters.clone(), offset: c.counter, op });
+        }
         // The leg's clock starts before the first post (a backend may move bytes inside it).
         self.first.get_or_insert_with(Instant::now);
         let data: Vec<&Cmd> = cmds.iter().filter(|c| c.len > 0).collect();
         let len: u64 = data.iter().map(|c| c.len).sum();
-        let st = if data.is_empty() {
-            self.engine.signal(&sigs)
+        let outer = <TransferStatus as Completion>::new(1);
+        let pieces = u32::from(!sigs.is_empty()) + u32::from(!tails.is_empty());
+        if pieces == 2 {
+            outer.add_pieces(1);
+        }
+        let follow = (!tails.is_empty()).then(|| Followup { tails, remote: peer.data.clone(), outer: outer.clone() });
+        let (engine, tx, o) = (self.engine.clone(), self.follow_tx.clone(), outer.clone());
+        // What follows the bytes: the signals from the completing thread (a channel send to
+        // the engine's notification thread), the tail writes handed back to the proxy thread
+        // (posting a copy from inside a copy's completion could wait on the pool it holds).
+        let after = move |landed: Result<(), IoError>| match landed {
+            Err(e) => o.cancel_pieces(pieces, None, e),
+            Ok(()) => {
+                if !sigs.is_empty() {
+                    let s = engine.signal(&sigs);
+                    let (s2, o2) = (s.clone(), o.clone());
+                    s.on_done(move || o2.complete_piece(s2.poll().unwrap_or_else(|| Err(IoError::bad_state("signal ended undone")))));
+                }
+                if let Some(f) = follow {
+                    if let Err(e) = tx.send(f) {
+                        e.into_inner().outer.complete_piece(Err(IoError::bad_state("the proxy stopped before its tail write")));
+                    }
+                }
+            }
+        };
+        if data.is_empty() {
+            after(Ok(()));
         } else {
             let (lo, ro, sz): (Vec<u64>, Vec<u64>, Vec<u64>) = (
                 data.iter().map(|c| c.local_off).collect(),
@@ -254,18 +302,50 @@ impl State {
             let b = RegionBatch {
                 local: &self.local,
                 local_offs: &lo,
-                remote: &remote,
+                remote: &peer.data,
                 remote_offs: &ro,
                 sizes: &sz,
                 id: self.engine.allocate_transfer_uid(),
             };
-            self.engine.post_signalled(&b, &sigs)
-        };
-        let (base, last) = (self.base, self.last_done.clone());
+            let st = self.engine.post(mori_io::Op::Write, &b, None);
+            outer.drive_like(&st);
+            let (timing, taken, d) = (self.timing.clone(), self.taken, st.clone());
+            st.on_done(move || {
+                timing.data_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                timing.data_batches.fetch_add(1, Ordering::Relaxed);
+                after(d.poll().unwrap_or_else(|| Err(IoError::bad_state("write ended undone"))));
+            });
+        }
+        let st = outer;
+        let (base, last, taken, timing) = (self.base, self.last_done.clone(), self.taken, self.timing.clone());
+        timing.post_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
         st.on_done(move || {
             last.fetch_max(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let ns = taken.elapsed().as_nanos() as u64;
+            timing.done_ns.fetch_add(ns, Ordering::Relaxed);
+            timing.done_ns_max.fetch_max(ns, Ordering::Relaxed);
         });
         self.inflight.push((dst, len, st));
+    }
+
+    /// Posts the tail writes whose bytes landed (handed over by completion hooks); each ends
+    /// one piece of its command's status.
+    fn post_followups(&mut self) {
+        while let Ok(f) = self.follow_rx.try_recv() {
+            let (lo, ro): (Vec<u64>, Vec<u64>) = f.tails.iter().copied().unzip();
+            let sz = vec![TAIL_WRITE_BYTES; lo.len()];
+            let b = RegionBatch {
+                local: &self.local,
+                local_offs: &lo,
+                remote: &f.remote,
+                remote_offs: &ro,
+                sizes: &sz,
+                id: self.engine.allocate_transfer_uid(),
+            };
+            let t = self.engine.post(mori_io::Op::Write, &b, None);
+            let (t2, o) = (t.clone(), f.outer);
+            t.on_done(move || o.complete_piece(t2.poll().unwrap_or_else(|| Err(IoError::bad_state("tail write ended undone")))));
+        }
     }
 
     fn fail(&mut self, dst: usize, msg: String) {
@@ -276,9 +356,14 @@ impl State {
     }
 
     /// Drops the completed statuses, recording the first failure.
+    /// Completes what finished. Each status is driven (the backend's completion step runs on
+    /// this thread, so the backend's own completion thread stands back instead of spinning
+    /// beside the proxy: with a proxy per rank, those threads outnumbered the cores).
     fn reap(&mut self) {
+        self.post_followups();
         let mut i = 0;
         while i < self.inflight.len() {
+            self.inflight[i].2.drive();
             match self.inflight[i].2.poll() {
                 None => i += 1,
                 Some(r) => {
@@ -299,8 +384,19 @@ impl State {
     fn flush(&mut self, timeout: Duration) -> FlushReport {
         let deadline = Instant::now() + timeout;
         for (dst, len, st) in std::mem::take(&mut self.inflight) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let r = st.wait_for(left);
+            // Waits in short steps: a command's tail write is posted by this thread once its
+            // bytes landed.
+            let r = loop {
+                self.post_followups();
+                let left = deadline.saturating_duration_since(Instant::now());
+                match st.wait_for(left.min(Duration::from_micros(200))) {
+                    Err(e) if e.code == ErrorCode::Timeout && !left.is_zero() => continue,
+                    Err(e) if e.code == ErrorCode::Timeout => {
+                        break Err(IoError::timeout(format!("not complete within the flush deadline of {:.3} s", timeout.as_secs_f64())))
+                    }
+                    r => break r,
+                }
+            };
             self.done(dst, len, r);
         }
         let last = self.base + Duration::from_nanos(self.last_done.swap(0, Ordering::Relaxed));
@@ -330,7 +426,10 @@ impl Default for RingProxyOptions {
     }
 }
 
-/// What a [`RingProxy`] did so far.
+/// What a [`RingProxy`] did so far. Times are host clock (`Instant`), summed over the
+/// batches: from taking the burst off the ring to the batch's post returning (`post_ns`), to
+/// its bytes landing (`data_ns`, batches with data), and to its status completing (`done_ns`:
+/// the peer applied the signals and answered).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RingProxyStats {
     /// Commands taken from the ring.
@@ -339,6 +438,16 @@ pub struct RingProxyStats {
     pub batches: u64,
     /// Bytes of the writes that completed.
     pub bytes: u64,
+    /// Sum over batches of taken-to-posted, ns.
+    pub post_ns: u64,
+    /// Sum over batches with data of taken-to-bytes-landed, ns.
+    pub data_ns: u64,
+    /// Batches with data.
+    pub data_batches: u64,
+    /// Sum over completed batches of taken-to-completed, ns.
+    pub done_ns: u64,
+    /// Longest taken-to-completed, ns.
+    pub done_ns_max: u64,
 }
 
 #[derive(Default)]
@@ -346,6 +455,11 @@ struct SharedStats {
     commands: AtomicU64,
     batches: AtomicU64,
     bytes: AtomicU64,
+    post_ns: AtomicU64,
+    data_ns: AtomicU64,
+    data_batches: AtomicU64,
+    done_ns: AtomicU64,
+    done_ns_max: AtomicU64,
 }
 
 impl SharedStats {
@@ -354,6 +468,11 @@ impl SharedStats {
             commands: self.commands.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+            post_ns: self.post_ns.load(Ordering::Relaxed),
+            data_ns: self.data_ns.load(Ordering::Relaxed),
+            data_batches: self.data_batches.load(Ordering::Relaxed),
+            done_ns: self.done_ns.load(Ordering::Relaxed),
+            done_ns_max: self.done_ns_max.load(Ordering::Relaxed),
         }
     }
 }
@@ -390,8 +509,8 @@ impl RingProxy {
     ) -> std::io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
-        let stats = Arc::new(SharedStats::default());
         let mut st = State::new(engine, local, peers, failed.clone());
+        let stats = st.timing.clone();
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
             .name(format!("mori-ep-ring-{name}"))
@@ -447,6 +566,7 @@ impl State {
             }
             let got = !cmds.is_empty();
             if got {
+                self.taken = Instant::now();
                 stats.commands.fetch_add(cmds.len() as u64, Ordering::Relaxed);
                 let before = self.inflight.len();
                 self.post_burst(&mut cmds);
@@ -465,8 +585,10 @@ impl State {
             if !got && self.inflight.is_empty() && last.elapsed() > opts.spin {
                 std::thread::sleep(sleep);
                 sleep = (sleep * 2).min(opts.max_sleep);
-            } else {
-                std::hint::spin_loop();
+            } else if !got {
+                // Nothing new: let the threads a completion needs (the engine's notification
+                // and control threads, the peer's) run before the next poll.
+                std::thread::yield_now();
             }
         }
     }

@@ -7,8 +7,8 @@
 //!   `[0, 64)` the tail line (`tail: u64` at byte 0: tickets below it are consumed), then
 //!   `slots` slots of [`SLOT_BYTES`] bytes. Slot `t % slots` carries ticket `t`:
 //!   `seq: u64` at byte 0 (`t + 1` once the command is written; 0 before the first lap),
-//!   `dst: u32` at 8, `op: u32` at 12 ([`OP_ADD`] or [`OP_SET`]), then u64s at 16
-//!   `local_off`, 24 `remote_off`, 32 `len`, 40 `counter`, 48 `value`.
+//!   `dst: u32` at 8, `op: u32` at 12 ([`OP_ADD`], [`OP_SET`] or [`OP_TAIL`]), then u64s at
+//!   16 `local_off`, 24 `remote_off`, 32 `len`, 40 `counter`, 48 `value`.
 //! - the **head** (`u64`, the next ticket), anywhere the producers can reach atomically: device
 //!   memory when the producers are GPU warps (their atomics stay on the GPU), host memory for
 //!   host producers. The consumer never reads it.
@@ -35,6 +35,38 @@ pub const MAX_SLOTS: usize = 1 << 20;
 pub const OP_ADD: u32 = 1;
 /// `op` of a store to the counter.
 pub const OP_SET: u32 = 2;
+/// `op` of a tail write: after the bytes landed, the 16 bytes at `value` of the producer's
+/// window go to byte `counter` of the destination's window (no control message).
+pub const OP_TAIL: u32 = 3;
+
+/// What follows a command's bytes at the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmdOp {
+    /// `fetch_add` on the u64 at `counter` of the destination's counter region (a MORI-IO
+    /// signal, applied by the destination's engine).
+    Add(u64),
+    /// Store to that u64 (a MORI-IO signal).
+    Set(u64),
+    /// A write of the 16 bytes at `src` of the producer's window to byte `counter` of the
+    /// destination's window, posted once the command's bytes landed: a completion pair
+    /// (`arrived`, `total`) the receiver polls in its own memory.
+    Tail {
+        /// Byte offset of the 16 bytes in the producer's window.
+        src: u64,
+    },
+}
+
+impl From<SignalOp> for CmdOp {
+    fn from(s: SignalOp) -> Self {
+        match s {
+            SignalOp::Add(v) => CmdOp::Add(v),
+            SignalOp::Set(v) => CmdOp::Set(v),
+        }
+    }
+}
+
+/// Bytes of a [`CmdOp::Tail`] write.
+pub const TAIL_WRITE_BYTES: u64 = 16;
 
 /// The size of a ring: a power of two between 2 and [`MAX_SLOTS`] slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,8 +105,8 @@ impl RingLayout {
 }
 
 /// One command: `len` bytes at `local_off` of the producer's window to `remote_off` of rank
-/// `dst`'s window, then `op` on the u64 at byte `counter` of `dst`'s counter region.
-/// `len = 0`: the counter operation alone.
+/// `dst`'s window, then `op` at byte `counter` (of `dst`'s counter region for a signal, of its
+/// window for a tail write). `len = 0`: the operation alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingCmd {
     /// Destination rank.
@@ -85,18 +117,19 @@ pub struct RingCmd {
     pub remote_off: u64,
     /// Bytes to write.
     pub len: u64,
-    /// Byte offset of the counter in `dst`'s counter region (8-aligned).
+    /// Byte offset of the counter (8-aligned).
     pub counter: u64,
-    /// The counter operation, applied after the bytes are visible at `dst`.
-    pub op: SignalOp,
+    /// What follows the bytes once they are visible at `dst`.
+    pub op: CmdOp,
 }
 
 impl RingCmd {
     /// The slot bytes after `seq` (bytes 8..56 of a slot).
     pub fn encode(&self) -> [u8; 48] {
         let (code, value) = match self.op {
-            SignalOp::Add(v) => (OP_ADD, v),
-            SignalOp::Set(v) => (OP_SET, v),
+            CmdOp::Add(v) => (OP_ADD, v),
+            CmdOp::Set(v) => (OP_SET, v),
+            CmdOp::Tail { src } => (OP_TAIL, src),
         };
         let mut b = [0u8; 48];
         b[0..4].copy_from_slice(&self.dst.to_le_bytes());
@@ -116,8 +149,9 @@ impl RingCmd {
             u64::from_le_bytes(v)
         };
         let op = match u32_at(4) {
-            OP_ADD => SignalOp::Add(u64_at(40)),
-            OP_SET => SignalOp::Set(u64_at(40)),
+            OP_ADD => CmdOp::Add(u64_at(40)),
+            OP_SET => CmdOp::Set(u64_at(40)),
+            OP_TAIL => CmdOp::Tail { src: u64_at(40) },
             code => return Err(RingError::BadOp { ticket, code }),
         };
         Ok(Self { dst: u32_at(0), local_off: u64_at(8), remote_off: u64_at(16), len: u64_at(24), counter: u64_at(32), op })
@@ -191,8 +225,9 @@ pub enum RingError {
         /// The consumer's tail at the deadline.
         tail: u64,
     },
-    /// A command whose op code is neither [`OP_ADD`] nor [`OP_SET`] (a producer wrote garbage).
-    #[error("proxy command {ticket} has op code {code} (known: 1 add, 2 set)")]
+    /// A command whose op code is none of [`OP_ADD`], [`OP_SET`], [`OP_TAIL`] (a producer
+    /// wrote garbage).
+    #[error("proxy command {ticket} has op code {code} (known: 1 add, 2 set, 3 tail write)")]
     BadOp {
         /// Its ticket.
         ticket: u64,
@@ -314,11 +349,14 @@ mod tests {
 
     #[test]
     fn encode_decode() {
-        let c = RingCmd { dst: 7, local_off: 1 << 40, remote_off: 3, len: 5, counter: 16, op: SignalOp::Set(9) };
+        let c = RingCmd { dst: 7, local_off: 1 << 40, remote_off: 3, len: 5, counter: 16, op: CmdOp::Set(9) };
         assert_eq!(RingCmd::decode(&c.encode(), 0).unwrap(), c);
+        let t = RingCmd { op: CmdOp::Tail { src: 1 << 33 }, ..c };
+        assert_eq!(RingCmd::decode(&t.encode(), 0).unwrap(), t);
+        assert_eq!(t.encode()[4], OP_TAIL as u8);
         let mut b = c.encode();
-        b[4] = 3;
+        b[4] = 4;
         let e = RingCmd::decode(&b, 12).unwrap_err().to_string();
-        assert_eq!(e, "proxy command 12 has op code 3 (known: 1 add, 2 set)");
+        assert_eq!(e, "proxy command 12 has op code 4 (known: 1 add, 2 set, 3 tail write)");
     }
 }

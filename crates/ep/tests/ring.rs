@@ -3,8 +3,8 @@
 //! tcp: every command arrives exactly once, each producer's in its order, never past a full
 //! ring; every counter the target sees covers bytes that are already there.
 
-use mori_ep::internode::SignalOp;
 use mori_ep::proxy::{PeerWindow, RingProxy, RingProxyOptions};
+use mori_ep::ring::CmdOp;
 use mori_ep::ring::{RingCmd, RingConsumer, RingError, RingLayout, RingMem, RingProducer};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, TcpConfig};
 use proptest::prelude::*;
@@ -67,7 +67,7 @@ fn cmd(p: u32, i: u64) -> RingCmd {
         remote_off: i * 3 + p as u64,
         len: i % 7,
         counter: 8 * p as u64,
-        op: if i.is_multiple_of(2) { SignalOp::Add(i + 1) } else { SignalOp::Set(i) },
+        op: if i.is_multiple_of(2) { CmdOp::Add(i + 1) } else { CmdOp::Set(i) },
     }
 }
 
@@ -239,7 +239,7 @@ fn ring_proxy_over_tcp_counters_never_run_ahead_of_the_data() {
                         remote_off: off,
                         len: len_of(k) as u64,
                         counter: 8 * p as u64,
-                        op: SignalOp::Add(1),
+                        op: CmdOp::Add(1),
                     };
                     prod.push(&c, Instant::now() + Duration::from_secs(30)).unwrap();
                 }
@@ -286,6 +286,107 @@ fn ring_proxy_over_tcp_counters_never_run_ahead_of_the_data() {
     }
 }
 
+/// Tail writes (`CmdOp::Tail`, the GPU AsyncLL path's completion pairs): 2 producers push 400
+/// commands each, a 16..64 KiB chunk plus a 16-byte pair written into the target's window once
+/// the chunk landed; over 4 tcp lanes, whose chunks stripe and land in any order. The target's
+/// checker verifies, for every pair it sees, that the pair is the one sent and that every byte
+/// of its chunk is already there; then that every pair arrived.
+#[test]
+fn ring_proxy_tail_writes_never_run_ahead_of_the_data() {
+    const PRODUCERS: usize = 2;
+    const PER: usize = 60;
+    const CHUNK: usize = 1 << 20;
+    let (src_eng, dst_eng) = (tcp_engine("tail-src", 8), tcp_engine("tail-dst", 8));
+    src_eng.register_remote_engine(dst_eng.desc().clone()).unwrap();
+    let n = PRODUCERS * PER;
+    let pairs_at = n * CHUNK;
+    let bytes = pairs_at + n * 16;
+    let (src, dst) = (Region::new(bytes), Region::new(bytes));
+    let pat = |c: usize, i: usize| ((c * 37 + i * 11) % 253) as u8 + 1;
+    let len_of = |c: usize| (256 << 10) + (c * 7919) % (768 << 10);
+    // SAFETY: nothing else uses src yet.
+    let s = unsafe { std::slice::from_raw_parts_mut(src.ptr, bytes) };
+    for c in 0..n {
+        for i in 0..CHUNK {
+            s[c * CHUNK + i] = pat(c, i);
+        }
+        s[pairs_at + c * 16..pairs_at + c * 16 + 8].copy_from_slice(&(c as u64 + 1).to_le_bytes());
+        s[pairs_at + c * 16 + 8..pairs_at + c * 16 + 16].copy_from_slice(&(c as u64 + 2).to_le_bytes());
+    }
+    // SAFETY: the regions outlive the registrations (deregistered below).
+    let (src_m, dst_m) = unsafe {
+        (
+            src_eng.register_memory(src.ptr, bytes, MemLoc::Host { numa: None }).unwrap(),
+            dst_eng.register_memory(dst.ptr, bytes, MemLoc::Host { numa: None }).unwrap(),
+        )
+    };
+    let lay = RingLayout::new(32).unwrap();
+    let ring_region = Region::new(lay.bytes());
+    let mem = ring_region.ring(lay);
+    let proxy = RingProxy::start(
+        "tail",
+        src_eng.clone(),
+        src_m.clone(),
+        vec![Some(PeerWindow::single(dst_m.clone()))],
+        mem,
+        RingProxyOptions::default(),
+    )
+    .unwrap();
+    let head = AtomicU64::new(0);
+    std::thread::scope(|sc| {
+        for p in 0..PRODUCERS {
+            let head = &head;
+            sc.spawn(move || {
+                let prod = RingProducer::new(mem, head);
+                for k in 0..PER {
+                    let c = p * PER + k;
+                    let cmd = RingCmd {
+                        dst: 0,
+                        local_off: (c * CHUNK) as u64,
+                        remote_off: (c * CHUNK) as u64,
+                        len: len_of(c) as u64,
+                        counter: (pairs_at + c * 16) as u64,
+                        op: CmdOp::Tail { src: (pairs_at + c * 16) as u64 },
+                    };
+                    prod.push(&cmd, Instant::now() + Duration::from_secs(30)).unwrap();
+                }
+            });
+        }
+        let mut done = vec![false; n];
+        let mut left = n;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while left > 0 {
+            assert!(Instant::now() < deadline, "{left} pairs missing; proxy: {:?} {:?}", proxy.stats(), proxy.failure());
+            for (c, done_c) in done.iter_mut().enumerate() {
+                if *done_c {
+                    continue;
+                }
+                let total = dst.u64_at(pairs_at + c * 16 + 8).load(Ordering::Acquire);
+                let arrived = dst.u64_at(pairs_at + c * 16).load(Ordering::Acquire);
+                if total == 0 && arrived == 0 {
+                    continue;
+                }
+                // The pair may show one word first; either word visible means the chunk is.
+                assert!(arrived == 0 || arrived == c as u64 + 1, "command {c}: arrived word {arrived}");
+                assert!(total == 0 || total == c as u64 + 2, "command {c}: total word {total}");
+                let d = &dst.bytes()[c * CHUNK..c * CHUNK + len_of(c)];
+                assert!(d.iter().enumerate().all(|(i, &b)| b == pat(c, i)), "command {c}: its pair landed before its bytes");
+                if arrived != 0 && total != 0 {
+                    *done_c = true;
+                    left -= 1;
+                }
+            }
+            std::thread::yield_now();
+        }
+    });
+    let stats = proxy.stop().unwrap();
+    assert_eq!(stats.commands, n as u64);
+    assert_eq!(stats.data_batches, stats.batches, "every batch carried data");
+    for (e, m) in [(&src_eng, &src_m), (&dst_eng, &dst_m)] {
+        e.deregister_memory(m).unwrap();
+    }
+}
+
 /// A command for a rank the proxy has no window of fails the proxy, naming the rank.
 #[test]
 fn ring_proxy_names_an_unknown_destination() {
@@ -300,7 +401,7 @@ fn ring_proxy_names_an_unknown_destination() {
     let head = AtomicU64::new(0);
     RingProducer::new(mem, &head)
         .push(
-            &RingCmd { dst: 1, local_off: 0, remote_off: 0, len: 8, counter: 0, op: SignalOp::Add(1) },
+            &RingCmd { dst: 1, local_off: 0, remote_off: 0, len: 8, counter: 0, op: CmdOp::Add(1) },
             Instant::now() + Duration::from_secs(5),
         )
         .unwrap();

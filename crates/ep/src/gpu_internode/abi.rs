@@ -19,6 +19,12 @@ pub struct IeLayout {
     pub seg_rec: u64,
     /// `max_tokens * comb_bytes`.
     pub seg_comb: u64,
+    /// Other nodes' counter pairs, u64 `[phase 2][writer W][arrived, total]` (written by their
+    /// proxies' tail writes).
+    pub ctr: u64,
+    /// This rank's outgoing pairs, u64 `[phase 2][destination W][arrived, total]` (the tail
+    /// writes' sources).
+    pub sig: u64,
 }
 
 /// `IeRank`: one local rank's buffers (device addresses).
@@ -34,7 +40,7 @@ pub(crate) struct IeRank {
     pub idx: u64,
     pub scales: u64,
     pub mask: u64,
-    pub pos: u64,
+    pub pre: u64,
     pub cnt: u64,
     pub recv_cnt: u64,
     pub recv_base: u64,
@@ -50,7 +56,8 @@ pub(crate) struct IeRank {
     pub comb_out: u64,
     pub comb_out_w: u64,
     pub status: u64,
-    pub host_ctr: u64,
+    /// u64 trace stamps ([`super::trace`]), or 0.
+    pub trace: u64,
     pub ring: RingDev,
 }
 
@@ -80,7 +87,10 @@ pub(crate) struct IeParams {
     pub comb_elem: u32,
     pub out_elem: u32,
     pub flags: u32,
-    pub pad: u32,
+    /// Per-block trace rows per rank (blocks at or past it stamp nothing).
+    pub trace_blocks: u32,
+    /// This call's number (non-zero, increasing).
+    pub epoch: u64,
 }
 
 /// `IE_FLAG_DROP_OUT_OF_RANGE`: out-of-range expert ids are skipped without a fault.
@@ -95,9 +105,9 @@ mod tests {
 
     #[test]
     fn sizes_match_the_kernel() {
-        assert_eq!(std::mem::size_of::<IeLayout>(), 48);
+        assert_eq!(std::mem::size_of::<IeLayout>(), 64);
         assert_eq!(std::mem::size_of::<IeRank>(), 16 + 22 * 8 + 24);
-        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 48 + 16 + 18 * 4);
+        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 64 + 16 + 18 * 4 + 8);
         let src = include_str!("../../../../kernels/ep_internode.cu");
         for needle in ["#define IE_MAX_WORLD 64", "#define IE_FLAG_DROP_OUT_OF_RANGE 1u", "#define IE_FLAG_WEIGHTED 2u"] {
             assert!(src.contains(needle), "ep_internode.cu lost {needle}");

@@ -7,6 +7,7 @@
 //! order; combine summed over destination ranks ascending).
 
 use super::abi::{IeParams, IeRank, FLAG_WEIGHTED};
+use super::trace::{perfetto, slot, trace_bytes, RankStamps};
 use super::*;
 use crate::emu_support::{launch, Region};
 use crate::gpu_ring::RingDev;
@@ -31,10 +32,9 @@ const THREADS: u32 = 64;
 struct RankMem {
     win: Region,
     dev_ctr: Region,
-    host_ctr: Region,
     ring_region: Region,
     head: Region,
-    scratch: Vec<Region>, // mask, pos, cnt, recv_cnt, recv_base, recv_pos, done
+    scratch: Vec<Region>, // mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, trace
     x: Region,
     w: Region,
     idx: Region,
@@ -54,10 +54,18 @@ impl RankMem {
         Self {
             win: r(l.window_bytes),
             dev_ctr: r(l.counter_bytes()),
-            host_ctr: r(l.counter_bytes()),
             ring_region: r(ring.bytes()),
             head: r(64),
-            scratch: vec![r(TMAX * 8), r(TMAX * W * 4), r(W * 4), r(W * 4), r(W * 4), r(l.max_recv * 4), r(16 + 8 * W)],
+            scratch: vec![
+                r(TMAX * 8),
+                r((TMAX + 1) * W * 4),
+                r(W * 4),
+                r(W * 4),
+                r(W * 4),
+                r(l.max_recv * 4),
+                r(16 + 8 * W),
+                r(trace_bytes(W, BLOCKS)),
+            ],
             x: r(TMAX * l.row_bytes),
             w: r(TMAX * K * 4),
             idx: r(TMAX * K * 8),
@@ -95,7 +103,7 @@ impl RankMem {
             idx: self.idx.addr(),
             scales: self.scales.addr(),
             mask: s[0].addr(),
-            pos: s[1].addr(),
+            pre: s[1].addr(),
             cnt: s[2].addr(),
             recv_cnt: s[3].addr(),
             recv_base: s[4].addr(),
@@ -111,7 +119,7 @@ impl RankMem {
             comb_out: self.comb_out.addr(),
             comb_out_w: self.comb_out_w.addr(),
             status: self.status.addr(),
-            host_ctr: self.host_ctr.addr(),
+            trace: s[7].addr(),
             ring: RingDev { head: self.head.addr(), region: self.ring_region.addr(), slots: 16, pad: 0 },
         }
     }
@@ -149,7 +157,7 @@ fn tcp_engine(key: &str) -> Arc<IoEngine> {
 }
 
 /// The parameters of node `n`'s launches: only its ranks' windows and device counter blocks.
-fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> IeParams {
+fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize, epoch: u64) -> IeParams {
     let mut win = [0u64; MAX_WORLD];
     let mut dev_ctr = [0u64; MAX_WORLD];
     for r in n * G..(n + 1) * G {
@@ -179,7 +187,8 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> Ie
         comb_elem: 2,
         out_elem: 4,
         flags: FLAG_WEIGHTED,
-        pad: 0,
+        trace_blocks: BLOCKS,
+        epoch,
     }
 }
 
@@ -197,14 +206,9 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
     let l = InterLayout::new(&cfg, 2, 8, 2).unwrap();
     let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
     let engines: Vec<Arc<IoEngine>> = (0..W).map(|r| tcp_engine(&format!("ie-emu-r{r}"))).collect();
-    // SAFETY: windows and counter blocks outlive the registrations (deregistered at the end).
-    let regs: Vec<(MemoryDesc, MemoryDesc)> = (0..W)
-        .map(|r| unsafe {
-            (
-                engines[r].register_memory(mems[r].win.ptr, l.window_bytes, MemLoc::Host { numa: None }).unwrap(),
-                engines[r].register_memory(mems[r].host_ctr.ptr, l.counter_bytes(), MemLoc::Host { numa: None }).unwrap(),
-            )
-        })
+    // SAFETY: the windows outlive the registrations (deregistered at the end).
+    let regs: Vec<MemoryDesc> = (0..W)
+        .map(|r| unsafe { engines[r].register_memory(mems[r].win.ptr, l.window_bytes, MemLoc::Host { numa: None }).unwrap() })
         .collect();
     let mut proxies = Vec::new();
     for r in 0..W {
@@ -212,13 +216,13 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
         for (d, peer) in peers.iter_mut().enumerate() {
             if d / G != r / G {
                 engines[r].register_remote_engine(engines[d].desc().clone()).unwrap();
-                *peer = Some(PeerWindow { data: regs[d].0.clone(), counters: regs[d].1.clone() });
+                *peer = Some(PeerWindow::single(regs[d].clone()));
             }
         }
         // SAFETY: 64-aligned zeroed region living as long as `mems` (the proxies stop first).
         let ring = unsafe { RingMem::new(mems[r].ring_region.ptr, RingLayout::new(16).unwrap()).unwrap() };
         proxies.push(
-            RingProxy::start(&format!("ie{r}"), engines[r].clone(), regs[r].0.clone(), peers, ring, RingProxyOptions::default()).unwrap(),
+            RingProxy::start(&format!("ie{r}"), engines[r].clone(), regs[r].clone(), peers, ring, RingProxyOptions::default()).unwrap(),
         );
     }
     let mut rng = SplitMix64::new(0x1e_2024);
@@ -242,7 +246,7 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
                 unsafe { (reg.ptr as *mut IeRank).add(j).write(a) };
             }
         }
-        let ps: Vec<IeParams> = (0..2).map(|n| params(&l, &mems, &abi_regions[n], n)).collect();
+        let ps: Vec<IeParams> = (0..2).map(|n| params(&l, &mems, &abi_regions[n], n, round as u64 + 1)).collect();
         // Dispatch: each node's kernels in stream order on a thread of its own.
         std::thread::scope(|s| {
             for p in &ps {
@@ -307,13 +311,104 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
             assert_eq!(got_w, want_w, "round {round} rank {r}: combined weights");
             // Every counter was zeroed by its reader.
             assert!(mems[r].dev_ctr.bytes()[..l.counter_bytes()].iter().all(|&b| b == 0), "rank {r}: device counters left set");
-            assert!(mems[r].host_ctr.bytes()[..l.counter_bytes()].iter().all(|&b| b == 0), "rank {r}: host counters left set");
+            let pairs = l.lay.ctr as usize..l.lay.ctr as usize + l.counter_bytes();
+            assert!(mems[r].win.bytes()[pairs].iter().all(|&b| b == 0), "rank {r}: window counter pairs left set");
         }
     }
+    check_trace(&mems);
     let stats: Vec<_> = proxies.into_iter().map(|p| p.stop().unwrap()).collect();
     assert!(stats.iter().all(|s| s.commands > 0), "every rank sent through its proxy: {stats:?}");
-    for (r, (wm, cm)) in regs.iter().enumerate() {
+    for (r, wm) in regs.iter().enumerate() {
         engines[r].deregister_memory(wm).unwrap();
-        engines[r].deregister_memory(cm).unwrap();
     }
+}
+
+/// The last round's trace stamps: every phase stamped in order on every block, every command
+/// to another node pushed before its receiver saw the segment, and the Perfetto form with
+/// each span's begin and end.
+fn check_trace(mems: &[RankMem]) {
+    let stamps: Vec<RankStamps> =
+        (0..W).map(|r| RankStamps::parse(r, W, BLOCKS, &mems[r].scratch[7].bytes()[..trace_bytes(W, BLOCKS)]).unwrap()).collect();
+    use slot::*;
+    for s in &stamps {
+        let r = s.rank;
+        let b0 = &s.blocks[0];
+        assert!(0 < b0[LAYOUT0] && b0[LAYOUT0] <= b0[LAYOUT1] && b0[LAYOUT1] <= b0[DISP0], "rank {r}: layout {b0:?}");
+        assert!(b0[INTRA] <= b0[RECVD], "rank {r}: block 0 received before its own sends {b0:?}");
+        for (b, t) in s.blocks.iter().enumerate() {
+            for (x, y) in [
+                (DISP0, STAGED),
+                (STAGED, INTRA),
+                (INTRA, COPY0),
+                (COPY0, COPY1),
+                (COPY1, COMB0),
+                (COMB0, CSTAGED),
+                (CSTAGED, CINTRA),
+                (RED0, CRECVD),
+                (CRECVD, RED1),
+            ] {
+                assert!(t[x] > 0 && t[x] <= t[y], "rank {r} block {b}: slot {x} then {y}: {t:?}");
+            }
+        }
+        for q in (0..W).filter(|q| q / G != r / G) {
+            for ph in 0..2 {
+                let (pushed, seen) = (s.pushed[ph][q], stamps[q].seen[ph][r]);
+                assert!(pushed > 0 && pushed <= seen, "phase {ph}: rank {r} pushed for {q} at {pushed}, seen at {seen}");
+            }
+        }
+    }
+    let traces = perfetto(&stamps, G);
+    assert_eq!(traces.len(), W);
+    for (r, t) in &traces {
+        let count = |name: &str, ph: &str| t.trace_events.iter().filter(|e| e.name == name && e.ph == ph).count();
+        for (name, n) in [
+            ("dispatch_layout", 1),
+            ("ep_dispatch_copy_to_staging", BLOCKS as usize),
+            ("dispatch_intra", BLOCKS as usize),
+            ("dispatch_sync", 1),
+            ("dispatch_inter_node_send", G),
+            ("dispatch_inter_node_recv", G),
+            ("combine_inter_node", G),
+            ("ep_combine_all", BLOCKS as usize),
+        ] {
+            assert_eq!((count(name, "B"), count(name, "E")), (n, n), "rank {r}: {name}");
+        }
+    }
+}
+
+/// The layout kernel alone over several tiles (150 tokens, 64 threads a tile): masks, the
+/// exclusive per-destination prefix and the counts equal a sequential walk.
+#[test]
+fn layout_over_several_tiles_equals_a_sequential_walk() {
+    const T: usize = 150;
+    let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
+    cfg.max_recv_tokens = TMAX * W;
+    let l = InterLayout::new(&cfg, 2, 8, 2).unwrap();
+    let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
+    let m = &mems[0];
+    let mut rng = SplitMix64::new(0x1a_7041);
+    let ids: Vec<i64> = (0..T * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
+    let (idx, mask, pre) = (Region::new(T * K * 8), Region::new(T * 8), Region::new((T + 1) * W * 4));
+    m.write(&idx, &le(&ids, |v: i64| v.to_le_bytes().to_vec()));
+    let a = IeRank { num_tokens: T as u32, idx: idx.addr(), mask: mask.addr(), pre: pre.addr(), ..m.abi(0, T, 0) };
+    let abi = Region::new(std::mem::size_of::<IeRank>());
+    // SAFETY: the region holds one IeRank.
+    unsafe { (abi.ptr as *mut IeRank).write(a) };
+    let p = IeParams { num_local: 1, ..params(&l, &mems, &abi, 0, 1) };
+    launch("ep_internode", "mori_ie_layout", 1, THREADS, &p);
+    let u64s: Vec<u64> = mask.bytes()[..T * 8].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+    let u32s = |b: &[u8]| -> Vec<u32> { b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
+    let (got_pre, got_cnt) = (u32s(&pre.bytes()[..(T + 1) * W * 4]), u32s(&m.scratch[2].bytes()[..W * 4]));
+    let mut run = [0u32; W];
+    for t in 0..T {
+        let want: u64 = ids[t * K..(t + 1) * K].iter().filter(|&&e| e >= 0).fold(0, |m, &e| m | 1 << (e as usize / (E / W)));
+        assert_eq!(u64s[t], want, "token {t}: mask");
+        for d in 0..W {
+            assert_eq!(got_pre[t * W + d], run[d], "token {t}, rank {d}: tokens before it");
+            run[d] += ((want >> d) & 1) as u32;
+        }
+    }
+    assert_eq!(&got_pre[T * W..], &run[..]);
+    assert_eq!(got_cnt, run.to_vec());
+    assert_eq!(m.status()[1], 0);
 }

@@ -3,14 +3,16 @@
 //! stores, other nodes' through the rank's proxy ring as MORI-IO signalled writes).
 //!
 //! Every rank has a window ([`InterLayout::window_bytes`]: dispatch segments per source,
-//! combine segments per destination, and two staging areas the proxy reads from) and two
-//! counter blocks of [`InterLayout::counter_bytes`]: a device one for same-node writers and a
-//! host one (pinned, mapped into the device) that the rank's MORI-IO engine updates when a
-//! signal from another node arrives. The kernels and their order are described in the kernel
-//! file; [`abi`] mirrors its structs.
+//! combine segments per destination, two staging areas the proxy reads from, the counter
+//! pairs other nodes' proxies write, and the pairs this rank's proxy sends) and a device
+//! counter block of [`InterLayout::counter_bytes`] for same-node writers. Another node's
+//! segment is complete once its pair landed: the writer's proxy copies the pair only after
+//! the segment's bytes landed (a tail write, the same path as the data; no control message).
+//! The kernels and their order are described in the kernel file; [`abi`] mirrors its structs.
 
 pub mod abi;
 mod run;
+pub mod trace;
 
 pub use run::{needed_connections, AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
 
@@ -95,8 +97,19 @@ impl InterLayout {
         let seg_rec = (cfg.max_tokens_per_rank as u64).checked_mul(rec_bytes as u64).ok_or_else(ov)?;
         let seg_comb = (cfg.max_tokens_per_rank as u64).checked_mul(comb_bytes as u64).ok_or_else(ov)?;
         let half = w.checked_mul(seg_rec.checked_add(seg_comb).ok_or_else(ov)?).ok_or_else(ov)?;
-        let lay = abi::IeLayout { disp_in: 0, comb_in: w * seg_rec, out_disp: half, out_comb: half + w * seg_rec, seg_rec, seg_comb };
-        let window = half.checked_mul(2).ok_or_else(ov)?;
+        let pairs = w * 2 * 2 * 8;
+        let top = half.checked_mul(2).ok_or_else(ov)?;
+        let lay = abi::IeLayout {
+            disp_in: 0,
+            comb_in: w * seg_rec,
+            out_disp: half,
+            out_comb: half + w * seg_rec,
+            seg_rec,
+            seg_comb,
+            ctr: top,
+            sig: top + pairs,
+        };
+        let window = top.checked_add(2 * pairs).ok_or_else(ov)?;
         Ok(Self {
             world: cfg.world_size,
             gpn: cfg.gpus_per_node,
@@ -115,7 +128,8 @@ impl InterLayout {
         })
     }
 
-    /// Bytes of each counter block: u64 `[phase 2][writer W][arrived, total]`.
+    /// Bytes of a counter block (and of each pair area of the window): u64
+    /// `[phase 2][writer W][arrived, total]`.
     pub fn counter_bytes(&self) -> usize {
         self.world * 2 * 2 * 8
     }

@@ -5,14 +5,15 @@
 //! resident at once). Inputs and outputs travel as little-endian bytes.
 
 use super::abi::{IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
+use super::trace::{trace_bytes, RankStamps};
 use super::{InterLayout, MAX_WORLD};
 use crate::config::EpConfig;
 use crate::error::EpError;
 use crate::gpu::{EpGpuError, GpuResult};
 use crate::gpu_ring::{DeviceRing, Window};
 use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
-use mori_gpu::{Device, DeviceBuffer, Event, Function, KernelArgs, KernelImages, LaunchConfig, Module, PinnedBuffer, Runtime, Stream};
-use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig, XgmiConfig};
+use mori_gpu::{Device, DeviceBuffer, Event, Function, KernelArgs, KernelImages, LaunchConfig, Module, Runtime, Stream};
+use mori_io::{BackendConfig, EngineConfig, IoEngine, MemoryDesc, TcpConfig, XgmiConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,20 @@ pub struct AsyncLlOptions {
     pub weighted: bool,
     /// Proxy ring slots per rank.
     pub ring_slots: usize,
+    /// Blocks per rank of the copy-out kernel (it waits for nothing, so it is not bound by
+    /// the co-resident grid of the others).
+    pub copy_blocks: u32,
+    /// Record trace stamps ([`AsyncLlGpu::trace`]).
+    pub trace: bool,
+    /// How each rank's proxy thread polls its ring.
+    pub proxy: RingProxyOptions,
+}
+
+impl AsyncLlOptions {
+    /// Per-block trace rows per rank: the largest grid per rank of any kernel.
+    fn trace_blocks(&self) -> u32 {
+        self.blocks_per_rank.max(self.copy_blocks)
+    }
 }
 
 impl Default for AsyncLlOptions {
@@ -59,6 +74,9 @@ impl Default for AsyncLlOptions {
             timeout: Duration::from_secs(20),
             weighted: false,
             ring_slots: 1024,
+            copy_blocks: 16,
+            trace: false,
+            proxy: RingProxyOptions::default(),
         }
     }
 }
@@ -111,9 +129,8 @@ pub struct RecvBytes {
 struct GpuRank {
     win: Window,
     dev_ctr: DeviceBuffer,
-    host_ctr: PinnedBuffer,
     ring: DeviceRing,
-    /// mask, pos, cnt, recv_cnt, recv_base, recv_pos, done, status.
+    /// mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, status, trace.
     scratch: Vec<DeviceBuffer>,
     /// x, weights, idx, scales.
     inp: Vec<DeviceBuffer>,
@@ -160,6 +177,8 @@ pub struct AsyncLlGpu {
     poisoned: Option<String>,
     /// A dispatch completed and no combine consumed it yet.
     dispatched: bool,
+    /// Kernel runs so far (the kernels' epoch: combine's release word).
+    calls: u64,
 }
 
 fn bad(field: &'static str, value: impl ToString, reason: impl Into<String>) -> EpGpuError {
@@ -203,11 +222,11 @@ impl AsyncLlGpu {
                 format!("AsyncLL across nodes needs world_size ({w}) = nodes x gpus_per_node with at least 2 nodes"),
             ));
         }
-        if !(1..=16).contains(&opts.warps_per_block) || opts.blocks_per_rank == 0 {
+        if !(1..=16).contains(&opts.warps_per_block) || opts.blocks_per_rank == 0 || !(1..=1024).contains(&opts.copy_blocks) {
             return Err(bad(
                 "launch shape",
-                format!("{} blocks x {} warps", opts.blocks_per_rank, opts.warps_per_block),
-                "1..=16 warps and at least 1 block per rank",
+                format!("{} blocks x {} warps, {} copy-out blocks", opts.blocks_per_rank, opts.warps_per_block, opts.copy_blocks),
+                "1..=16 warps, at least 1 block and 1..=1024 copy-out blocks per rank",
             ));
         }
         if out_elem != 2 && out_elem != 4 {
@@ -261,12 +280,21 @@ impl AsyncLlGpu {
             ranks.push(GpuRank {
                 win,
                 dev_ctr: zeroed(layout.counter_bytes())?,
-                host_ctr: rt.alloc_mapped(dev, layout.counter_bytes())?,
                 ring: DeviceRing::new(rt.as_ref(), dev, opts.ring_slots)?,
-                scratch: [t * 8, t * w * 4, w * 4, w * 4, w * 4, r_max * 4, 16 + 8 * w, 64]
-                    .iter()
-                    .map(|&n| zeroed(n))
-                    .collect::<Result<_, _>>()?,
+                scratch: [
+                    t * 8,
+                    (t + 1) * w * 4,
+                    w * 4,
+                    w * 4,
+                    w * 4,
+                    r_max * 4,
+                    16 + 8 * w,
+                    64,
+                    if opts.trace { trace_bytes(w, opts.trace_blocks()) } else { 0 },
+                ]
+                .iter()
+                .map(|&n| zeroed(n))
+                .collect::<Result<_, _>>()?,
                 inp: [t * layout.row_bytes, t * k * 4, t * k * idx_size, t * layout.scale_bytes]
                     .iter()
                     .map(|&n| zeroed(n))
@@ -302,20 +330,15 @@ impl AsyncLlGpu {
                 }
             };
             eng.create_backend(bc).map_err(|e| host_err("MORI-IO backend", e))?;
-            // SAFETY: the window and the counter block live in `ranks`, which outlives the
-            // registrations (deregistered in Drop before the buffers are freed).
-            let (wm, cm) = unsafe {
-                (
-                    eng.register_memory(gr.win.host_ptr() as usize as *mut u8, layout.window_bytes, gr.win.loc(dev))
-                        .map_err(|e| host_err("registering a window", e))?,
-                    eng.register_memory(gr.host_ctr.ptr() as usize as *mut u8, layout.counter_bytes(), MemLoc::Host { numa: None })
-                        .map_err(|e| host_err("registering a counter block", e))?,
-                )
+            // SAFETY: the window lives in `ranks`, which outlives the registration
+            // (deregistered in Drop before the buffers are freed).
+            let wm = unsafe {
+                eng.register_memory(gr.win.host_ptr() as usize as *mut u8, layout.window_bytes, gr.win.loc(dev))
+                    .map_err(|e| host_err("registering a window", e))?
             };
             let eng = Arc::new(eng);
             regs.push((eng.clone(), wm.clone()));
-            regs.push((eng.clone(), cm.clone()));
-            descs.push((wm, cm));
+            descs.push(wm);
             engines.push(eng);
         }
         let mut proxies = Vec::with_capacity(w);
@@ -324,15 +347,16 @@ impl AsyncLlGpu {
             for (d, peer) in peers.iter_mut().enumerate() {
                 if d / g != r / g {
                     engines[r].register_remote_engine(engines[d].desc().clone()).map_err(|e| host_err("peer engine", e))?;
-                    *peer = Some(PeerWindow { data: descs[d].0.clone(), counters: descs[d].1.clone() });
+                    // Counter pairs travel as tail writes into the window.
+                    *peer = Some(PeerWindow::single(descs[d].clone()));
                 }
             }
             // Warm the path to every peer: one signalled write of a record's size, host-posted.
             for d in (0..w).filter(|&d| d / g != r / g) {
                 let b = mori_io::RegionBatch {
-                    local: &descs[r].0,
+                    local: &descs[r],
                     local_offs: &[layout.lay.out_disp],
-                    remote: &descs[d].0,
+                    remote: &descs[d],
                     remote_offs: &[layout.lay.out_disp],
                     sizes: &[layout.rec_bytes as u64],
                     id: engines[r].allocate_transfer_uid(),
@@ -343,15 +367,8 @@ impl AsyncLlGpu {
                     .map_err(|e| host_err("warming the inter-node path", e))?;
             }
             proxies.push(
-                RingProxy::start(
-                    &format!("ie{r}"),
-                    engines[r].clone(),
-                    descs[r].0.clone(),
-                    peers,
-                    ranks[r].ring.mem(),
-                    RingProxyOptions::default(),
-                )
-                .map_err(|e| host_err("proxy thread", e))?,
+                RingProxy::start(&format!("ie{r}"), engines[r].clone(), descs[r].clone(), peers, ranks[r].ring.mem(), opts.proxy)
+                    .map_err(|e| host_err("proxy thread", e))?,
             );
         }
         let nodes = w / g;
@@ -360,10 +377,11 @@ impl AsyncLlGpu {
         let marks =
             (0..nodes).map(|_| (0..4).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
-            "mori_ep::gpu_internode: AsyncLL, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank; intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), signalled writes; window {:.1} MB per rank",
+            "mori_ep::gpu_internode: AsyncLL, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank ({} for the copy-out); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), signalled writes; window {:.1} MB per rank",
             rt.kind(),
             opts.blocks_per_rank,
             opts.warps_per_block,
+            opts.copy_blocks,
             match opts.path {
                 InterPath::Xgmi => "MORI-IO xgmi (windows in GPU memory)".to_string(),
                 InterPath::Tcp { lanes } => format!("MORI-IO tcp, {lanes} lanes (windows in pinned host memory: the kernels stage into it)"),
@@ -388,6 +406,7 @@ impl AsyncLlGpu {
             times: PhaseTimes::default(),
             poisoned: None,
             dispatched: false,
+            calls: 0,
             describe,
         })
     }
@@ -439,7 +458,8 @@ impl AsyncLlGpu {
             comb_elem: l.comb_elem as u32,
             out_elem: self.out_elem as u32,
             flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 },
-            pad: 0,
+            trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
+            epoch: self.calls,
         }
     }
 
@@ -460,7 +480,7 @@ impl AsyncLlGpu {
                     idx: gr.inp[2].ptr(),
                     scales: if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
                     mask: s[0].ptr(),
-                    pos: s[1].ptr(),
+                    pre: s[1].ptr(),
                     cnt: s[2].ptr(),
                     recv_cnt: s[3].ptr(),
                     recv_base: s[4].ptr(),
@@ -476,7 +496,7 @@ impl AsyncLlGpu {
                     comb_out: gr.comb[2].ptr(),
                     comb_out_w: gr.comb[3].ptr(),
                     status: s[7].ptr(),
-                    host_ctr: gr.host_ctr.device_ptr().unwrap_or(0),
+                    trace: if self.opts.trace { s[8].ptr() } else { 0 },
                     ring: gr.ring.dev_args()?,
                 };
                 // SAFETY: IeRank is plain old data (integers), read as its bytes.
@@ -494,14 +514,20 @@ impl AsyncLlGpu {
     fn run(&mut self, ks: &[usize]) -> GpuResult<f64> {
         let (g, b) = (self.layout.gpn as u32, self.opts.blocks_per_rank);
         let threads = self.opts.warps_per_block * 32;
+        self.calls += 1;
         let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {
-                let grid = if k == 0 { g } else { g * b };
-                let cfg = LaunchConfig { grid: (grid, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
+                // The copy-out kernel (2) has blocks of its own; the layout (0) one per rank.
+                let per_rank = match k {
+                    0 => 1,
+                    2 => self.opts.copy_blocks,
+                    _ => b,
+                };
+                let cfg = LaunchConfig { grid: (g * per_rank, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
                 let mut args = KernelArgs::new();
-                args.push(*p);
+                args.push(IeParams { blocks_per_rank: if k == 0 { b } else { per_rank }, ..*p });
                 // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
                 // address in it belongs to buffers of self, which outlive the synchronization below.
                 unsafe { self.funcs[k].launch(s, &cfg, &args.params())? };
@@ -552,6 +578,7 @@ impl AsyncLlGpu {
                 4 => Some(format!("{phase}: {} records announced, capacity {}", w(2), w(3))),
                 5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
                 6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
+                7 => Some(format!("{phase}: deadline: block {} waited for block 0 to see every rank's rows", w(2))),
                 c => Some(format!("{phase}: fault code {c}")),
             };
             if let Some(what) = what {
@@ -590,6 +617,11 @@ impl AsyncLlGpu {
             }
         }
         self.upload_abi()?;
+        if self.opts.trace {
+            for gr in &self.ranks {
+                self.rt.memset(&gr.scratch[8].slice(), 0)?;
+            }
+        }
         self.times.dispatch_us = self.run(&[0, 1, 2])?;
         let counts = self.check_status("dispatch")?;
         let mut out = Vec::with_capacity(l.world);
@@ -699,6 +731,23 @@ impl AsyncLlGpu {
             out.push((ox, ow));
         }
         Ok(out)
+    }
+
+    /// Every rank's trace stamps of the last dispatch and combine ([`super::trace`]), or
+    /// `None` when the options did not ask for tracing.
+    pub fn trace(&self) -> GpuResult<Option<Vec<RankStamps>>> {
+        if !self.opts.trace {
+            return Ok(None);
+        }
+        let (w, tb) = (self.layout.world, self.opts.trace_blocks());
+        let mut out = Vec::with_capacity(w);
+        for (r, gr) in self.ranks.iter().enumerate() {
+            let n = trace_bytes(w, tb);
+            let mut b = vec![0u8; n];
+            self.rt.copy_dtoh(&mut b, &gr.scratch[8].sub(0, n)?)?;
+            out.push(RankStamps::parse(r, w, tb, &b).ok_or_else(|| host_err("trace", "buffer of the wrong length"))?);
+        }
+        Ok(Some(out))
     }
 
     /// Per rank: commands and bytes its proxy carried so far.

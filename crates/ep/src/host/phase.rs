@@ -214,7 +214,7 @@ impl HostEp {
                 remote_off: p.offset as u64,
                 len: bytes.len() as u64,
                 counter: p.counter as u64,
-                op,
+                op: op.into(),
             });
         }
         if !cmds.is_empty() {

@@ -230,6 +230,14 @@ pub struct Args {
     /// TCP lanes of the inter-node leg (CPU, or GPU async_ll with --transport tcp). Default 4.
     #[arg(long)]
     pub lanes: Option<usize>,
+    /// GPU async_ll: how long each rank's proxy thread keeps polling an idle command ring
+    /// before it starts sleeping, µs. Default 200.
+    #[arg(long = "proxy-spin-us")]
+    pub proxy_spin_us: Option<u64>,
+    /// GPU async_ll: blocks per rank of the copy-out kernel (received records into the
+    /// outputs; it waits for nothing, so it is not bound by the co-resident grid). Default 16.
+    #[arg(long = "copy-blocks")]
+    pub copy_blocks: Option<u32>,
     /// CPU: tokens per inter-node signalled write (the leg's message size is this many
     /// records). Default 32.
     #[arg(long = "chunk-tokens")]
@@ -276,7 +284,9 @@ pub struct Args {
     /// Skip the oracle check.
     #[arg(long = "no-check")]
     pub no_check: bool,
-    /// GPU: Perfetto JSON of per-block phase timestamps of the last iteration (rank 0's process).
+    /// GPU: Perfetto JSON of per-block phase timestamps of the last iteration: intranode, one
+    /// file (rank 0's process); async_ll, one file per rank, PATH with `.rank<R>` before its
+    /// extension (`mori trace analyze` reads either).
     #[arg(long)]
     pub trace: Option<String>,
     /// All figures as JSON.
@@ -548,6 +558,12 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             "--kernel-type async_ll on GPUs runs across nodes, but {} is one node (give --num-nodes 2 or more; one node: --kernel-type intranode)",
             nodes_flags()
         )));
+    }
+    if !(gpu && kt == KernelTypeArg::AsyncLl) && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some()) {
+        return Err(err("--proxy-spin-us/--copy-blocks tune the GPU --kernel-type async_ll kernels and proxies; this run has neither"));
+    }
+    if let Some(c) = a.copy_blocks.filter(|c| !(1..=1024).contains(c)) {
+        return Err(err(format!("--copy-blocks {c}: give 1..=1024 blocks per rank")));
     }
     if gpu && kt != KernelTypeArg::AsyncLl && (a.transport.is_some() || a.lanes.is_some()) {
         return Err(err(

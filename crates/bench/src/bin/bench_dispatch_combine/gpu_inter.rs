@@ -11,7 +11,8 @@ use crate::args::{err, AnyResult, Args, CombDType, TransportArg};
 use crate::gpu::host_images_and_oracle;
 use crate::inputs::{comb_value, gen_inputs};
 use crate::table::print_ranks;
-use mori_ep::gpu_internode::{AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, RankBytes, RecvBytes};
+use mori_ep::gpu_internode::{trace, AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, RankBytes, RecvBytes};
+use mori_ep::proxy::RingProxyOptions;
 use mori_ep::{accounting, bf16, combine, CombineOptions, EpConfig, OutOfRange, SumOrder, Tensor2, Weighting};
 use mori_gpu::Device;
 use std::time::Duration;
@@ -50,6 +51,12 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         timeout: Duration::from_millis(a.timeout_ms),
         weighted: a.weighted,
         ring_slots: 1024,
+        copy_blocks: a.copy_blocks.unwrap_or(16),
+        trace: a.trace.is_some(),
+        proxy: RingProxyOptions {
+            spin: a.proxy_spin_us.map_or(RingProxyOptions::default().spin, Duration::from_micros),
+            ..RingProxyOptions::default()
+        },
     };
     let mut ep = AsyncLlGpu::new(rt, Device(0), cfg, sz, opts)?;
     println!("{}", ep.describe());
@@ -97,6 +104,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         last = got;
     }
     let (disp, comb) = (disp / timed.max(1) as f64, comb / timed.max(1) as f64);
+    if let (Some(path), Some(stamps)) = (&a.trace, ep.trace()?) {
+        write_traces(path, &stamps, cfg.gpus_per_node)?;
+    }
     let nodes = w / cfg.gpus_per_node;
     let ex = cfg.experts_per_rank * w;
     let tok_bytes = (h * a.dtype.size() + cfg.scale_dim * cfg.scale_type_size) as f64;
@@ -144,6 +154,18 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         },
         ep.proxy_stats().iter().map(|s| s.commands).collect::<Vec<_>>()
     );
+    let ps = ep.proxy_stats();
+    let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
+    let (batches, data_batches) = (sum(|s| s.batches), sum(|s| s.data_batches));
+    if batches > 0 {
+        println!(
+            "proxies (host clock, every call): {batches} signalled writes; mean from taking the commands: {:.1} µs to posted, {:.1} µs to the bytes landed ({data_batches} with data), {:.1} µs to completed (signal applied and answered), longest {:.1} µs",
+            sum(|s| s.post_ns) as f64 / batches as f64 / 1e3,
+            sum(|s| s.data_ns) as f64 / data_batches.max(1) as f64 / 1e3,
+            sum(|s| s.done_ns) as f64 / batches as f64 / 1e3,
+            ps.iter().map(|s| s.done_ns_max).max().unwrap_or(0) as f64 / 1e3
+        );
+    }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
     println!(
         "per kernel µs (slowest node, mean): layout {}, dispatch {}, receive {}, combine send {}, combine reduce {}",
@@ -230,4 +252,46 @@ fn check(
         }
     }
     true
+}
+
+/// `PATH` with `.rank<R>` before its extension (or at its end).
+pub fn rank_path(path: &str, rank: usize) -> String {
+    let p = std::path::Path::new(path);
+    match (p.extension(), p.file_stem()) {
+        (Some(ext), Some(stem)) => p.with_file_name(format!("{}.rank{rank}.{}", stem.to_string_lossy(), ext.to_string_lossy())),
+        _ => p.with_file_name(format!("{}.rank{rank}", p.file_name().map(|n| n.to_string_lossy()).unwrap_or_default())),
+    }
+    .to_string_lossy()
+    .into_owned()
+}
+
+/// One Perfetto file per rank of the last iteration's stamps; prints the files and, per
+/// phase, the inter-node leg (command pushed to segment seen) over every (rank, peer) pair.
+fn write_traces(path: &str, stamps: &[trace::RankStamps], gpn: usize) -> AnyResult<()> {
+    for (r, t) in trace::perfetto(stamps, gpn) {
+        let mut json = serde_json::to_string(&t)?;
+        json.push('\n');
+        std::fs::write(rank_path(path, r), json)?;
+    }
+    for (ph, name) in [(0, "dispatch"), (1, "combine")] {
+        let mut legs: Vec<f64> = Vec::new();
+        for s in stamps {
+            for (q, &p) in s.pushed[ph].iter().enumerate() {
+                let seen = stamps.get(q).map_or(0, |d| d.seen[ph][s.rank]);
+                if p > 0 && seen >= p {
+                    legs.push((seen - p) as f64 / 1e3);
+                }
+            }
+        }
+        legs.sort_by(f64::total_cmp);
+        if let (Some(lo), Some(hi)) = (legs.first(), legs.last()) {
+            println!(
+                "trace: {name} inter-node legs (command pushed -> segment seen), {} pairs: min {lo:.1} µs, median {:.1} µs, max {hi:.1} µs",
+                legs.len(),
+                legs[legs.len() / 2]
+            );
+        }
+    }
+    println!("trace: {} files {}", stamps.len(), rank_path(path, 0).replace(".rank0", ".rank<R>"));
+    Ok(())
 }
