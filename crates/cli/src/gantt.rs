@@ -2,7 +2,9 @@
 //! subplot per iteration, x = microseconds from the iteration start; serial kernels as
 //! full-height bars; the internode lane (red/purple) in the upper half and the intranode lane
 //! (green/teal) in the lower half; the region where both lanes run shaded grey and labelled
-//! "concurrent".
+//! "concurrent". An idle stretch inside an iteration longer than 1 ms and a fifth of it (the
+//! host's work between a dispatch and its combine) is cut from the plot, marked by a dashed
+//! line with its length; the text tables keep the real times.
 
 use crate::error::{CliError, CliResult};
 use crate::trace::{Analysis, Kernel, Lane};
@@ -29,6 +31,28 @@ fn color(k: Kernel) -> RGBColor {
     }
 }
 
+/// Idle stretches of an iteration worth cutting: (start, length) in µs from its start, where
+/// no kernel of `spans` (start, end) runs for more than 1 ms and a fifth of `dur`.
+pub fn idle_cuts(spans: &[(f64, f64)], dur: f64) -> Vec<(f64, f64)> {
+    let mut v: Vec<(f64, f64)> = spans.to_vec();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut cuts = Vec::new();
+    let mut reach = f64::NEG_INFINITY;
+    for (s, e) in v {
+        if reach.is_finite() && s - reach > 1000.0_f64.max(dur / 5.0) {
+            cuts.push((reach, s - reach));
+        }
+        reach = reach.max(e);
+    }
+    cuts
+}
+
+/// `x` on the plot once `cuts` are removed (each leaves a sliver of `keep` µs).
+fn squeeze(x: f64, cuts: &[(f64, f64)], keep: f64) -> f64 {
+    let gone: f64 = cuts.iter().filter(|c| c.0 + c.1 <= x).map(|c| c.1 - keep).sum();
+    x - gone
+}
+
 /// Draws up to [`MAX_PLOTTED`] iterations to `path` (PNG). Errors: nothing to draw, or the
 /// file cannot be written.
 pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
@@ -38,20 +62,25 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
         return Err(err(&"no iteration to draw"));
     }
     plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).map_err(|_| err(&"font"))?;
-    let xmax = its.iter().map(|i| i.dur_us).fold(1.0, f64::max) * 1.02;
     // Time stamps near the float limit (1e308 us) give an infinite extent, on which the axis
     // layout never ends (found by the trace_analyze fuzz target).
-    if !xmax.is_finite() {
+    if !its.iter().all(|i| i.dur_us.is_finite()) {
         return Err(err(
             &"an iteration lasts longer than a plot axis can hold (time stamps near the float limit); --no-png skips the plot",
         ));
     }
+    let cuts: Vec<Vec<(f64, f64)>> =
+        its.iter().map(|it| idle_cuts(&it.kernels.iter().map(|r| (r.start_us, r.end_us)).collect::<Vec<_>>(), it.dur_us)).collect();
+    let shown = its.iter().zip(&cuts).map(|(it, c)| it.dur_us - c.iter().map(|g| g.1).sum::<f64>()).fold(1.0, f64::max);
+    let keep = shown * 0.03;
+    let xmax = (shown + keep * cuts.iter().map(Vec::len).max().unwrap_or(0) as f64) * 1.02;
     let h = 60 + 170 * its.len() as u32;
     let root = BitMapBackend::new(path, (1400, h)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let root = root.titled(title, ("sans-serif", 22)).map_err(|e| err(&e))?;
     let areas = root.split_evenly((its.len(), 1));
-    for (it, area) in its.iter().zip(areas.iter()) {
+    for ((it, area), cuts) in its.iter().zip(areas.iter()).zip(&cuts) {
+        let x = |v: f64| squeeze(v, cuts, keep);
         let mut c = ChartBuilder::on(area)
             .margin(8)
             .x_label_area_size(30)
@@ -68,16 +97,16 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
                 v if (v - 0.5).abs() < 0.26 => "intranode".into(),
                 _ => String::new(),
             })
-            .x_desc("us from iteration start")
+            .x_desc(if cuts.is_empty() { "us from iteration start" } else { "us from iteration start (idle stretches cut)" })
             .draw()
             .map_err(|e| err(&e))?;
         let grey = RGBColor(200, 200, 200).mix(0.55);
-        c.draw_series(it.concurrent.iter().map(|r| Rectangle::new([(r.start_us, 0.0), (r.end_us, 2.0)], grey.filled())))
+        c.draw_series(it.concurrent.iter().map(|r| Rectangle::new([(x(r.start_us), 0.0), (x(r.end_us), 2.0)], grey.filled())))
             .map_err(|e| err(&e))?;
         c.draw_series(
-            it.concurrent
-                .iter()
-                .map(|r| Text::new("concurrent", ((r.start_us + r.end_us) / 2.0 - xmax * 0.025, 1.02), ("sans-serif", 12).into_font())),
+            it.concurrent.iter().map(|r| {
+                Text::new("concurrent", ((x(r.start_us) + x(r.end_us)) / 2.0 - xmax * 0.025, 1.02), ("sans-serif", 12).into_font())
+            }),
         )
         .map_err(|e| err(&e))?;
         let mut bars = Vec::new();
@@ -91,16 +120,27 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
                 _ => (0.0, 2.0),
             };
             let col = color(k);
-            bars.push(Rectangle::new([(r.start_us, y0), (r.end_us, y1)], col.mix(0.85).filled()));
-            bars.push(Rectangle::new([(r.start_us, y0), (r.end_us, y1)], BLACK.stroke_width(1)));
+            let (x0, x1) = (x(r.start_us), x(r.end_us));
+            bars.push(Rectangle::new([(x0, y0), (x1, y1)], col.mix(0.85).filled()));
+            bars.push(Rectangle::new([(x0, y0), (x1, y1)], BLACK.stroke_width(1)));
             let ly = if r.lane == Lane::Serial { 1.92 } else { y1 - 0.06 };
-            if r.dur_us > xmax * 0.03 || r.lane != Lane::Serial {
-                labels.push((k.label(), (r.start_us + xmax * 0.002, ly)));
+            if x1 - x0 > xmax * 0.03 || r.lane != Lane::Serial {
+                labels.push((k.label(), (x0 + xmax * 0.002, ly)));
             }
         }
         c.draw_series(bars).map_err(|e| err(&e))?;
         c.draw_series(labels.into_iter().map(|(t, p)| Text::new(t, p, ("sans-serif", 11).into_font().color(&WHITE))))
             .map_err(|e| err(&e))?;
+        for &(at, len) in cuts {
+            let cx = x(at) + keep / 2.0;
+            c.draw_series(DashedLineSeries::new([(cx, 0.0), (cx, 2.0)], 4, 3, BLACK.stroke_width(1))).map_err(|e| err(&e))?;
+            c.draw_series([Text::new(
+                format!("idle {:.1} ms cut", len / 1000.0),
+                (cx - xmax * 0.06, 0.02),
+                ("sans-serif", 11).into_font(),
+            )])
+            .map_err(|e| err(&e))?;
+        }
     }
     root.present().map_err(|e| err(&e))
 }
@@ -108,6 +148,20 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_stretches_past_a_millisecond_and_a_fifth_are_cut() {
+        // A dispatch (0..600), 29 ms of host work, a combine (29600..30100): one cut.
+        let spans = [(0.0, 5.0), (10.0, 600.0), (40.0, 90.0), (29_600.0, 30_000.0), (29_650.0, 30_100.0)];
+        assert_eq!(idle_cuts(&spans, 30_100.0), [(600.0, 29_000.0)]);
+        // Gaps below a millisecond, or below a fifth of the iteration, stay.
+        assert!(idle_cuts(&[(0.0, 100.0), (900.0, 1000.0)], 1000.0).is_empty());
+        assert!(idle_cuts(&[(0.0, 10_000.0), (11_500.0, 20_000.0)], 20_000.0).is_empty());
+        // After a cut, later times move left by the cut less the sliver kept.
+        let cuts = [(600.0, 29_000.0)];
+        assert_eq!(squeeze(500.0, &cuts, 20.0), 500.0);
+        assert_eq!(squeeze(29_600.0, &cuts, 20.0), 620.0);
+    }
 
     #[test]
     fn an_infinite_extent_is_refused_not_drawn_forever() {

@@ -159,7 +159,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let (batches, data_batches) = (sum(|s| s.batches), sum(|s| s.data_batches));
     if batches > 0 {
         println!(
-            "proxies (host clock, every call): {batches} signalled writes; mean from taking the commands: {:.1} µs to posted, {:.1} µs to the bytes landed ({data_batches} with data), {:.1} µs to completed (signal applied and answered), longest {:.1} µs",
+            "proxies (host clock, every call): {batches} writes; mean from taking the commands: {:.1} µs to posted, {:.1} µs to the bytes landed ({data_batches} with data), {:.1} µs to completed (the counter pair landed after them), longest {:.1} µs",
             sum(|s| s.post_ns) as f64 / batches as f64 / 1e3,
             sum(|s| s.data_ns) as f64 / data_batches.max(1) as f64 / 1e3,
             sum(|s| s.done_ns) as f64 / batches as f64 / 1e3,
