@@ -416,6 +416,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         if (ie_same_node(p, r, d) && sh.n[d]) ie_signal(p, a, d, 0, 0, sh.n[d]);
     ie_stamp(p, a, b, IE_T_INTRA);
     if (b != 0) return;
+    mori_sync_block(); // the INTRA stamp (thread 0) before any wait's "seen" stamp
     // Block 0 receives: every source's segment complete, then the first output row of each.
     uint32_t* rc = (uint32_t*)a.recv_cnt;
     for (uint32_t s = tid; s < W; s += nthreads) {
@@ -574,9 +575,12 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
             mori_store_release_system((uint64_t*)a.done + 1, p.epoch);
         }
     } else if (ok && tid == 0) {
+        // A deadline past block 0's, so that block 0's timeout (naming the missing writer)
+        // is the one recorded.
+        const uint64_t late = deadline + 100000000ull;
         for (;;) {
             if (mori_load_acquire_system((const uint64_t*)a.done + 1) == p.epoch || ie_failed(status)) break;
-            if (mori_clock_ns() > deadline) {
+            if (mori_clock_ns() > late) {
                 ie_error(status, IE_ERR_RELEASE, b, 0, 0);
                 break;
             }

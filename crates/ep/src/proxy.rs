@@ -15,7 +15,7 @@ use crate::host::ProxyInjection;
 use crate::ring::{CmdOp, RingConsumer, RingMem, TAIL_WRITE_BYTES};
 use crate::routing::SplitMix64;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use mori_io::{ErrorCode, IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
+use mori_io::{IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
 use mori_io_core::status::Completion;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -88,6 +88,9 @@ struct State {
     taken: Instant,
     /// Per-write timing ([`RingProxyStats`]).
     timing: Arc<SharedStats>,
+    /// When this thread last ran a completion step, and how often it may.
+    last_drive: Instant,
+    drive_every: Duration,
     /// Tail writes whose command's bytes landed, for this thread to post.
     follow_tx: Sender<Followup>,
     follow_rx: Receiver<Followup>,
@@ -162,6 +165,8 @@ impl State {
     fn new(engine: Arc<IoEngine>, local: MemoryDesc, peers: Vec<Option<PeerWindow>>, failed: Arc<Mutex<Option<(usize, String)>>>) -> Self {
         let (follow_tx, follow_rx) = crossbeam_channel::unbounded();
         State {
+            last_drive: Instant::now(),
+            drive_every: Duration::ZERO,
             follow_tx,
             follow_rx,
             engine,
@@ -266,57 +271,23 @@ impl State {
         self.first.get_or_insert_with(Instant::now);
         let data: Vec<&Cmd> = cmds.iter().filter(|c| c.len > 0).collect();
         let len: u64 = data.iter().map(|c| c.len).sum();
-        let outer = <TransferStatus as Completion>::new(1);
-        let pieces = u32::from(!sigs.is_empty()) + u32::from(!tails.is_empty());
-        if pieces == 2 {
-            outer.add_pieces(1);
-        }
-        let follow = (!tails.is_empty()).then(|| Followup { tails, remote: peer.data.clone(), outer: outer.clone() });
-        let (engine, tx, o) = (self.engine.clone(), self.follow_tx.clone(), outer.clone());
-        // What follows the bytes: the signals from the completing thread (a channel send to
-        // the engine's notification thread), the tail writes handed back to the proxy thread
-        // (posting a copy from inside a copy's completion could wait on the pool it holds).
-        let after = move |landed: Result<(), IoError>| match landed {
-            Err(e) => o.cancel_pieces(pieces, None, e),
-            Ok(()) => {
-                if !sigs.is_empty() {
-                    let s = engine.signal(&sigs);
-                    let (s2, o2) = (s.clone(), o.clone());
-                    s.on_done(move || o2.complete_piece(s2.poll().unwrap_or_else(|| Err(IoError::bad_state("signal ended undone")))));
-                }
-                if let Some(f) = follow {
-                    if let Err(e) = tx.send(f) {
-                        e.into_inner().outer.complete_piece(Err(IoError::bad_state("the proxy stopped before its tail write")));
-                    }
-                }
-            }
+        let (lo, ro, sz): (Vec<u64>, Vec<u64>, Vec<u64>) =
+            (data.iter().map(|c| c.local_off).collect(), data.iter().map(|c| c.remote_off).collect(), data.iter().map(|c| c.len).collect());
+        let b = RegionBatch {
+            local: &self.local,
+            local_offs: &lo,
+            remote: &peer.data,
+            remote_offs: &ro,
+            sizes: &sz,
+            id: self.engine.allocate_transfer_uid(),
         };
-        if data.is_empty() {
-            after(Ok(()));
-        } else {
-            let (lo, ro, sz): (Vec<u64>, Vec<u64>, Vec<u64>) = (
-                data.iter().map(|c| c.local_off).collect(),
-                data.iter().map(|c| c.remote_off).collect(),
-                data.iter().map(|c| c.len).collect(),
-            );
-            let b = RegionBatch {
-                local: &self.local,
-                local_offs: &lo,
-                remote: &peer.data,
-                remote_offs: &ro,
-                sizes: &sz,
-                id: self.engine.allocate_transfer_uid(),
-            };
-            let st = self.engine.post(mori_io::Op::Write, &b, None);
-            outer.drive_like(&st);
-            let (timing, taken, d) = (self.timing.clone(), self.taken, st.clone());
-            st.on_done(move || {
-                timing.data_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                timing.data_batches.fetch_add(1, Ordering::Relaxed);
-                after(d.poll().unwrap_or_else(|| Err(IoError::bad_state("write ended undone"))));
-            });
-        }
-        let st = outer;
+        // Signals alone go through MORI-IO's signalled write (which checks every counter
+        // before anything is posted); tail writes are this proxy's own second step.
+        let st = match (tails.is_empty(), data.is_empty()) {
+            (true, true) => self.engine.signal(&sigs),
+            (true, false) => self.engine.post_signalled(&b, &sigs),
+            (false, _) => self.post_with_tails((!data.is_empty()).then_some(&b), sigs, tails, peer.data.clone()),
+        };
         let (base, last, taken, timing) = (self.base, self.last_done.clone(), self.taken, self.timing.clone());
         timing.post_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
         st.on_done(move || {
@@ -326,6 +297,54 @@ impl State {
             timing.done_ns_max.fetch_max(ns, Ordering::Relaxed);
         });
         self.inflight.push((dst, len, st));
+    }
+
+    /// The batch `data` (if any), then, once its bytes landed, `sigs` (one MORI-IO signal
+    /// request, from the completing thread) and `tails` (handed back to this thread: posting a
+    /// copy from inside a copy's completion could wait on the pool that completion holds).
+    /// The returned status ends when both did, or as the data write when that failed (then
+    /// nothing follows).
+    fn post_with_tails(
+        &self,
+        data: Option<&RegionBatch<'_>>,
+        sigs: Vec<Signal>,
+        tails: Vec<(u64, u64)>,
+        remote: MemoryDesc,
+    ) -> TransferStatus {
+        let outer = <TransferStatus as Completion>::new(1);
+        let pieces = 1 + u32::from(!sigs.is_empty());
+        if pieces == 2 {
+            outer.add_pieces(1);
+        }
+        let follow = Followup { tails, remote, outer: outer.clone() };
+        let (engine, tx, o) = (self.engine.clone(), self.follow_tx.clone(), outer.clone());
+        let after = move |landed: Result<(), IoError>| match landed {
+            Err(e) => o.cancel_pieces(pieces, None, e),
+            Ok(()) => {
+                if !sigs.is_empty() {
+                    let s = engine.signal(&sigs);
+                    let (s2, o2) = (s.clone(), o.clone());
+                    s.on_done(move || o2.complete_piece(s2.poll().unwrap_or_else(|| Err(IoError::bad_state("signal ended undone")))));
+                }
+                if let Err(e) = tx.send(follow) {
+                    e.into_inner().outer.complete_piece(Err(IoError::bad_state("the proxy stopped before its tail write")));
+                }
+            }
+        };
+        match data {
+            None => after(Ok(())),
+            Some(b) => {
+                let st = self.engine.post(mori_io::Op::Write, b, None);
+                outer.drive_like(&st);
+                let (timing, taken, d) = (self.timing.clone(), self.taken, st.clone());
+                st.on_done(move || {
+                    timing.data_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    timing.data_batches.fetch_add(1, Ordering::Relaxed);
+                    after(d.poll().unwrap_or_else(|| Err(IoError::bad_state("write ended undone"))));
+                });
+            }
+        }
+        outer
     }
 
     /// Posts the tail writes whose bytes landed (handed over by completion hooks); each ends
@@ -361,9 +380,17 @@ impl State {
     /// beside the proxy: with a proxy per rank, those threads outnumbered the cores).
     fn reap(&mut self) {
         self.post_followups();
+        // One completion step covers every write of this engine's backend; taken at most every
+        // `drive_every` (each step queries the device, and many proxies querying at once
+        // slowed everyone's posts).
+        if self.last_drive.elapsed() >= self.drive_every {
+            if let Some(f) = self.inflight.first() {
+                f.2.drive();
+            }
+            self.last_drive = Instant::now();
+        }
         let mut i = 0;
         while i < self.inflight.len() {
-            self.inflight[i].2.drive();
             match self.inflight[i].2.poll() {
                 None => i += 1,
                 Some(r) => {
@@ -388,14 +415,15 @@ impl State {
             // bytes landed.
             let r = loop {
                 self.post_followups();
-                let left = deadline.saturating_duration_since(Instant::now());
-                match st.wait_for(left.min(Duration::from_micros(200))) {
-                    Err(e) if e.code == ErrorCode::Timeout && !left.is_zero() => continue,
-                    Err(e) if e.code == ErrorCode::Timeout => {
-                        break Err(IoError::timeout(format!("not complete within the flush deadline of {:.3} s", timeout.as_secs_f64())))
-                    }
-                    r => break r,
+                if let Some(r) = st.poll() {
+                    break r;
                 }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break Err(IoError::timeout(format!("not complete within the flush deadline of {:.3} s", timeout.as_secs_f64())));
+                }
+                // Ends early when the status does (its own result is taken above next turn).
+                let _ = st.wait_for(left.min(Duration::from_micros(200)));
             };
             self.done(dst, len, r);
         }
@@ -418,18 +446,22 @@ pub struct RingProxyOptions {
     pub spin: Duration,
     /// Longest sleep between two polls of an idle ring (default 50 µs).
     pub max_sleep: Duration,
+    /// Least time between two completion steps the thread runs for its writes (default 0:
+    /// every poll).
+    pub drive_every: Duration,
 }
 
 impl Default for RingProxyOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50) }
+        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), drive_every: Duration::ZERO }
     }
 }
 
 /// What a [`RingProxy`] did so far. Times are host clock (`Instant`), summed over the
 /// batches: from taking the burst off the ring to the batch's post returning (`post_ns`), to
-/// its bytes landing (`data_ns`, batches with data), and to its status completing (`done_ns`:
-/// the peer applied the signals and answered).
+/// its bytes landing (`data_ns`: batches with data and tail writes), and to its status
+/// completing (`done_ns`: its tail writes landed, or the peer applied its signals and
+/// answered).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RingProxyStats {
     /// Commands taken from the ring.
@@ -440,9 +472,9 @@ pub struct RingProxyStats {
     pub bytes: u64,
     /// Sum over batches of taken-to-posted, ns.
     pub post_ns: u64,
-    /// Sum over batches with data of taken-to-bytes-landed, ns.
+    /// Sum over batches with data and tail writes of taken-to-bytes-landed, ns.
     pub data_ns: u64,
-    /// Batches with data.
+    /// Batches with data and tail writes.
     pub data_batches: u64,
     /// Sum over completed batches of taken-to-completed, ns.
     pub done_ns: u64,
@@ -510,6 +542,7 @@ impl RingProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let mut st = State::new(engine, local, peers, failed.clone());
+        st.drive_every = opts.drive_every;
         let stats = st.timing.clone();
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
@@ -591,5 +624,32 @@ impl State {
                 std::thread::yield_now();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mori_io::{BackendConfig, EngineConfig, MemLoc, TcpConfig};
+
+    /// A write that already failed with a timeout-coded error (a tcp lane's read deadline) is
+    /// reported by a flush at once, with its own message, not after the flush deadline.
+    #[test]
+    fn flush_reports_a_failed_write_at_once_with_its_message() {
+        let e = IoEngine::new("proxy-flush", EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig::default())).unwrap();
+        let mut buf = vec![0u8; 64];
+        // SAFETY: buf outlives the registration (deregistered below).
+        let m = unsafe { e.register_memory(buf.as_mut_ptr(), 64, MemLoc::Host { numa: None }).unwrap() };
+        let e = Arc::new(e);
+        let mut st = State::new(e.clone(), m.clone(), vec![], Arc::new(Mutex::new(None)));
+        st.inflight.push((3, 8, <TransferStatus as Completion>::failed(IoError::timeout("tcp lane 3: read timed out"))));
+        let t0 = Instant::now();
+        let rep = st.flush(Duration::from_secs(2));
+        assert!(t0.elapsed() < Duration::from_millis(500), "flush took {:?}", t0.elapsed());
+        let (dst, msg) = rep.error.unwrap();
+        assert_eq!(dst, 3);
+        assert!(msg.contains("tcp lane 3: read timed out"), "{msg}");
+        e.deregister_memory(&m).unwrap();
     }
 }

@@ -286,9 +286,9 @@ fn ring_proxy_over_tcp_counters_never_run_ahead_of_the_data() {
     }
 }
 
-/// Tail writes (`CmdOp::Tail`, the GPU AsyncLL path's completion pairs): 2 producers push 400
-/// commands each, a 16..64 KiB chunk plus a 16-byte pair written into the target's window once
-/// the chunk landed; over 4 tcp lanes, whose chunks stripe and land in any order. The target's
+/// Tail writes (`CmdOp::Tail`, the GPU AsyncLL path's completion pairs): 2 producers push 60
+/// commands each, a 256 KiB..1 MiB chunk plus a 16-byte pair written into the target's window
+/// once the chunk landed; over 8 tcp lanes, whose stripes land in any order. The target's
 /// checker verifies, for every pair it sees, that the pair is the one sent and that every byte
 /// of its chunk is already there; then that every pair arrived.
 #[test]

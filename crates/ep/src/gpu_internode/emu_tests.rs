@@ -2,7 +2,7 @@
 //! node's kernels launched by a thread of its own with only its own ranks' windows and counter
 //! blocks addressable (another node's are 0 in the parameters: touching them would fault),
 //! other nodes reached only through each rank's proxy ring, carried by a real `RingProxy`
-//! over MORI-IO tcp into the peer's window and host counter block. Two rounds of dispatch and
+//! over MORI-IO tcp into the peer's window (segments, then their counter pairs as tail writes). Two rounds of dispatch and
 //! combine, each equal to the host reference bit for bit (received rows in the reference's
 //! order; combine summed over destination ranks ascending).
 

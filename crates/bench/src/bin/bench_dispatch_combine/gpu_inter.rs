@@ -25,6 +25,19 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if a.procs != 1 || a.num_gpus != 1 {
         return Err(err("--kernel-type async_ll on GPUs runs every rank in this process on one GPU (the nodes as groups of ranks): drop --procs and --num-gpus"));
     }
+    if a.json.is_some() {
+        return Err(err("--json is not written for --kernel-type async_ll yet (its figures are printed; --trace writes per-rank traces)"));
+    }
+    // Trace files are created before the GPU work, so an unwritable path fails first.
+    if let Some(path) = &a.trace {
+        if path.is_empty() {
+            return Err(err("--trace needs a file path (PATH.rank<R>.json per rank)"));
+        }
+        for r in 0..cfg.world_size {
+            let f = rank_path(path, r);
+            std::fs::File::create(&f).map_err(|e| err(format!("--trace {path}: {f} cannot be written: {e}")))?;
+        }
+    }
     let path = match a.transport {
         Some(TransportArg::Tcp) => InterPath::Tcp { lanes: a.lanes.unwrap_or(4) },
         _ => InterPath::Xgmi,
@@ -55,6 +68,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         trace: a.trace.is_some(),
         proxy: RingProxyOptions {
             spin: a.proxy_spin_us.map_or(RingProxyOptions::default().spin, Duration::from_micros),
+            drive_every: Duration::from_micros(a.proxy_drive_us.unwrap_or(0)),
             ..RingProxyOptions::default()
         },
     };
