@@ -13,8 +13,10 @@
 pub mod abi;
 mod run;
 pub mod trace;
+mod types;
 
-pub use run::{needed_connections, AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
+pub use run::{needed_connections, AsyncLlGpu};
+pub use types::{AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
 
 use crate::config::EpConfig;
 use crate::error::{EpError, EpResult};

@@ -4,127 +4,26 @@
 //! `kernels/ep_internode.cu` launched per node on a stream of its own (both nodes' blocks
 //! resident at once). Inputs and outputs travel as little-endian bytes.
 
-use super::abi::{IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
+use super::abi::{IeParams, IeRank};
 use super::trace::{trace_bytes, RankStamps};
-use super::{InterLayout, MAX_WORLD};
+use super::types::{AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
+use super::InterLayout;
 use crate::config::EpConfig;
 use crate::error::EpError;
 use crate::gpu::{EpGpuError, GpuResult};
 use crate::gpu_ring::{DeviceRing, Window};
-use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
+use crate::proxy::{PeerWindow, RingProxy};
 use mori_gpu::{Device, DeviceBuffer, Event, Function, KernelArgs, KernelImages, LaunchConfig, Module, Runtime, Stream};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemoryDesc, TcpConfig, XgmiConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "run_abi.rs"]
+mod run_abi;
+
 static CUBIN: &[u8] = include_bytes!("../../../../kernels/prebuilt/ep_internode.sm_90.cubin");
 static PTX: &str = include_str!("../../../../kernels/prebuilt/ep_internode.sm_90.ptx");
 static GFX942: &[u8] = include_bytes!("../../../../kernels/prebuilt/ep_internode.gfx942.hsaco");
-
-/// How the inter-node leg moves bytes (printed by [`AsyncLlGpu::describe`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InterPath {
-    /// MORI-IO's xgmi backend: windows in GPU memory, copies by the GPU.
-    Xgmi,
-    /// MORI-IO's tcp backend with `lanes` connections: windows in pinned host memory mapped
-    /// into the GPU, so the kernels stage into host memory (explicit host staging).
-    Tcp {
-        /// Connections per peer (1..=64).
-        lanes: usize,
-    },
-}
-
-/// Settings of an [`AsyncLlGpu`].
-#[derive(Debug, Clone, Copy)]
-pub struct AsyncLlOptions {
-    /// The inter-node leg.
-    pub path: InterPath,
-    /// Blocks per rank (each also one proxy command per destination and phase).
-    pub blocks_per_rank: u32,
-    /// Warps per block (1..=16).
-    pub warps_per_block: u32,
-    /// Deadline of every wait inside the kernels and of each call.
-    pub timeout: Duration,
-    /// Weighted combine ([`crate::Weighting::RankSlotSum`]).
-    pub weighted: bool,
-    /// Proxy ring slots per rank.
-    pub ring_slots: usize,
-    /// Blocks per rank of the copy-out kernel (it waits for nothing, so it is not bound by
-    /// the co-resident grid of the others).
-    pub copy_blocks: u32,
-    /// Record trace stamps ([`AsyncLlGpu::trace`]).
-    pub trace: bool,
-    /// How each rank's proxy thread polls its ring.
-    pub proxy: RingProxyOptions,
-}
-
-impl AsyncLlOptions {
-    /// Per-block trace rows per rank: the largest grid per rank of any kernel.
-    fn trace_blocks(&self) -> u32 {
-        self.blocks_per_rank.max(self.copy_blocks)
-    }
-}
-
-impl Default for AsyncLlOptions {
-    fn default() -> Self {
-        Self {
-            path: InterPath::Xgmi,
-            blocks_per_rank: 4,
-            warps_per_block: 8,
-            timeout: Duration::from_secs(20),
-            weighted: false,
-            ring_slots: 1024,
-            copy_blocks: 16,
-            trace: false,
-            proxy: RingProxyOptions::default(),
-        }
-    }
-}
-
-/// Element sizes in bytes: dispatch rows (`elem`: 1 fp8, 2 bf16, 4 f32), expert ids
-/// (`idx_size`: 4 or 8), combine inputs and outputs (2 bf16 or 4 f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ElemSizes {
-    /// Dispatch row element.
-    pub elem: usize,
-    /// Expert id.
-    pub idx_size: usize,
-    /// Combine input element.
-    pub comb_elem: usize,
-    /// Combine output element.
-    pub out_elem: usize,
-}
-
-/// One rank's dispatch inputs as bytes: `[T, H]` rows, `[T, K]` f32 weights, `[T, K]` ids,
-/// `[T, scale_bytes]` scales (empty when the configuration has none).
-#[derive(Debug, Clone, Copy)]
-pub struct RankBytes<'a> {
-    /// Tokens.
-    pub tokens: usize,
-    /// Rows.
-    pub x: &'a [u8],
-    /// Weights.
-    pub weights: &'a [u8],
-    /// Ids.
-    pub idx: &'a [u8],
-    /// Scales.
-    pub scales: &'a [u8],
-}
-
-/// What one rank received, as bytes in the received order (source rank, then token).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RecvBytes {
-    /// `[N, row_bytes]`.
-    pub x: Vec<u8>,
-    /// `[N, K]` f32.
-    pub weights: Vec<u8>,
-    /// `[N, K]` ids.
-    pub idx: Vec<u8>,
-    /// `[N, scale_bytes]`.
-    pub scales: Vec<u8>,
-    /// `[N]` i32 flat sources (`rank * max_tokens + token`).
-    pub src: Vec<u8>,
-}
 
 struct GpuRank {
     win: Window,
@@ -140,18 +39,6 @@ struct GpuRank {
     comb: Vec<DeviceBuffer>,
     tokens: usize,
     comb_rows: usize,
-}
-
-/// The kernels' timings of the last call, µs (GPU events around each node's launches).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PhaseTimes {
-    /// Slowest node's dispatch (layout, dispatch, receive), µs.
-    pub dispatch_us: f64,
-    /// Slowest node's combine (send, receive), µs.
-    pub combine_us: f64,
-    /// Per kernel, the slowest node's time, µs: layout, dispatch, dispatch receive, combine
-    /// send, combine reduce (events between the launches of a node's stream).
-    pub kernel_us: [f64; 5],
 }
 
 /// AsyncLL dispatch/combine for every rank of the job, in this process, on one GPU.
@@ -426,89 +313,6 @@ impl AsyncLlGpu {
         self.times
     }
 
-    fn params(&self, node: usize) -> IeParams {
-        let (w, g) = (self.layout.world, self.layout.gpn);
-        let mut win = [0u64; MAX_WORLD];
-        let mut dev_ctr = [0u64; MAX_WORLD];
-        for r in node * g..(node + 1) * g {
-            win[r] = self.ranks[r].win.dev_ptr();
-            dev_ctr[r] = self.ranks[r].dev_ctr.ptr();
-        }
-        let l = &self.layout;
-        IeParams {
-            win,
-            dev_ctr,
-            lay: IeLayout { ..l.lay },
-            ranks: self.abi[node].ptr(),
-            timeout_ns: u64::try_from(self.opts.timeout.as_nanos()).unwrap_or(u64::MAX),
-            num_local: g as u32,
-            world: w as u32,
-            gpn: g as u32,
-            blocks_per_rank: self.opts.blocks_per_rank,
-            row_bytes: l.row_bytes as u32,
-            hidden: l.hidden as u32,
-            top_k: l.top_k as u32,
-            idx_size: l.idx_size as u32,
-            scale_bytes: l.scale_bytes as u32,
-            experts_per_rank: self.experts_per_rank as u32,
-            max_tokens: l.max_tokens as u32,
-            max_recv: l.max_recv as u32,
-            rec_bytes: l.rec_bytes as u32,
-            comb_bytes: l.comb_bytes as u32,
-            comb_elem: l.comb_elem as u32,
-            out_elem: self.out_elem as u32,
-            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 },
-            trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
-            epoch: self.calls,
-        }
-    }
-
-    fn upload_abi(&self) -> GpuResult<()> {
-        let g = self.layout.gpn;
-        for (node, buf) in self.abi.iter().enumerate() {
-            let mut bytes = Vec::with_capacity(g * std::mem::size_of::<IeRank>());
-            for r in node * g..(node + 1) * g {
-                let gr = &self.ranks[r];
-                let s = &gr.scratch;
-                let a = IeRank {
-                    rank: r as u32,
-                    num_tokens: gr.tokens as u32,
-                    comb_rows: gr.comb_rows as u32,
-                    pad: 0,
-                    x: gr.inp[0].ptr(),
-                    weights: gr.inp[1].ptr(),
-                    idx: gr.inp[2].ptr(),
-                    scales: if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
-                    mask: s[0].ptr(),
-                    pre: s[1].ptr(),
-                    cnt: s[2].ptr(),
-                    recv_cnt: s[3].ptr(),
-                    recv_base: s[4].ptr(),
-                    recv_pos: s[5].ptr(),
-                    done: s[6].ptr(),
-                    out_x: gr.out[0].ptr(),
-                    out_w: gr.out[1].ptr(),
-                    out_idx: gr.out[2].ptr(),
-                    out_scales: if self.layout.scale_bytes > 0 { gr.out[3].ptr() } else { 0 },
-                    out_src: gr.out[4].ptr(),
-                    comb_x: gr.comb[0].ptr(),
-                    comb_w: gr.comb[1].ptr(),
-                    comb_out: gr.comb[2].ptr(),
-                    comb_out_w: gr.comb[3].ptr(),
-                    status: s[7].ptr(),
-                    trace: if self.opts.trace { s[8].ptr() } else { 0 },
-                    ring: gr.ring.dev_args()?,
-                };
-                // SAFETY: IeRank is plain old data (integers), read as its bytes.
-                bytes.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(&a as *const IeRank as *const u8, std::mem::size_of::<IeRank>())
-                });
-            }
-            self.rt.copy_htod(&buf.slice(), &bytes)?;
-        }
-        Ok(())
-    }
-
     /// Runs kernels `ks` for every node, each node on its stream, and waits; returns the
     /// slowest node's GPU time in µs, and records each kernel's slowest time.
     fn run(&mut self, ks: &[usize]) -> GpuResult<f64> {
@@ -557,37 +361,6 @@ impl AsyncLlGpu {
             }
         }
         Ok(worst)
-    }
-
-    /// The status words of every rank: a fault becomes `Kernel { rank, what }`.
-    fn check_status(&self, phase: &str) -> GpuResult<Vec<u32>> {
-        let mut counts = Vec::with_capacity(self.ranks.len());
-        for (r, gr) in self.ranks.iter().enumerate() {
-            let mut b = [0u8; 32];
-            self.rt.copy_dtoh(&mut b, &gr.scratch[7].sub(0, 32)?)?;
-            let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
-            let what = match w(1) {
-                0 => None,
-                1 => Some(format!("{phase}: expert id {} out of range (token {}, slot {})", w(4) as i32, w(2), w(3))),
-                3 => Some(format!(
-                    "{phase}: deadline: rank {} never completed its segment ({} entries arrived) in the {} phase",
-                    w(3),
-                    w(4),
-                    if w(2) == 1 { "dispatch" } else { "combine" }
-                )),
-                4 => Some(format!("{phase}: {} records announced, capacity {}", w(2), w(3))),
-                5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
-                6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
-                7 => Some(format!("{phase}: deadline: block {} waited for block 0 to see every rank's rows", w(2))),
-                c => Some(format!("{phase}: fault code {c}")),
-            };
-            if let Some(what) = what {
-                let proxy = self.proxies[r].failure().map(|f| format!("; proxy: {f}")).unwrap_or_default();
-                return Err(EpGpuError::Kernel { rank: r, what: what + &proxy });
-            }
-            counts.push(w(0));
-        }
-        Ok(counts)
     }
 
     /// Dispatches `inputs[r]` of every rank; returns what each received, in the reference's

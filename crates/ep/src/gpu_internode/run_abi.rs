@@ -1,0 +1,123 @@
+//! [`AsyncLlGpu`]'s side of the kernel ABI: the parameters of a node's launches, the per-rank
+//! structs it uploads, and the status words it reads back.
+
+use super::super::abi::{IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
+use super::super::MAX_WORLD;
+use super::AsyncLlGpu;
+use crate::gpu::{EpGpuError, GpuResult};
+
+impl AsyncLlGpu {
+    pub(super) fn params(&self, node: usize) -> IeParams {
+        let (w, g) = (self.layout.world, self.layout.gpn);
+        let mut win = [0u64; MAX_WORLD];
+        let mut dev_ctr = [0u64; MAX_WORLD];
+        for r in node * g..(node + 1) * g {
+            win[r] = self.ranks[r].win.dev_ptr();
+            dev_ctr[r] = self.ranks[r].dev_ctr.ptr();
+        }
+        let l = &self.layout;
+        IeParams {
+            win,
+            dev_ctr,
+            lay: IeLayout { ..l.lay },
+            ranks: self.abi[node].ptr(),
+            timeout_ns: u64::try_from(self.opts.timeout.as_nanos()).unwrap_or(u64::MAX),
+            num_local: g as u32,
+            world: w as u32,
+            gpn: g as u32,
+            blocks_per_rank: self.opts.blocks_per_rank,
+            row_bytes: l.row_bytes as u32,
+            hidden: l.hidden as u32,
+            top_k: l.top_k as u32,
+            idx_size: l.idx_size as u32,
+            scale_bytes: l.scale_bytes as u32,
+            experts_per_rank: self.experts_per_rank as u32,
+            max_tokens: l.max_tokens as u32,
+            max_recv: l.max_recv as u32,
+            rec_bytes: l.rec_bytes as u32,
+            comb_bytes: l.comb_bytes as u32,
+            comb_elem: l.comb_elem as u32,
+            out_elem: self.out_elem as u32,
+            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 },
+            trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
+            epoch: self.calls,
+        }
+    }
+
+    pub(super) fn upload_abi(&self) -> GpuResult<()> {
+        let g = self.layout.gpn;
+        for (node, buf) in self.abi.iter().enumerate() {
+            let mut bytes = Vec::with_capacity(g * std::mem::size_of::<IeRank>());
+            for r in node * g..(node + 1) * g {
+                let gr = &self.ranks[r];
+                let s = &gr.scratch;
+                let a = IeRank {
+                    rank: r as u32,
+                    num_tokens: gr.tokens as u32,
+                    comb_rows: gr.comb_rows as u32,
+                    pad: 0,
+                    x: gr.inp[0].ptr(),
+                    weights: gr.inp[1].ptr(),
+                    idx: gr.inp[2].ptr(),
+                    scales: if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
+                    mask: s[0].ptr(),
+                    pre: s[1].ptr(),
+                    cnt: s[2].ptr(),
+                    recv_cnt: s[3].ptr(),
+                    recv_base: s[4].ptr(),
+                    recv_pos: s[5].ptr(),
+                    done: s[6].ptr(),
+                    out_x: gr.out[0].ptr(),
+                    out_w: gr.out[1].ptr(),
+                    out_idx: gr.out[2].ptr(),
+                    out_scales: if self.layout.scale_bytes > 0 { gr.out[3].ptr() } else { 0 },
+                    out_src: gr.out[4].ptr(),
+                    comb_x: gr.comb[0].ptr(),
+                    comb_w: gr.comb[1].ptr(),
+                    comb_out: gr.comb[2].ptr(),
+                    comb_out_w: gr.comb[3].ptr(),
+                    status: s[7].ptr(),
+                    trace: if self.opts.trace { s[8].ptr() } else { 0 },
+                    ring: gr.ring.dev_args()?,
+                };
+                // SAFETY: IeRank is plain old data (integers), read as its bytes.
+                bytes.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(&a as *const IeRank as *const u8, std::mem::size_of::<IeRank>())
+                });
+            }
+            self.rt.copy_htod(&buf.slice(), &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// The status words of every rank: a fault becomes `Kernel { rank, what }`.
+    pub(super) fn check_status(&self, phase: &str) -> GpuResult<Vec<u32>> {
+        let mut counts = Vec::with_capacity(self.ranks.len());
+        for (r, gr) in self.ranks.iter().enumerate() {
+            let mut b = [0u8; 32];
+            self.rt.copy_dtoh(&mut b, &gr.scratch[7].sub(0, 32)?)?;
+            let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
+            let what = match w(1) {
+                0 => None,
+                1 => Some(format!("{phase}: expert id {} out of range (token {}, slot {})", w(4) as i32, w(2), w(3))),
+                3 => Some(format!(
+                    "{phase}: deadline: rank {} never completed its segment ({} entries arrived) in the {} phase",
+                    w(3),
+                    w(4),
+                    if w(2) == 1 { "dispatch" } else { "combine" }
+                )),
+                4 => Some(format!("{phase}: {} records announced, capacity {}", w(2), w(3))),
+                5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
+                6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
+                7 => Some(format!("{phase}: deadline: block {} waited for block 0 to see every rank's rows", w(2))),
+                c => Some(format!("{phase}: fault code {c}")),
+            };
+            if let Some(what) = what {
+                let proxy = self.proxies[r].failure().map(|f| format!("; proxy: {f}")).unwrap_or_default();
+                return Err(EpGpuError::Kernel { rank: r, what: what + &proxy });
+            }
+            counts.push(w(0));
+        }
+        Ok(counts)
+    }
+}

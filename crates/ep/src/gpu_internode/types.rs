@@ -1,0 +1,122 @@
+//! The plain types of [`super::AsyncLlGpu`]'s interface: the inter-node path, options,
+//! element sizes, per-rank inputs and outputs as bytes, and the kernels' timings.
+
+use crate::proxy::RingProxyOptions;
+use std::time::Duration;
+
+/// How the inter-node leg moves bytes (printed by [`super::AsyncLlGpu::describe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterPath {
+    /// MORI-IO's xgmi backend: windows in GPU memory, copies by the GPU.
+    Xgmi,
+    /// MORI-IO's tcp backend with `lanes` connections: windows in pinned host memory mapped
+    /// into the GPU, so the kernels stage into host memory (explicit host staging).
+    Tcp {
+        /// Connections per peer (1..=64).
+        lanes: usize,
+    },
+}
+
+/// Settings of an [`super::AsyncLlGpu`].
+#[derive(Debug, Clone, Copy)]
+pub struct AsyncLlOptions {
+    /// The inter-node leg.
+    pub path: InterPath,
+    /// Blocks per rank (each also one proxy command per destination and phase).
+    pub blocks_per_rank: u32,
+    /// Warps per block (1..=16).
+    pub warps_per_block: u32,
+    /// Deadline of every wait inside the kernels and of each call.
+    pub timeout: Duration,
+    /// Weighted combine ([`crate::Weighting::RankSlotSum`]).
+    pub weighted: bool,
+    /// Proxy ring slots per rank.
+    pub ring_slots: usize,
+    /// Blocks per rank of the copy-out kernel (it waits for nothing, so it is not bound by
+    /// the co-resident grid of the others).
+    pub copy_blocks: u32,
+    /// Record trace stamps ([`super::AsyncLlGpu::trace`]).
+    pub trace: bool,
+    /// How each rank's proxy thread polls its ring.
+    pub proxy: RingProxyOptions,
+}
+
+impl AsyncLlOptions {
+    /// Per-block trace rows per rank: the largest grid per rank of any kernel.
+    pub(super) fn trace_blocks(&self) -> u32 {
+        self.blocks_per_rank.max(self.copy_blocks)
+    }
+}
+
+impl Default for AsyncLlOptions {
+    fn default() -> Self {
+        Self {
+            path: InterPath::Xgmi,
+            blocks_per_rank: 4,
+            warps_per_block: 8,
+            timeout: Duration::from_secs(20),
+            weighted: false,
+            ring_slots: 1024,
+            copy_blocks: 16,
+            trace: false,
+            proxy: RingProxyOptions::default(),
+        }
+    }
+}
+
+/// Element sizes in bytes: dispatch rows (`elem`: 1 fp8, 2 bf16, 4 f32), expert ids
+/// (`idx_size`: 4 or 8), combine inputs and outputs (2 bf16 or 4 f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElemSizes {
+    /// Dispatch row element.
+    pub elem: usize,
+    /// Expert id.
+    pub idx_size: usize,
+    /// Combine input element.
+    pub comb_elem: usize,
+    /// Combine output element.
+    pub out_elem: usize,
+}
+
+/// One rank's dispatch inputs as bytes: `[T, H]` rows, `[T, K]` f32 weights, `[T, K]` ids,
+/// `[T, scale_bytes]` scales (empty when the configuration has none).
+#[derive(Debug, Clone, Copy)]
+pub struct RankBytes<'a> {
+    /// Tokens.
+    pub tokens: usize,
+    /// Rows.
+    pub x: &'a [u8],
+    /// Weights.
+    pub weights: &'a [u8],
+    /// Ids.
+    pub idx: &'a [u8],
+    /// Scales.
+    pub scales: &'a [u8],
+}
+
+/// What one rank received, as bytes in the received order (source rank, then token).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecvBytes {
+    /// `[N, row_bytes]`.
+    pub x: Vec<u8>,
+    /// `[N, K]` f32.
+    pub weights: Vec<u8>,
+    /// `[N, K]` ids.
+    pub idx: Vec<u8>,
+    /// `[N, scale_bytes]`.
+    pub scales: Vec<u8>,
+    /// `[N]` i32 flat sources (`rank * max_tokens + token`).
+    pub src: Vec<u8>,
+}
+
+/// The kernels' timings of the last call, µs (GPU events around each node's launches).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseTimes {
+    /// Slowest node's dispatch (layout, dispatch, receive), µs.
+    pub dispatch_us: f64,
+    /// Slowest node's combine (send, receive), µs.
+    pub combine_us: f64,
+    /// Per kernel, the slowest node's time, µs: layout, dispatch, dispatch receive, combine
+    /// send, combine reduce (events between the launches of a node's stream).
+    pub kernel_us: [f64; 5],
+}

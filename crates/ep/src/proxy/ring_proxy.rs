@@ -1,0 +1,204 @@
+//! [`RingProxy`]: the proxy thread consuming a [`crate::ring`] in shared memory (GPU warps or
+//! host threads produce into it), with its options and counters.
+
+use super::{PeerWindow, State};
+use crate::ring::{RingConsumer, RingMem};
+use mori_io::{IoEngine, MemoryDesc};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Commands taken from a ring per poll (one burst).
+const RING_BURST: usize = 4 * super::MAX_BATCH;
+
+/// Settings of a [`RingProxy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingProxyOptions {
+    /// How long the thread keeps spinning on an empty ring after the last command before it
+    /// starts sleeping (default 200 µs): a producer's next command is then picked up within
+    /// a poll, not a sleep.
+    pub spin: Duration,
+    /// Longest sleep between two polls of an idle ring (default 50 µs).
+    pub max_sleep: Duration,
+    /// Least time between two completion steps the thread runs for its writes (default 0:
+    /// every poll).
+    pub drive_every: Duration,
+}
+
+impl Default for RingProxyOptions {
+    fn default() -> Self {
+        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), drive_every: Duration::ZERO }
+    }
+}
+
+/// What a [`RingProxy`] did so far. Times are host clock (`Instant`), summed over the
+/// batches: from taking the burst off the ring to the batch's post returning (`post_ns`), to
+/// its bytes landing (`data_ns`: batches with data and tail writes), and to its status
+/// completing (`done_ns`: its tail writes landed, or the peer applied its signals and
+/// answered).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingProxyStats {
+    /// Commands taken from the ring.
+    pub commands: u64,
+    /// Batched signalled writes posted (one per destination per burst, at most 1024 commands).
+    pub batches: u64,
+    /// Bytes of the writes that completed.
+    pub bytes: u64,
+    /// Sum over batches of taken-to-posted, ns.
+    pub post_ns: u64,
+    /// Sum over batches with data and tail writes of taken-to-bytes-landed, ns.
+    pub data_ns: u64,
+    /// Batches with data and tail writes.
+    pub data_batches: u64,
+    /// Sum over completed batches of taken-to-completed, ns.
+    pub done_ns: u64,
+    /// Longest taken-to-completed, ns.
+    pub done_ns_max: u64,
+}
+
+#[derive(Default)]
+pub(super) struct SharedStats {
+    pub(super) commands: AtomicU64,
+    pub(super) batches: AtomicU64,
+    pub(super) bytes: AtomicU64,
+    pub(super) post_ns: AtomicU64,
+    pub(super) data_ns: AtomicU64,
+    pub(super) data_batches: AtomicU64,
+    pub(super) done_ns: AtomicU64,
+    pub(super) done_ns_max: AtomicU64,
+}
+
+impl SharedStats {
+    fn get(&self) -> RingProxyStats {
+        RingProxyStats {
+            commands: self.commands.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            post_ns: self.post_ns.load(Ordering::Relaxed),
+            data_ns: self.data_ns.load(Ordering::Relaxed),
+            data_batches: self.data_batches.load(Ordering::Relaxed),
+            done_ns: self.done_ns.load(Ordering::Relaxed),
+            done_ns_max: self.done_ns_max.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A proxy thread that consumes a [`crate::ring`] in shared memory (GPU warps or host threads
+/// produce into it) and carries out each command as a MORI-IO signalled write from `engine`:
+/// the bytes from `local` (the producer's window) to the destination's window, then the counter
+/// operation in the destination's counter region, which the peer's engine applies only after
+/// the bytes are visible there. Commands of one burst to one destination go as one batch.
+pub struct RingProxy {
+    stop: Arc<AtomicBool>,
+    failed: Arc<Mutex<Option<(usize, String)>>>,
+    stats: Arc<SharedStats>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RingProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RingProxy({:?})", self.stats.get())
+    }
+}
+
+impl RingProxy {
+    /// Starts the thread (named `mori-ep-ring-{name}`) consuming `ring` from ticket 0.
+    /// `peers[r]` is rank `r`'s windows (`None` for ranks this proxy never writes to: a command
+    /// naming one fails the proxy). Errors: the thread could not be spawned.
+    pub fn start(
+        name: &str,
+        engine: Arc<IoEngine>,
+        local: MemoryDesc,
+        peers: Vec<Option<PeerWindow>>,
+        ring: RingMem,
+        opts: RingProxyOptions,
+    ) -> std::io::Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failed = Arc::new(Mutex::new(None));
+        let mut st = State::new(engine, local, peers, failed.clone());
+        st.drive_every = opts.drive_every;
+        let stats = st.timing.clone();
+        let (stop2, stats2) = (stop.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("mori-ep-ring-{name}"))
+            .spawn(move || st.run_ring(RingConsumer::new(ring), &stop2, &stats2, opts))?;
+        Ok(Self { stop, failed, stats, thread: Some(thread) })
+    }
+
+    /// The first failure so far (a write that failed, naming its destination rank; a
+    /// malformed command), without waiting.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.lock().as_ref().map(|(_, m)| m.clone())
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> RingProxyStats {
+        self.stats.get()
+    }
+
+    /// Stops the thread after it posted every command already in the ring and waited (up to
+    /// 10 s) for their completions; returns the final counts, or the first failure.
+    pub fn stop(mut self) -> Result<RingProxyStats, String> {
+        self.stop_thread();
+        match self.failure() {
+            Some(m) => Err(m),
+            None => Ok(self.stats.get()),
+        }
+    }
+
+    fn stop_thread(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.stop.store(true, Ordering::Release);
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RingProxy {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+impl State {
+    fn run_ring(&mut self, mut ring: RingConsumer, stop: &AtomicBool, stats: &SharedStats, opts: RingProxyOptions) {
+        let mut cmds = Vec::with_capacity(RING_BURST);
+        let mut last = Instant::now();
+        let mut sleep = Duration::from_micros(1);
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            cmds.clear();
+            if let Err(e) = ring.poll(&mut cmds, RING_BURST) {
+                self.fail(usize::MAX, e.to_string());
+            }
+            let got = !cmds.is_empty();
+            if got {
+                self.taken = Instant::now();
+                stats.commands.fetch_add(cmds.len() as u64, Ordering::Relaxed);
+                let before = self.inflight.len();
+                self.post_burst(&mut cmds);
+                stats.batches.fetch_add(self.inflight.len().saturating_sub(before) as u64, Ordering::Relaxed);
+                last = Instant::now();
+                sleep = Duration::from_micros(1);
+            }
+            self.reap();
+            stats.bytes.store(self.bytes, Ordering::Relaxed);
+            if stopping {
+                // Everything the producers wrote before the stop was taken by the poll above.
+                let rep = self.flush(Duration::from_secs(10));
+                stats.bytes.store(rep.bytes, Ordering::Relaxed);
+                return;
+            }
+            if !got && self.inflight.is_empty() && last.elapsed() > opts.spin {
+                std::thread::sleep(sleep);
+                sleep = (sleep * 2).min(opts.max_sleep);
+            } else if !got {
+                // Nothing new: let the threads a completion needs (the engine's notification
+                // and control threads, the peer's) run before the next poll.
+                std::thread::yield_now();
+            }
+        }
+    }
+}
