@@ -111,7 +111,10 @@ pub fn draw(a: &Analysis, path: &Path, title: &str) -> CliResult<()> {
         .map_err(|e| err(&e))?;
         let mut bars = Vec::new();
         let mut labels = Vec::new();
-        for r in &it.kernels {
+        // Serial (full-height) bars first, so that lane bars running beside them stay visible.
+        let mut order: Vec<_> = it.kernels.iter().collect();
+        order.sort_by_key(|r| r.lane != Lane::Serial);
+        for r in order {
             let Some(k) = Kernel::of(&r.name) else { continue };
             let (y0, y1) = match (r.lane, k) {
                 (Lane::Internode, Kernel::DispatchRecv) => (1.08, 1.48),
