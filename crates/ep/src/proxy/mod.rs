@@ -287,11 +287,13 @@ impl State {
         };
         // Signals alone go through MORI-IO's signalled write (which checks every counter
         // before anything is posted); tail writes are this proxy's own second step.
+        let call = Instant::now();
         let st = match (tails.is_empty(), data.is_empty()) {
             (true, true) => self.engine.signal(&sigs),
             (true, false) => self.engine.post_signalled(&b, &sigs),
             (false, _) => self.post_with_tails((!data.is_empty()).then_some(&b), sigs, tails, peer.data.clone()),
         };
+        self.timing.count_call(call);
         let (base, last, taken, timing) = (self.base, self.last_done.clone(), self.taken, self.timing.clone());
         timing.post_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
         st.on_done(move || {
@@ -365,7 +367,9 @@ impl State {
                 sizes: &sz,
                 id: self.engine.allocate_transfer_uid(),
             };
+            let call = Instant::now();
             let t = self.engine.post(mori_io::Op::Write, &b, None);
+            self.timing.count_call(call);
             let (t2, o) = (t.clone(), f.outer);
             t.on_done(move || o.complete_piece(t2.poll().unwrap_or_else(|| Err(IoError::bad_state("tail write ended undone")))));
         }

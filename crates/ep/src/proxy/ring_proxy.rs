@@ -56,6 +56,10 @@ pub struct RingProxyStats {
     pub done_ns: u64,
     /// Longest taken-to-completed, ns.
     pub done_ns_max: u64,
+    /// Calls into the engine that post (writes, signalled writes, tail writes, signals).
+    pub post_calls: u64,
+    /// Sum of those calls' own durations, ns (the CPU cost of posting).
+    pub post_call_ns: u64,
 }
 
 #[derive(Default)]
@@ -68,9 +72,17 @@ pub(super) struct SharedStats {
     pub(super) data_batches: AtomicU64,
     pub(super) done_ns: AtomicU64,
     pub(super) done_ns_max: AtomicU64,
+    pub(super) post_calls: AtomicU64,
+    pub(super) post_call_ns: AtomicU64,
 }
 
 impl SharedStats {
+    /// Counts one posting call into the engine that started at `since`.
+    pub(super) fn count_call(&self, since: Instant) {
+        self.post_calls.fetch_add(1, Ordering::Relaxed);
+        self.post_call_ns.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
     fn get(&self) -> RingProxyStats {
         RingProxyStats {
             commands: self.commands.load(Ordering::Relaxed),
@@ -81,6 +93,8 @@ impl SharedStats {
             data_batches: self.data_batches.load(Ordering::Relaxed),
             done_ns: self.done_ns.load(Ordering::Relaxed),
             done_ns_max: self.done_ns_max.load(Ordering::Relaxed),
+            post_calls: self.post_calls.load(Ordering::Relaxed),
+            post_call_ns: self.post_call_ns.load(Ordering::Relaxed),
         }
     }
 }

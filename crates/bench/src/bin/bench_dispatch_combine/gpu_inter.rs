@@ -179,6 +179,11 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             sum(|s| s.done_ns) as f64 / batches as f64 / 1e3,
             ps.iter().map(|s| s.done_ns_max).max().unwrap_or(0) as f64 / 1e3
         );
+        println!(
+            "proxies: {} posting calls into the engines, {:.1} µs each on average (the calls' own time)",
+            sum(|s| s.post_calls),
+            sum(|s| s.post_call_ns) as f64 / sum(|s| s.post_calls).max(1) as f64 / 1e3
+        );
     }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
     println!(
