@@ -65,7 +65,10 @@ fn node_refusals_name_the_users_flags() {
             &["--kernel-type", "async_ll", "--num-nodes", "2", "--proxy-spin-us", "20000000"],
             &["--proxy-spin-us 20000000: at most 10000000 µs"],
         ),
-        (&["--kernel-type", "async_ll", "--num-nodes", "2", "--json", "x.json"], &["--json is not written for --kernel-type async_ll"]),
+        (
+            &["--kernel-type", "async_ll", "--num-nodes", "2", "--json", "/nonexistent-dir/x.json"],
+            &["--json /nonexistent-dir/x.json: cannot be written"],
+        ),
         (
             &["--kernel-type", "async_ll", "--num-nodes", "2", "--trace", "/nonexistent-dir/t.json"],
             &["--trace /nonexistent-dir/t.json: /nonexistent-dir/t.rank0.json cannot be written"],

@@ -25,10 +25,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if a.procs != 1 || a.num_gpus != 1 {
         return Err(err("--kernel-type async_ll on GPUs runs every rank in this process on one GPU (the nodes as groups of ranks): drop --procs and --num-gpus"));
     }
-    if a.json.is_some() {
-        return Err(err("--json is not written for --kernel-type async_ll yet (its figures are printed; --trace writes per-rank traces)"));
+    // Output files are created before the GPU work, so an unwritable path fails first.
+    if let Some(path) = &a.json {
+        std::fs::File::create(path).map_err(|e| err(format!("--json {path}: cannot be written: {e}")))?;
     }
-    // Trace files are created before the GPU work, so an unwritable path fails first.
     if let Some(path) = &a.trace {
         if path.is_empty() {
             return Err(err("--trace needs a file path (PATH.rank<R>.json per rank)"));
@@ -64,7 +64,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         timeout: Duration::from_millis(a.timeout_ms),
         weighted: a.weighted,
         ring_slots: 1024,
-        copy_blocks: a.copy_blocks.unwrap_or(16),
+        copy_blocks: opts_copy_blocks(a),
         trace: a.trace.is_some(),
         proxy: RingProxyOptions {
             spin: a.proxy_spin_us.map_or(RingProxyOptions::default().spin, Duration::from_micros),
@@ -118,19 +118,22 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         last = got;
     }
     let (disp, comb) = (disp / timed.max(1) as f64, comb / timed.max(1) as f64);
-    if let (Some(path), Some(stamps)) = (&a.trace, ep.trace()?) {
-        write_traces(path, &stamps, cfg.gpus_per_node)?;
+    let stamps = ep.trace()?;
+    if let (Some(path), Some(stamps)) = (&a.trace, &stamps) {
+        write_traces(path, stamps, cfg.gpus_per_node)?;
     }
     let nodes = w / cfg.gpus_per_node;
     let ex = cfg.experts_per_rank * w;
     let tok_bytes = (h * a.dtype.size() + cfg.scale_dim * cfg.scale_type_size) as f64;
     let mut lines = Vec::new();
     let mut rows = Vec::new();
+    let mut rank_json = Vec::new();
     for (r, lr) in last.iter().enumerate() {
         let recv = lr.src.len() / 4;
         let algo = accounting::rdma_algo_token_count(&inp.idx[r], ex, nodes, OutOfRange::default())? as u64;
         let phys = accounting::rdma_cross_node_token_count(&inp.idx[r], ex, nodes, r / cfg.gpus_per_node, OutOfRange::default())? as u64;
         lines.push((r, recv as u64, algo));
+        rank_json.push(serde_json::json!({ "rank": r, "recv_tokens": recv, "rdma_algo_tokens": algo, "rdma_phys_tokens": phys }));
         let gbps = |tokens: f64, us: f64| if us > 0.0 { tokens * tok_bytes / us / 1e3 } else { 0.0 };
         rows.push(vec![
             r.to_string(),
@@ -194,7 +197,54 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         "check: {}",
         if ok { "OK (dispatch rows, weights, indices, scales, sources; combine output and weights)" } else { "MISMATCH" }
     );
+    if let Some(file) = &a.json {
+        let mean = |n: u64, d: u64| if d > 0 { n as f64 / d as f64 / 1e3 } else { 0.0 };
+        let legs = |ph: usize| {
+            stamps
+                .as_ref()
+                .and_then(|s| leg_spread(s, ph))
+                .map(|(n, lo, med, hi)| serde_json::json!({ "pairs": n, "min_us": lo, "median_us": med, "max_us": hi }))
+        };
+        let j = serde_json::json!({
+            "kernel_type": "async_ll", "world_size": w, "num_nodes": nodes, "gpus_per_node": cfg.gpus_per_node,
+            "num_tokens": a.num_tokens, "hidden": a.hidden, "num_experts": a.num_experts, "top_k": a.top_k,
+            "dtype": a.dtype, "combine_dtype": a.combine_dtype, "block_num": cfg.block_num, "warps_per_block": cfg.warps_per_block,
+            "copy_blocks": opts_copy_blocks(a), "weighted": a.weighted, "iters": timed, "warmup": a.warmup,
+            "inter_node_leg": match path { InterPath::Xgmi => "xgmi".to_string(), InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes") },
+            "dispatch_us": disp, "combine_us": comb,
+            "kernel_us": { "layout": per_kernel[0] / timed.max(1) as f64, "dispatch": per_kernel[1] / timed.max(1) as f64,
+                "receive": per_kernel[2] / timed.max(1) as f64, "combine_send": per_kernel[3] / timed.max(1) as f64,
+                "combine_reduce": per_kernel[4] / timed.max(1) as f64 },
+            "proxies": { "writes": batches, "to_posted_us": mean(sum(|s| s.post_ns), batches),
+                "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
+                "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)) },
+            "legs": { "dispatch": legs(0), "combine": legs(1) },
+            "ranks": rank_json,
+            "check": ok,
+        });
+        std::fs::write(file, serde_json::to_string_pretty(&j)?)?;
+    }
     Ok(ok)
+}
+
+fn opts_copy_blocks(a: &Args) -> u32 {
+    a.copy_blocks.unwrap_or(16)
+}
+
+/// Over every (rank, other-node peer) pair of phase `ph`: how many, and the min, median and
+/// max of command pushed to segment seen, µs; `None` without any.
+fn leg_spread(stamps: &[trace::RankStamps], ph: usize) -> Option<(usize, f64, f64, f64)> {
+    let mut legs: Vec<f64> = Vec::new();
+    for s in stamps {
+        for (q, &p) in s.pushed[ph].iter().enumerate() {
+            let seen = stamps.get(q).map_or(0, |d| d.seen[ph][s.rank]);
+            if p > 0 && seen >= p {
+                legs.push((seen - p) as f64 / 1e3);
+            }
+        }
+    }
+    legs.sort_by(f64::total_cmp);
+    Some((legs.len(), *legs.first()?, legs[legs.len() / 2], *legs.last()?))
 }
 
 /// The first iteration against the oracle; prints the first difference.
@@ -293,21 +343,9 @@ fn write_traces(path: &str, stamps: &[trace::RankStamps], gpn: usize) -> AnyResu
         std::fs::write(rank_path(path, r), json)?;
     }
     for (ph, name) in [(0, "dispatch"), (1, "combine")] {
-        let mut legs: Vec<f64> = Vec::new();
-        for s in stamps {
-            for (q, &p) in s.pushed[ph].iter().enumerate() {
-                let seen = stamps.get(q).map_or(0, |d| d.seen[ph][s.rank]);
-                if p > 0 && seen >= p {
-                    legs.push((seen - p) as f64 / 1e3);
-                }
-            }
-        }
-        legs.sort_by(f64::total_cmp);
-        if let (Some(lo), Some(hi)) = (legs.first(), legs.last()) {
+        if let Some((n, lo, med, hi)) = leg_spread(stamps, ph) {
             println!(
-                "trace: {name} inter-node legs (command pushed -> segment seen), {} pairs: min {lo:.1} µs, median {:.1} µs, max {hi:.1} µs",
-                legs.len(),
-                legs[legs.len() / 2]
+                "trace: {name} inter-node legs (command pushed -> segment seen), {n} pairs: min {lo:.1} µs, median {med:.1} µs, max {hi:.1} µs"
             );
         }
     }
