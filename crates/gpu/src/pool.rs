@@ -455,12 +455,46 @@ impl CopyPool {
         M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_with_in(dev, segs, make_done, false) }
+    }
+
+    /// [`CopyPool::copy_with`] with the segments copied in order: one async copy per segment,
+    /// all on the submission's one stream (never the scatter/gather kernel, whose threads
+    /// write every segment at once), so each segment's bytes are written only after the
+    /// previous segment's copy completed.
+    ///
+    /// # Safety
+    /// As [`CopyPool::copy`].
+    pub unsafe fn copy_in_order_with<S, M, D>(&self, dev: Device, segs: S, make_done: M) -> Result<()>
+    where
+        S: IntoIterator<Item = CopySeg>,
+        S::IntoIter: Clone,
+        M: FnOnce() -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        // SAFETY: forwarded contract.
+        unsafe { self.copy_with_in(dev, segs, make_done, true) }
+    }
+
+    /// # Safety
+    /// As [`CopyPool::copy`].
+    unsafe fn copy_with_in<S, M, D>(&self, dev: Device, segs: S, make_done: M, in_order: bool) -> Result<()>
+    where
+        S: IntoIterator<Item = CopySeg>,
+        S::IntoIter: Clone,
+        M: FnOnce() -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
         let s = &self.shared;
         let dp = s.dev_pool(dev)?;
         let segs = segs.into_iter().filter(|g| g.len > 0);
         let (n, total) = segs.clone().fold((0usize, 0u64), |(n, t), g| (n + 1, t + g.len));
         let kernel = dp.kernel.as_ref().filter(|_| {
-            s.cfg.kernel_threshold > 0 && n >= s.cfg.kernel_threshold && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes
+            !in_order
+                && s.cfg.kernel_threshold > 0
+                && n >= s.cfg.kernel_threshold
+                && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes
         });
         if let Some(f) = kernel {
             let n32 = u32::try_from(n)

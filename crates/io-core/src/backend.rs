@@ -106,6 +106,10 @@ pub struct TransferRequest {
     /// [`crate::PagedPlan::segs`]). `None` for every other request (a paged batch for any
     /// other backend arrives expanded into `segs`).
     pub paged: Option<Arc<crate::PagedPlan>>,
+    /// The segments must land in order: every byte of a segment visible at the target before
+    /// any byte of the next one is written (`IoEngine::post_ordered`); only ever set for a
+    /// backend whose [`Backend::orders_segments`] is true.
+    pub ordered: bool,
 }
 
 /// Sends a backend's control request to a peer engine's same backend over the engine's
@@ -218,6 +222,12 @@ pub trait Backend: Send + Sync {
     /// Whether [`Backend::post`] takes a paged batch as its plan
     /// ([`TransferRequest::paged`]) instead of its expanded segments. Default: false.
     fn takes_paged(&self) -> bool {
+        false
+    }
+
+    /// Whether the backend can land a request's segments in order ([`TransferRequest::ordered`]).
+    /// Default: false.
+    fn orders_segments(&self) -> bool {
         false
     }
 

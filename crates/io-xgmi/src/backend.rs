@@ -211,13 +211,15 @@ impl Inner {
             Some(p) => Work::Paged(p),
             None => Work::Segs(&req.segs, Some(&req.entries)),
         };
-        self.submit(at, keep, req.op, req.id, &req.peer, ids, work, &mut Some(status.clone()))
+        self.submit(at, keep, req.op, req.id, &req.peer, ids, work, req.ordered, &mut Some(status.clone()))
     }
 
     /// Queues `segs` between the regions at `at` (ids `ids`, for messages) as transfer `id` of
     /// `peer`, completing `status`; when `status` is `None`, a status is created once the
     /// copies are queued and left there. The completion owns `keep` (so deregistering the
     /// local region waits for the copies, and the remote mapping stays open for them).
+    /// `ordered`: the segments are copied one after the other on one stream (never by the
+    /// scatter/gather kernel), so each lands before the next is written.
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -228,6 +230,7 @@ impl Inner {
         peer: &Arc<EngineDesc>,
         ids: (MemId, MemId),
         work: Work<'_>,
+        ordered: bool,
         status: &mut Option<TransferStatus>,
     ) -> IoResult<()> {
         // Bounds, on both sides (remote: the owner-confirmed length), before anything is queued;
@@ -263,7 +266,11 @@ impl Inner {
                     CopySeg { src, dst, len: s.len }
                 };
                 // Mapped as the pool walks them: nothing is allocated before the copies are queued.
-                unsafe { self.pool.copy_with(at.dev, segs.iter().map(seg), make_done) }
+                if ordered {
+                    unsafe { self.pool.copy_in_order_with(at.dev, segs.iter().map(seg), make_done) }
+                } else {
+                    unsafe { self.pool.copy_with(at.dev, segs.iter().map(seg), make_done) }
+                }
             }
             Work::Paged(p) => {
                 let (job, runs) = paged_job(p, op, at.laddr, at.rbase);
@@ -335,7 +342,7 @@ impl mori_io_core::Route for XgmiRoute {
 impl XgmiRoute {
     fn post_work(&self, op: Op, id: u64, work: Work<'_>) -> TransferStatus {
         let mut status = None;
-        let r = self.keep().and_then(|keep| self.inner.submit(self.at, keep, op, id, &self.peer, self.ids, work, &mut status));
+        let r = self.keep().and_then(|keep| self.inner.submit(self.at, keep, op, id, &self.peer, self.ids, work, false, &mut status));
         // No status yet: the submission failed before anything was queued.
         let status = status.unwrap_or_else(|| TransferStatus::new(1));
         if let Err(e) = r {
@@ -357,6 +364,12 @@ impl mori_io_core::Progress for Inner {
 impl Backend for XgmiBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Xgmi
+    }
+
+    /// One stream per request, copies in order (a paged plan is never ordered: the engine
+    /// only orders range batches).
+    fn orders_segments(&self) -> bool {
+        true
     }
 
     fn handles_gpu_memory(&self) -> bool {

@@ -523,6 +523,20 @@ impl IoEngine {
 
     /// Checks and posts a batch of either form (one-shot calls).
     pub(crate) fn post_batch(&self, op: Op, local: &MemoryDesc, remote: &MemoryDesc, batch: Batch<'_>, id: TransferId) -> TransferStatus {
+        self.post_batch_in(op, local, remote, batch, id, false)
+    }
+
+    /// [`IoEngine::post_batch`], with the segments landing in order when `ordered` (refused
+    /// with `NotSupported` by a backend that cannot).
+    pub(crate) fn post_batch_in(
+        &self,
+        op: Op,
+        local: &MemoryDesc,
+        remote: &MemoryDesc,
+        batch: Batch<'_>,
+        id: TransferId,
+        ordered: bool,
+    ) -> TransferStatus {
         let r = (|| {
             self.own(local)?;
             let peer = self.inner.remote(&remote.engine_key)?;
@@ -530,6 +544,15 @@ impl IoEngine {
             let checked = batch.check((local.id, local.len), (remote.id, remote.len))?;
             let local_region = self.inner.registry.get(local.id)?;
             let b = self.inner.choose(local, remote, &peer)?;
+            if ordered && !b.orders_segments() {
+                return Err(IoError::not_supported(format!(
+                    "an ordered batch: the {} backend chosen for memory {} -> engine {:?} memory {} does not land a batch's segments in order",
+                    b.kind(),
+                    local.id,
+                    peer.key,
+                    remote.id
+                )));
+            }
             let slot = self.inner.inflight.reserve(peer.epoch, &peer.key, id)?;
             Ok((peer, checked, local_region, b, slot))
         })();
@@ -549,6 +572,7 @@ impl IoEngine {
                     segs,
                     entries: Arc::new(entries),
                     paged,
+                    ordered,
                 };
                 self.inner.connector.post(b, req, st.clone(), self.inner.shutdown.clone());
                 st

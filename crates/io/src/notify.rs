@@ -265,6 +265,18 @@ impl IoEngine {
         }
     }
 
+    /// [`IoEngine::post`] (no message) whose segments land in order: every byte of an entry is
+    /// visible at the target before any byte of a later entry is written, so a reader that
+    /// sees a later entry's bytes (a completion word) may read the earlier ones. Entries
+    /// adjacent in both regions are merged first, as always. Errors (through the status): those
+    /// of [`IoEngine::post`]; `NotSupported` before anything is posted when the backend chosen
+    /// for the pair of regions cannot keep the order (today only xgmi can: one stream, copies
+    /// in order).
+    pub fn post_ordered(&self, op: Op, b: &RegionBatch<'_>) -> TransferStatus {
+        let batch = crate::paged::Batch::Ranges(b.local_offs, b.remote_offs, b.sizes);
+        self.post_batch_in(op, b.local, b.remote, batch, b.id, true)
+    }
+
     /// Posts several batches, each between its own pair of regions and with its own id, in
     /// one call (MORI's multi-pair `batch_read`/`batch_write`); one status per batch, in
     /// order. Each batch is checked and fails on its own (errors as [`IoEngine::batch_read`]).

@@ -185,6 +185,7 @@ impl Session {
                     segs,
                     entries: Arc::new(entries),
                     paged,
+                    ordered: false,
                 };
                 self.backend.post(req, st.clone());
                 st

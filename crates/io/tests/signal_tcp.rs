@@ -77,3 +77,24 @@ fn a_signal_after_the_target_closed_the_idle_connection_applies_once() {
     assert_eq!(t.wait_counter(&mem, 8, 3, Duration::ZERO).unwrap(), 3);
     t.deregister_memory(&mem).unwrap();
 }
+
+/// An ordered batch (`post_ordered`) on tcp, whose lanes land stripes in any order, is refused
+/// before anything is written, naming the backend and the regions.
+#[test]
+fn an_ordered_batch_is_refused_by_tcp_before_anything_is_written() {
+    let (a, b) = pair(1 << 16, &tcp8);
+    let before = b.buf.clone();
+    let batch = mori_io::RegionBatch {
+        local: &a.mem,
+        local_offs: &[0, 4096],
+        remote: &b.mem,
+        remote_offs: &[0, 4096],
+        sizes: &[4096, 16],
+        id: a.eng.allocate_transfer_uid(),
+    };
+    let e = a.eng.post_ordered(mori_io::Op::Write, &batch).wait_for(T).unwrap_err();
+    assert_eq!(e.code, mori_io::ErrorCode::NotSupported, "{e}");
+    assert!(e.msg.contains("the tcp backend") && e.msg.contains("in order"), "{}", e.msg);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(b.buf, before, "nothing was written");
+}

@@ -16,7 +16,7 @@ use crate::host::ProxyInjection;
 use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
 use crate::routing::SplitMix64;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use mori_io::{IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
+use mori_io::{ErrorCode, IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
 use mori_io_core::status::Completion;
 use parking_lot::Mutex;
 mod ring_proxy;
@@ -80,6 +80,9 @@ struct State {
     peers: Vec<Option<PeerWindow>>,
     inject: Option<(ProxyInjection, SplitMix64)>,
     inflight: Vec<(usize, u64, TransferStatus)>,
+    /// Per destination: its backend refused an ordered batch (tail writes then follow the
+    /// data's completion).
+    unordered: Vec<bool>,
     failed: Arc<Mutex<Option<(usize, String)>>>,
     bytes: u64,
     /// When the proxy started: the origin of `last_done`.
@@ -168,6 +171,7 @@ impl Drop for Proxy {
 impl State {
     fn new(engine: Arc<IoEngine>, local: MemoryDesc, peers: Vec<Option<PeerWindow>>, failed: Arc<Mutex<Option<(usize, String)>>>) -> Self {
         let (follow_tx, follow_rx) = crossbeam_channel::unbounded();
+        let unordered = vec![false; peers.len()];
         State {
             last_drive: Instant::now(),
             drive_every: Duration::ZERO,
@@ -178,6 +182,7 @@ impl State {
             peers,
             inject: None,
             inflight: Vec::new(),
+            unordered,
             failed,
             bytes: 0,
             base: Instant::now(),
@@ -275,6 +280,12 @@ impl State {
         self.first.get_or_insert_with(Instant::now);
         let data: Vec<&Cmd> = cmds.iter().filter(|c| c.len > 0).collect();
         let len: u64 = data.iter().map(|c| c.len).sum();
+        // Signals alone go through MORI-IO's signalled write (which checks every counter
+        // before anything is posted). Tail writes ride in the data's batch, after it, where the
+        // backend lands a batch's segments in order (one call, no wait for the data's
+        // completion); elsewhere they are this proxy's own second step.
+        let call = Instant::now();
+        let ordered = if !tails.is_empty() && sigs.is_empty() { self.post_ordered_tails(dst, &data, &tails, &peer.data) } else { None };
         let (lo, ro, sz): (Vec<u64>, Vec<u64>, Vec<u64>) =
             (data.iter().map(|c| c.local_off).collect(), data.iter().map(|c| c.remote_off).collect(), data.iter().map(|c| c.len).collect());
         let b = RegionBatch {
@@ -285,13 +296,11 @@ impl State {
             sizes: &sz,
             id: self.engine.allocate_transfer_uid(),
         };
-        // Signals alone go through MORI-IO's signalled write (which checks every counter
-        // before anything is posted); tail writes are this proxy's own second step.
-        let call = Instant::now();
-        let st = match (tails.is_empty(), data.is_empty()) {
-            (true, true) => self.engine.signal(&sigs),
-            (true, false) => self.engine.post_signalled(&b, &sigs),
-            (false, _) => self.post_with_tails((!data.is_empty()).then_some(&b), sigs, tails, peer.data.clone()),
+        let st = match (ordered, tails.is_empty(), data.is_empty()) {
+            (Some(st), _, _) => st,
+            (None, true, true) => self.engine.signal(&sigs),
+            (None, true, false) => self.engine.post_signalled(&b, &sigs),
+            (None, false, _) => self.post_with_tails((!data.is_empty()).then_some(&b), sigs, tails, peer.data.clone()),
         };
         self.timing.count_call(call);
         let (base, last, taken, timing) = (self.base, self.last_done.clone(), self.taken, self.timing.clone());
@@ -351,6 +360,38 @@ impl State {
             }
         }
         outer
+    }
+
+    /// The data entries then the tail writes as one ordered batch to `dst`, when its backend
+    /// keeps a batch's order; `None` (nothing posted) when it does not, which is remembered
+    /// per destination. Counted in [`RingProxyStats::ordered_batches`].
+    fn post_ordered_tails(&mut self, dst: usize, data: &[&Cmd], tails: &[(u64, u64)], remote: &MemoryDesc) -> Option<TransferStatus> {
+        if self.unordered.get(dst).copied().unwrap_or(true) {
+            return None;
+        }
+        let mut lo: Vec<u64> = data.iter().map(|c| c.local_off).collect();
+        let mut ro: Vec<u64> = data.iter().map(|c| c.remote_off).collect();
+        let mut sz: Vec<u64> = data.iter().map(|c| c.len).collect();
+        for &(src, off) in tails {
+            lo.push(src);
+            ro.push(off);
+            sz.push(TAIL_WRITE_BYTES);
+        }
+        let b = RegionBatch {
+            local: &self.local,
+            local_offs: &lo,
+            remote,
+            remote_offs: &ro,
+            sizes: &sz,
+            id: self.engine.allocate_transfer_uid(),
+        };
+        let st = self.engine.post_ordered(mori_io::Op::Write, &b);
+        if matches!(st.poll(), Some(Err(ref e)) if e.code == ErrorCode::NotSupported) {
+            self.unordered[dst] = true;
+            return None;
+        }
+        self.timing.ordered_batches.fetch_add(1, Ordering::Relaxed);
+        Some(st)
     }
 
     /// Posts the tail writes whose bytes landed (handed over by completion hooks); each ends

@@ -58,6 +58,9 @@ pub struct RingProxyStats {
     pub done_ns_max: u64,
     /// Calls into the engine that post (writes, signalled writes, tail writes, signals).
     pub post_calls: u64,
+    /// Batches whose tail writes rode in the data's ordered batch (the rest with tail writes
+    /// waited for the data's completion).
+    pub ordered_batches: u64,
     /// Sum of those calls' own durations, ns (the CPU cost of posting).
     pub post_call_ns: u64,
 }
@@ -73,6 +76,7 @@ pub(super) struct SharedStats {
     pub(super) done_ns: AtomicU64,
     pub(super) done_ns_max: AtomicU64,
     pub(super) post_calls: AtomicU64,
+    pub(super) ordered_batches: AtomicU64,
     pub(super) post_call_ns: AtomicU64,
 }
 
@@ -94,6 +98,7 @@ impl SharedStats {
             done_ns: self.done_ns.load(Ordering::Relaxed),
             done_ns_max: self.done_ns_max.load(Ordering::Relaxed),
             post_calls: self.post_calls.load(Ordering::Relaxed),
+            ordered_batches: self.ordered_batches.load(Ordering::Relaxed),
             post_call_ns: self.post_call_ns.load(Ordering::Relaxed),
         }
     }

@@ -175,17 +175,26 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
     let (batches, data_batches) = (sum(|s| s.batches), sum(|s| s.data_batches));
     if batches > 0 {
+        let landed = if data_batches > 0 {
+            format!(
+                ", {:.1} µs to the bytes landed ({data_batches} posted their pair after that)",
+                sum(|s| s.data_ns) as f64 / data_batches as f64 / 1e3
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "proxies (host clock, every call): {batches} writes; mean from taking the commands: {:.1} µs to posted, {:.1} µs to the bytes landed ({data_batches} with data), {:.1} µs to completed (the counter pair landed after them), longest {:.1} µs",
+            "proxies (host clock, every call): {batches} writes; mean from taking the commands: {:.1} µs to posted{landed}, {:.1} µs to completed (the counter pair landed after the bytes), longest {:.1} µs",
             sum(|s| s.post_ns) as f64 / batches as f64 / 1e3,
-            sum(|s| s.data_ns) as f64 / data_batches.max(1) as f64 / 1e3,
             sum(|s| s.done_ns) as f64 / batches as f64 / 1e3,
             ps.iter().map(|s| s.done_ns_max).max().unwrap_or(0) as f64 / 1e3
         );
         println!(
-            "proxies: {} posting calls into the engines, {:.1} µs each on average (the calls' own time)",
+            "proxies: {} posting calls into the engines, {:.1} µs each on average (the calls' own time); {} writes carried their counter pair in the same ordered batch, the other {} posted it once their bytes landed",
             sum(|s| s.post_calls),
-            sum(|s| s.post_call_ns) as f64 / sum(|s| s.post_calls).max(1) as f64 / 1e3
+            sum(|s| s.post_call_ns) as f64 / sum(|s| s.post_calls).max(1) as f64 / 1e3,
+            sum(|s| s.ordered_batches),
+            batches - sum(|s| s.ordered_batches)
         );
     }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
@@ -217,7 +226,8 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 "combine_reduce": per_kernel[4] / timed.max(1) as f64 },
             "proxies": { "writes": batches, "to_posted_us": mean(sum(|s| s.post_ns), batches),
                 "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
-                "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)) },
+                "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)),
+                "ordered_batches": sum(|s| s.ordered_batches) },
             "legs": { "dispatch": legs(0), "combine": legs(1) },
             "ranks": rank_json,
             "check": ok,
