@@ -561,7 +561,21 @@ impl IoEngine {
             Ok((peer, checked, local_region, b, slot)) => {
                 let st = TransferStatus::new(1);
                 self.inner.inflight.fill(slot, &st);
-                let (segs, entries, paged) = checked.for_backend(b.takes_paged());
+                let (mut segs, entries, paged) = checked.for_backend(b.takes_paged());
+                if ordered {
+                    // One segment per non-empty entry: entries contiguous with the one before
+                    // them would otherwise merge into one copy, inside which bytes land in no
+                    // particular order.
+                    if let Batch::Ranges(lo, ro, sz) = batch {
+                        segs = lo
+                            .iter()
+                            .zip(ro)
+                            .zip(sz)
+                            .filter(|(_, &n)| n > 0)
+                            .map(|((&local_off, &remote_off), &len)| mori_io_core::Seg { local_off, remote_off, len })
+                            .collect();
+                    }
+                }
                 let req = TransferRequest {
                     op,
                     id,

@@ -267,8 +267,9 @@ impl IoEngine {
 
     /// [`IoEngine::post`] (no message) whose segments land in order: every byte of an entry is
     /// visible at the target before any byte of a later entry is written, so a reader that
-    /// sees a later entry's bytes (a completion word) may read the earlier ones. Entries
-    /// adjacent in both regions are merged first, as always. Errors (through the status): those
+    /// sees a later entry's bytes (a completion word) may read the earlier ones. Entries are
+    /// not merged (each is its own copy; bytes inside one entry land in no particular order).
+    /// Errors (through the status): those
     /// of [`IoEngine::post`]; `NotSupported` before anything is posted when the backend chosen
     /// for the pair of regions cannot keep the order (today only xgmi can: one stream, copies
     /// in order).
