@@ -194,6 +194,18 @@ pub fn check_batch_mapped(
     Ok((out, EntryMap { repr: Ends::Table(ends) }))
 }
 
+/// The non-empty entries of a checked batch as one segment each, in batch order (no merging:
+/// for an ordered batch, where each entry must land before the next is written).
+pub fn unmerged_segments(local_offs: &[u64], remote_offs: &[u64], sizes: &[u64]) -> Vec<Seg> {
+    local_offs
+        .iter()
+        .zip(remote_offs)
+        .zip(sizes)
+        .filter(|(_, &n)| n > 0)
+        .map(|((&local_off, &remote_off), &len)| Seg { local_off, remote_off, len })
+        .collect()
+}
+
 /// The checks of one entry `i` of [`check_batch`] (both ranges inside their regions), with its
 /// error text.
 pub fn check_entry(i: usize, local: (u64, u64), remote: (u64, u64), lo: u64, ro: u64, n: u64) -> IoResult<()> {
@@ -293,6 +305,21 @@ mod tests {
         assert!(e.msg.contains("entry 1: remote range offset 45 + length 10 exceeds region 2 of 50 bytes"), "{e}");
         let e = check_batch((1, 100), (2, 50), &[u64::MAX], &[0], &[2]).unwrap_err();
         assert!(e.msg.contains("entry 0: local"), "{e}");
+    }
+
+    #[test]
+    fn unmerged_keeps_contiguous_entries_apart() {
+        let segs = unmerged_segments(&[0, 10, 20, 40], &[100, 110, 120, 0], &[10, 10, 0, 5]);
+        assert_eq!(
+            segs,
+            [
+                Seg { local_off: 0, remote_off: 100, len: 10 },
+                Seg { local_off: 10, remote_off: 110, len: 10 },
+                Seg { local_off: 40, remote_off: 0, len: 5 }
+            ]
+        );
+        // The same entries merge in check_batch.
+        assert_eq!(check_batch((1, 64), (2, 256), &[0, 10, 20, 40], &[100, 110, 120, 0], &[10, 10, 0, 5]).unwrap().len(), 2);
     }
 
     #[test]

@@ -567,13 +567,7 @@ impl IoEngine {
                     // them would otherwise merge into one copy, inside which bytes land in no
                     // particular order.
                     if let Batch::Ranges(lo, ro, sz) = batch {
-                        segs = lo
-                            .iter()
-                            .zip(ro)
-                            .zip(sz)
-                            .filter(|(_, &n)| n > 0)
-                            .map(|((&local_off, &remote_off), &len)| mori_io_core::Seg { local_off, remote_off, len })
-                            .collect();
+                        segs = mori_io_core::plan::unmerged_segments(lo, ro, sz);
                     }
                 }
                 let req = TransferRequest {
