@@ -25,7 +25,7 @@ step() { echo; echo "=== $*"; }
 # bench_proxy, GPU warps driving MORI-IO through the proxy's command ring, and AsyncLL across
 # nodes on one GPU: its GPU tests and bench_dispatch_combine --kernel-type async_ll), and,
 # only when named, asyncll (scripts/gpu-parts/asyncll.sh: the AsyncLL tests, traced benches
-# and their same-call baselines, without the proxy sweeps). One call
+# and their same-run baselines, without the proxy sweeps). One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):

@@ -6,7 +6,7 @@
 # - bench_dispatch_combine --kernel-type async_ll at the decode shape (T=128, H=7168, E=256,
 #   K=8, bf16) over xgmi, with --trace (one Perfetto file per rank, read by mori trace
 #   analyze), also at 2 and 4 ranks; over tcp; and the DeepSeek-V3 shape (T=4096, fp8);
-# - the baselines the targets name, in the same call: the put-with-signal round trip through
+# - the baselines the targets name, in the same run: the put-with-signal round trip through
 #   the ring and proxy at the leg's message size (bench_proxy: one decode segment is about 84
 #   records of 14448 B, 1.2 MB), the intranode kernels for the same shape and ranks, and
 #   PyTorch for context (scripts/ep_torch_baseline.py --mode single: 8 logical ranks on the
