@@ -59,7 +59,7 @@ fn node_refusals_name_the_users_flags() {
             &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
         ),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
-        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--proxy-drive-us/--copy-blocks tune the GPU --kernel-type async_ll"]),
+        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks tune the GPU --kernel-type async_ll"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--copy-blocks", "0"], &["--copy-blocks 0: give 1..=1024"]),
         (
             &["--kernel-type", "async_ll", "--num-nodes", "2", "--proxy-spin-us", "20000000"],

@@ -95,9 +95,6 @@ struct State {
     taken: Instant,
     /// Per-write timing ([`RingProxyStats`]).
     timing: Arc<SharedStats>,
-    /// When this thread last ran a completion step, and how often it may.
-    last_drive: Instant,
-    drive_every: Duration,
     /// Tail writes whose command's bytes landed, for this thread to post.
     follow_tx: Sender<Followup>,
     follow_rx: Receiver<Followup>,
@@ -173,8 +170,6 @@ impl State {
         let (follow_tx, follow_rx) = crossbeam_channel::unbounded();
         let unordered = vec![false; peers.len()];
         State {
-            last_drive: Instant::now(),
-            drive_every: Duration::ZERO,
             follow_tx,
             follow_rx,
             engine,
@@ -429,14 +424,9 @@ impl State {
     /// beside the proxy: with a proxy per rank, those threads outnumbered the cores).
     fn reap(&mut self) {
         self.post_followups();
-        // One completion step covers every write of this engine's backend; taken at most every
-        // `drive_every` (each step queries the device, and many proxies querying at once
-        // slowed everyone's posts).
-        if self.last_drive.elapsed() >= self.drive_every {
-            if let Some(f) = self.inflight.first() {
-                f.2.drive();
-            }
-            self.last_drive = Instant::now();
+        // One completion step covers every write of this engine's backend.
+        if let Some(f) = self.inflight.first() {
+            f.2.drive();
         }
         let mut i = 0;
         while i < self.inflight.len() {

@@ -22,14 +22,11 @@ pub struct RingProxyOptions {
     pub spin: Duration,
     /// Longest sleep between two polls of an idle ring (default 50 µs).
     pub max_sleep: Duration,
-    /// Least time between two completion steps the thread runs for its writes (default 0:
-    /// every poll).
-    pub drive_every: Duration,
 }
 
 impl Default for RingProxyOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), drive_every: Duration::ZERO }
+        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50) }
     }
 }
 
@@ -137,7 +134,6 @@ impl RingProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let mut st = State::new(engine, local, peers, failed.clone());
-        st.drive_every = opts.drive_every;
         let stats = st.timing.clone();
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()

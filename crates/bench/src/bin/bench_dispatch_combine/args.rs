@@ -234,10 +234,6 @@ pub struct Args {
     /// before it starts sleeping, µs. Default 200.
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
-    /// GPU async_ll: least time between two completion steps a proxy thread runs for its
-    /// writes, µs. Default 0 (every poll).
-    #[arg(long = "proxy-drive-us")]
-    pub proxy_drive_us: Option<u64>,
     /// GPU async_ll: blocks per rank of the copy-out kernel (received records into the
     /// outputs; it waits for nothing, so it is not bound by the co-resident grid). Default 16.
     #[arg(long = "copy-blocks")]
@@ -563,15 +559,13 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if !(gpu && kt == KernelTypeArg::AsyncLl) && (a.proxy_spin_us.is_some() || a.proxy_drive_us.is_some() || a.copy_blocks.is_some()) {
+    if !(gpu && kt == KernelTypeArg::AsyncLl) && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some()) {
         return Err(err(
-            "--proxy-spin-us/--proxy-drive-us/--copy-blocks tune the GPU --kernel-type async_ll kernels and proxies; this run is not a GPU async_ll run",
+            "--proxy-spin-us/--copy-blocks tune the GPU --kernel-type async_ll kernels and proxies; this run is not a GPU async_ll run",
         ));
     }
-    for (flag, v, max) in [("--proxy-spin-us", a.proxy_spin_us, 10_000_000u64), ("--proxy-drive-us", a.proxy_drive_us, 1_000_000)] {
-        if let Some(v) = v.filter(|&v| v > max) {
-            return Err(err(format!("{flag} {v}: at most {max} µs")));
-        }
+    if let Some(v) = a.proxy_spin_us.filter(|&v| v > 10_000_000) {
+        return Err(err(format!("--proxy-spin-us {v}: at most 10000000 µs")));
     }
     if let Some(c) = a.copy_blocks.filter(|c| !(1..=1024).contains(c)) {
         return Err(err(format!("--copy-blocks {c}: give 1..=1024 blocks per rank")));

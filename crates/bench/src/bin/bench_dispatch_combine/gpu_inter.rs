@@ -68,7 +68,6 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         trace: a.trace.is_some(),
         proxy: RingProxyOptions {
             spin: a.proxy_spin_us.map_or(RingProxyOptions::default().spin, Duration::from_micros),
-            drive_every: Duration::from_micros(a.proxy_drive_us.unwrap_or(0)),
             ..RingProxyOptions::default()
         },
     };
