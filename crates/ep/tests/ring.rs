@@ -59,6 +59,28 @@ impl Drop for Region {
     }
 }
 
+/// Spawns `producers` threads into `sc`, producer `p` pushing `cmd(p, k)` for k in 0..per into
+/// the ring (30 s deadline per push).
+fn spawn_producers<'scope, 'env, F>(
+    sc: &'scope std::thread::Scope<'scope, 'env>,
+    mem: RingMem,
+    head: &'env AtomicU64,
+    producers: usize,
+    per: usize,
+    cmd: &'env F,
+) where
+    F: Fn(usize, usize) -> RingCmd + Sync,
+{
+    for p in 0..producers {
+        sc.spawn(move || {
+            let prod = RingProducer::new(mem, head);
+            for k in 0..per {
+                prod.push(&cmd(p, k), Instant::now() + Duration::from_secs(30)).unwrap();
+            }
+        });
+    }
+}
+
 /// Producer `p`'s command `i` (its fields encode both, so the consumer can check order).
 fn cmd(p: u32, i: u64) -> RingCmd {
     RingCmd {
@@ -226,25 +248,12 @@ fn ring_proxy_over_tcp_counters_never_run_ahead_of_the_data() {
     let proxy = RingProxy::start("test", src_eng.clone(), src_m.clone(), peers, mem, RingProxyOptions::default()).unwrap();
     let head = AtomicU64::new(0);
     let mut checks = 0u64;
+    let cmd = |p: usize, k: usize| {
+        let off = ((p * PER as usize + k) * CHUNK) as u64;
+        RingCmd { dst: 0, local_off: off, remote_off: off, len: len_of(k as u64) as u64, counter: 8 * p as u64, op: CmdOp::Add(1) }
+    };
     std::thread::scope(|sc| {
-        for p in 0..PRODUCERS {
-            let head = &head;
-            sc.spawn(move || {
-                let prod = RingProducer::new(mem, head);
-                for k in 0..PER {
-                    let off = ((p * PER as usize + k as usize) * CHUNK) as u64;
-                    let c = RingCmd {
-                        dst: 0,
-                        local_off: off,
-                        remote_off: off,
-                        len: len_of(k) as u64,
-                        counter: 8 * p as u64,
-                        op: CmdOp::Add(1),
-                    };
-                    prod.push(&c, Instant::now() + Duration::from_secs(30)).unwrap();
-                }
-            });
-        }
+        spawn_producers(sc, mem, &head, PRODUCERS, PER as usize, &cmd);
         // The target's checker: when producer p's counter reads n, chunks 0..n of p are there.
         let mut seen = [0u64; PRODUCERS];
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -333,25 +342,19 @@ fn ring_proxy_tail_writes_never_run_ahead_of_the_data() {
     )
     .unwrap();
     let head = AtomicU64::new(0);
-    std::thread::scope(|sc| {
-        for p in 0..PRODUCERS {
-            let head = &head;
-            sc.spawn(move || {
-                let prod = RingProducer::new(mem, head);
-                for k in 0..PER {
-                    let c = p * PER + k;
-                    let cmd = RingCmd {
-                        dst: 0,
-                        local_off: (c * CHUNK) as u64,
-                        remote_off: (c * CHUNK) as u64,
-                        len: len_of(c) as u64,
-                        counter: (pairs_at + c * 16) as u64,
-                        op: CmdOp::Tail { src: (pairs_at + c * 16) as u64 },
-                    };
-                    prod.push(&cmd, Instant::now() + Duration::from_secs(30)).unwrap();
-                }
-            });
+    let cmd = |p: usize, k: usize| {
+        let c = p * PER + k;
+        RingCmd {
+            dst: 0,
+            local_off: (c * CHUNK) as u64,
+            remote_off: (c * CHUNK) as u64,
+            len: len_of(c) as u64,
+            counter: (pairs_at + c * 16) as u64,
+            op: CmdOp::Tail { src: (pairs_at + c * 16) as u64 },
         }
+    };
+    std::thread::scope(|sc| {
+        spawn_producers(sc, mem, &head, PRODUCERS, PER, &cmd);
         let mut done = vec![false; n];
         let mut left = n;
         let deadline = Instant::now() + Duration::from_secs(120);
