@@ -56,11 +56,7 @@ fn node_flags() {
     refused(
         &["--num-nodes", "2"],
         &[],
-        &[
-            "--world-size 8 and --num-nodes 2 (2 nodes) selects --kernel-type v1",
-            "GPU kernels of v1 and v1_ll are not built yet",
-            "--device cpu",
-        ],
+        &["--world-size 8 and --num-nodes 2 (2 nodes) selects --kernel-type v1", "GPU kernels of v1 are not built yet", "--device cpu"],
     );
     refused(
         &["--device", "cpu", "--local", "--num-nodes", "2", "--kernel-type", "intranode"],

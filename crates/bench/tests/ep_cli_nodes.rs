@@ -47,19 +47,24 @@ fn node_refusals_name_the_users_flags() {
         ),
         (
             &["--world-size", "16", "--gpus-per-node", "8"],
-            &["--gpus-per-node 8", "--kernel-type v1", "GPU kernels of v1 and v1_ll are not built yet"],
+            &["--gpus-per-node 8", "--kernel-type v1", "GPU kernels of v1 are not built yet"],
         ),
-        (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll", "GPU kernels of v1 and v1_ll are not built yet"]),
+        (&["--kernel-type", "v1"], &["--kernel-type v1: the GPU kernels of v1 are not built yet", "async_ll and v1_ll run"]),
+        (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "async_ll"], &["--kernel-type async_ll on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "rdma"], &["--transport rdma on GPUs: not built"]),
-        (&["--lanes", "2"], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll"]),
+        (&["--lanes", "2"], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll or v1_ll"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--lanes", "8"], &["--lanes on GPUs sets the TCP lanes of --transport tcp"]),
         (
             &["--kernel-type", "async_ll", "--world-size", "32", "--num-nodes", "2"],
             &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
         ),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
-        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks tune the GPU --kernel-type async_ll"]),
+        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks tune the GPU inter-node kernels"]),
+        (
+            &["--kernel-type", "v1_ll", "--world-size", "32", "--num-nodes", "2"],
+            &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
+        ),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--copy-blocks", "0"], &["--copy-blocks 0: give 1..=1024"]),
         (
             &["--kernel-type", "async_ll", "--num-nodes", "2", "--proxy-spin-us", "20000000"],
@@ -87,12 +92,17 @@ fn node_refusals_name_the_users_flags() {
     }
 }
 
-/// `--kernel-type async_ll --num-nodes 2` on GPUs passes validation; without a GPU runtime it
-/// stops there, with one it runs every rank on GPU 0 and checks against the reference.
+/// `--kernel-type async_ll|v1_ll --num-nodes 2` on GPUs passes validation; without a GPU runtime
+/// it stops there, with one it runs every rank on GPU 0 and checks against the reference.
 #[test]
-fn async_ll_across_two_nodes_is_accepted_on_gpus() {
-    for extra in [&[][..], &["--transport", "tcp", "--lanes", "2"][..]] {
-        let mut args = with_small(&["--kernel-type", "async_ll", "--num-nodes", "2"]);
+fn async_ll_and_v1_ll_across_two_nodes_are_accepted_on_gpus() {
+    for (kt, extra) in [
+        ("async_ll", &[][..]),
+        ("async_ll", &["--transport", "tcp", "--lanes", "2"][..]),
+        ("v1_ll", &[][..]),
+        ("v1_ll", &["--transport", "tcp", "--lanes", "2"][..]),
+    ] {
+        let mut args = with_small(&["--kernel-type", kt, "--num-nodes", "2"]);
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (code, text) = run(&args);

@@ -1,11 +1,13 @@
-//! AsyncLL across nodes on a real GPU (`mori_ep::gpu_internode::AsyncLlGpu`): 2 nodes x 4 ranks
-//! on GPU 0, the inter-node leg through each rank's proxy over MORI-IO xgmi and over tcp with
-//! host staging; every received row, weight, id, scale and source and every combined row equal
-//! the host reference bit for bit, over several rounds. Needs a CUDA device: `--ignored`.
+//! AsyncLL and V1-LL across nodes on a real GPU (`mori_ep::gpu_internode::InterNodeGpu`): 2 nodes
+//! x 4 ranks on GPU 0, the inter-node leg through each rank's proxy over MORI-IO xgmi and over
+//! tcp with host staging; every received row, weight, id, scale and source and every combined
+//! row equal the host reference bit for bit (combine in the scheme's summation order), over
+//! several rounds. Needs a CUDA device: `--ignored`.
 
-use mori_ep::gpu_internode::{AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, RankBytes};
+use mori_ep::gpu_internode::{ElemSizes, InterNodeGpu, InterNodeOptions, InterPath, RankBytes};
+use mori_ep::internode::Scheme;
 use mori_ep::routing::SplitMix64;
-use mori_ep::{bf16, combine, dispatch, CombineOptions, DispatchOptions, EpConfig, RankInput, SumOrder, Tensor2, Weighting};
+use mori_ep::{bf16, combine, dispatch, CombineOptions, DispatchOptions, EpConfig, RankInput, Tensor2, Weighting};
 use mori_gpu::Device;
 use std::time::Duration;
 
@@ -38,7 +40,7 @@ fn inputs(s: &Shape, rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, 
         .collect()
 }
 
-fn run(s: &Shape, path: InterPath, rounds: usize, timed: usize) {
+fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) {
     // Before the CUDA context exists (every test sets it; the first one creates the context).
     std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
@@ -47,8 +49,8 @@ fn run(s: &Shape, path: InterPath, rounds: usize, timed: usize) {
     cfg.scale_type_size = 4;
     cfg.max_token_type_size = 2;
     let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
-    let opts = AsyncLlOptions { path, weighted: true, timeout: Duration::from_secs(20), ..AsyncLlOptions::default() };
-    let mut ep = AsyncLlGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
+    let opts = InterNodeOptions { scheme, path, weighted: true, timeout: Duration::from_secs(20), ..InterNodeOptions::default() };
+    let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
     println!("{}", ep.describe());
     let mut rng = SplitMix64::new(0x5eed_0017);
     for round in 0..rounds + timed {
@@ -87,7 +89,7 @@ fn run(s: &Shape, path: InterPath, rounds: usize, timed: usize) {
         let rx: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
         let rw: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
-        let o = CombineOptions { weighting: Weighting::RankSlotSum, order: SumOrder::Ascending, ..CombineOptions::default() };
+        let o = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
         let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &rx, Some(&rw), &idx, o).unwrap();
         for (r, ((gx, gw), w)) in comb.iter().zip(&out).enumerate() {
             assert_eq!(*gx, bytes(w.x.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "round {round} rank {r}: combined rows");
@@ -116,25 +118,43 @@ const DECODE: Shape = Shape { w: 8, g: 4, t: 128, h: 7168, e: 256, k: 8, scales:
 #[test]
 #[ignore = "needs a CUDA device"]
 fn async_ll_2x4_on_one_gpu_over_xgmi_equals_the_reference() {
-    run(&SMALL, InterPath::Xgmi, 3, 0);
+    run(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn v1_ll_2x4_on_one_gpu_over_xgmi_equals_the_reference() {
+    run(&SMALL, Scheme::V1LL, InterPath::Xgmi, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn v1_ll_2x4_on_one_gpu_over_tcp_with_host_staging_equals_the_reference() {
+    run(&SMALL, Scheme::V1LL, InterPath::Tcp { lanes: 4 }, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn v1_ll_decode_shape_over_xgmi() {
+    run(&DECODE, Scheme::V1LL, InterPath::Xgmi, 1, 5);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn async_ll_2x4_on_one_gpu_over_tcp_with_host_staging_equals_the_reference() {
-    run(&SMALL, InterPath::Tcp { lanes: 4 }, 3, 0);
+    run(&SMALL, Scheme::AsyncLL, InterPath::Tcp { lanes: 4 }, 3, 0);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn async_ll_decode_shape_over_xgmi() {
-    run(&DECODE, InterPath::Xgmi, 1, 5);
+    run(&DECODE, Scheme::AsyncLL, InterPath::Xgmi, 1, 5);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn async_ll_decode_shape_over_tcp() {
-    run(&DECODE, InterPath::Tcp { lanes: 4 }, 1, 3);
+    run(&DECODE, Scheme::AsyncLL, InterPath::Tcp { lanes: 4 }, 1, 3);
 }
 
 /// Dispatch and combine back to back, no host work between the calls, f32 combine rows: the
@@ -147,7 +167,8 @@ fn async_ll_back_to_back_calls_over_xgmi() {
     let s = DECODE;
     let cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
     let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 4, out_elem: 4 };
-    let mut ep = AsyncLlGpu::new(rt, Device(0), &cfg, sz, AsyncLlOptions { blocks_per_rank: 16, ..AsyncLlOptions::default() }).unwrap();
+    let mut ep =
+        InterNodeGpu::new(rt, Device(0), &cfg, sz, InterNodeOptions { blocks_per_rank: 16, ..InterNodeOptions::default() }).unwrap();
     let mut rng = SplitMix64::new(3);
     let inp = inputs(&s, &mut rng, 1);
     let owned: Vec<[Vec<u8>; 3]> = inp

@@ -1,4 +1,4 @@
-//! `#[repr(C)]` mirrors of kernels/ep_internode.cu's parameter structs (field for field, same
+//! `#[repr(C)]` mirrors of kernels/ep_internode.h's parameter structs (field for field, same
 //! order, natural alignment); sizes checked in the tests below.
 
 use crate::gpu_ring::RingDev;
@@ -25,6 +25,16 @@ pub struct IeLayout {
     /// This rank's outgoing pairs, u64 `[phase 2][destination W][arrived, total]` (the tail
     /// writes' sources).
     pub sig: u64,
+    /// V1-LL: relay segment from origin node `m` at `relay_in + m * seg_relay`.
+    pub relay_in: u64,
+    /// V1-LL: staging of the relay segment for node `m` at `out_relay + m * seg_relay`.
+    pub out_relay: u64,
+    /// `relay_hdr + max_tokens * gpn * rec_bytes` (0 under AsyncLL).
+    pub seg_relay: u64,
+    /// Header bytes of a relay segment: u32 `[gpn]` records per destination, 16-aligned.
+    pub relay_hdr: u64,
+    /// V1-LL: rows for origin node `m` from local rank `l` at `gather + (m * gpn + l) * seg_comb`.
+    pub gather: u64,
 }
 
 /// `IeRank`: one local rank's buffers (device addresses).
@@ -41,6 +51,7 @@ pub(crate) struct IeRank {
     pub scales: u64,
     pub mask: u64,
     pub pre: u64,
+    pub npre: u64,
     pub cnt: u64,
     pub recv_cnt: u64,
     pub recv_base: u64,
@@ -89,6 +100,9 @@ pub(crate) struct IeParams {
     pub flags: u32,
     /// Per-block trace rows per rank (blocks at or past it stamp nothing).
     pub trace_blocks: u32,
+    /// V1-LL partial row bytes (H f32, K f32, 16-aligned); 0 under AsyncLL.
+    pub part_bytes: u32,
+    pub pad: u32,
     /// This call's number (non-zero, increasing).
     pub epoch: u64,
 }
@@ -98,6 +112,8 @@ pub const FLAG_DROP_OUT_OF_RANGE: u32 = 1;
 /// `IE_FLAG_WEIGHTED`: combine scales each row by the receiving rank's weights of the token's
 /// slots it owns ([`crate::Weighting::RankSlotSum`]).
 pub const FLAG_WEIGHTED: u32 = 2;
+/// `IE_FLAG_RELAY`: V1-LL (other nodes through the same-local-index relay).
+pub const FLAG_RELAY: u32 = 4;
 
 #[cfg(test)]
 mod tests {
@@ -105,12 +121,18 @@ mod tests {
 
     #[test]
     fn sizes_match_the_kernel() {
-        assert_eq!(std::mem::size_of::<IeLayout>(), 64);
-        assert_eq!(std::mem::size_of::<IeRank>(), 16 + 22 * 8 + 24);
-        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 64 + 16 + 18 * 4 + 8);
-        let src = include_str!("../../../../kernels/ep_internode.cu");
-        for needle in ["#define IE_MAX_WORLD 64", "#define IE_FLAG_DROP_OUT_OF_RANGE 1u", "#define IE_FLAG_WEIGHTED 2u"] {
-            assert!(src.contains(needle), "ep_internode.cu lost {needle}");
+        assert_eq!(std::mem::size_of::<IeLayout>(), 104);
+        assert_eq!(std::mem::size_of::<IeRank>(), 16 + 23 * 8 + 24);
+        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 104 + 16 + 20 * 4 + 8);
+        let src = include_str!("../../../../kernels/ep_internode.h");
+        for needle in [
+            "#define IE_MAX_WORLD 64",
+            "#define IE_FLAG_DROP_OUT_OF_RANGE 1u",
+            "#define IE_FLAG_WEIGHTED 2u",
+            "#define IE_FLAG_RELAY 4u",
+            "#define IE_DONE_GATHER(world) (4u + 2u * (world))",
+        ] {
+            assert!(src.contains(needle), "ep_internode.h lost {needle}");
         }
     }
 }

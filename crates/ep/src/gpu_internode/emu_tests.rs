@@ -1,20 +1,22 @@
-//! kernels/ep_internode.cu (AsyncLL) on CPU threads (`MORI_HOST_EMU`), 2 nodes x 2 ranks: each
+//! kernels/ep_internode.cu (AsyncLL and V1-LL) on CPU threads (`MORI_HOST_EMU`), 2 nodes x 2 ranks: each
 //! node's kernels launched by a thread of its own with only its own ranks' windows and counter
 //! blocks addressable (another node's are 0 in the parameters: touching them would fault),
 //! other nodes reached only through each rank's proxy ring, carried by a real `RingProxy`
-//! over MORI-IO tcp into the peer's window (segments, then their counter pairs as tail writes). Two rounds of dispatch and
-//! combine, each equal to the host reference bit for bit (received rows in the reference's
-//! order; combine summed over destination ranks ascending).
+//! over MORI-IO tcp into the peer's window (segments, then their counter pairs as tail writes).
+//! Two rounds of dispatch and combine, each equal to the host reference bit for bit (received
+//! rows in the reference's order; combine summed in the scheme's order: over destination ranks
+//! ascending for AsyncLL, per node for V1-LL).
 
-use super::abi::{IeParams, IeRank, FLAG_WEIGHTED};
+use super::abi::{IeParams, IeRank, FLAG_RELAY, FLAG_WEIGHTED};
 use super::trace::{perfetto, slot, trace_bytes, RankStamps};
 use super::*;
 use crate::emu_support::{launch, Region};
 use crate::gpu_ring::RingDev;
+use crate::internode::Scheme;
 use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
 use crate::ring::{RingLayout, RingMem};
 use crate::routing::SplitMix64;
-use crate::{bf16, combine, dispatch, CombineOptions, DispatchOptions, RankInput, SumOrder, Tensor2, Weighting};
+use crate::{bf16, combine, dispatch, CombineOptions, DispatchOptions, RankInput, Tensor2, Weighting};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig};
 use std::sync::Arc;
 
@@ -34,7 +36,7 @@ struct RankMem {
     dev_ctr: Region,
     ring_region: Region,
     head: Region,
-    scratch: Vec<Region>, // mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, trace
+    scratch: Vec<Region>, // mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, trace, npre
     x: Region,
     w: Region,
     idx: Region,
@@ -63,8 +65,9 @@ impl RankMem {
                 r(W * 4),
                 r(W * 4),
                 r(l.max_recv * 4),
-                r(16 + 8 * W),
+                r(l.done_bytes()),
                 r(trace_bytes(W, BLOCKS)),
+                r((TMAX + 1) * l.nodes() * 4),
             ],
             x: r(TMAX * l.row_bytes),
             w: r(TMAX * K * 4),
@@ -104,6 +107,7 @@ impl RankMem {
             scales: self.scales.addr(),
             mask: s[0].addr(),
             pre: s[1].addr(),
+            npre: s[8].addr(),
             cnt: s[2].addr(),
             recv_cnt: s[3].addr(),
             recv_base: s[4].addr(),
@@ -141,8 +145,10 @@ fn inputs(rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, i64>> {
             let t = if r == 1 && round == 0 { 0 } else { 1 + rng.below(TMAX as u64) as usize };
             let ids: Vec<i64> = (0..t * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
             RankInput {
-                x: Tensor2::from_fn(t, H, |_, _| bf16::from_f32(rng.below(16) as f32 - 8.0)).unwrap(),
-                weights: Tensor2::from_fn(t, K, |_, _| rng.below(8) as f32 * 0.25).unwrap(),
+                // Values with full mantissas, so that a different summation order shows in the
+                // low bits.
+                x: Tensor2::from_fn(t, H, |_, _| bf16::from_f32((rng.below(1 << 16) as f32 / 4096.0 - 8.0) * 1.37)).unwrap(),
+                weights: Tensor2::from_fn(t, K, |_, _| rng.below(1 << 20) as f32 / 3.3e5).unwrap(),
                 scales: Some(Tensor2::from_fn(t, SCALES, |_, _| rng.below(100) as f32 * 0.5).unwrap()),
                 indices: Tensor2::new(t, K, ids).unwrap(),
             }
@@ -186,8 +192,10 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize, epoch
         comb_bytes: l.comb_bytes as u32,
         comb_elem: 2,
         out_elem: 4,
-        flags: FLAG_WEIGHTED,
+        flags: FLAG_WEIGHTED | if l.scheme == Scheme::V1LL { FLAG_RELAY } else { 0 },
         trace_blocks: BLOCKS,
+        part_bytes: l.part_bytes as u32,
+        pad: 0,
         epoch,
     }
 }
@@ -199,11 +207,20 @@ fn run_node(p: &IeParams, kernel: &str) {
 
 #[test]
 fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
+    two_nodes_of_two_equal_the_reference(Scheme::AsyncLL);
+}
+
+#[test]
+fn v1_ll_two_nodes_of_two_through_relays_equals_the_reference() {
+    two_nodes_of_two_equal_the_reference(Scheme::V1LL);
+}
+
+fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.scale_dim = SCALES;
     cfg.scale_type_size = 4;
     cfg.max_token_type_size = 2;
-    let l = InterLayout::new(&cfg, 2, 8, 2).unwrap();
+    let l = InterLayout::new(&cfg, scheme, 2, 8, 2).unwrap();
     let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
     let engines: Vec<Arc<IoEngine>> = (0..W).map(|r| tcp_engine(&format!("ie-emu-r{r}"))).collect();
     // SAFETY: the windows outlive the registrations (deregistered at the end).
@@ -295,7 +312,7 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
         let xs: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
         let ws: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
-        let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: SumOrder::Ascending, ..CombineOptions::default() };
+        let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
         let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap();
         for r in 0..W {
             let st = mems[r].status();
@@ -311,13 +328,18 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
             assert_eq!(got_w, want_w, "round {round} rank {r}: combined weights");
             // Every counter was zeroed by its reader.
             assert!(mems[r].dev_ctr.bytes()[..l.counter_bytes()].iter().all(|&b| b == 0), "rank {r}: device counters left set");
-            let pairs = l.lay.ctr as usize..l.lay.ctr as usize + l.counter_bytes();
+            let pairs = l.lay.ctr as usize..l.lay.ctr as usize + l.pair_bytes();
             assert!(mems[r].win.bytes()[pairs].iter().all(|&b| b == 0), "rank {r}: window counter pairs left set");
         }
     }
-    check_trace(&mems);
+    check_trace(&mems, scheme);
     let stats: Vec<_> = proxies.into_iter().map(|p| p.stop().unwrap()).collect();
-    assert!(stats.iter().all(|s| s.commands > 0), "every rank sent through its proxy: {stats:?}");
+    // One command per inter-node peer and phase in each of the two rounds: every rank of the
+    // other node (AsyncLL), or only the relay there (V1-LL).
+    let peers = if scheme == Scheme::AsyncLL { W - G } else { W / G - 1 };
+    for (r, s) in stats.iter().enumerate() {
+        assert_eq!(s.commands, 2 * 2 * peers as u64, "rank {r}: proxy commands {s:?}");
+    }
     for (r, wm) in regs.iter().enumerate() {
         engines[r].deregister_memory(wm).unwrap();
     }
@@ -326,7 +348,7 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
 /// The last round's trace stamps: every phase stamped in order on every block, every command
 /// to another node pushed before its receiver saw the segment, and the Perfetto form with
 /// each span's begin and end.
-fn check_trace(mems: &[RankMem]) {
+fn check_trace(mems: &[RankMem], scheme: Scheme) {
     let stamps: Vec<RankStamps> =
         (0..W).map(|r| RankStamps::parse(r, W, BLOCKS, &mems[r].scratch[7].bytes()[..trace_bytes(W, BLOCKS)]).unwrap()).collect();
     use slot::*;
@@ -350,7 +372,9 @@ fn check_trace(mems: &[RankMem]) {
                 assert!(t[x] > 0 && t[x] <= t[y], "rank {r} block {b}: slot {x} then {y}: {t:?}");
             }
         }
-        for q in (0..W).filter(|q| q / G != r / G) {
+        // The inter-node peers: every rank of the other node (AsyncLL), or the relay there
+        // (V1-LL: the rank with this rank's local index).
+        for q in (0..W).filter(|q| q / G != r / G && (scheme == Scheme::AsyncLL || q % G == r % G)) {
             for ph in 0..2 {
                 let (pushed, seen) = (s.pushed[ph][q], stamps[q].seen[ph][r]);
                 assert!(pushed > 0 && pushed <= seen, "phase {ph}: rank {r} pushed for {q} at {pushed}, seen at {seen}");
@@ -358,6 +382,7 @@ fn check_trace(mems: &[RankMem]) {
         }
     }
     let traces = perfetto(&stamps, G);
+    let peers = if scheme == Scheme::AsyncLL { W - G } else { W / G - 1 };
     assert_eq!(traces.len(), W);
     for (r, t) in &traces {
         let count = |name: &str, ph: &str| t.trace_events.iter().filter(|e| e.name == name && e.ph == ph).count();
@@ -366,9 +391,9 @@ fn check_trace(mems: &[RankMem]) {
             ("ep_dispatch_copy_to_staging", BLOCKS as usize),
             ("dispatch_intra", BLOCKS as usize),
             ("dispatch_sync", 1),
-            ("dispatch_inter_node_send", G),
-            ("dispatch_inter_node_recv", G),
-            ("combine_inter_node", G),
+            ("dispatch_inter_node_send", peers),
+            ("dispatch_inter_node_recv", peers),
+            ("combine_inter_node", peers),
             ("ep_combine_all", BLOCKS as usize),
         ] {
             assert_eq!((count(name, "B"), count(name, "E")), (n, n), "rank {r}: {name}");
@@ -377,20 +402,22 @@ fn check_trace(mems: &[RankMem]) {
 }
 
 /// The layout kernel alone over several tiles (150 tokens, 64 threads a tile): masks, the
-/// exclusive per-destination prefix and the counts equal a sequential walk.
+/// exclusive per-destination and (V1-LL) per-node prefixes and the counts equal a sequential
+/// walk.
 #[test]
 fn layout_over_several_tiles_equals_a_sequential_walk() {
     const T: usize = 150;
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.max_recv_tokens = TMAX * W;
-    let l = InterLayout::new(&cfg, 2, 8, 2).unwrap();
+    let l = InterLayout::new(&cfg, Scheme::V1LL, 2, 8, 2).unwrap();
     let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
     let m = &mems[0];
     let mut rng = SplitMix64::new(0x1a_7041);
     let ids: Vec<i64> = (0..T * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
     let (idx, mask, pre) = (Region::new(T * K * 8), Region::new(T * 8), Region::new((T + 1) * W * 4));
+    let npre = Region::new((T + 1) * (W / G) * 4);
     m.write(&idx, &le(&ids, |v: i64| v.to_le_bytes().to_vec()));
-    let a = IeRank { num_tokens: T as u32, idx: idx.addr(), mask: mask.addr(), pre: pre.addr(), ..m.abi(0, T, 0) };
+    let a = IeRank { num_tokens: T as u32, idx: idx.addr(), mask: mask.addr(), pre: pre.addr(), npre: npre.addr(), ..m.abi(0, T, 0) };
     let abi = Region::new(std::mem::size_of::<IeRank>());
     // SAFETY: the region holds one IeRank.
     unsafe { (abi.ptr as *mut IeRank).write(a) };
@@ -399,7 +426,9 @@ fn layout_over_several_tiles_equals_a_sequential_walk() {
     let u64s: Vec<u64> = mask.bytes()[..T * 8].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
     let u32s = |b: &[u8]| -> Vec<u32> { b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
     let (got_pre, got_cnt) = (u32s(&pre.bytes()[..(T + 1) * W * 4]), u32s(&m.scratch[2].bytes()[..W * 4]));
+    let got_npre = u32s(&npre.bytes()[..(T + 1) * (W / G) * 4]);
     let mut run = [0u32; W];
+    let mut nrun = [0u32; W / G];
     for t in 0..T {
         let want: u64 = ids[t * K..(t + 1) * K].iter().filter(|&&e| e >= 0).fold(0, |m, &e| m | 1 << (e as usize / (E / W)));
         assert_eq!(u64s[t], want, "token {t}: mask");
@@ -407,8 +436,13 @@ fn layout_over_several_tiles_equals_a_sequential_walk() {
             assert_eq!(got_pre[t * W + d], run[d], "token {t}, rank {d}: tokens before it");
             run[d] += ((want >> d) & 1) as u32;
         }
+        for n in 0..W / G {
+            assert_eq!(got_npre[t * (W / G) + n], nrun[n], "token {t}, node {n}: tokens before it");
+            nrun[n] += u32::from((want >> (n * G)) & ((1 << G) - 1) != 0);
+        }
     }
     assert_eq!(&got_pre[T * W..], &run[..]);
+    assert_eq!(&got_npre[T * (W / G)..], &nrun[..]);
     assert_eq!(got_cnt, run.to_vec());
     assert_eq!(m.status()[1], 0);
 }

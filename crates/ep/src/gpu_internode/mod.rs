@@ -1,25 +1,34 @@
-//! MORI-EP across nodes on GPUs, AsyncLL scheme: the layout and kernel ABI of
-//! `kernels/ep_internode.cu` (direct puts to every destination rank: same-node ones by P2P
-//! stores, other nodes' through the rank's proxy ring as MORI-IO signalled writes).
+//! MORI-EP across nodes on GPUs, AsyncLL and V1-LL schemes ([`crate::internode::Scheme`]): the
+//! layout and kernel ABI of `kernels/ep_internode.cu`.
+//! - AsyncLL: direct puts to every destination rank, same-node ones by P2P stores, other
+//!   nodes' through the rank's proxy ring as MORI-IO writes; the source sums the returned rows
+//!   over ranks ascending.
+//! - V1-LL: one record per (token, destination rank) crosses to the destination node's relay
+//!   (the rank with the source's local index), one proxy command per relay; the relay forwards
+//!   each record by P2P stores. In combine the relay sums its node's rows per token (an f32
+//!   partial) and sends one partial per token back; the source sums per node
+//!   ([`crate::SumOrder::PerNode`]).
 //!
 //! Every rank has a window ([`InterLayout::window_bytes`]: dispatch segments per source,
-//! combine segments per destination, two staging areas the proxy reads from, the counter
-//! pairs other nodes' proxies write, and the pairs this rank's proxy sends) and a device
-//! counter block of [`InterLayout::counter_bytes`] for same-node writers. Another node's
-//! segment is complete once its pair landed: the writer's proxy copies the pair only after
-//! the segment's bytes landed (a tail write, the same path as the data; no control message).
-//! The kernels and their order are described in the kernel file; [`abi`] mirrors its structs.
+//! combine segments per destination, two staging areas the proxy reads from, for V1-LL the
+//! relay segments, their staging and the relay's gather area, the counter pairs other nodes'
+//! proxies write, and the pairs this rank's proxy sends) and a device counter block of
+//! [`InterLayout::counter_bytes`] for same-node writers. Another node's segment is complete
+//! once its pair landed: the writer's proxy copies the pair only after the segment's bytes
+//! landed (a tail write, the same path as the data; no control message). The kernels and their
+//! order are described in the kernel file; [`abi`] mirrors its structs.
 
 pub mod abi;
 mod run;
 pub mod trace;
 mod types;
 
-pub use run::{needed_connections, AsyncLlGpu};
-pub use types::{AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
+pub use run::{needed_connections, InterNodeGpu};
+pub use types::{ElemSizes, InterNodeOptions, InterPath, PhaseTimes, RankBytes, RecvBytes};
 
 use crate::config::EpConfig;
 use crate::error::{EpError, EpResult};
+use crate::internode::Scheme;
 
 /// Most ranks the kernels address.
 pub const MAX_WORLD: usize = 64;
@@ -55,6 +64,10 @@ pub struct InterLayout {
     pub comb_bytes: usize,
     /// Combine input element bytes (2 bf16, 4 f32).
     pub comb_elem: usize,
+    /// The scheme the layout serves (AsyncLL or V1-LL).
+    pub scheme: Scheme,
+    /// V1-LL: bytes of a relay's partial sum row (H f32, K f32; 16-aligned); 0 under AsyncLL.
+    pub part_bytes: usize,
     /// The kernel ABI's offsets.
     pub lay: abi::IeLayout,
     /// Window bytes per rank.
@@ -62,15 +75,18 @@ pub struct InterLayout {
 }
 
 impl InterLayout {
-    /// The layout for `cfg` (validated) with dispatch rows of `elem` bytes per element, ids of
-    /// `idx_size` bytes and combine inputs of `comb_elem` bytes per element.
-    /// Errors: `InvalidConfig` naming the field for a world above [`MAX_WORLD`], a row that is
+    /// The layout for `cfg` (validated) under `scheme` with dispatch rows of `elem` bytes per
+    /// element, ids of `idx_size` bytes and combine inputs of `comb_elem` bytes per element.
+    /// Errors: `InvalidConfig` naming the field for scheme V1 (no GPU kernels), a world above [`MAX_WORLD`], a row that is
     /// not a multiple of 16 bytes, a hidden size that is not a multiple of 8, an id size other
     /// than 4 or 8, a combine element size other than 2 or 4; `SizeOverflow` for a window above
     /// `u64`.
-    pub fn new(cfg: &EpConfig, elem: usize, idx_size: usize, comb_elem: usize) -> EpResult<Self> {
+    pub fn new(cfg: &EpConfig, scheme: Scheme, elem: usize, idx_size: usize, comb_elem: usize) -> EpResult<Self> {
         cfg.validate()?;
         let bad = |field: &'static str, value: String, reason: &str| Err(EpError::InvalidConfig { field, value, reason: reason.into() });
+        if scheme == Scheme::V1 {
+            return bad("kernel_type", "v1".into(), "the inter-node GPU kernels run AsyncLL and V1-LL (V1 runs on the host executor)");
+        }
         if cfg.world_size > MAX_WORLD {
             return bad("world_size", cfg.world_size.to_string(), "the inter-node GPU kernels address at most 64 ranks");
         }
@@ -92,15 +108,25 @@ impl InterLayout {
             return bad("scale_dim x scale_type_size", scale_bytes.to_string(), "must be a multiple of 4 bytes");
         }
         let k = cfg.top_k;
-        let rec_bytes = round16(row_bytes + k * 4 + k * idx_size + scale_bytes + 4);
+        let relay = scheme == Scheme::V1LL;
+        // Record tail: i32 source; V1-LL adds u32 destination, index at it, index in its node.
+        let rec_bytes = round16(row_bytes + k * 4 + k * idx_size + scale_bytes + if relay { 16 } else { 4 });
         let comb_bytes = round16(cfg.hidden * comb_elem + k * 4);
+        let part_bytes = if relay { round16(cfg.hidden * 4 + k * 4) } else { 0 };
         let ov = || EpError::SizeOverflow { what: "inter-node GPU window bytes", limit: "u64" };
-        let w = cfg.world_size as u64;
-        let seg_rec = (cfg.max_tokens_per_rank as u64).checked_mul(rec_bytes as u64).ok_or_else(ov)?;
-        let seg_comb = (cfg.max_tokens_per_rank as u64).checked_mul(comb_bytes as u64).ok_or_else(ov)?;
+        let (w, g) = (cfg.world_size as u64, cfg.gpus_per_node as u64);
+        let nodes = w / g.max(1);
+        let mt = cfg.max_tokens_per_rank as u64;
+        let seg_rec = mt.checked_mul(rec_bytes as u64).ok_or_else(ov)?;
+        let seg_comb = mt.checked_mul(comb_bytes.max(part_bytes) as u64).ok_or_else(ov)?;
         let half = w.checked_mul(seg_rec.checked_add(seg_comb).ok_or_else(ov)?).ok_or_else(ov)?;
+        let relay_hdr = if relay { round16(4 * cfg.gpus_per_node) as u64 } else { 0 };
+        let seg_relay = if relay { mt.checked_mul(g).and_then(|x| x.checked_mul(rec_bytes as u64)).ok_or_else(ov)? + relay_hdr } else { 0 };
+        let relays = nodes.checked_mul(seg_relay).ok_or_else(ov)?;
+        let gather = if relay { w.checked_mul(seg_comb).ok_or_else(ov)? } else { 0 };
         let pairs = w * 2 * 2 * 8;
-        let top = half.checked_mul(2).ok_or_else(ov)?;
+        let relay_in = half.checked_mul(2).ok_or_else(ov)?;
+        let top = relay_in.checked_add(2 * relays).and_then(|x| x.checked_add(gather)).ok_or_else(ov)?;
         let lay = abi::IeLayout {
             disp_in: 0,
             comb_in: w * seg_rec,
@@ -110,6 +136,11 @@ impl InterLayout {
             seg_comb,
             ctr: top,
             sig: top + pairs,
+            relay_in,
+            out_relay: relay_in + relays,
+            seg_relay,
+            relay_hdr,
+            gather: relay_in + 2 * relays,
         };
         let window = top.checked_add(2 * pairs).ok_or_else(ov)?;
         Ok(Self {
@@ -125,15 +156,33 @@ impl InterLayout {
             rec_bytes,
             comb_bytes,
             comb_elem,
+            scheme,
+            part_bytes,
             lay,
             window_bytes: usize::try_from(window.max(64)).map_err(|_| ov())?,
         })
     }
 
-    /// Bytes of a counter block (and of each pair area of the window): u64
-    /// `[phase 2][writer W][arrived, total]`.
+    /// Bytes of a device counter block: u64 `[phase 3][writer W][arrived, total]` (phase 2:
+    /// the V1-LL relay's gather segments, writer slot `node * gpn + local index`).
     pub fn counter_bytes(&self) -> usize {
+        self.world * 3 * 2 * 8
+    }
+
+    /// Bytes of each pair area of the window (`lay.ctr`, `lay.sig`): u64
+    /// `[phase 2][rank W][arrived, total]`.
+    pub fn pair_bytes(&self) -> usize {
         self.world * 2 * 2 * 8
+    }
+
+    /// Bytes of a rank's `done` words (u32 `[5 + 2W]`, see `IeRank.done` in the kernel header).
+    pub fn done_bytes(&self) -> usize {
+        4 * (5 + 2 * self.world)
+    }
+
+    /// Nodes (`world / gpn`).
+    pub fn nodes(&self) -> usize {
+        self.world / self.gpn
     }
 
     /// Byte offset of counter (phase 0 dispatch / 1 combine, writer `w`, 0 arrived / 1 total)

@@ -1,4 +1,4 @@
-//! [`AsyncLlGpu`]: every rank of an inter-node job in this process on one GPU, nodes as groups
+//! [`InterNodeGpu`]: every rank of an inter-node job (AsyncLL or V1-LL) in this process on one GPU, nodes as groups
 //! of ranks (the single-GPU stand-in for several nodes): windows, counter blocks, command rings,
 //! one MORI-IO engine and [`RingProxy`] per rank, and the kernels of
 //! `kernels/ep_internode.cu` launched per node on a stream of its own (both nodes' blocks
@@ -6,12 +6,13 @@
 
 use super::abi::{IeParams, IeRank};
 use super::trace::{trace_bytes, RankStamps};
-use super::types::{AsyncLlOptions, ElemSizes, InterPath, PhaseTimes, RankBytes, RecvBytes};
+use super::types::{ElemSizes, InterNodeOptions, InterPath, PhaseTimes, RankBytes, RecvBytes};
 use super::InterLayout;
 use crate::config::EpConfig;
 use crate::error::EpError;
 use crate::gpu::{EpGpuError, GpuResult};
 use crate::gpu_ring::{DeviceRing, Window};
+use crate::internode::Scheme;
 use crate::proxy::{PeerWindow, RingProxy};
 use mori_gpu::{Device, DeviceBuffer, Event, Function, KernelArgs, KernelImages, LaunchConfig, Module, Runtime, Stream};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemoryDesc, TcpConfig, XgmiConfig};
@@ -29,7 +30,7 @@ struct GpuRank {
     win: Window,
     dev_ctr: DeviceBuffer,
     ring: DeviceRing,
-    /// mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, status, trace.
+    /// mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, status, trace, npre.
     scratch: Vec<DeviceBuffer>,
     /// x, weights, idx, scales.
     inp: Vec<DeviceBuffer>,
@@ -41,11 +42,12 @@ struct GpuRank {
     comb_rows: usize,
 }
 
-/// AsyncLL dispatch/combine for every rank of the job, in this process, on one GPU.
-pub struct AsyncLlGpu {
+/// Inter-node dispatch/combine (AsyncLL or V1-LL, [`InterNodeOptions::scheme`]) for every rank
+/// of the job, in this process, on one GPU.
+pub struct InterNodeGpu {
     rt: Arc<dyn Runtime>,
     layout: InterLayout,
-    opts: AsyncLlOptions,
+    opts: InterNodeOptions,
     out_elem: usize,
     ranks: Vec<GpuRank>,
     proxies: Vec<RingProxy>,
@@ -90,7 +92,7 @@ pub fn needed_connections(world: usize, nodes: usize) -> usize {
 
 const KERNELS: [&str; 5] = ["mori_ie_layout", "mori_ie_dispatch", "mori_ie_dispatch_recv", "mori_ie_combine_send", "mori_ie_combine_recv"];
 
-impl AsyncLlGpu {
+impl InterNodeGpu {
     /// Sets up every rank of `cfg` on `dev` for element sizes `sz`. Warms each inter-node path with one host-posted write per peer before any
     /// kernel runs (a transport's first transfer may allocate, and a CUDA allocation can wait
     /// for a spinning kernel forever).
@@ -98,15 +100,15 @@ impl AsyncLlGpu {
     /// Errors: [`InterLayout::new`]'s; `InvalidConfig` for a single node, more than
     /// [`MAX_WORLD`] ranks, a grid that cannot be resident, warps outside 1..=16; GPU, engine
     /// and registration failures.
-    pub fn new(rt: Arc<dyn Runtime>, dev: Device, cfg: &EpConfig, sz: ElemSizes, opts: AsyncLlOptions) -> GpuResult<Self> {
+    pub fn new(rt: Arc<dyn Runtime>, dev: Device, cfg: &EpConfig, sz: ElemSizes, opts: InterNodeOptions) -> GpuResult<Self> {
         let ElemSizes { elem, idx_size, comb_elem, out_elem } = sz;
-        let layout = InterLayout::new(cfg, elem, idx_size, comb_elem)?;
+        let layout = InterLayout::new(cfg, opts.scheme, elem, idx_size, comb_elem)?;
         let (w, g) = (cfg.world_size, cfg.gpus_per_node);
         if g == 0 || w / g < 2 || w % g != 0 {
             return Err(bad(
                 "gpus_per_node",
                 g,
-                format!("AsyncLL across nodes needs world_size ({w}) = nodes x gpus_per_node with at least 2 nodes"),
+                format!("the inter-node kernels need world_size ({w}) = nodes x gpus_per_node with at least 2 nodes"),
             ));
         }
         if !(1..=16).contains(&opts.warps_per_block) || opts.blocks_per_rank == 0 || !(1..=1024).contains(&opts.copy_blocks) {
@@ -175,9 +177,10 @@ impl AsyncLlGpu {
                     w * 4,
                     w * 4,
                     r_max * 4,
-                    16 + 8 * w,
+                    layout.done_bytes(),
                     64,
                     if opts.trace { trace_bytes(w, opts.trace_blocks()) } else { 0 },
+                    (t + 1) * layout.nodes() * 4,
                 ]
                 .iter()
                 .map(|&n| zeroed(n))
@@ -264,7 +267,11 @@ impl AsyncLlGpu {
         let marks =
             (0..nodes).map(|_| (0..4).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
-            "mori_ep::gpu_internode: AsyncLL, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank ({} for the copy-out); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), signalled writes; window {:.1} MB per rank",
+            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank ({} for the copy-out); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; window {:.1} MB per rank",
+            match opts.scheme {
+                Scheme::V1LL => "V1-LL (one record per token and destination to the same-local-index relay of each other node, forwarded there by P2P stores; partial sums per node back)",
+                _ => "AsyncLL (direct puts to every destination rank)",
+            },
             rt.kind(),
             opts.blocks_per_rank,
             opts.warps_per_block,
@@ -421,7 +428,7 @@ impl AsyncLlGpu {
     fn usable(&self) -> GpuResult<()> {
         match &self.poisoned {
             Some(m) => Err(host_err(
-                "AsyncLlGpu",
+                "InterNodeGpu",
                 format!("unusable after an earlier failure ({m}); its counters may be half-updated: create a new one"),
             )),
             None => Ok(()),
@@ -441,7 +448,7 @@ impl AsyncLlGpu {
     pub fn combine(&mut self, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
         self.usable()?;
         if !self.dispatched {
-            return Err(host_err("AsyncLlGpu::combine", "no dispatch preceded it (each combine follows one dispatch)"));
+            return Err(host_err("InterNodeGpu::combine", "no dispatch preceded it (each combine follows one dispatch)"));
         }
         let l = &self.layout;
         if x.len() != l.world || w.is_some_and(|w| w.len() != l.world) {
@@ -529,7 +536,7 @@ impl AsyncLlGpu {
     }
 }
 
-impl Drop for AsyncLlGpu {
+impl Drop for InterNodeGpu {
     fn drop(&mut self) {
         // Kernels still running (a call that gave up) end by their in-kernel deadlines; the
         // buffers they use are freed only after.

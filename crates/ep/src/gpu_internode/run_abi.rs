@@ -1,12 +1,13 @@
-//! [`AsyncLlGpu`]'s side of the kernel ABI: the parameters of a node's launches, the per-rank
+//! [`InterNodeGpu`]'s side of the kernel ABI: the parameters of a node's launches, the per-rank
 //! structs it uploads, and the status words it reads back.
 
-use super::super::abi::{IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
+use super::super::abi::{IeLayout, IeParams, IeRank, FLAG_RELAY, FLAG_WEIGHTED};
 use super::super::MAX_WORLD;
-use super::AsyncLlGpu;
+use super::InterNodeGpu;
 use crate::gpu::{EpGpuError, GpuResult};
+use crate::internode::Scheme;
 
-impl AsyncLlGpu {
+impl InterNodeGpu {
     pub(super) fn params(&self, node: usize) -> IeParams {
         let (w, g) = (self.layout.world, self.layout.gpn);
         let mut win = [0u64; MAX_WORLD];
@@ -38,8 +39,10 @@ impl AsyncLlGpu {
             comb_bytes: l.comb_bytes as u32,
             comb_elem: l.comb_elem as u32,
             out_elem: self.out_elem as u32,
-            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 },
+            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 } | if l.scheme == Scheme::V1LL { FLAG_RELAY } else { 0 },
             trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
+            part_bytes: l.part_bytes as u32,
+            pad: 0,
             epoch: self.calls,
         }
     }
@@ -62,6 +65,7 @@ impl AsyncLlGpu {
                     scales: if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
                     mask: s[0].ptr(),
                     pre: s[1].ptr(),
+                    npre: s[9].ptr(),
                     cnt: s[2].ptr(),
                     recv_cnt: s[3].ptr(),
                     recv_base: s[4].ptr(),
@@ -100,6 +104,12 @@ impl AsyncLlGpu {
             let what = match w(1) {
                 0 => None,
                 1 => Some(format!("{phase}: expert id {} out of range (token {}, slot {})", w(4) as i32, w(2), w(3))),
+                3 if w(2) == 3 => Some(format!(
+                    "{phase}: deadline: as the relay, rank {r} never got the rows of local rank {} for node {} ({} entries arrived)",
+                    w(3) as usize % self.layout.gpn,
+                    w(3) as usize / self.layout.gpn,
+                    w(4)
+                )),
                 3 => Some(format!(
                     "{phase}: deadline: rank {} never completed its segment ({} entries arrived) in the {} phase",
                     w(3),
@@ -110,6 +120,12 @@ impl AsyncLlGpu {
                 5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
                 6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
                 7 => Some(format!("{phase}: deadline: block {} waited for block 0 to see every rank's rows", w(2))),
+                8 => Some(format!(
+                    "{phase}: the relay segment from rank {} is out of bounds at record {} (destination rank {})",
+                    w(2),
+                    w(3),
+                    w(4) as i32
+                )),
                 c => Some(format!("{phase}: fault code {c}")),
             };
             if let Some(what) = what {

@@ -1,10 +1,11 @@
-//! The plain types of [`super::AsyncLlGpu`]'s interface: the inter-node path, options,
+//! The plain types of [`super::InterNodeGpu`]'s interface: the inter-node path, options,
 //! element sizes, per-rank inputs and outputs as bytes, and the kernels' timings.
 
+use crate::internode::Scheme;
 use crate::proxy::RingProxyOptions;
 use std::time::Duration;
 
-/// How the inter-node leg moves bytes (printed by [`super::AsyncLlGpu::describe`]).
+/// How the inter-node leg moves bytes (printed by [`super::InterNodeGpu::describe`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InterPath {
     /// MORI-IO's xgmi backend: windows in GPU memory, copies by the GPU.
@@ -17,9 +18,12 @@ pub enum InterPath {
     },
 }
 
-/// Settings of an [`super::AsyncLlGpu`].
+/// Settings of an [`super::InterNodeGpu`].
 #[derive(Debug, Clone, Copy)]
-pub struct AsyncLlOptions {
+pub struct InterNodeOptions {
+    /// The scheme: [`Scheme::AsyncLL`] or [`Scheme::V1LL`] (V1 has no GPU kernels:
+    /// [`super::InterLayout::new`] refuses it).
+    pub scheme: Scheme,
     /// The inter-node leg.
     pub path: InterPath,
     /// Blocks per rank (each also one proxy command per destination and phase).
@@ -35,22 +39,23 @@ pub struct AsyncLlOptions {
     /// Blocks per rank of the copy-out kernel (it waits for nothing, so it is not bound by
     /// the co-resident grid of the others).
     pub copy_blocks: u32,
-    /// Record trace stamps ([`super::AsyncLlGpu::trace`]).
+    /// Record trace stamps ([`super::InterNodeGpu::trace`]).
     pub trace: bool,
     /// How each rank's proxy thread polls its ring.
     pub proxy: RingProxyOptions,
 }
 
-impl AsyncLlOptions {
+impl InterNodeOptions {
     /// Per-block trace rows per rank: the largest grid per rank of any kernel.
     pub(super) fn trace_blocks(&self) -> u32 {
         self.blocks_per_rank.max(self.copy_blocks)
     }
 }
 
-impl Default for AsyncLlOptions {
+impl Default for InterNodeOptions {
     fn default() -> Self {
         Self {
+            scheme: Scheme::AsyncLL,
             path: InterPath::Xgmi,
             blocks_per_rank: 4,
             warps_per_block: 8,

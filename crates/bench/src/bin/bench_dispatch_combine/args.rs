@@ -205,7 +205,7 @@ pub struct Args {
     #[arg(skip)]
     pub gpn: usize,
     /// Kernel family. Default: intranode on one node, v1 on several. On GPUs: intranode, and
-    /// async_ll across nodes (every rank on GPU 0); v1 and v1_ll run with --device cpu.
+    /// async_ll or v1_ll across nodes (every rank on GPU 0); v1 runs with --device cpu.
     #[arg(long = "kernel-type", value_enum)]
     pub kernel_type: Option<KernelTypeArg>,
     /// Thread blocks per rank (all ranks' blocks on a GPU must fit its multiprocessors).
@@ -223,18 +223,18 @@ pub struct Args {
     /// CPU: EP ranks per process; process p hosts ranks [p*R, (p+1)*R). Default 1.
     #[arg(long = "ranks-per-proc")]
     pub ranks_per_proc: Option<usize>,
-    /// Transport of the inter-node leg. CPU: tcp (default) or rdma; GPU async_ll: xgmi when
+    /// Transport of the inter-node leg. CPU: tcp (default) or rdma; GPU async_ll/v1_ll: xgmi when
     /// not given, or tcp (the kernels stage into pinned host memory).
     #[arg(long, value_enum)]
     pub transport: Option<TransportArg>,
-    /// TCP lanes of the inter-node leg (CPU, or GPU async_ll with --transport tcp). Default 4.
+    /// TCP lanes of the inter-node leg (CPU, or GPU async_ll/v1_ll with --transport tcp). Default 4.
     #[arg(long)]
     pub lanes: Option<usize>,
-    /// GPU async_ll: how long each rank's proxy thread keeps polling an idle command ring
+    /// GPU async_ll/v1_ll: how long each rank's proxy thread keeps polling an idle command ring
     /// before it starts sleeping, µs. Default 200.
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
-    /// GPU async_ll: blocks per rank of the copy-out kernel (received records into the
+    /// GPU async_ll/v1_ll: blocks per rank of the copy-out kernel (received records into the
     /// outputs; it waits for nothing, so it is not bound by the co-resident grid). Default 16.
     #[arg(long = "copy-blocks")]
     pub copy_blocks: Option<u32>,
@@ -285,7 +285,7 @@ pub struct Args {
     #[arg(long = "no-check")]
     pub no_check: bool,
     /// GPU: Perfetto JSON of per-block phase timestamps of the last iteration: intranode, one
-    /// file (rank 0's process); async_ll, one file per rank, PATH with `.rank<R>` before its
+    /// file (rank 0's process); async_ll/v1_ll, one file per rank, PATH with `.rank<R>` before its
     /// extension (`mori trace analyze` reads either).
     #[arg(long)]
     pub trace: Option<String>,
@@ -543,25 +543,28 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if gpu && kt != KernelTypeArg::Intranode && kt != KernelTypeArg::AsyncLl {
+    // The GPU inter-node kernels: async_ll and v1_ll.
+    let inter_gpu = gpu && matches!(kt, KernelTypeArg::AsyncLl | KernelTypeArg::V1Ll);
+    if gpu && kt == KernelTypeArg::V1 {
         let how = if a.kernel_type.is_some() {
-            format!("--kernel-type {}", kt.name())
+            "--kernel-type v1".to_string()
         } else {
-            format!("{} ({nodes} nodes) selects --kernel-type {}", nodes_flags(), kt.name())
+            format!("{} ({nodes} nodes) selects --kernel-type v1", nodes_flags())
         };
         return Err(err(format!(
-            "{how}: the GPU kernels of v1 and v1_ll are not built yet; on GPUs across nodes only --kernel-type async_ll runs (use --device cpu for the host implementation of all three)"
+            "{how}: the GPU kernels of v1 are not built yet; on GPUs across nodes --kernel-type async_ll and v1_ll run (use --device cpu for the host implementation of all three)"
         )));
     }
-    if gpu && kt == KernelTypeArg::AsyncLl && nodes < 2 {
+    if inter_gpu && nodes < 2 {
         return Err(err(format!(
-            "--kernel-type async_ll on GPUs runs across nodes, but {} is one node (give --num-nodes 2 or more; one node: --kernel-type intranode)",
+            "--kernel-type {} on GPUs runs across nodes, but {} is one node (give --num-nodes 2 or more; one node: --kernel-type intranode)",
+            kt.name(),
             nodes_flags()
         )));
     }
-    if !(gpu && kt == KernelTypeArg::AsyncLl) && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some()) {
+    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some()) {
         return Err(err(
-            "--proxy-spin-us/--copy-blocks tune the GPU --kernel-type async_ll kernels and proxies; this run is not a GPU async_ll run",
+            "--proxy-spin-us/--copy-blocks tune the GPU inter-node kernels (--kernel-type async_ll or v1_ll) and proxies; this run is not one of them",
         ));
     }
     if let Some(v) = a.proxy_spin_us.filter(|&v| v > 10_000_000) {
@@ -570,9 +573,9 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
     if let Some(c) = a.copy_blocks.filter(|c| !(1..=1024).contains(c)) {
         return Err(err(format!("--copy-blocks {c}: give 1..=1024 blocks per rank")));
     }
-    if gpu && kt != KernelTypeArg::AsyncLl && (a.transport.is_some() || a.lanes.is_some()) {
+    if gpu && !inter_gpu && (a.transport.is_some() || a.lanes.is_some()) {
         return Err(err(
-            "--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll across nodes; intranode has none",
+            "--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll or v1_ll across nodes; intranode has none",
         ));
     }
     if gpu && a.transport == Some(TransportArg::Rdma) {
@@ -581,13 +584,13 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
     if gpu && a.lanes.is_some() && a.transport != Some(TransportArg::Tcp) {
         return Err(err("--lanes on GPUs sets the TCP lanes of --transport tcp; without it the inter-node leg is xgmi, which has none"));
     }
-    if gpu && kt == KernelTypeArg::AsyncLl && w > mori_ep::gpu_internode::MAX_WORLD {
+    if inter_gpu && w > mori_ep::gpu_internode::MAX_WORLD {
         return Err(err(format!(
             "--world-size {w}: the inter-node GPU kernels address at most {} ranks",
             mori_ep::gpu_internode::MAX_WORLD
         )));
     }
-    if gpu && kt == KernelTypeArg::AsyncLl && a.transport.is_none() {
+    if inter_gpu && a.transport.is_none() {
         let need = mori_ep::gpu_internode::needed_connections(w, nodes);
         if need > 32 {
             return Err(err(format!(

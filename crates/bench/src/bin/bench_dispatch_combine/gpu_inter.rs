@@ -1,21 +1,30 @@
-//! `--device gpu --kernel-type async_ll` across nodes: every rank on one GPU, the nodes as
-//! groups of ranks (`mori_ep::gpu_internode::AsyncLlGpu`), the inter-node leg through each
+//! `--device gpu --kernel-type async_ll|v1_ll` across nodes: every rank on one GPU, the nodes
+//! as groups of ranks (`mori_ep::gpu_internode::InterNodeGpu`), the inter-node leg through each
 //! rank's proxy over MORI-IO xgmi (default) or tcp with host staging (`--transport tcp`).
 //! The first iteration is checked against the host reference byte for byte (received rows,
-//! weights, ids, scales, sources in the reference's order; combine summed over destination
-//! ranks ascending, bit-exact on these integer-valued inputs, within 1e-2 relative with
-//! `--weighted`); times are the kernels' GPU
+//! weights, ids, scales, sources in the reference's order; combine summed in the scheme's
+//! order, over destination ranks ascending for async_ll and per node for v1_ll, bit-exact on
+//! these integer-valued inputs, within 1e-2 relative with `--weighted`); times are the kernels' GPU
 //! event times of the slowest node, averaged over `--iters` after `--warmup`.
 
 use crate::args::{err, AnyResult, Args, CombDType, TransportArg};
 use crate::gpu::host_images_and_oracle;
 use crate::inputs::{comb_value, gen_inputs};
 use crate::table::print_ranks;
-use mori_ep::gpu_internode::{trace, AsyncLlGpu, AsyncLlOptions, ElemSizes, InterPath, RankBytes, RecvBytes};
+use mori_ep::gpu_internode::{trace, ElemSizes, InterNodeGpu, InterNodeOptions, InterPath, RankBytes, RecvBytes};
+use mori_ep::internode::Scheme;
 use mori_ep::proxy::RingProxyOptions;
-use mori_ep::{accounting, bf16, combine, CombineOptions, EpConfig, OutOfRange, SumOrder, Tensor2, Weighting};
+use mori_ep::{accounting, bf16, combine, CombineOptions, EpConfig, OutOfRange, Tensor2, Weighting};
 use mori_gpu::Device;
 use std::time::Duration;
+
+/// The `--kernel-type` name of this run's scheme.
+fn kt_name(cfg: &EpConfig) -> &'static str {
+    match cfg.kernel_type {
+        mori_ep::KernelType::InterNodeV1LL => "v1_ll",
+        _ => "async_ll",
+    }
+}
 
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
@@ -23,7 +32,10 @@ fn f32s(b: &[u8]) -> Vec<f32> {
 
 pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if a.procs != 1 || a.num_gpus != 1 {
-        return Err(err("--kernel-type async_ll on GPUs runs every rank in this process on one GPU (the nodes as groups of ranks): drop --procs and --num-gpus"));
+        return Err(err(format!(
+            "--kernel-type {} on GPUs runs every rank in this process on one GPU (the nodes as groups of ranks): drop --procs and --num-gpus",
+            kt_name(cfg)
+        )));
     }
     // Output files are created before the GPU work, so an unwritable path fails first.
     if let Some(path) = &a.json {
@@ -43,7 +55,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         _ => InterPath::Xgmi,
     };
     if path == InterPath::Xgmi && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-        // Before the CUDA context exists: a hardware queue per stream (AsyncLlGpu::new says why).
+        // Before the CUDA context exists: a hardware queue per stream (InterNodeGpu::new says why).
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
         println!("CUDA_DEVICE_MAX_CONNECTIONS=32 (set here: every copy and kernel stream of the job on a hardware queue of its own)");
     }
@@ -57,7 +69,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         comb_elem: a.combine_dtype.size(),
         out_elem: a.combine_dtype.size(),
     };
-    let opts = AsyncLlOptions {
+    let scheme = Scheme::from_kernel_type(cfg.kernel_type);
+    let opts = InterNodeOptions {
+        scheme,
         path,
         blocks_per_rank: cfg.block_num as u32,
         warps_per_block: cfg.warps_per_block as u32,
@@ -71,7 +85,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             ..RingProxyOptions::default()
         },
     };
-    let mut ep = AsyncLlGpu::new(rt, Device(0), cfg, sz, opts)?;
+    let mut ep = InterNodeGpu::new(rt, Device(0), cfg, sz, opts)?;
     println!("{}", ep.describe());
     let w = cfg.world_size;
     let rb: Vec<RankBytes<'_>> = (0..w)
@@ -214,7 +228,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 .map(|(n, lo, med, hi)| serde_json::json!({ "pairs": n, "min_us": lo, "median_us": med, "max_us": hi }))
         };
         let j = serde_json::json!({
-            "kernel_type": "async_ll", "world_size": w, "num_nodes": nodes, "gpus_per_node": cfg.gpus_per_node,
+            "kernel_type": kt_name(cfg), "world_size": w, "num_nodes": nodes, "gpus_per_node": cfg.gpus_per_node,
             "num_tokens": a.num_tokens, "hidden": a.hidden, "num_experts": a.num_experts, "top_k": a.top_k,
             "dtype": a.dtype, "combine_dtype": a.combine_dtype, "block_num": cfg.block_num, "warps_per_block": cfg.warps_per_block,
             "copy_blocks": opts_copy_blocks(a), "weighted": a.weighted, "iters": timed, "warmup": a.warmup,
@@ -290,7 +304,7 @@ fn check(
         orc.iter().map(|o| Tensor2::new(o.src.len(), cfg.top_k, f32s(&o.w))).collect::<Result<_, _>>().unwrap_or_default();
     let opts = CombineOptions {
         weighting: if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted },
-        order: SumOrder::Ascending,
+        order: Scheme::from_kernel_type(cfg.kernel_type).sum_order(),
         ..CombineOptions::default()
     };
     let want = match combine::<f32, f32, i64>(cfg, handle, &xs, Some(&ws), idx, opts) {

@@ -1,0 +1,362 @@
+// ep_internode.h: the layout, ABI structs and device helpers shared by the inter-node GPU
+// kernels of ep_internode.cu (AsyncLL and V1-LL). The scheme, the window and the counters are
+// described there; crates/ep/src/gpu_internode/abi.rs mirrors the structs.
+#pragma once
+#include "mori_gpu.h"
+#include "mori_ring.h"
+
+#define IE_MAX_WORLD 64
+
+#define IE_OK 0u
+#define IE_ERR_EXPERT_RANGE 1u  // [2] token, [3] slot, [4] id (low 32 bits)
+#define IE_ERR_TIMEOUT 3u       // [2] phase (1 dispatch, 2 combine, 3 relay gather), [3] writer (rank; gather: node * gpn + local index), [4] entries arrived
+#define IE_ERR_RECV_COUNT 4u    // [2] records announced (low 32 bits), [3] capacity
+#define IE_ERR_COMBINE_ROWS 5u  // [2] rows given, [3] rows received
+#define IE_ERR_RING_FULL 6u     // [2] destination rank, [3] phase
+#define IE_ERR_RELEASE 7u       // [2] block: combine's block 0 never released it (deadline)
+#define IE_ERR_RELAY 8u         // [2] origin rank, [3] record index, [4] destination rank named (V1-LL relay segment out of bounds)
+
+#define IE_FLAG_DROP_OUT_OF_RANGE 1u
+#define IE_FLAG_WEIGHTED 2u
+#define IE_FLAG_RELAY 4u        // V1-LL: other nodes through the same-local-index relay
+
+// Index in IeRank.done (u32) of combine_send's finished-block count (V1-LL: zeroes the gather
+// counters).
+#define IE_DONE_GATHER(world) (4u + 2u * (world))
+
+// Per-block trace slots.
+#define IE_T_LAYOUT0 0   // layout start (block 0)
+#define IE_T_LAYOUT1 1   // layout end
+#define IE_T_DISP0 2     // dispatch start
+#define IE_T_STAGED 3    // records for other nodes staged, their commands handed over
+#define IE_T_INTRA 4     // records for this node stored, signalled
+#define IE_T_RECVD 5     // block 0: every source's segment complete
+#define IE_T_COPY0 6     // copy-out start
+#define IE_T_COPY1 7     // copy-out end
+#define IE_T_COMB0 8     // combine send start
+#define IE_T_CSTAGED 9   // rows for other nodes staged, commands handed over
+#define IE_T_CINTRA 10   // rows for this node stored, signalled
+#define IE_T_RED0 11     // combine reduce start
+#define IE_T_CRECVD 12   // every rank's rows complete
+#define IE_T_RED1 13     // reduce end
+#define IE_T_SLOTS 16
+
+struct IeLayout {
+    uint64_t disp_in;   // segment s at disp_in + s * seg_rec
+    uint64_t comb_in;   // segment e at comb_in + e * seg_comb (V1-LL: rank e of another node is
+                        // this rank's relay there, its segment the node's partial sums)
+    uint64_t out_disp;  // staging for destination d at out_disp + d * seg_rec
+    uint64_t out_comb;  // staging for source s at out_comb + s * seg_comb
+    uint64_t seg_rec;   // max_tokens * rec_bytes
+    uint64_t seg_comb;  // max_tokens * max(comb_bytes, part_bytes)
+    uint64_t ctr;       // other nodes' counter pairs, u64 [2][W][2]
+    uint64_t sig;       // this rank's outgoing pairs, u64 [2][W][2]
+    uint64_t relay_in;  // V1-LL: relay segment of origin node m at relay_in + m * seg_relay
+    uint64_t out_relay; // V1-LL: staging for the relay on node m at out_relay + m * seg_relay
+    uint64_t seg_relay; // relay_hdr + max_tokens * gpn * rec_bytes (0 under AsyncLL)
+    uint64_t relay_hdr; // bytes of a relay segment's header: u32 [gpn] records per destination
+    uint64_t gather;    // V1-LL: rows for origin node m from local rank l at gather + (m * gpn + l) * seg_comb
+};
+
+struct IeRank {
+    uint32_t rank;
+    uint32_t num_tokens;
+    uint32_t comb_rows;  // rows the combine input holds
+    uint32_t pad;
+    uint64_t x;          // [T, row_bytes]
+    uint64_t weights;    // [T, K] f32 or 0
+    uint64_t idx;        // [T, K] of idx_size
+    uint64_t scales;     // [T, scale_bytes] or 0
+    uint64_t mask;       // u64 [max_tokens]: bit d = the token goes to rank d
+    uint64_t pre;        // u32 [max_tokens + 1, W]: tokens before t sent to d
+    uint64_t npre;       // u32 [max_tokens + 1, nodes]: tokens before t sent to node m (V1-LL)
+    uint64_t cnt;        // u32 [W] tokens sent to each rank
+    uint64_t recv_cnt;   // u32 [W] records received from each rank
+    uint64_t recv_base;  // u32 [W] first output row of each source
+    uint64_t recv_pos;   // u32 [max_recv] index of output row i in its source's segment
+    uint64_t done;       // u32 [5 + 2W]: blocks finished per zeroing kernel [0], [1]; u64 at
+                         // byte 8: combine's release word (the epoch block 0 saw every
+                         // segment in); then blocks that staged for each remote destination
+                         // (dispatch [W], combine [W]); then IE_DONE_GATHER
+    uint64_t out_x;      // [max_recv, row_bytes]
+    uint64_t out_w;      // [max_recv, K] f32 or 0
+    uint64_t out_idx;    // [max_recv, K] of idx_size
+    uint64_t out_scales; // [max_recv, scale_bytes] or 0
+    uint64_t out_src;    // i32 [max_recv]
+    uint64_t comb_x;     // [N, H] of comb_elem
+    uint64_t comb_w;     // [N, K] f32 or 0
+    uint64_t comb_out;   // [T, H] of out_elem
+    uint64_t comb_out_w; // [T, K] f32 or 0
+    uint64_t status;     // u32 [8]: recv count, error code, details
+    uint64_t trace;      // u64 stamps (see ep_internode.cu), or 0
+    RingDev ring;        // this rank's proxy ring
+};
+
+struct IeParams {
+    uint64_t win[IE_MAX_WORLD];     // every rank's window as this process addresses it (0: not reachable)
+    uint64_t dev_ctr[IE_MAX_WORLD]; // every same-node rank's device counter block (0: other node)
+    IeLayout lay;
+    uint64_t ranks;      // IeRank[num_local]
+    uint64_t timeout_ns;
+    uint32_t num_local;
+    uint32_t world;
+    uint32_t gpn;        // ranks per node
+    uint32_t blocks_per_rank;
+    uint32_t row_bytes;  // hidden * element size, a multiple of 16
+    uint32_t hidden;     // a multiple of 8
+    uint32_t top_k;
+    uint32_t idx_size;   // 4 or 8
+    uint32_t scale_bytes;// a multiple of 4
+    uint32_t experts_per_rank;
+    uint32_t max_tokens;
+    uint32_t max_recv;
+    uint32_t rec_bytes;  // a multiple of 16
+    uint32_t comb_bytes; // a multiple of 16
+    uint32_t comb_elem;  // 2 bf16, 4 f32
+    uint32_t out_elem;   // 2 bf16, 4 f32
+    uint32_t flags;
+    uint32_t trace_blocks; // per-block trace rows per rank
+    uint32_t part_bytes; // V1-LL partial sum row: H f32, K f32, 16-aligned (0 under AsyncLL)
+    uint32_t pad;
+    uint64_t epoch;      // this call's number (non-zero, increasing): combine's block-0 release word
+};
+
+MORI_DEVICE uint64_t ie_ctr(uint32_t world, uint32_t phase, uint32_t w, uint32_t which) {
+    return 8ull * (((uint64_t)phase * world + w) * 2 + which);
+}
+
+MORI_DEVICE bool ie_same_node(const IeParams& p, uint32_t a, uint32_t b) { return a / p.gpn == b / p.gpn; }
+
+MORI_DEVICE void ie_error(uint32_t* status, uint32_t code, uint32_t a, uint32_t b, uint32_t c) {
+    if (mori_atomic_cas_system_u32(status + 1, IE_OK, code) == IE_OK) {
+        ((volatile uint32_t*)status)[2] = a;
+        ((volatile uint32_t*)status)[3] = b;
+        ((volatile uint32_t*)status)[4] = c;
+    }
+}
+
+MORI_DEVICE bool ie_failed(const uint32_t* status) { return ((const volatile uint32_t*)status)[1] != IE_OK; }
+
+MORI_DEVICE int64_t ie_load_idx(const IeParams& p, const uint8_t* idx, uint64_t i) {
+    return p.idx_size == 8 ? ((const int64_t*)idx)[i] : (int64_t)((const int32_t*)idx)[i];
+}
+
+// Trace stamps (no-ops without a trace buffer): slot `k` of block b, by thread 0.
+MORI_DEVICE void ie_stamp(const IeParams& p, const IeRank& a, uint32_t b, uint32_t k) {
+    if (a.trace && b < p.trace_blocks && mori_thread_idx() == 0)
+        ((volatile uint64_t*)a.trace)[4ull * p.world + (uint64_t)b * IE_T_SLOTS + k] = mori_clock_ns();
+}
+// Per-peer stamp `which` (0 pushed, 1 seen) of `phase` for peer q.
+MORI_DEVICE void ie_stamp_peer(const IeParams& p, const IeRank& a, uint32_t phase, uint32_t which, uint32_t q) {
+    if (a.trace) ((volatile uint64_t*)a.trace)[((uint64_t)phase * 2 + which) * p.world + q] = mori_clock_ns();
+}
+
+// Whether token t goes to rank d, and its index in d's segment then.
+MORI_DEVICE int32_t ie_pos(const IeParams& p, const IeRank& a, uint32_t t, uint32_t d) {
+    if (!((((const uint64_t*)a.mask)[t] >> d) & 1)) return -1;
+    return (int32_t)((const uint32_t*)a.pre)[(uint64_t)t * p.world + d];
+}
+
+MORI_DEVICE bool ie_relay(const IeParams& p) { return (p.flags & IE_FLAG_RELAY) != 0; }
+MORI_DEVICE uint32_t ie_nodes(const IeParams& p) { return p.world / p.gpn; }
+// The relay of `src` on `node`: the rank there with src's local index.
+MORI_DEVICE uint32_t ie_relay_of(const IeParams& p, uint32_t src, uint32_t node) { return node * p.gpn + src % p.gpn; }
+// Byte offset in a record of its tail: i32 flat source, then (V1-LL) u32 destination rank, u32
+// index in the destination's segment, u32 index of the token among those sent to the node.
+MORI_DEVICE uint32_t ie_rec_tail(const IeParams& p) { return p.row_bytes + p.top_k * (4 + p.idx_size) + p.scale_bytes; }
+
+// The counter word of (phase, writer w, which) that this rank reads: the window's pairs when
+// `remote` (written by another node's proxy), else the device block.
+MORI_DEVICE const uint64_t* ie_own_ctr(const IeParams& p, const IeRank& a, uint32_t phase, uint32_t w, uint32_t which, bool remote) {
+    const uint64_t base = remote ? p.win[a.rank] + p.lay.ctr : p.dev_ctr[a.rank];
+    return (const uint64_t*)(base + ie_ctr(p.world, phase, w, which));
+}
+
+// Waits until segment (phase, writer w) of rank a is complete; returns its entries, or
+// 0xffffffff after recording a timeout. `remote`: the pair another node's proxy writes.
+// Another node's pairs back off between reads (in host memory on the tcp path: thousands of GPU
+// threads reading host memory in a tight loop slowed the engines' copies and commands).
+MORI_DEVICE uint32_t ie_wait_segment(const IeParams& p, const IeRank& a, uint32_t phase, uint32_t w, bool remote, uint64_t deadline) {
+    const uint64_t* arrived = ie_own_ctr(p, a, phase, w, 0, remote);
+    const uint64_t* total = ie_own_ctr(p, a, phase, w, 1, remote);
+    const bool host = remote;
+    for (;;) {
+        const uint64_t t = mori_load_acquire_system(total);
+        if (t != 0 && mori_load_acquire_system(arrived) == t - 1) return (uint32_t)(t - 1);
+        if (ie_failed((const uint32_t*)a.status)) return 0xffffffffu;
+        if (mori_clock_ns() > deadline) {
+            ie_error((uint32_t*)a.status, IE_ERR_TIMEOUT, phase + 1, w, (uint32_t)mori_load_acquire_system(arrived));
+            return 0xffffffffu;
+        }
+        if (host) mori_backoff();
+    }
+}
+
+// A counter operation at same-node rank d for (phase, writer slot w): an atomic on d's device
+// block (after the caller's fence).
+MORI_DEVICE void ie_signal_w(const IeParams& p, uint32_t d, uint32_t phase, uint32_t w, uint32_t which, uint64_t value) {
+    uint64_t* c = (uint64_t*)(p.dev_ctr[d] + ie_ctr(p.world, phase, w, which));
+    if (which == 0) mori_atomic_add_system(c, value); else mori_store_release_system(c, value);
+}
+// The same with this rank as the writer.
+MORI_DEVICE void ie_signal(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t which, uint64_t value) {
+    ie_signal_w(p, d, phase, a.rank, which, value);
+}
+
+// Called by every block of the rank for peer d after its entries for d are staged (fenced):
+// the last block to finish writes the pair (count, count + 1) to its window's sig slot and
+// hands the whole segment (`bytes` from `local` to `remote`, `count` entries) to the
+// proxy as one command whose tail write carries the pair into d's window once the bytes
+// landed. One command per (rank, remote peer, phase).
+MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
+                               uint64_t local, uint64_t remote, uint64_t deadline) {
+    uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
+    if (mori_atomic_add_system_u32(staged, 1) != p.blocks_per_rank - 1) return;
+    *(volatile uint32_t*)staged = 0;
+    ie_stamp_peer(p, a, phase, 0, d); // the hand-over starts (stamped first: the proxy may finish before a later stamp)
+    const uint64_t sig = p.lay.sig + ((uint64_t)phase * p.world + d) * 16;
+    volatile uint64_t* pair = (volatile uint64_t*)(p.win[a.rank] + sig);
+    pair[0] = count;
+    pair[1] = (uint64_t)count + 1;
+    mori_fence_system(); // every block's staged entries and the pair before the command that carries them
+    if (mori_ring_push(a.ring, d, RING_OP_TAIL, local, remote, bytes, p.lay.ctr + ie_ctr(p.world, phase, a.rank, 0),
+                       sig, deadline))
+        ie_error((uint32_t*)a.status, IE_ERR_RING_FULL, d, phase + 1, 0);
+}
+
+// Zeroes this rank's counters of `phase` (device block, and for phases 0 and 1 the window's
+// pairs; phase 2, the relay's gather counters, lives in the device block only).
+MORI_DEVICE void ie_zero_phase(const IeParams& p, const IeRank& a, uint32_t phase) {
+    for (uint32_t w = mori_thread_idx(); w < p.world; w += mori_block_dim()) {
+        for (uint32_t which = 0; which < 2; which++) {
+            *(volatile uint64_t*)(p.dev_ctr[a.rank] + ie_ctr(p.world, phase, w, which)) = 0;
+            if (phase < 2) *(volatile uint64_t*)(p.win[a.rank] + p.lay.ctr + ie_ctr(p.world, phase, w, which)) = 0;
+        }
+    }
+    mori_fence_system();
+}
+
+// Whether the calling block is the last of its rank to finish kernel `k` (then it resets the
+// count for the next call). Every thread of the block gets the answer.
+struct IeLast {
+    uint32_t last;
+};
+MORI_DEVICE bool ie_last_block(const IeParams& p, const IeRank& a, uint32_t k, IeLast& sh) {
+    mori_sync_block();
+    if (mori_thread_idx() == 0) {
+        mori_fence_system();
+        uint32_t* done = (uint32_t*)a.done + k;
+        sh.last = mori_atomic_add_system_u32(done, 1) == p.blocks_per_rank - 1;
+        if (sh.last) *(volatile uint32_t*)done = 0;
+    }
+    mori_sync_block();
+    return sh.last != 0;
+}
+
+// Copies `bytes` (a multiple of 4) from src to dst with the lanes of a 32-thread group, 16
+// bytes per lane and step where both are 16-aligned.
+MORI_DEVICE void ie_copy_group(uint8_t* dst, const uint8_t* src, uint32_t bytes, uint32_t lane) {
+    const uint32_t v16 = ((((uint64_t)dst | (uint64_t)src) & 15) == 0) ? bytes / 16 : 0;
+    for (uint32_t v = lane; v < v16; v += 32) ((mori_vec16_t*)dst)[v] = ((const mori_vec16_t*)src)[v];
+    for (uint32_t w = v16 * 4 + lane; w < bytes / 4; w += 32) ((uint32_t*)dst)[w] = ((const uint32_t*)src)[w];
+}
+
+MORI_DEVICE void ie_zero_group(uint8_t* dst, uint32_t bytes, uint32_t lane) {
+    for (uint32_t w = lane; w < bytes / 4; w += 32) ((uint32_t*)dst)[w] = 0;
+}
+
+
+MORI_DEVICE float ie_bf16_to_f32(uint32_t bits16) { return __builtin_bit_cast(float, bits16 << 16); }
+MORI_DEVICE uint32_t ie_f32_to_bf16(float f) {
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40; // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1);                                // round to nearest even
+    return u >> 16;
+}
+
+// Per 32-thread group: the token's contributing ranks, compacted (ascending), with their rows
+// and factors (V1-LL's combine: this node's ranks' rows and other nodes' partial sums).
+struct IeGather {
+    uint64_t row[16][IE_MAX_WORLD];
+    float f[16][IE_MAX_WORLD];
+    uint8_t node[16][IE_MAX_WORLD]; // V1-LL: the entry's node (its partial when not this rank's)
+    uint32_t n[16];
+    uint32_t last;
+};
+
+struct IeSpan {
+    uint32_t n[IE_MAX_WORLD];     // entries of this block per peer
+    uint32_t first[IE_MAX_WORLD]; // index of its first entry in the peer's segment
+    uint32_t last;
+};
+
+// Writes token t's record (rows, weights, ids, scales, flat source) at `rec` with the lanes
+// of one 32-thread group.
+MORI_DEVICE void ie_put_record(const IeParams& p, const IeRank& a, uint32_t t, uint8_t* rec, uint32_t lane) {
+    const uint32_t kw = p.top_k * 4, ki = p.top_k * p.idx_size;
+    ie_copy_group(rec, (const uint8_t*)a.x + (uint64_t)t * p.row_bytes, p.row_bytes, lane);
+    uint8_t* m = rec + p.row_bytes;
+    if (a.weights) ie_copy_group(m, (const uint8_t*)a.weights + (uint64_t)t * kw, kw, lane);
+    else ie_zero_group(m, kw, lane);
+    ie_copy_group(m + kw, (const uint8_t*)a.idx + (uint64_t)t * ki, ki, lane);
+    if (p.scale_bytes) {
+        if (a.scales) ie_copy_group(m + kw + ki, (const uint8_t*)a.scales + (uint64_t)t * p.scale_bytes, p.scale_bytes, lane);
+        else ie_zero_group(m + kw + ki, p.scale_bytes, lane);
+    }
+    if (lane == 0) *(int32_t*)(m + kw + ki + p.scale_bytes) = (int32_t)(a.rank * p.max_tokens + t);
+}
+
+// The factor of rank e's row for a token with ids `ids[i0 .. i0 + K)` and the row's K f32
+// weights `w`: the sum of w over the slots whose expert lives on e (RankSlotSum).
+MORI_DEVICE float ie_factor(const IeParams& p, const uint8_t* ids, uint64_t i0, const float* w, uint32_t e) {
+    const int64_t num_experts = (int64_t)p.experts_per_rank * p.world;
+    float f = 0.0f;
+    for (uint32_t k = 0; k < p.top_k; k++) {
+        const int64_t id = ie_load_idx(p, ids, i0 + k);
+        if (id >= 0 && id < num_experts && (uint32_t)(id / p.experts_per_rank) == e) f += w[k];
+    }
+    return f;
+}
+
+// acc[0..8) += f * the 8 elements at src (elem bytes each: 2 bf16, 4 f32).
+MORI_DEVICE void ie_acc8(float* acc, const uint8_t* src, uint32_t elem, float f) {
+    if (elem == 2) {
+        const mori_vec16_t v = *(const mori_vec16_t*)src;
+        const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+        for (int i = 0; i < 4; i++) {
+            acc[2 * i] += f * ie_bf16_to_f32(wv[i] & 0xffffu);
+            acc[2 * i + 1] += f * ie_bf16_to_f32(wv[i] >> 16);
+        }
+    } else {
+        const mori_vec16_t v0 = ((const mori_vec16_t*)src)[0], v1 = ((const mori_vec16_t*)src)[1];
+        const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, wv[i]);
+    }
+}
+
+// acc[0..8) += the 8 f32 at src (a partial sum: added as it is, no factor).
+MORI_DEVICE void ie_add8(float* acc, const uint8_t* src) {
+    const mori_vec16_t v0 = ((const mori_vec16_t*)src)[0], v1 = ((const mori_vec16_t*)src)[1];
+    const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    for (int i = 0; i < 8; i++) acc[i] += __builtin_bit_cast(float, wv[i]);
+}
+
+// Stores acc[0..8) at dst as elem-byte elements (2 bf16 rounded to nearest even, 4 f32).
+MORI_DEVICE void ie_store8(uint8_t* dst, uint32_t elem, const float* acc) {
+    if (elem == 2) {
+        mori_vec16_t v;
+        v.x = ie_f32_to_bf16(acc[0]) | (ie_f32_to_bf16(acc[1]) << 16);
+        v.y = ie_f32_to_bf16(acc[2]) | (ie_f32_to_bf16(acc[3]) << 16);
+        v.z = ie_f32_to_bf16(acc[4]) | (ie_f32_to_bf16(acc[5]) << 16);
+        v.w = ie_f32_to_bf16(acc[6]) | (ie_f32_to_bf16(acc[7]) << 16);
+        *(mori_vec16_t*)dst = v;
+    } else {
+        mori_vec16_t v0, v1;
+        v0.x = __builtin_bit_cast(uint32_t, acc[0]); v0.y = __builtin_bit_cast(uint32_t, acc[1]);
+        v0.z = __builtin_bit_cast(uint32_t, acc[2]); v0.w = __builtin_bit_cast(uint32_t, acc[3]);
+        v1.x = __builtin_bit_cast(uint32_t, acc[4]); v1.y = __builtin_bit_cast(uint32_t, acc[5]);
+        v1.z = __builtin_bit_cast(uint32_t, acc[6]); v1.w = __builtin_bit_cast(uint32_t, acc[7]);
+        *(mori_vec16_t*)dst = v0;
+        *(mori_vec16_t*)(dst + 16) = v1;
+    }
+}

@@ -1,0 +1,170 @@
+// ep_internode_relay.h: the relay steps of V1-LL (ep_internode.cu describes the scheme): the
+// source's staging per relay, the relay's forwarding inside its node, and the relay's partial
+// sums in combine.
+#pragma once
+#include "ep_internode.h"
+
+// Per block: the count a wait returned, and records forwarded per destination local index.
+struct IeFwd {
+    uint32_t n;
+    uint32_t cnt[IE_MAX_WORLD];
+};
+
+// Stages this block's tokens [t0, t1) for other nodes, one relay segment per node m: a header
+// (u32 [gpn] records per destination, written by block 0) and records in (token, destination)
+// order. Record j of token t for destination d: j = the records of t's predecessors for m (the
+// sum of pre[t][d'] over m's ranks) plus t's destinations in m below d. Each record's tail
+// carries d, its index in d's segment (pre[t][d]) and the token's index among those sent to m
+// (npre[t][m], its partial's row in combine).
+MORI_DEVICE void ie_stage_relay(const IeParams& p, const IeRank& a, uint32_t b, uint32_t t0, uint32_t t1, uint32_t lane, uint32_t warp,
+                                uint32_t nwarps) {
+    const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p);
+    const uint32_t* pre = (const uint32_t*)a.pre;
+    const uint32_t* npre = (const uint32_t*)a.npre;
+    if (b == 0)
+        for (uint32_t i = mori_thread_idx(); i < N * G; i += mori_block_dim())
+            if (i / G != own) ((uint32_t*)(p.win[r] + p.lay.out_relay + (i / G) * p.lay.seg_relay))[i % G] = ((const uint32_t*)a.cnt)[i];
+    for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
+        const uint64_t mask = ((const uint64_t*)a.mask)[t];
+        for (uint32_t m = 0; m < N; m++) {
+            if (m == own) continue;
+            uint8_t* seg = (uint8_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay + p.lay.relay_hdr);
+            uint32_t j = 0;
+            for (uint32_t d = m * G; d < (m + 1) * G; d++) j += pre[(uint64_t)t * p.world + d];
+            for (uint32_t d = m * G; d < (m + 1) * G; d++) {
+                if (!((mask >> d) & 1)) continue;
+                uint8_t* rec = seg + (uint64_t)j * p.rec_bytes;
+                ie_put_record(p, a, t, rec, lane);
+                if (lane == 0) {
+                    uint32_t* x = (uint32_t*)(rec + tail);
+                    x[1] = d;
+                    x[2] = pre[(uint64_t)t * p.world + d];
+                    x[3] = npre[(uint64_t)t * N + m];
+                }
+                j++;
+            }
+        }
+    }
+}
+
+// Records in the relay segment staged for node m.
+MORI_DEVICE uint32_t ie_relay_count(const IeParams& p, const IeRank& a, uint32_t m) {
+    uint32_t n = 0;
+    for (uint32_t d = m * p.gpn; d < (m + 1) * p.gpn; d++) n += ((const uint32_t*)a.cnt)[d];
+    return n;
+}
+
+// The relay's forwarding, by every block: for each other node m, once the relay segment of the
+// rank there with this local index (the origin) is complete, its records go by P2P stores into
+// their destinations' dispatch segments for the origin at the index the origin computed; then
+// each destination's arrival count moves, and block 0 sets each total from the header.
+// A record naming a destination off this node or an index past the header is IE_ERR_RELAY.
+MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint64_t deadline, IeFwd& sh, uint32_t lane, uint32_t warp,
+                            uint32_t nwarps) {
+    const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p), tid = mori_thread_idx();
+    uint32_t* status = (uint32_t*)a.status;
+    for (uint32_t m = 0; m < N; m++) {
+        if (m == own) continue;
+        const uint32_t s = ie_relay_of(p, r, m);
+        if (tid == 0) {
+            sh.n = ie_wait_segment(p, a, 0, s, true, deadline);
+            if (b == 0) ie_stamp_peer(p, a, 0, 1, s);
+        }
+        for (uint32_t dl = tid; dl < G; dl += mori_block_dim()) sh.cnt[dl] = 0;
+        mori_sync_block();
+        const uint32_t n = sh.n;
+        if (n == 0xffffffffu) return;
+        const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
+        const uint32_t* hdr = (const uint32_t*)seg;
+        if ((uint64_t)n > (uint64_t)p.max_tokens * G) {
+            if (tid == 0) ie_error(status, IE_ERR_RELAY, s, n, 0xffffffffu);
+            return;
+        }
+        const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
+        for (uint32_t j = j0 + warp; j < j1; j += nwarps) {
+            const uint8_t* rec = seg + p.lay.relay_hdr + (uint64_t)j * p.rec_bytes;
+            const uint32_t* x = (const uint32_t*)(rec + tail);
+            const uint32_t d = x[1], q = x[2];
+            if (d >= p.world || d / G != own || q >= hdr[d % G] || q >= p.max_tokens) {
+                if (lane == 0) ie_error(status, IE_ERR_RELAY, s, j, d);
+                continue;
+            }
+            ie_copy_group((uint8_t*)(p.win[d] + p.lay.disp_in + s * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), rec, p.rec_bytes, lane);
+            if (lane == 0) mori_atomic_add_block_u32(&sh.cnt[d % G], 1);
+        }
+        mori_fence_system();
+        mori_sync_block();
+        for (uint32_t dl = tid; dl < G; dl += mori_block_dim()) {
+            const uint32_t d = own * G + dl;
+            if (sh.cnt[dl]) ie_signal_w(p, d, 0, s, 0, sh.cnt[dl]);
+            if (b == 0) ie_signal_w(p, d, 0, s, 1, (uint64_t)hdr[dl] + 1);
+        }
+        mori_sync_block();
+    }
+}
+
+// The relay's combine step, by every block: for each other node m, once this node's ranks
+// returned their rows for the origin (gather counters, phase 2, writer slot m * gpn + local
+// index), one partial per token sent to m (H f32 sums over its destinations ascending with
+// their factors, then K f32 weight sums) into the staging for the origin, handed to the proxy
+// as one command into the origin's combine segment for this rank.
+MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b, uint64_t deadline, IeFwd& sh, IeGather& gs, uint32_t lane,
+                                 uint32_t warp, uint32_t nwarps) {
+    const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p), tid = mori_thread_idx();
+    const uint32_t xb = p.hidden * p.comb_elem, kw = p.top_k * 4;
+    const bool weighted = (p.flags & IE_FLAG_WEIGHTED) != 0;
+    for (uint32_t m = 0; m < N; m++) {
+        if (m == own) continue;
+        const uint32_t s = ie_relay_of(p, r, m);
+        if (tid == 0) {
+            sh.n = 1;
+            for (uint32_t dl = 0; dl < G && sh.n; dl++)
+                if (ie_wait_segment(p, a, 2, m * G + dl, false, deadline) == 0xffffffffu) sh.n = 0;
+        }
+        mori_sync_block();
+        if (!sh.n) return;
+        const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
+        const uint8_t* recs = seg + p.lay.relay_hdr;
+        uint32_t n = 0;
+        for (uint32_t dl = 0; dl < G; dl++) n += ((const uint32_t*)seg)[dl];
+        const uint32_t U = n ? ((const uint32_t*)(recs + (uint64_t)(n - 1) * p.rec_bytes + tail))[3] + 1 : 0;
+        uint8_t* out = (uint8_t*)(p.win[r] + p.lay.out_comb + s * p.lay.seg_comb);
+        const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
+        for (uint32_t j = j0 + warp; j < j1; j += nwarps) {
+            // A token's records are consecutive: the group at its first record sums them all.
+            const uint32_t u = ((const uint32_t*)(recs + (uint64_t)j * p.rec_bytes + tail))[3];
+            if (j > 0 && ((const uint32_t*)(recs + (uint64_t)(j - 1) * p.rec_bytes + tail))[3] == u) continue;
+            uint32_t je = j + 1;
+            while (je < n && je - j < IE_MAX_WORLD && ((const uint32_t*)(recs + (uint64_t)je * p.rec_bytes + tail))[3] == u) je++;
+            const uint32_t nd = je - j;
+            for (uint32_t e = lane; e < nd; e += 32) {
+                const uint8_t* rec = recs + (uint64_t)(j + e) * p.rec_bytes;
+                const uint32_t* x = (const uint32_t*)(rec + tail);
+                const uint32_t d = x[1] % p.world, q = x[2] % p.max_tokens;
+                const uint64_t row = p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_comb + (uint64_t)q * p.comb_bytes;
+                gs.row[warp][e] = row;
+                gs.f[warp][e] = weighted ? ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d) : 1.0f;
+            }
+            mori_sync_group32();
+            uint8_t* part = out + (uint64_t)u * p.part_bytes;
+            if (u < U)
+                for (uint32_t h0 = lane * 8; h0 < p.hidden; h0 += 256) {
+                    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                    for (uint32_t e = 0; e < nd; e++) ie_acc8(acc, (const uint8_t*)gs.row[warp][e] + (uint64_t)h0 * p.comb_elem, p.comb_elem, gs.f[warp][e]);
+                    ie_store8(part + (uint64_t)h0 * 4, 4, acc);
+                }
+            for (uint32_t k = lane; k < p.top_k && u < U; k += 32) {
+                float sw = 0.0f;
+                for (uint32_t e = 0; e < nd; e++) sw += ((const float*)(gs.row[warp][e] + xb))[k];
+                ((float*)(part + (uint64_t)p.hidden * 4))[k] = sw;
+            }
+            mori_sync_group32();
+        }
+        mori_fence_system();
+        mori_sync_block();
+        if (tid == 0)
+            ie_stage_done(p, a, s, 1, U, (uint64_t)U * p.part_bytes, p.lay.out_comb + s * p.lay.seg_comb, p.lay.comb_in + r * p.lay.seg_comb,
+                          deadline);
+        mori_sync_block();
+    }
+}
