@@ -1,4 +1,5 @@
-// ep_internode.cu: MORI-EP across nodes on GPUs, two schemes (IE_FLAG_RELAY picks V1-LL):
+// ep_internode.cu: MORI-EP across nodes on GPUs, three schemes (IE_FLAG_RELAY picks V1-LL, with
+// IE_FLAG_DEDUP V1):
 // - AsyncLL: direct puts to every destination rank, no forwarding: same-node destinations by
 //   P2P stores into their windows, other nodes' through the rank's proxy (one command per
 //   destination into the ring of mori_ring.h; the proxy's MORI-IO write moves the staged bytes,
@@ -11,6 +12,9 @@
 //   area), the relay sums per token over its node's destinations ascending (an f32 partial) and
 //   sends one partial per token back; the source adds, per node ascending, its own node's rows
 //   (summed first) and the other nodes' partials (the reference's PerNode order).
+// - V1: V1-LL with one record per (token, node): the record names every destination on the
+//   relay's node, and the relay stores it to each. Combine as V1-LL.
+// Below, "V1-LL" covers V1 too where not said otherwise.
 // Host side and ABI mirror: crates/ep/src/gpu_internode/.
 //
 // One launch per phase serves the `num_local` ranks of this process (block / blocks_per_rank =
@@ -29,7 +33,8 @@
 //   total != 0 and arrived == total - 1.
 // Record (rec_bytes, 16-aligned): x row (row_bytes), K f32 weights, K ids (idx_size bytes
 // each), scale_bytes of scales, i32 flat source (s * max_tokens + t), and for V1-LL u32
-// destination, u32 index in its segment, u32 index among the tokens sent to its node. Combine
+// destination, u32 index in its segment, u32 index among the tokens sent to its node (V1: that
+// index, then per local index of the node the index in that rank's segment or 0xffffffff). Combine
 // row (comb_bytes, 16-aligned): H elements of comb_elem bytes, K f32 weights. Partial
 // (part_bytes): H f32, K f32.
 //
@@ -68,12 +73,6 @@ struct IeLayoutSh {
     uint32_t run[2 * IE_MAX_WORLD]; // per column (rank d, then V1-LL's node W + m): tokens before the tile
 };
 
-// Whether a token of mask m counts in column c: rank c (c < W), or any rank of node c - W.
-MORI_DEVICE uint32_t ie_col_bit(const IeParams& p, uint64_t m, uint32_t c) {
-    if (c < p.world) return (uint32_t)(m >> c) & 1;
-    const uint64_t g = p.gpn >= 64 ? ~0ull : (1ull << p.gpn) - 1;
-    return ((m >> ((c - p.world) * p.gpn)) & g) != 0;
-}
 
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_layout(IeParams p) {
     MORI_SHARED_STRUCT(IeLayoutSh, sh);

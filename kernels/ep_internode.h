@@ -18,7 +18,8 @@
 
 #define IE_FLAG_DROP_OUT_OF_RANGE 1u
 #define IE_FLAG_WEIGHTED 2u
-#define IE_FLAG_RELAY 4u        // V1-LL: other nodes through the same-local-index relay
+#define IE_FLAG_RELAY 4u        // V1-LL and V1: other nodes through the same-local-index relay
+#define IE_FLAG_DEDUP 8u        // with IE_FLAG_RELAY, V1: one record per (token, node), not per (token, destination)
 
 // Index in IeRank.done (u32) of combine_send's finished-block count (V1-LL: zeroes the gather
 // counters).
@@ -53,8 +54,8 @@ struct IeLayout {
     uint64_t sig;       // this rank's outgoing pairs, u64 [2][W][2]
     uint64_t relay_in;  // V1-LL: relay segment of origin node m at relay_in + m * seg_relay
     uint64_t out_relay; // V1-LL: staging for the relay on node m at out_relay + m * seg_relay
-    uint64_t seg_relay; // relay_hdr + max_tokens * gpn * rec_bytes (0 under AsyncLL)
-    uint64_t relay_hdr; // bytes of a relay segment's header: u32 [gpn] records per destination
+    uint64_t seg_relay; // relay_hdr + max_tokens * (V1-LL gpn, V1 1) * rec_bytes (0 under AsyncLL)
+    uint64_t relay_hdr; // bytes of a relay segment's header: u32 [gpn] records per destination, then u32 records
     uint64_t gather;    // V1-LL: rows for origin node m from local rank l at gather + (m * gpn + l) * seg_comb
 };
 
@@ -158,11 +159,21 @@ MORI_DEVICE int32_t ie_pos(const IeParams& p, const IeRank& a, uint32_t t, uint3
 }
 
 MORI_DEVICE bool ie_relay(const IeParams& p) { return (p.flags & IE_FLAG_RELAY) != 0; }
+MORI_DEVICE bool ie_dedup(const IeParams& p) { return (p.flags & IE_FLAG_DEDUP) != 0; }
 MORI_DEVICE uint32_t ie_nodes(const IeParams& p) { return p.world / p.gpn; }
 // The relay of `src` on `node`: the rank there with src's local index.
 MORI_DEVICE uint32_t ie_relay_of(const IeParams& p, uint32_t src, uint32_t node) { return node * p.gpn + src % p.gpn; }
-// Byte offset in a record of its tail: i32 flat source, then (V1-LL) u32 destination rank, u32
-// index in the destination's segment, u32 index of the token among those sent to the node.
+// Whether a token of mask m counts in column c: rank c (c < W), or any rank of node c - W.
+MORI_DEVICE uint32_t ie_col_bit(const IeParams& p, uint64_t m, uint32_t c) {
+    if (c < p.world) return (uint32_t)(m >> c) & 1;
+    const uint64_t g = p.gpn >= 64 ? ~0ull : (1ull << p.gpn) - 1;
+    return ((m >> ((c - p.world) * p.gpn)) & g) != 0;
+}
+
+// Byte offset in a record of its tail: i32 flat source, then for V1-LL u32 destination rank,
+// u32 index in the destination's segment, u32 index of the token among those sent to the
+// node; for V1 u32 index of the token among those sent to the node, then per local index of
+// the node u32 the index in that rank's segment (0xffffffff: not a destination).
 MORI_DEVICE uint32_t ie_rec_tail(const IeParams& p) { return p.row_bytes + p.top_k * (4 + p.idx_size) + p.scale_bytes; }
 
 // The counter word of (phase, writer w, which) that this rank reads: the window's pairs when

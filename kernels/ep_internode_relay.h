@@ -1,6 +1,6 @@
-// ep_internode_relay.h: the relay steps of V1-LL (ep_internode.cu describes the scheme): the
-// source's staging per relay, the relay's forwarding inside its node, and the relay's partial
-// sums in combine.
+// ep_internode_relay.h: the relay steps of V1 and V1-LL (ep_internode.cu describes the
+// schemes): the source's staging per relay, the relay's forwarding inside its node, and the
+// relay's partial sums in combine.
 #pragma once
 #include "ep_internode.h"
 
@@ -10,25 +10,53 @@ struct IeFwd {
     uint32_t cnt[IE_MAX_WORLD];
 };
 
+// Records in the relay segment staged for node m: V1-LL one per (token, destination on m),
+// V1 one per token with a destination on m.
+MORI_DEVICE uint32_t ie_relay_count(const IeParams& p, const IeRank& a, uint32_t m) {
+    if (ie_dedup(p)) return ((const uint32_t*)a.npre)[(uint64_t)a.num_tokens * ie_nodes(p) + m];
+    uint32_t n = 0;
+    for (uint32_t d = m * p.gpn; d < (m + 1) * p.gpn; d++) n += ((const uint32_t*)a.cnt)[d];
+    return n;
+}
+
 // Stages this block's tokens [t0, t1) for other nodes, one relay segment per node m: a header
-// (u32 [gpn] records per destination, written by block 0) and records in (token, destination)
-// order. Record j of token t for destination d: j = the records of t's predecessors for m (the
-// sum of pre[t][d'] over m's ranks) plus t's destinations in m below d. Each record's tail
-// carries d, its index in d's segment (pre[t][d]) and the token's index among those sent to m
-// (npre[t][m], its partial's row in combine).
+// (u32 [gpn] records per destination, then u32 records; written by block 0) and the records.
+// V1-LL: in (token, destination) order; record j of token t for destination d is the records of
+// t's predecessors for m (the sum of pre[t][d'] over m's ranks) plus t's destinations in m below
+// d, and its tail carries d, its index in d's segment (pre[t][d]) and the token's index among
+// those sent to m (npre[t][m], its partial's row in combine). V1: record j = npre[t][m] of a
+// token with a destination on m, its tail carrying j and per local index the index in that
+// rank's segment (or 0xffffffff).
 MORI_DEVICE void ie_stage_relay(const IeParams& p, const IeRank& a, uint32_t b, uint32_t t0, uint32_t t1, uint32_t lane, uint32_t warp,
                                 uint32_t nwarps) {
     const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p);
+    const bool dedup = ie_dedup(p);
     const uint32_t* pre = (const uint32_t*)a.pre;
     const uint32_t* npre = (const uint32_t*)a.npre;
     if (b == 0)
-        for (uint32_t i = mori_thread_idx(); i < N * G; i += mori_block_dim())
-            if (i / G != own) ((uint32_t*)(p.win[r] + p.lay.out_relay + (i / G) * p.lay.seg_relay))[i % G] = ((const uint32_t*)a.cnt)[i];
+        for (uint32_t i = mori_thread_idx(); i < N * (G + 1); i += mori_block_dim()) {
+            const uint32_t m = i / (G + 1), c = i % (G + 1);
+            if (m == own) continue;
+            ((uint32_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay))[c] = c < G ? ((const uint32_t*)a.cnt)[m * G + c] : ie_relay_count(p, a, m);
+        }
     for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
         const uint64_t mask = ((const uint64_t*)a.mask)[t];
         for (uint32_t m = 0; m < N; m++) {
             if (m == own) continue;
             uint8_t* seg = (uint8_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay + p.lay.relay_hdr);
+            if (dedup) {
+                if (!ie_col_bit(p, mask, p.world + m)) continue;
+                const uint32_t j = npre[(uint64_t)t * N + m];
+                uint8_t* rec = seg + (uint64_t)j * p.rec_bytes;
+                ie_put_record(p, a, t, rec, lane);
+                uint32_t* x = (uint32_t*)(rec + tail);
+                if (lane == 0) x[1] = j;
+                for (uint32_t dl = lane; dl < G; dl += 32) {
+                    const uint32_t d = m * G + dl;
+                    x[2 + dl] = ((mask >> d) & 1) ? pre[(uint64_t)t * p.world + d] : 0xffffffffu;
+                }
+                continue;
+            }
             uint32_t j = 0;
             for (uint32_t d = m * G; d < (m + 1) * G; d++) j += pre[(uint64_t)t * p.world + d];
             for (uint32_t d = m * G; d < (m + 1) * G; d++) {
@@ -47,21 +75,32 @@ MORI_DEVICE void ie_stage_relay(const IeParams& p, const IeRank& a, uint32_t b, 
     }
 }
 
-// Records in the relay segment staged for node m.
-MORI_DEVICE uint32_t ie_relay_count(const IeParams& p, const IeRank& a, uint32_t m) {
-    uint32_t n = 0;
-    for (uint32_t d = m * p.gpn; d < (m + 1) * p.gpn; d++) n += ((const uint32_t*)a.cnt)[d];
-    return n;
+// Destination local index `slot` of relay record `rec` (V1: each local index in turn; V1-LL:
+// its one destination at slot 0): the destination rank and its index there, or false.
+MORI_DEVICE bool ie_rec_dest(const IeParams& p, const uint8_t* rec, uint32_t own, uint32_t slot, uint32_t* d, uint32_t* q) {
+    const uint32_t* x = (const uint32_t*)(rec + ie_rec_tail(p));
+    if (ie_dedup(p)) {
+        if (x[2 + slot] == 0xffffffffu) return false;
+        *d = own * p.gpn + slot;
+        *q = x[2 + slot];
+        return true;
+    }
+    if (slot != 0) return false;
+    *d = x[1];
+    *q = x[2];
+    return true;
 }
 
 // The relay's forwarding, by every block: for each other node m, once the relay segment of the
 // rank there with this local index (the origin) is complete, its records go by P2P stores into
-// their destinations' dispatch segments for the origin at the index the origin computed; then
-// each destination's arrival count moves, and block 0 sets each total from the header.
-// A record naming a destination off this node or an index past the header is IE_ERR_RELAY.
+// their destinations' dispatch segments for the origin at the index the origin computed (V1: a
+// record to each destination it names); then each destination's arrival count moves, and
+// block 0 sets each total from the header. A record naming a destination off this node or an
+// index past the header is IE_ERR_RELAY.
 MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint64_t deadline, IeFwd& sh, uint32_t lane, uint32_t warp,
                             uint32_t nwarps) {
-    const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p), tid = mori_thread_idx();
+    const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tid = mori_thread_idx();
+    const uint32_t slots = ie_dedup(p) ? G : 1;
     uint32_t* status = (uint32_t*)a.status;
     for (uint32_t m = 0; m < N; m++) {
         if (m == own) continue;
@@ -76,21 +115,23 @@ MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint
         if (n == 0xffffffffu) return;
         const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
         const uint32_t* hdr = (const uint32_t*)seg;
-        if ((uint64_t)n > (uint64_t)p.max_tokens * G) {
+        if ((uint64_t)n * p.rec_bytes > p.lay.seg_relay - p.lay.relay_hdr) {
             if (tid == 0) ie_error(status, IE_ERR_RELAY, s, n, 0xffffffffu);
             return;
         }
         const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
         for (uint32_t j = j0 + warp; j < j1; j += nwarps) {
             const uint8_t* rec = seg + p.lay.relay_hdr + (uint64_t)j * p.rec_bytes;
-            const uint32_t* x = (const uint32_t*)(rec + tail);
-            const uint32_t d = x[1], q = x[2];
-            if (d >= p.world || d / G != own || q >= hdr[d % G] || q >= p.max_tokens) {
-                if (lane == 0) ie_error(status, IE_ERR_RELAY, s, j, d);
-                continue;
+            for (uint32_t slot = 0; slot < slots; slot++) {
+                uint32_t d, q;
+                if (!ie_rec_dest(p, rec, own, slot, &d, &q)) continue;
+                if (d >= p.world || d / G != own || q >= hdr[d % G] || q >= p.max_tokens) {
+                    if (lane == 0) ie_error(status, IE_ERR_RELAY, s, j, d);
+                    continue;
+                }
+                ie_copy_group((uint8_t*)(p.win[d] + p.lay.disp_in + s * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), rec, p.rec_bytes, lane);
+                if (lane == 0) mori_atomic_add_block_u32(&sh.cnt[d % G], 1);
             }
-            ie_copy_group((uint8_t*)(p.win[d] + p.lay.disp_in + s * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), rec, p.rec_bytes, lane);
-            if (lane == 0) mori_atomic_add_block_u32(&sh.cnt[d % G], 1);
         }
         mori_fence_system();
         mori_sync_block();
@@ -112,7 +153,7 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
                                  uint32_t warp, uint32_t nwarps) {
     const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p), tid = mori_thread_idx();
     const uint32_t xb = p.hidden * p.comb_elem, kw = p.top_k * 4;
-    const bool weighted = (p.flags & IE_FLAG_WEIGHTED) != 0;
+    const bool weighted = (p.flags & IE_FLAG_WEIGHTED) != 0, dedup = ie_dedup(p);
     for (uint32_t m = 0; m < N; m++) {
         if (m == own) continue;
         const uint32_t s = ie_relay_of(p, r, m);
@@ -125,27 +166,40 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         if (!sh.n) return;
         const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
         const uint8_t* recs = seg + p.lay.relay_hdr;
-        uint32_t n = 0;
-        for (uint32_t dl = 0; dl < G; dl++) n += ((const uint32_t*)seg)[dl];
-        const uint32_t U = n ? ((const uint32_t*)(recs + (uint64_t)(n - 1) * p.rec_bytes + tail))[3] + 1 : 0;
+        // Records (dispatch checked them against the segment), and the tokens they hold.
+        const uint32_t n = ((const uint32_t*)seg)[G];
+        if ((uint64_t)n * p.rec_bytes > p.lay.seg_relay - p.lay.relay_hdr) {
+            if (tid == 0) ie_error((uint32_t*)a.status, IE_ERR_RELAY, s, n, 0xffffffffu);
+            return;
+        }
+        const uint32_t U = n == 0 ? 0 : dedup ? n : ((const uint32_t*)(recs + (uint64_t)(n - 1) * p.rec_bytes + tail))[3] + 1;
         uint8_t* out = (uint8_t*)(p.win[r] + p.lay.out_comb + s * p.lay.seg_comb);
         const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
         for (uint32_t j = j0 + warp; j < j1; j += nwarps) {
-            // A token's records are consecutive: the group at its first record sums them all.
-            const uint32_t u = ((const uint32_t*)(recs + (uint64_t)j * p.rec_bytes + tail))[3];
-            if (j > 0 && ((const uint32_t*)(recs + (uint64_t)(j - 1) * p.rec_bytes + tail))[3] == u) continue;
-            uint32_t je = j + 1;
-            while (je < n && je - j < IE_MAX_WORLD && ((const uint32_t*)(recs + (uint64_t)je * p.rec_bytes + tail))[3] == u) je++;
-            const uint32_t nd = je - j;
-            for (uint32_t e = lane; e < nd; e += 32) {
-                const uint8_t* rec = recs + (uint64_t)(j + e) * p.rec_bytes;
-                const uint32_t* x = (const uint32_t*)(rec + tail);
-                const uint32_t d = x[1] % p.world, q = x[2] % p.max_tokens;
-                const uint64_t row = p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_comb + (uint64_t)q * p.comb_bytes;
-                gs.row[warp][e] = row;
-                gs.f[warp][e] = weighted ? ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d) : 1.0f;
+            // V1-LL: a token's records are consecutive; the group at its first record sums them
+            // all. V1: one record per token.
+            const uint32_t u = dedup ? j : ((const uint32_t*)(recs + (uint64_t)j * p.rec_bytes + tail))[3];
+            if (!dedup && j > 0 && ((const uint32_t*)(recs + (uint64_t)(j - 1) * p.rec_bytes + tail))[3] == u) continue;
+            if (lane == 0) {
+                uint32_t nd = 0;
+                for (uint32_t jj = j; jj < n && nd < IE_MAX_WORLD; jj++) {
+                    const uint8_t* rec = recs + (uint64_t)jj * p.rec_bytes;
+                    if (!dedup && ((const uint32_t*)(rec + tail))[3] != u) break;
+                    for (uint32_t slot = 0; slot < (dedup ? G : 1u); slot++) {
+                        uint32_t d, q;
+                        if (!ie_rec_dest(p, rec, own, slot, &d, &q)) continue;
+                        const uint64_t row =
+                            p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_comb + (uint64_t)(q % p.max_tokens) * p.comb_bytes;
+                        gs.row[warp][nd] = row;
+                        gs.f[warp][nd] = weighted ? ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d) : 1.0f;
+                        nd++;
+                    }
+                    if (dedup) break;
+                }
+                gs.n[warp] = nd;
             }
             mori_sync_group32();
+            const uint32_t nd = gs.n[warp];
             uint8_t* part = out + (uint64_t)u * p.part_bytes;
             if (u < U)
                 for (uint32_t h0 = lane * 8; h0 < p.hidden; h0 += 256) {

@@ -1,13 +1,13 @@
-# MORI-EP AsyncLL and V1-LL across 2 nodes x 4 ranks on one GPU, with their same-run baselines.
+# MORI-EP AsyncLL, V1-LL and V1 across 2 nodes x 4 ranks on one GPU, with their same-run baselines.
 # A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to
-# $OUT/asyncll.txt. About 5 minutes on one H100/H200.
+# $OUT/asyncll.txt. About 6 minutes on one H100/H200.
 #
-# - the inter-node GPU tests (AsyncLL and V1-LL, xgmi and tcp legs, bit-exact against the
+# - the inter-node GPU tests (AsyncLL, V1-LL and V1, xgmi and tcp legs, bit-exact against the
 #   reference);
 # - bench_dispatch_combine --kernel-type async_ll at the decode shape (T=128, H=7168, E=256,
 #   K=8, bf16) over xgmi, with --trace (one Perfetto file per rank, read by mori trace
 #   analyze), also at 2 and 4 ranks; over tcp; and the DeepSeek-V3 shape (T=4096, fp8); the
-#   same with --kernel-type v1_ll (decode over xgmi traced, over tcp, V3);
+#   same with --kernel-type v1_ll and v1 (decode over xgmi traced, over tcp, V3);
 # - the baselines the targets name, in the same run: the put-with-signal round trip through
 #   the ring and proxy at the leg's message size (bench_proxy: one decode segment is about 84
 #   records of 14448 B, 1.2 MB), the intranode kernels for the same shape and ranks, and
@@ -16,7 +16,7 @@
 al_log="$OUT/asyncll.txt"
 al() { logged "$al_log" 300 40 "^$" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
-step "asyncll: GPU tests (AsyncLL and V1-LL, 2 nodes x 4 ranks, xgmi and tcp legs, bit-exact)"
+step "asyncll: GPU tests (AsyncLL, V1-LL and V1, 2 nodes x 4 ranks, xgmi and tcp legs, bit-exact)"
 al "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --nocapture --test-threads=1
 step "asyncll: decode over xgmi, traced"
 mkdir -p "$OUT/trace"
@@ -36,6 +36,10 @@ al "trace analyze v1_ll rank 0" "$B/mori" trace analyze "$OUT/trace/v1ll-decode-
 al "v1_ll decode xgmi W=2" "$B/bench_dispatch_combine" --kernel-type v1_ll --num-nodes 2 --world-size 2 $dec
 al "v1_ll decode tcp" "$B/bench_dispatch_combine" --kernel-type v1_ll --num-nodes 2 $dec --transport tcp --iters 5 --warmup 2
 al "v1_ll V3 xgmi" "$B/bench_dispatch_combine" --kernel-type v1_ll --num-nodes 2 --num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2
+step "asyncll: V1 decode over xgmi (traced) and tcp, V3 over xgmi"
+al "v1 decode xgmi" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --trace "$OUT/trace/v1-decode-xgmi.json"
+al "v1 decode tcp" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --transport tcp --iters 5 --warmup 2
+al "v1 V3 xgmi" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2
 step "asyncll: baselines: put-with-signal round trip through ring and proxy (xgmi, tcp), intranode kernels"
 al "bench_proxy xgmi" "$B/bench_proxy" --transport xgmi --sizes 8,1213632 --iters 100 --flood-bytes 0
 al "bench_proxy tcp" "$B/bench_proxy" --transport tcp --sizes 8,1213632 --iters 50 --flood-bytes 0

@@ -54,9 +54,9 @@ fn node_flags() {
     refused(&["--num-nodes", "2", "--gpus-per-node", "3"], &[], &["--num-nodes 2 and --gpus-per-node 3 disagree", "4 per node"]);
     refused(&["--num-nodes", "3"], &[], &["--num-nodes 3 must divide --world-size 8"]);
     refused(
-        &["--num-nodes", "2"],
+        &["--num-nodes", "2", "--procs", "2", "--num-gpus", "2"],
         &[],
-        &["--world-size 8 and --num-nodes 2 (2 nodes) selects --kernel-type v1", "GPU kernels of v1 are not built yet", "--device cpu"],
+        &["--kernel-type v1 on GPUs runs every rank in this process on one GPU", "drop --procs"],
     );
     refused(
         &["--device", "cpu", "--local", "--num-nodes", "2", "--kernel-type", "intranode"],
@@ -75,7 +75,7 @@ fn flags_of_the_other_device() {
     refused(&["--device", "cpu", "--local", "--procs", "2"], &[], &["--procs is a --device gpu flag"]);
     refused(&["--device", "cpu", "--local", "--trace", "/tmp/t.json"], &[], &["--trace is a --device gpu flag"]);
     refused(&["--local"], &[], &["--local is a --device cpu flag"]);
-    refused(&["--lanes", "2"], &[], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll"]);
+    refused(&["--lanes", "2"], &[], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type v1, v1_ll or async_ll"]);
     refused(&["--device", "cpu", "--local", "--lanes", "0"], &[], &["--lanes 0"]);
     refused(&["--device", "cpu", "--local", "--transport", "rdma", "--lanes", "2"], &[], &["--lanes with --transport rdma"]);
     refused(&["--device", "cpu", "--local", "--ranks-per-proc", "3"], &[], &["--ranks-per-proc 3 must divide --world-size 8"]);

@@ -45,15 +45,11 @@ fn node_refusals_name_the_users_flags() {
             &["--world-size", "16", "--gpus-per-node", "8", "--kernel-type", "intranode"],
             &["--kernel-type intranode with --world-size 16 and --gpus-per-node 8 (2 nodes)"],
         ),
-        (
-            &["--world-size", "16", "--gpus-per-node", "8"],
-            &["--gpus-per-node 8", "--kernel-type v1", "GPU kernels of v1 are not built yet"],
-        ),
-        (&["--kernel-type", "v1"], &["--kernel-type v1: the GPU kernels of v1 are not built yet", "async_ll and v1_ll run"]),
+        (&["--kernel-type", "v1"], &["--kernel-type v1 on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "async_ll"], &["--kernel-type async_ll on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "rdma"], &["--transport rdma on GPUs: not built"]),
-        (&["--lanes", "2"], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll or v1_ll"]),
+        (&["--lanes", "2"], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type v1, v1_ll or async_ll"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--lanes", "8"], &["--lanes on GPUs sets the TCP lanes of --transport tcp"]),
         (
             &["--kernel-type", "async_ll", "--world-size", "32", "--num-nodes", "2"],
@@ -92,17 +88,23 @@ fn node_refusals_name_the_users_flags() {
     }
 }
 
-/// `--kernel-type async_ll|v1_ll --num-nodes 2` on GPUs passes validation; without a GPU runtime
-/// it stops there, with one it runs every rank on GPU 0 and checks against the reference.
+/// `--kernel-type v1|v1_ll|async_ll --num-nodes 2` on GPUs (v1 also as the default of 2 nodes)
+/// passes validation; without a GPU runtime it stops there, with one it runs every rank on GPU 0
+/// and checks against the reference.
 #[test]
-fn async_ll_and_v1_ll_across_two_nodes_are_accepted_on_gpus() {
+fn inter_node_kernel_types_across_two_nodes_are_accepted_on_gpus() {
     for (kt, extra) in [
         ("async_ll", &[][..]),
         ("async_ll", &["--transport", "tcp", "--lanes", "2"][..]),
         ("v1_ll", &[][..]),
         ("v1_ll", &["--transport", "tcp", "--lanes", "2"][..]),
+        ("v1", &[][..]),
+        ("", &[][..]),
     ] {
-        let mut args = with_small(&["--kernel-type", kt, "--num-nodes", "2"]);
+        let mut args = with_small(&["--num-nodes", "2"]);
+        if !kt.is_empty() {
+            args.extend(["--kernel-type".to_string(), kt.to_string()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (code, text) = run(&args);

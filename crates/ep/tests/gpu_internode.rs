@@ -1,4 +1,4 @@
-//! AsyncLL and V1-LL across nodes on a real GPU (`mori_ep::gpu_internode::InterNodeGpu`): 2 nodes
+//! AsyncLL, V1-LL and V1 across nodes on a real GPU (`mori_ep::gpu_internode::InterNodeGpu`): 2 nodes
 //! x 4 ranks on GPU 0, the inter-node leg through each rank's proxy over MORI-IO xgmi and over
 //! tcp with host staging; every received row, weight, id, scale and source and every combined
 //! row equal the host reference bit for bit (combine in the scheme's summation order), over
@@ -137,6 +137,24 @@ fn v1_ll_2x4_on_one_gpu_over_tcp_with_host_staging_equals_the_reference() {
 #[ignore = "needs a CUDA device"]
 fn v1_ll_decode_shape_over_xgmi() {
     run(&DECODE, Scheme::V1LL, InterPath::Xgmi, 1, 5);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn v1_2x4_on_one_gpu_over_xgmi_equals_the_reference() {
+    run(&SMALL, Scheme::V1, InterPath::Xgmi, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn v1_2x4_on_one_gpu_over_tcp_with_host_staging_equals_the_reference() {
+    run(&SMALL, Scheme::V1, InterPath::Tcp { lanes: 4 }, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn v1_decode_shape_over_xgmi() {
+    run(&DECODE, Scheme::V1, InterPath::Xgmi, 1, 5);
 }
 
 #[test]

@@ -157,7 +157,7 @@ impl PyEpOp {
         if kernel_type != 0 {
             return Err(crate::errors::err(
                 mori_io::ErrorCode::NotSupported,
-                format!("kernel_type {kernel_type}: mori_rs.ops runs the IntraNode kernels only (the internode kernels are not built yet)"),
+                format!("kernel_type {kernel_type}: mori_rs.ops runs the IntraNode kernels only (the inter-node GPU kernels run every rank of a job in one process, as mori_ep::gpu_internode::InterNodeGpu and bench_dispatch_combine --kernel-type v1|v1_ll|async_ll; one rank per Python process is not wired to them)"),
             ));
         }
         let mut cfg = EpConfig::new(world_size, hidden, experts_per_rank.saturating_mul(world_size), top_k, max_tokens)

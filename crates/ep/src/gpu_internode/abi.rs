@@ -29,9 +29,10 @@ pub struct IeLayout {
     pub relay_in: u64,
     /// V1-LL: staging of the relay segment for node `m` at `out_relay + m * seg_relay`.
     pub out_relay: u64,
-    /// `relay_hdr + max_tokens * gpn * rec_bytes` (0 under AsyncLL).
+    /// `relay_hdr + max_tokens * (V1-LL gpn, V1 1) * rec_bytes` (0 under AsyncLL).
     pub seg_relay: u64,
-    /// Header bytes of a relay segment: u32 `[gpn]` records per destination, 16-aligned.
+    /// Header bytes of a relay segment: u32 `[gpn]` records per destination, then u32 records;
+    /// 16-aligned.
     pub relay_hdr: u64,
     /// V1-LL: rows for origin node `m` from local rank `l` at `gather + (m * gpn + l) * seg_comb`.
     pub gather: u64,
@@ -112,8 +113,20 @@ pub const FLAG_DROP_OUT_OF_RANGE: u32 = 1;
 /// `IE_FLAG_WEIGHTED`: combine scales each row by the receiving rank's weights of the token's
 /// slots it owns ([`crate::Weighting::RankSlotSum`]).
 pub const FLAG_WEIGHTED: u32 = 2;
-/// `IE_FLAG_RELAY`: V1-LL (other nodes through the same-local-index relay).
+/// `IE_FLAG_RELAY`: V1-LL and V1 (other nodes through the same-local-index relay).
 pub const FLAG_RELAY: u32 = 4;
+/// `IE_FLAG_DEDUP`: with [`FLAG_RELAY`], V1 (one record per (token, node)).
+pub const FLAG_DEDUP: u32 = 8;
+
+/// The scheme's flags.
+pub fn scheme_flags(scheme: crate::internode::Scheme) -> u32 {
+    use crate::internode::Scheme;
+    match scheme {
+        Scheme::AsyncLL => 0,
+        Scheme::V1LL => FLAG_RELAY,
+        Scheme::V1 => FLAG_RELAY | FLAG_DEDUP,
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -130,6 +143,7 @@ mod tests {
             "#define IE_FLAG_DROP_OUT_OF_RANGE 1u",
             "#define IE_FLAG_WEIGHTED 2u",
             "#define IE_FLAG_RELAY 4u",
+            "#define IE_FLAG_DEDUP 8u",
             "#define IE_DONE_GATHER(world) (4u + 2u * (world))",
         ] {
             assert!(src.contains(needle), "ep_internode.h lost {needle}");

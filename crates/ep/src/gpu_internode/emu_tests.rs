@@ -1,13 +1,13 @@
-//! kernels/ep_internode.cu (AsyncLL and V1-LL) on CPU threads (`MORI_HOST_EMU`), 2 nodes x 2 ranks: each
+//! kernels/ep_internode.cu (AsyncLL, V1-LL, V1) on CPU threads (`MORI_HOST_EMU`), 2 nodes x 2 ranks: each
 //! node's kernels launched by a thread of its own with only its own ranks' windows and counter
 //! blocks addressable (another node's are 0 in the parameters: touching them would fault),
 //! other nodes reached only through each rank's proxy ring, carried by a real `RingProxy`
 //! over MORI-IO tcp into the peer's window (segments, then their counter pairs as tail writes).
 //! Two rounds of dispatch and combine, each equal to the host reference bit for bit (received
 //! rows in the reference's order; combine summed in the scheme's order: over destination ranks
-//! ascending for AsyncLL, per node for V1-LL).
+//! ascending for AsyncLL, per node for V1 and V1-LL).
 
-use super::abi::{IeParams, IeRank, FLAG_RELAY, FLAG_WEIGHTED};
+use super::abi::{scheme_flags, IeParams, IeRank, FLAG_WEIGHTED};
 use super::trace::{perfetto, slot, trace_bytes, RankStamps};
 use super::*;
 use crate::emu_support::{launch, Region};
@@ -192,7 +192,7 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize, epoch
         comb_bytes: l.comb_bytes as u32,
         comb_elem: 2,
         out_elem: 4,
-        flags: FLAG_WEIGHTED | if l.scheme == Scheme::V1LL { FLAG_RELAY } else { 0 },
+        flags: FLAG_WEIGHTED | scheme_flags(l.scheme),
         trace_blocks: BLOCKS,
         part_bytes: l.part_bytes as u32,
         pad: 0,
@@ -213,6 +213,11 @@ fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
 #[test]
 fn v1_ll_two_nodes_of_two_through_relays_equals_the_reference() {
     two_nodes_of_two_equal_the_reference(Scheme::V1LL);
+}
+
+#[test]
+fn v1_two_nodes_of_two_through_relays_equals_the_reference() {
+    two_nodes_of_two_equal_the_reference(Scheme::V1);
 }
 
 fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
@@ -243,8 +248,13 @@ fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
         );
     }
     let mut rng = SplitMix64::new(0x1e_2024);
+    // Bytes each rank's proxy moves: the scheme's inter-node segments, summed over the rounds.
+    let mut leg_bytes = [0u64; W];
     for round in 0..2 {
         let inp = inputs(&mut rng, round);
+        for (r, b) in leg_bytes.iter_mut().enumerate() {
+            *b += expected_leg_bytes(&l, &inp, r);
+        }
         let want = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
         for (r, i) in inp.iter().enumerate() {
             let m = &mems[r];
@@ -335,14 +345,50 @@ fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
     check_trace(&mems, scheme);
     let stats: Vec<_> = proxies.into_iter().map(|p| p.stop().unwrap()).collect();
     // One command per inter-node peer and phase in each of the two rounds: every rank of the
-    // other node (AsyncLL), or only the relay there (V1-LL).
+    // other node (AsyncLL), or only the relay there (V1-LL, V1); and the scheme's bytes.
     let peers = if scheme == Scheme::AsyncLL { W - G } else { W / G - 1 };
     for (r, s) in stats.iter().enumerate() {
         assert_eq!(s.commands, 2 * 2 * peers as u64, "rank {r}: proxy commands {s:?}");
+        assert_eq!(s.bytes, leg_bytes[r], "rank {r}: bytes through the proxy {s:?}");
     }
     for (r, wm) in regs.iter().enumerate() {
         engines[r].deregister_memory(wm).unwrap();
     }
+}
+
+/// The ranks token `t` of `inp` goes to (one bit per rank).
+fn dest_mask(inp: &RankInput<bf16, i64>, t: usize) -> u64 {
+    inp.indices.row(t).unwrap().iter().filter(|&&e| e >= 0).fold(0, |m, &e| m | 1 << (e as usize / (E / W)))
+}
+
+/// The bytes rank `r`'s proxy moves in one round: AsyncLL, its records for each rank of the
+/// other node and the rows it returns to them; V1-LL and V1, one relay segment per other node
+/// (header and records: one per (token, destination) there, or one per token) and, as a relay,
+/// one partial per token of its partner there with a destination on this node.
+fn expected_leg_bytes(l: &InterLayout, inp: &[RankInput<bf16, i64>], r: usize) -> u64 {
+    let node = |d: usize| d / G;
+    let on = |m: u64, n: usize| (m >> (n * G)) & ((1 << G) - 1);
+    let tokens = |s: usize| (0..inp[s].x.rows()).map(move |t| dest_mask(&inp[s], t));
+    let mut b = 0u64;
+    for s in (0..W).filter(|&s| node(s) != node(r)) {
+        b += match l.scheme {
+            // r's records for s, and r's rows for s's tokens.
+            Scheme::AsyncLL => {
+                tokens(r).filter(|m| m >> s & 1 == 1).count() as u64 * l.rec_bytes as u64
+                    + tokens(s).filter(|m| m >> r & 1 == 1).count() as u64 * l.comb_bytes as u64
+            }
+            _ if s % G != r % G => 0,
+            // The relay segment for s's node, and the partials for s's tokens.
+            scheme => {
+                let recs: u64 = tokens(r)
+                    .map(|m| if scheme == Scheme::V1LL { on(m, node(s)).count_ones() as u64 } else { u64::from(on(m, node(s)) != 0) })
+                    .sum();
+                let parts = tokens(s).filter(|&m| on(m, node(r)) != 0).count() as u64;
+                l.lay.relay_hdr + recs * l.rec_bytes as u64 + parts * l.part_bytes as u64
+            }
+        };
+    }
+    b
 }
 
 /// The last round's trace stamps: every phase stamped in order on every block, every command

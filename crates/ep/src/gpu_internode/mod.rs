@@ -1,4 +1,4 @@
-//! MORI-EP across nodes on GPUs, AsyncLL and V1-LL schemes ([`crate::internode::Scheme`]): the
+//! MORI-EP across nodes on GPUs, AsyncLL, V1-LL and V1 ([`crate::internode::Scheme`]): the
 //! layout and kernel ABI of `kernels/ep_internode.cu`.
 //! - AsyncLL: direct puts to every destination rank, same-node ones by P2P stores, other
 //!   nodes' through the rank's proxy ring as MORI-IO writes; the source sums the returned rows
@@ -8,6 +8,8 @@
 //!   each record by P2P stores. In combine the relay sums its node's rows per token (an f32
 //!   partial) and sends one partial per token back; the source sums per node
 //!   ([`crate::SumOrder::PerNode`]).
+//! - V1: V1-LL with one record per (token, node), naming every destination on the relay's
+//!   node; the relay stores it to each. Combine as V1-LL.
 //!
 //! Every rank has a window ([`InterLayout::window_bytes`]: dispatch segments per source,
 //! combine segments per destination, two staging areas the proxy reads from, for V1-LL the
@@ -64,9 +66,10 @@ pub struct InterLayout {
     pub comb_bytes: usize,
     /// Combine input element bytes (2 bf16, 4 f32).
     pub comb_elem: usize,
-    /// The scheme the layout serves (AsyncLL or V1-LL).
+    /// The scheme the layout serves.
     pub scheme: Scheme,
-    /// V1-LL: bytes of a relay's partial sum row (H f32, K f32; 16-aligned); 0 under AsyncLL.
+    /// V1 and V1-LL: bytes of a relay's partial sum row (H f32, K f32; 16-aligned); 0 under
+    /// AsyncLL.
     pub part_bytes: usize,
     /// The kernel ABI's offsets.
     pub lay: abi::IeLayout,
@@ -77,16 +80,13 @@ pub struct InterLayout {
 impl InterLayout {
     /// The layout for `cfg` (validated) under `scheme` with dispatch rows of `elem` bytes per
     /// element, ids of `idx_size` bytes and combine inputs of `comb_elem` bytes per element.
-    /// Errors: `InvalidConfig` naming the field for scheme V1 (no GPU kernels), a world above [`MAX_WORLD`], a row that is
+    /// Errors: `InvalidConfig` naming the field for a world above [`MAX_WORLD`], a row that is
     /// not a multiple of 16 bytes, a hidden size that is not a multiple of 8, an id size other
     /// than 4 or 8, a combine element size other than 2 or 4; `SizeOverflow` for a window above
     /// `u64`.
     pub fn new(cfg: &EpConfig, scheme: Scheme, elem: usize, idx_size: usize, comb_elem: usize) -> EpResult<Self> {
         cfg.validate()?;
         let bad = |field: &'static str, value: String, reason: &str| Err(EpError::InvalidConfig { field, value, reason: reason.into() });
-        if scheme == Scheme::V1 {
-            return bad("kernel_type", "v1".into(), "the inter-node GPU kernels run AsyncLL and V1-LL (V1 runs on the host executor)");
-        }
         if cfg.world_size > MAX_WORLD {
             return bad("world_size", cfg.world_size.to_string(), "the inter-node GPU kernels address at most 64 ranks");
         }
@@ -108,9 +108,15 @@ impl InterLayout {
             return bad("scale_dim x scale_type_size", scale_bytes.to_string(), "must be a multiple of 4 bytes");
         }
         let k = cfg.top_k;
-        let relay = scheme == Scheme::V1LL;
-        // Record tail: i32 source; V1-LL adds u32 destination, index at it, index in its node.
-        let rec_bytes = round16(row_bytes + k * 4 + k * idx_size + scale_bytes + if relay { 16 } else { 4 });
+        let relay = scheme.relays();
+        // Record tail: i32 source; V1-LL adds u32 destination, index at it, index in its node;
+        // V1 u32 index in its node and per local index u32 the index at that rank.
+        let tail = match scheme {
+            Scheme::AsyncLL => 4,
+            Scheme::V1LL => 16,
+            Scheme::V1 => 8 + 4 * cfg.gpus_per_node,
+        };
+        let rec_bytes = round16(row_bytes + k * 4 + k * idx_size + scale_bytes + tail);
         let comb_bytes = round16(cfg.hidden * comb_elem + k * 4);
         let part_bytes = if relay { round16(cfg.hidden * 4 + k * 4) } else { 0 };
         let ov = || EpError::SizeOverflow { what: "inter-node GPU window bytes", limit: "u64" };
@@ -120,8 +126,11 @@ impl InterLayout {
         let seg_rec = mt.checked_mul(rec_bytes as u64).ok_or_else(ov)?;
         let seg_comb = mt.checked_mul(comb_bytes.max(part_bytes) as u64).ok_or_else(ov)?;
         let half = w.checked_mul(seg_rec.checked_add(seg_comb).ok_or_else(ov)?).ok_or_else(ov)?;
-        let relay_hdr = if relay { round16(4 * cfg.gpus_per_node) as u64 } else { 0 };
-        let seg_relay = if relay { mt.checked_mul(g).and_then(|x| x.checked_mul(rec_bytes as u64)).ok_or_else(ov)? + relay_hdr } else { 0 };
+        let relay_hdr = if relay { round16(4 * cfg.gpus_per_node + 4) as u64 } else { 0 };
+        // Records per relay segment at most: V1-LL one per (token, destination on the node).
+        let per_token = if scheme == Scheme::V1LL { g } else { 1 };
+        let seg_relay =
+            if relay { mt.checked_mul(per_token).and_then(|x| x.checked_mul(rec_bytes as u64)).ok_or_else(ov)? + relay_hdr } else { 0 };
         let relays = nodes.checked_mul(seg_relay).ok_or_else(ov)?;
         let gather = if relay { w.checked_mul(seg_comb).ok_or_else(ov)? } else { 0 };
         let pairs = w * 2 * 2 * 8;

@@ -1,4 +1,4 @@
-//! [`InterNodeGpu`]: every rank of an inter-node job (AsyncLL or V1-LL) in this process on one GPU, nodes as groups
+//! [`InterNodeGpu`]: every rank of an inter-node job (AsyncLL, V1-LL or V1) in this process on one GPU, nodes as groups
 //! of ranks (the single-GPU stand-in for several nodes): windows, counter blocks, command rings,
 //! one MORI-IO engine and [`RingProxy`] per rank, and the kernels of
 //! `kernels/ep_internode.cu` launched per node on a stream of its own (both nodes' blocks
@@ -42,7 +42,7 @@ struct GpuRank {
     comb_rows: usize,
 }
 
-/// Inter-node dispatch/combine (AsyncLL or V1-LL, [`InterNodeOptions::scheme`]) for every rank
+/// Inter-node dispatch/combine (AsyncLL, V1-LL or V1: [`InterNodeOptions::scheme`]) for every rank
 /// of the job, in this process, on one GPU.
 pub struct InterNodeGpu {
     rt: Arc<dyn Runtime>,
@@ -270,7 +270,8 @@ impl InterNodeGpu {
             "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank ({} for the copy-out); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; window {:.1} MB per rank",
             match opts.scheme {
                 Scheme::V1LL => "V1-LL (one record per token and destination to the same-local-index relay of each other node, forwarded there by P2P stores; partial sums per node back)",
-                _ => "AsyncLL (direct puts to every destination rank)",
+                Scheme::V1 => "V1 (one record per token and node to the same-local-index relay there, stored by it to each destination; partial sums per node back)",
+                Scheme::AsyncLL => "AsyncLL (direct puts to every destination rank)",
             },
             rt.kind(),
             opts.blocks_per_rank,

@@ -1,11 +1,10 @@
 //! [`InterNodeGpu`]'s side of the kernel ABI: the parameters of a node's launches, the per-rank
 //! structs it uploads, and the status words it reads back.
 
-use super::super::abi::{IeLayout, IeParams, IeRank, FLAG_RELAY, FLAG_WEIGHTED};
+use super::super::abi::{scheme_flags, IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
 use super::super::MAX_WORLD;
 use super::InterNodeGpu;
 use crate::gpu::{EpGpuError, GpuResult};
-use crate::internode::Scheme;
 
 impl InterNodeGpu {
     pub(super) fn params(&self, node: usize) -> IeParams {
@@ -39,7 +38,7 @@ impl InterNodeGpu {
             comb_bytes: l.comb_bytes as u32,
             comb_elem: l.comb_elem as u32,
             out_elem: self.out_elem as u32,
-            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 } | if l.scheme == Scheme::V1LL { FLAG_RELAY } else { 0 },
+            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 } | scheme_flags(l.scheme),
             trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
             part_bytes: l.part_bytes as u32,
             pad: 0,

@@ -21,8 +21,7 @@ pub enum InterPath {
 /// Settings of an [`super::InterNodeGpu`].
 #[derive(Debug, Clone, Copy)]
 pub struct InterNodeOptions {
-    /// The scheme: [`Scheme::AsyncLL`] or [`Scheme::V1LL`] (V1 has no GPU kernels:
-    /// [`super::InterLayout::new`] refuses it).
+    /// The scheme: AsyncLL, V1-LL or V1.
     pub scheme: Scheme,
     /// The inter-node leg.
     pub path: InterPath,

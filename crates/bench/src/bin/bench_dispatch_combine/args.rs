@@ -204,8 +204,8 @@ pub struct Args {
     /// GPUs (ranks) per node, resolved.
     #[arg(skip)]
     pub gpn: usize,
-    /// Kernel family. Default: intranode on one node, v1 on several. On GPUs: intranode, and
-    /// async_ll or v1_ll across nodes (every rank on GPU 0); v1 runs with --device cpu.
+    /// Kernel family. Default: intranode on one node, v1 on several. On GPUs across nodes v1,
+    /// v1_ll and async_ll run every rank on GPU 0 (the nodes as groups of ranks).
     #[arg(long = "kernel-type", value_enum)]
     pub kernel_type: Option<KernelTypeArg>,
     /// Thread blocks per rank (all ranks' blocks on a GPU must fit its multiprocessors).
@@ -223,18 +223,18 @@ pub struct Args {
     /// CPU: EP ranks per process; process p hosts ranks [p*R, (p+1)*R). Default 1.
     #[arg(long = "ranks-per-proc")]
     pub ranks_per_proc: Option<usize>,
-    /// Transport of the inter-node leg. CPU: tcp (default) or rdma; GPU async_ll/v1_ll: xgmi when
+    /// Transport of the inter-node leg. CPU: tcp (default) or rdma; GPU v1/v1_ll/async_ll: xgmi when
     /// not given, or tcp (the kernels stage into pinned host memory).
     #[arg(long, value_enum)]
     pub transport: Option<TransportArg>,
-    /// TCP lanes of the inter-node leg (CPU, or GPU async_ll/v1_ll with --transport tcp). Default 4.
+    /// TCP lanes of the inter-node leg (CPU, or GPU v1/v1_ll/async_ll with --transport tcp). Default 4.
     #[arg(long)]
     pub lanes: Option<usize>,
-    /// GPU async_ll/v1_ll: how long each rank's proxy thread keeps polling an idle command ring
+    /// GPU v1/v1_ll/async_ll: how long each rank's proxy thread keeps polling an idle command ring
     /// before it starts sleeping, µs. Default 200.
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
-    /// GPU async_ll/v1_ll: blocks per rank of the copy-out kernel (received records into the
+    /// GPU v1/v1_ll/async_ll: blocks per rank of the copy-out kernel (received records into the
     /// outputs; it waits for nothing, so it is not bound by the co-resident grid). Default 16.
     #[arg(long = "copy-blocks")]
     pub copy_blocks: Option<u32>,
@@ -285,7 +285,7 @@ pub struct Args {
     #[arg(long = "no-check")]
     pub no_check: bool,
     /// GPU: Perfetto JSON of per-block phase timestamps of the last iteration: intranode, one
-    /// file (rank 0's process); async_ll/v1_ll, one file per rank, PATH with `.rank<R>` before its
+    /// file (rank 0's process); v1/v1_ll/async_ll, one file per rank, PATH with `.rank<R>` before its
     /// extension (`mori trace analyze` reads either).
     #[arg(long)]
     pub trace: Option<String>,
@@ -543,18 +543,8 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    // The GPU inter-node kernels: async_ll and v1_ll.
-    let inter_gpu = gpu && matches!(kt, KernelTypeArg::AsyncLl | KernelTypeArg::V1Ll);
-    if gpu && kt == KernelTypeArg::V1 {
-        let how = if a.kernel_type.is_some() {
-            "--kernel-type v1".to_string()
-        } else {
-            format!("{} ({nodes} nodes) selects --kernel-type v1", nodes_flags())
-        };
-        return Err(err(format!(
-            "{how}: the GPU kernels of v1 are not built yet; on GPUs across nodes --kernel-type async_ll and v1_ll run (use --device cpu for the host implementation of all three)"
-        )));
-    }
+    // The GPU inter-node kernels: v1, v1_ll and async_ll.
+    let inter_gpu = gpu && kt != KernelTypeArg::Intranode;
     if inter_gpu && nodes < 2 {
         return Err(err(format!(
             "--kernel-type {} on GPUs runs across nodes, but {} is one node (give --num-nodes 2 or more; one node: --kernel-type intranode)",
@@ -564,7 +554,7 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
     }
     if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some()) {
         return Err(err(
-            "--proxy-spin-us/--copy-blocks tune the GPU inter-node kernels (--kernel-type async_ll or v1_ll) and proxies; this run is not one of them",
+            "--proxy-spin-us/--copy-blocks tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
         ));
     }
     if let Some(v) = a.proxy_spin_us.filter(|&v| v > 10_000_000) {
@@ -575,7 +565,7 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
     }
     if gpu && !inter_gpu && (a.transport.is_some() || a.lanes.is_some()) {
         return Err(err(
-            "--transport/--lanes on GPUs choose the inter-node leg of --kernel-type async_ll or v1_ll across nodes; intranode has none",
+            "--transport/--lanes on GPUs choose the inter-node leg of --kernel-type v1, v1_ll or async_ll across nodes; intranode has none",
         ));
     }
     if gpu && a.transport == Some(TransportArg::Rdma) {

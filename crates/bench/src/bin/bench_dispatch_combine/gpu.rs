@@ -144,7 +144,7 @@ pub fn host_images_and_oracle(a: &Args, cfg: &EpConfig, inp: &Inputs, want_oracl
 
 pub fn run(a: &Args) -> AnyResult<bool> {
     let cfg = config(a)?;
-    if matches!(cfg.kernel_type, mori_ep::KernelType::AsyncLL | mori_ep::KernelType::InterNodeV1LL) {
+    if cfg.kernel_type != mori_ep::KernelType::IntraNode {
         return crate::gpu_inter::run(a, &cfg);
     }
     // Output files are created before the GPU work, so an unwritable path fails first.

@@ -1,9 +1,9 @@
-//! `--device gpu --kernel-type async_ll|v1_ll` across nodes: every rank on one GPU, the nodes
+//! `--device gpu --kernel-type v1|v1_ll|async_ll` across nodes: every rank on one GPU, the nodes
 //! as groups of ranks (`mori_ep::gpu_internode::InterNodeGpu`), the inter-node leg through each
 //! rank's proxy over MORI-IO xgmi (default) or tcp with host staging (`--transport tcp`).
 //! The first iteration is checked against the host reference byte for byte (received rows,
 //! weights, ids, scales, sources in the reference's order; combine summed in the scheme's
-//! order, over destination ranks ascending for async_ll and per node for v1_ll, bit-exact on
+//! order, over destination ranks ascending for async_ll and per node for v1 and v1_ll, bit-exact on
 //! these integer-valued inputs, within 1e-2 relative with `--weighted`); times are the kernels' GPU
 //! event times of the slowest node, averaged over `--iters` after `--warmup`.
 
@@ -22,6 +22,7 @@ use std::time::Duration;
 fn kt_name(cfg: &EpConfig) -> &'static str {
     match cfg.kernel_type {
         mori_ep::KernelType::InterNodeV1LL => "v1_ll",
+        mori_ep::KernelType::InterNodeV1 => "v1",
         _ => "async_ll",
     }
 }

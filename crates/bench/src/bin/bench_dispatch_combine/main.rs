@@ -3,7 +3,7 @@
 //!
 //! - `--device gpu` (default, [`gpu`]): the intranode GPU kernels, next to a plain
 //!   device-to-device copy of the same byte count (the roofline) measured in the same run;
-//!   across nodes with `--kernel-type async_ll` or `v1_ll` ([`gpu_inter`]): every rank on one GPU, the
+//!   across nodes with `--kernel-type v1`, `v1_ll` or `async_ll` ([`gpu_inter`]): every rank on one GPU, the
 //!   nodes as groups of ranks, the inter-node leg through the proxies (xgmi or tcp).
 //! - `--device cpu` ([`cpu`]): the host implementation (`mori_ep::host`), intra- and inter-node
 //!   (V1, V1-LL, AsyncLL), either every rank on this host (`--local`: one spawned process per
