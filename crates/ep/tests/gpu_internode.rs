@@ -7,9 +7,17 @@
 use mori_ep::gpu_internode::{ElemSizes, InterNodeGpu, InterNodeOptions, InterPath, RankBytes};
 use mori_ep::internode::Scheme;
 use mori_ep::routing::SplitMix64;
-use mori_ep::{bf16, combine, dispatch, CombineOptions, DispatchOptions, EpConfig, RankInput, Tensor2, Weighting};
+use mori_ep::{bf16, combine, dispatch, CombineOptions, DispatchOptions, EpConfig, KernelType, RankInput, Tensor2, Weighting};
 use mori_gpu::Device;
 use std::time::Duration;
+
+fn scheme_kernel_type(s: Scheme) -> KernelType {
+    match s {
+        Scheme::AsyncLL => KernelType::AsyncLL,
+        Scheme::V1LL => KernelType::InterNodeV1LL,
+        Scheme::V1 => KernelType::InterNodeV1,
+    }
+}
 
 fn bytes<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
@@ -49,7 +57,8 @@ fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) 
     cfg.scale_type_size = 4;
     cfg.max_token_type_size = 2;
     let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
-    let opts = InterNodeOptions { scheme, path, weighted: true, timeout: Duration::from_secs(20), ..InterNodeOptions::default() };
+    cfg.set_kernel_type(scheme_kernel_type(scheme));
+    let opts = InterNodeOptions { path, weighted: true, timeout: Duration::from_secs(20), ..InterNodeOptions::default() };
     let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
     println!("{}", ep.describe());
     let mut rng = SplitMix64::new(0x5eed_0017);
@@ -71,7 +80,7 @@ fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) 
             .zip(&owned)
             .map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] })
             .collect();
-        let got = ep.dispatch(&rb).unwrap();
+        let (got, ticket) = ep.dispatch(&rb).unwrap();
         let want = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
         for (r, (g, w)) in got.iter().zip(&want.ranks).enumerate() {
             assert_eq!(g.x, bytes(w.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()), "round {round} rank {r}: rows");
@@ -85,7 +94,7 @@ fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) 
         }
         let xs: Vec<&[u8]> = got.iter().map(|g| &g.x[..]).collect();
         let ws: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
-        let comb = ep.combine(&xs, Some(&ws)).unwrap();
+        let comb = ep.combine(ticket, &xs, Some(&ws)).unwrap();
         let rx: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
         let rw: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
@@ -183,7 +192,8 @@ fn async_ll_back_to_back_calls_over_xgmi() {
     std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
     let s = DECODE;
-    let cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
+    let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
+    cfg.set_kernel_type(KernelType::AsyncLL);
     let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 4, out_elem: 4 };
     let mut ep =
         InterNodeGpu::new(rt, Device(0), &cfg, sz, InterNodeOptions { blocks_per_rank: 16, ..InterNodeOptions::default() }).unwrap();
@@ -202,10 +212,10 @@ fn async_ll_back_to_back_calls_over_xgmi() {
     let rb: Vec<RankBytes<'_>> =
         inp.iter().zip(&owned).map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &[] }).collect();
     for it in 0..20 {
-        let got = ep.dispatch(&rb).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
+        let (got, ticket) = ep.dispatch(&rb).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
         let rows: Vec<Vec<u8>> = got.iter().map(|g| vec![0u8; g.src.len() / 4 * s.h * 4]).collect();
         let xs: Vec<&[u8]> = rows.iter().map(|v| &v[..]).collect();
-        ep.combine(&xs, None).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
+        ep.combine(ticket, &xs, None).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
         let t = ep.times();
         println!(
             "iteration {it}: dispatch {:.1} us, combine {:.1} us; per kernel (layout, dispatch, receive, combine send, reduce) {:.1?} us",

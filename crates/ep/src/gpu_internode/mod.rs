@@ -25,7 +25,7 @@ mod run;
 pub mod trace;
 mod types;
 
-pub use run::{needed_connections, InterNodeGpu};
+pub use run::{needed_connections, InterNodeGpu, InterTicket};
 pub use types::{ElemSizes, InterNodeOptions, InterPath, PhaseTimes, RankBytes, RecvBytes};
 
 use crate::config::EpConfig;

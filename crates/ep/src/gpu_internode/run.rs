@@ -42,7 +42,7 @@ struct GpuRank {
     comb_rows: usize,
 }
 
-/// Inter-node dispatch/combine (AsyncLL, V1-LL or V1: [`InterNodeOptions::scheme`]) for every rank
+/// Inter-node dispatch/combine (AsyncLL, V1-LL or V1: the configuration's `kernel_type`) for every rank
 /// of the job, in this process, on one GPU.
 pub struct InterNodeGpu {
     rt: Arc<dyn Runtime>,
@@ -64,11 +64,25 @@ pub struct InterNodeGpu {
     /// Set by a failed call: counters and staging counts may be half-updated, so the object
     /// refuses further calls.
     poisoned: Option<String>,
-    /// A dispatch completed and no combine consumed it yet.
-    dispatched: bool,
+    /// The sequence number of the dispatch no combine consumed yet (its ticket's).
+    dispatched: Option<u64>,
+    /// This object's number (its tickets carry it).
+    id: u64,
     /// Kernel runs so far (the kernels' epoch: combine's release word).
     calls: u64,
 }
+
+/// What [`InterNodeGpu::dispatch`] hands back for its combine: consumed by
+/// [`InterNodeGpu::combine`], which refuses one of another object or of a dispatch since
+/// superseded.
+#[derive(Debug)]
+pub struct InterTicket {
+    seq: u64,
+    owner: u64,
+}
+
+/// Object numbers for tickets (unique in the process).
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 fn bad(field: &'static str, value: impl ToString, reason: impl Into<String>) -> EpGpuError {
     EpGpuError::Ep(EpError::InvalidConfig { field, value: value.to_string(), reason: reason.into() })
@@ -102,7 +116,15 @@ impl InterNodeGpu {
     /// and registration failures.
     pub fn new(rt: Arc<dyn Runtime>, dev: Device, cfg: &EpConfig, sz: ElemSizes, opts: InterNodeOptions) -> GpuResult<Self> {
         let ElemSizes { elem, idx_size, comb_elem, out_elem } = sz;
-        let layout = InterLayout::new(cfg, opts.scheme, elem, idx_size, comb_elem)?;
+        if cfg.kernel_type == crate::KernelType::IntraNode {
+            return Err(bad(
+                "kernel_type",
+                "IntraNode",
+                "the inter-node kernels run InterNodeV1, InterNodeV1LL or AsyncLL (one node: gpu::IntranodeEp)",
+            ));
+        }
+        let scheme = Scheme::from_kernel_type(cfg.kernel_type);
+        let layout = InterLayout::new(cfg, scheme, elem, idx_size, comb_elem)?;
         let (w, g) = (cfg.world_size, cfg.gpus_per_node);
         if g == 0 || w / g < 2 || w % g != 0 {
             return Err(bad(
@@ -268,7 +290,7 @@ impl InterNodeGpu {
             (0..nodes).map(|_| (0..4).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
             "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank ({} for the copy-out); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; window {:.1} MB per rank",
-            match opts.scheme {
+            match scheme {
                 Scheme::V1LL => "V1-LL (one record per token and destination to the same-local-index relay of each other node, forwarded there by P2P stores; partial sums per node back)",
                 Scheme::V1 => "V1 (one record per token and node to the same-local-index relay there, stored by it to each destination; partial sums per node back)",
                 Scheme::AsyncLL => "AsyncLL (direct puts to every destination rank)",
@@ -300,7 +322,8 @@ impl InterNodeGpu {
             experts_per_rank: cfg.experts_per_rank,
             times: PhaseTimes::default(),
             poisoned: None,
-            dispatched: false,
+            dispatched: None,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             calls: 0,
             describe,
         })
@@ -372,9 +395,11 @@ impl InterNodeGpu {
     }
 
     /// Dispatches `inputs[r]` of every rank; returns what each received, in the reference's
-    /// order. Errors: `RankCount`-like `InvalidConfig` for a wrong number of inputs, a token
-    /// count above the maximum or byte lengths that do not match; kernel faults naming the rank.
-    pub fn dispatch(&mut self, inputs: &[RankBytes<'_>]) -> GpuResult<Vec<RecvBytes>> {
+    /// order, and the ticket the matching [`InterNodeGpu::combine`] takes. A dispatch whose
+    /// ticket was not combined is superseded by the next one (its ticket then refused).
+    /// Errors: `RankCount`-like `InvalidConfig` for a wrong number of inputs, a token count
+    /// above the maximum or byte lengths that do not match; kernel faults naming the rank.
+    pub fn dispatch(&mut self, inputs: &[RankBytes<'_>]) -> GpuResult<(Vec<RecvBytes>, InterTicket)> {
         let l = self.layout.clone();
         if inputs.len() != l.world {
             return Err(bad("inputs", inputs.len(), format!("one per rank: {}", l.world)));
@@ -422,8 +447,8 @@ impl InterNodeGpu {
             let mut next = || it.next().unwrap_or_default();
             out.push(RecvBytes { x: next(), weights: next(), idx: next(), scales: next(), src: next() });
         }
-        self.dispatched = true;
-        Ok(out)
+        self.dispatched = Some(self.calls);
+        Ok((out, InterTicket { seq: self.calls, owner: self.id }))
     }
 
     fn usable(&self) -> GpuResult<()> {
@@ -443,13 +468,22 @@ impl InterNodeGpu {
         r
     }
 
-    /// Combines: `x[r]` `[N_r, H]` (combine element bytes) and optional `w[r]` `[N_r, K]` f32 in
-    /// rank r's received order; returns each rank's `[T, H]` output (output element bytes) and
-    /// `[T, K]` f32 weight sums (zeros without weights).
-    pub fn combine(&mut self, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    /// Combines the dispatch of `ticket`: `x[r]` `[N_r, H]` (combine element bytes) and optional
+    /// `w[r]` `[N_r, K]` f32 in rank r's received order; returns each rank's `[T, H]` output
+    /// (output element bytes) and `[T, K]` f32 weight sums (zeros without weights).
+    /// Errors: a ticket of another object or of a superseded dispatch; shapes as `dispatch`;
+    /// kernel faults naming the rank.
+    pub fn combine(&mut self, ticket: InterTicket, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
         self.usable()?;
-        if !self.dispatched {
-            return Err(host_err("InterNodeGpu::combine", "no dispatch preceded it (each combine follows one dispatch)"));
+        if ticket.owner != self.id || self.dispatched != Some(ticket.seq) {
+            return Err(host_err(
+                "InterNodeGpu::combine",
+                format!(
+                    "the ticket (dispatch {}) is not this object's latest uncombined dispatch ({})",
+                    ticket.seq,
+                    self.dispatched.map_or("none".to_string(), |s| s.to_string())
+                ),
+            ));
         }
         let l = &self.layout;
         if x.len() != l.world || w.is_some_and(|w| w.len() != l.world) {
@@ -475,7 +509,7 @@ impl InterNodeGpu {
         }
         let r = self.combine_inner(x, w);
         if r.is_ok() {
-            self.dispatched = false;
+            self.dispatched = None;
         }
         self.poison_on(r)
     }

@@ -1,7 +1,6 @@
 //! The plain types of [`super::InterNodeGpu`]'s interface: the inter-node path, options,
 //! element sizes, per-rank inputs and outputs as bytes, and the kernels' timings.
 
-use crate::internode::Scheme;
 use crate::proxy::RingProxyOptions;
 use std::time::Duration;
 
@@ -21,8 +20,6 @@ pub enum InterPath {
 /// Settings of an [`super::InterNodeGpu`].
 #[derive(Debug, Clone, Copy)]
 pub struct InterNodeOptions {
-    /// The scheme: AsyncLL, V1-LL or V1.
-    pub scheme: Scheme,
     /// The inter-node leg.
     pub path: InterPath,
     /// Blocks per rank (each also one proxy command per destination and phase).
@@ -54,7 +51,6 @@ impl InterNodeOptions {
 impl Default for InterNodeOptions {
     fn default() -> Self {
         Self {
-            scheme: Scheme::AsyncLL,
             path: InterPath::Xgmi,
             blocks_per_rank: 4,
             warps_per_block: 8,

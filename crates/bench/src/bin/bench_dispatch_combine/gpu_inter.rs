@@ -70,9 +70,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         comb_elem: a.combine_dtype.size(),
         out_elem: a.combine_dtype.size(),
     };
-    let scheme = Scheme::from_kernel_type(cfg.kernel_type);
     let opts = InterNodeOptions {
-        scheme,
         path,
         blocks_per_rank: cfg.block_num as u32,
         warps_per_block: cfg.warps_per_block as u32,
@@ -113,10 +111,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let mut per_kernel = [0.0f64; 5];
     let mut last: Vec<RecvBytes> = Vec::new();
     for it in 0..a.warmup + a.iters {
-        let got = ep.dispatch(&rb)?;
+        let (got, ticket) = ep.dispatch(&rb)?;
         let cw: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
         let cxr: Vec<&[u8]> = cx.iter().map(|v| &v[..]).collect();
-        let out = ep.combine(&cxr, Some(&cw))?;
+        let out = ep.combine(ticket, &cxr, Some(&cw))?;
         if it == 0 {
             ok &= check(a, cfg, &orc, &handle, &inp.idx, &got, &out);
         }
