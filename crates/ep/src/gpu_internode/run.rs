@@ -112,7 +112,7 @@ impl InterNodeGpu {
     /// for a spinning kernel forever).
     ///
     /// Errors: [`InterLayout::new`]'s; `InvalidConfig` for a single node, more than
-    /// [`MAX_WORLD`] ranks, a grid that cannot be resident, warps outside 1..=16; GPU, engine
+    /// [`super::MAX_WORLD`] ranks, a grid that cannot be resident, warps outside 1..=16; GPU, engine
     /// and registration failures.
     pub fn new(rt: Arc<dyn Runtime>, dev: Device, cfg: &EpConfig, sz: ElemSizes, opts: InterNodeOptions) -> GpuResult<Self> {
         let ElemSizes { elem, idx_size, comb_elem, out_elem } = sz;

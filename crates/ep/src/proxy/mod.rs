@@ -3,7 +3,7 @@
 //! bytes are visible there, by a counter operation (a MORI-IO signal, applied by the peer's
 //! engine) or a tail write (16 bytes into the peer's window, posted by this thread).
 //!
-//! Producers hand it fixed-size commands ([`RingCmd`]) through a bounded ring: a channel for
+//! Producers hand it fixed-size commands ([`crate::ring::RingCmd`]) through a bounded ring: a channel for
 //! the host executor's threads (`Proxy`), or a [`crate::ring`] in shared memory for GPU warps
 //! ([`RingProxy`]). It posts each burst without waiting, keeps the statuses, and reports the
 //! first failure naming the destination rank. The commands of one burst to one peer become one
