@@ -3,7 +3,7 @@
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::BTreeMap;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -52,10 +52,10 @@ type EmuLaunch = unsafe extern "C" fn(u32, u32, *const c_void) -> i32;
 
 /// The emulation library of kernels/`kernel`.cu, built once per test process with the host
 /// C++ compiler (`$CXX`, else `c++`; the machine image ships g++).
-fn emu_lib(kernel: &str) -> usize {
-    static LIBS: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+fn emu_lib(kernel: &str) -> &'static libloading::Library {
+    static LIBS: Mutex<BTreeMap<String, &'static libloading::Library>> = Mutex::new(BTreeMap::new());
     let mut libs = LIBS.lock().unwrap();
-    *libs.entry(kernel.to_string()).or_insert_with(|| {
+    let lib: &mut &'static libloading::Library = libs.entry(kernel.to_string()).or_insert_with(|| {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../kernels/{kernel}.cu"));
         let dir = std::env::temp_dir().join(format!("mori-ep-emu-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -79,27 +79,24 @@ fn emu_lib(kernel: &str) -> usize {
             .arg(&so)
             .arg(&src)
             .output()
-            .unwrap_or_else(|e| panic!("the host C++ compiler {cxx} is needed to emulate kernels/ep_proxy.cu: {e}"));
+            .unwrap_or_else(|e| panic!("the host C++ compiler {cxx} is needed to emulate kernels/{kernel}.cu: {e}"));
         assert!(out.status.success(), "building the emulation of {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
-        let c = CString::new(so.to_str().unwrap()).unwrap();
-        // SAFETY: a path to a library this test just built; it stays loaded for the process.
-        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        assert!(!h.is_null(), "dlopen {}", so.display());
-        h as usize
-    })
+        // SAFETY: a library this test just built from our kernel source (no initializers beyond
+        // the C++ runtime's); it stays loaded for the process (leaked).
+        let lib = unsafe { libloading::Library::new(&so) }.unwrap_or_else(|e| panic!("loading {}: {e}", so.display()));
+        Box::leak(Box::new(lib))
+    });
+    lib
 }
 
 /// Runs kernel `name` of kernels/`kernel`.cu over `grid` x `block` emulated threads with
 /// by-value parameter `p`.
 pub(crate) fn launch<P>(kernel: &str, name: &str, grid: u32, block: u32, p: &P) {
-    let sym = CString::new(format!("mori_emu_{name}")).unwrap();
-    // SAFETY: the handle is a loaded library; the symbol, if present, has MORI_EMU_EXPORT's
-    // signature.
-    let f = unsafe { libc::dlsym(emu_lib(kernel) as *mut c_void, sym.as_ptr()) };
-    assert!(!f.is_null(), "no symbol mori_emu_{name}");
-    // SAFETY: MORI_EMU_EXPORT defines it as int(uint32_t, uint32_t, const void*); `p` is laid
-    // out as the kernel's parameter (the ABI structs of gpu_ring.rs) and every address in it
-    // points into memory that outlives the call.
-    let rc = unsafe { std::mem::transmute::<*mut c_void, EmuLaunch>(f)(grid, block, p as *const P as *const c_void) };
+    let sym = format!("mori_emu_{name}");
+    // SAFETY: MORI_EMU_EXPORT defines the symbol as int(uint32_t, uint32_t, const void*).
+    let f = unsafe { emu_lib(kernel).get::<EmuLaunch>(sym.as_bytes()) }.unwrap_or_else(|e| panic!("no symbol {sym}: {e}"));
+    // SAFETY: `p` is laid out as the kernel's parameter (the ABI structs mirrored in Rust) and
+    // every address in it points into memory that outlives the call.
+    let rc = unsafe { f(grid, block, p as *const P as *const c_void) };
     assert_eq!(rc, 0, "mori_emu_{name}: bad launch shape");
 }
