@@ -329,19 +329,33 @@ MORI_DEVICE float ie_factor(const IeParams& p, const uint8_t* ids, uint64_t i0, 
     return f;
 }
 
-// acc[0..8) += f * the 8 elements at src (elem bytes each: 2 bf16, 4 f32).
+// a * b rounded on its own, never fused with a following add into an FMA: the host reference
+// multiplies and adds separately, so a fused product would round differently.
+MORI_DEVICE float ie_mul_rn(float a, float b) {
+#if defined(__CUDACC__)
+    return __fmul_rn(a, b);
+#else
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    return a * b;
+#endif
+}
+
+// acc[0..8) += f * the 8 elements at src (elem bytes each: 2 bf16, 4 f32), each product
+// rounded before its add (as the reference).
 MORI_DEVICE void ie_acc8(float* acc, const uint8_t* src, uint32_t elem, float f) {
     if (elem == 2) {
         const mori_vec16_t v = *(const mori_vec16_t*)src;
         const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
         for (int i = 0; i < 4; i++) {
-            acc[2 * i] += f * ie_bf16_to_f32(wv[i] & 0xffffu);
-            acc[2 * i + 1] += f * ie_bf16_to_f32(wv[i] >> 16);
+            acc[2 * i] += ie_mul_rn(f, ie_bf16_to_f32(wv[i] & 0xffffu));
+            acc[2 * i + 1] += ie_mul_rn(f, ie_bf16_to_f32(wv[i] >> 16));
         }
     } else {
         const mori_vec16_t v0 = ((const mori_vec16_t*)src)[0], v1 = ((const mori_vec16_t*)src)[1];
         const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, wv[i]);
+        for (int i = 0; i < 8; i++) acc[i] += ie_mul_rn(f, __builtin_bit_cast(float, wv[i]));
     }
 }
 

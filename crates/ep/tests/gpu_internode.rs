@@ -39,8 +39,10 @@ fn inputs(s: &Shape, rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, 
             let t = if r == 2 && round == 0 { 0 } else { s.t - rng.below(s.t as u64 / 2 + 1) as usize };
             let ids: Vec<i64> = (0..t * s.k).map(|_| rng.below(s.e as u64 + 1) as i64 - 1).collect();
             RankInput {
-                x: Tensor2::from_fn(t, s.h, |_, _| bf16::from_f32(rng.below(16) as f32 - 8.0)).unwrap(),
-                weights: Tensor2::from_fn(t, s.k, |_, _| rng.below(8) as f32 * 0.25).unwrap(),
+                // Full mantissas: a different summation order, or a product fused into its add,
+                // shows in the low bits.
+                x: Tensor2::from_fn(t, s.h, |_, _| bf16::from_f32((rng.below(1 << 16) as f32 / 4096.0 - 8.0) * 1.37)).unwrap(),
+                weights: Tensor2::from_fn(t, s.k, |_, _| rng.below(1 << 20) as f32 / 3.3e5).unwrap(),
                 scales: (s.scales > 0).then(|| Tensor2::from_fn(t, s.scales, |_, _| rng.below(100) as f32 * 0.5).unwrap()),
                 indices: Tensor2::new(t, s.k, ids).unwrap(),
             }
