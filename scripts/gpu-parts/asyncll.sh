@@ -8,7 +8,8 @@
 #   K=8, bf16) over xgmi, with --trace (one Perfetto file per rank, read by mori trace
 #   analyze), also at 2 and 4 ranks; over tcp; and the DeepSeek-V3 shape (T=4096, fp8); the
 #   same with --kernel-type v1_ll and v1 (decode over xgmi traced, over tcp, V3);
-# - the baselines the targets name, in the same run: the put-with-signal round trip through
+# - the baselines the targets name, in the same run: bench_engine at the legs' message sizes
+#   (xgmi and tcp), the put-with-signal round trip through
 #   the ring and proxy at the leg's message size (bench_proxy: one decode segment is about 84
 #   records of 14448 B, 1.2 MB), the intranode kernels for the same shape and ranks, and
 #   PyTorch for context (scripts/ep_torch_baseline.py --mode single: 8 logical ranks on the
@@ -43,6 +44,10 @@ al "v1 V3 xgmi" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --num
 step "asyncll: baselines: put-with-signal round trip through ring and proxy (xgmi, tcp), intranode kernels"
 al "bench_proxy xgmi" "$B/bench_proxy" --transport xgmi --sizes 8,1213632 --iters 100 --flood-bytes 0
 al "bench_proxy tcp" "$B/bench_proxy" --transport tcp --sizes 8,1213632 --iters 50 --flood-bytes 0
+# The transports' own rates at the legs' message sizes (one decode segment 1.2 MB; a V1-LL relay
+# segment up to 4x that), for the leg-rate target (>= 0.9x bench_engine).
+al "bench_engine xgmi write, leg sizes" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 262144 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
+al "bench_engine tcp write, leg sizes" "$B/bench_engine" --local --backend tcp --mem-type cpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 262144 --sweep-max 4194304 --iters 50 --warmup-iters 5 --log-level warning
 al "intranode decode, 8 ranks on one GPU" "$B/bench_dispatch_combine" $dec
 al "torch baseline, decode, 8 logical ranks on one GPU" python3 scripts/ep_torch_baseline.py --mode single --world 8 --tokens 128 --hidden 7168 --experts 256 --topk 8 --dtype bf16
 # One archive for the per-rank traces and timelines (fewer files to carry back).
