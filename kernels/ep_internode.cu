@@ -327,7 +327,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
             const uint64_t q = ((const uint32_t*)a.recv_pos)[i];
             uint64_t row;
             if (pass == 1) row = p.win[s] + p.lay.comb_in + r * p.lay.seg_comb + q * p.comb_bytes;
-            else if (relay) row = p.win[ie_relay_of(p, s, own)] + p.lay.gather + ((s / G) * G + r % G) * p.lay.seg_comb + q * p.comb_bytes;
+            else if (relay) row = p.win[ie_relay_of(p, s, own)] + p.lay.gather + ((s / G) * G + r % G) * p.lay.seg_gather + q * p.comb_bytes;
             else row = p.win[r] + p.lay.out_comb + s * p.lay.seg_comb + q * p.comb_bytes;
             ie_put_row(p, a, i, (uint8_t*)row, lane);
         }

@@ -1,5 +1,5 @@
 // ep_internode.h: the layout, ABI structs and device helpers shared by the inter-node GPU
-// kernels of ep_internode.cu (AsyncLL and V1-LL). The scheme, the window and the counters are
+// kernels of ep_internode.cu (AsyncLL, V1-LL, V1). The scheme, the window and the counters are
 // described there; crates/ep/src/gpu_internode/abi.rs mirrors the structs.
 #pragma once
 #include "mori_gpu.h"
@@ -14,7 +14,7 @@
 #define IE_ERR_COMBINE_ROWS 5u  // [2] rows given, [3] rows received
 #define IE_ERR_RING_FULL 6u     // [2] destination rank, [3] phase
 #define IE_ERR_RELEASE 7u       // [2] block: combine's block 0 never released it (deadline)
-#define IE_ERR_RELAY 8u         // [2] origin rank, [3] record index, [4] destination rank named (V1-LL relay segment out of bounds)
+#define IE_ERR_RELAY 8u         // [2] origin rank, [3] record index or count, [4] destination rank named or 0xffffffff (a relay segment out of bounds)
 
 #define IE_FLAG_DROP_OUT_OF_RANGE 1u
 #define IE_FLAG_WEIGHTED 2u
@@ -49,14 +49,15 @@ struct IeLayout {
     uint64_t out_disp;  // staging for destination d at out_disp + d * seg_rec
     uint64_t out_comb;  // staging for source s at out_comb + s * seg_comb
     uint64_t seg_rec;   // max_tokens * rec_bytes
-    uint64_t seg_comb;  // max_tokens * max(comb_bytes, part_bytes)
+    uint64_t seg_comb;  // max_tokens * max(comb_bytes, part_bytes): V1-LL's partials land in comb_in
     uint64_t ctr;       // other nodes' counter pairs, u64 [2][W][2]
     uint64_t sig;       // this rank's outgoing pairs, u64 [2][W][2]
     uint64_t relay_in;  // V1-LL: relay segment of origin node m at relay_in + m * seg_relay
     uint64_t out_relay; // V1-LL: staging for the relay on node m at out_relay + m * seg_relay
     uint64_t seg_relay; // relay_hdr + max_tokens * (V1-LL gpn, V1 1) * rec_bytes (0 under AsyncLL)
     uint64_t relay_hdr; // bytes of a relay segment's header: u32 [gpn] records per destination, then u32 records
-    uint64_t gather;    // V1-LL: rows for origin node m from local rank l at gather + (m * gpn + l) * seg_comb
+    uint64_t gather;    // V1-LL: rows for origin node m from local rank l at gather + (m * gpn + l) * seg_gather
+    uint64_t seg_gather; // max_tokens * comb_bytes (0 under AsyncLL)
 };
 
 struct IeRank {

@@ -95,8 +95,10 @@ MORI_DEVICE bool ie_rec_dest(const IeParams& p, const uint8_t* rec, uint32_t own
 // rank there with this local index (the origin) is complete, its records go by P2P stores into
 // their destinations' dispatch segments for the origin at the index the origin computed (V1: a
 // record to each destination it names); then each destination's arrival count moves, and
-// block 0 sets each total from the header. A record naming a destination off this node or an
-// index past the header is IE_ERR_RELAY.
+// block 0 sets each total from the header. A segment whose count does not fit or disagrees
+// with its header, a header count above max_tokens, and a record naming a destination off
+// this node, an index past the header or (V1-LL) a token index not below max_tokens are
+// IE_ERR_RELAY ([2] origin, [3] record or count, [4] destination or 0xffffffff).
 MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint64_t deadline, IeFwd& sh, uint32_t lane, uint32_t warp,
                             uint32_t nwarps) {
     const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tid = mori_thread_idx();
@@ -105,27 +107,34 @@ MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint
     for (uint32_t m = 0; m < N; m++) {
         if (m == own) continue;
         const uint32_t s = ie_relay_of(p, r, m);
+        const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
+        const uint32_t* hdr = (const uint32_t*)seg;
         if (tid == 0) {
-            sh.n = ie_wait_segment(p, a, 0, s, true, deadline);
+            uint32_t n = ie_wait_segment(p, a, 0, s, true, deadline);
             if (b == 0) ie_stamp_peer(p, a, 0, 1, s);
+            // The segment comes from another node: its count must fit, and its header must
+            // agree with the pair and name no more records per destination than a segment holds.
+            bool good = n == 0xffffffffu || ((uint64_t)n * p.rec_bytes <= p.lay.seg_relay - p.lay.relay_hdr && hdr[G] == n);
+            for (uint32_t dl = 0; dl < G && good && n != 0xffffffffu; dl++) good = hdr[dl] <= p.max_tokens;
+            if (!good) {
+                ie_error(status, IE_ERR_RELAY, s, n, 0xffffffffu);
+                n = 0xffffffffu;
+            }
+            sh.n = n;
         }
         for (uint32_t dl = tid; dl < G; dl += mori_block_dim()) sh.cnt[dl] = 0;
         mori_sync_block();
         const uint32_t n = sh.n;
         if (n == 0xffffffffu) return;
-        const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
-        const uint32_t* hdr = (const uint32_t*)seg;
-        if ((uint64_t)n * p.rec_bytes > p.lay.seg_relay - p.lay.relay_hdr) {
-            if (tid == 0) ie_error(status, IE_ERR_RELAY, s, n, 0xffffffffu);
-            return;
-        }
         const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
         for (uint32_t j = j0 + warp; j < j1; j += nwarps) {
             const uint8_t* rec = seg + p.lay.relay_hdr + (uint64_t)j * p.rec_bytes;
             for (uint32_t slot = 0; slot < slots; slot++) {
                 uint32_t d, q;
                 if (!ie_rec_dest(p, rec, own, slot, &d, &q)) continue;
-                if (d >= p.world || d / G != own || q >= hdr[d % G] || q >= p.max_tokens) {
+                // V1-LL's token index names the partial's row in combine: below max_tokens.
+                const bool u_ok = ie_dedup(p) || ((const uint32_t*)(rec + ie_rec_tail(p)))[3] < p.max_tokens;
+                if (d >= p.world || d / G != own || q >= hdr[d % G] || !u_ok) {
                     if (lane == 0) ie_error(status, IE_ERR_RELAY, s, j, d);
                     continue;
                 }
@@ -189,7 +198,7 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
                         uint32_t d, q;
                         if (!ie_rec_dest(p, rec, own, slot, &d, &q)) continue;
                         const uint64_t row =
-                            p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_comb + (uint64_t)(q % p.max_tokens) * p.comb_bytes;
+                            p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_gather + (uint64_t)(q % p.max_tokens) * p.comb_bytes;
                         gs.row[warp][nd] = row;
                         gs.f[warp][nd] = weighted ? ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d) : 1.0f;
                         nd++;

@@ -24,8 +24,8 @@ step() { echo; echo "=== $*"; }
 # and .gpu-bundle/bench_engine.xz), and, only when named, proxy (scripts/gpu-parts/proxy.sh:
 # bench_proxy, GPU warps driving MORI-IO through the proxy's command ring, and AsyncLL across
 # nodes on one GPU: its GPU tests and bench_dispatch_combine --kernel-type async_ll), and,
-# only when named, asyncll (scripts/gpu-parts/asyncll.sh: the AsyncLL tests, traced benches
-# and their same-run baselines, without the proxy sweeps). One run
+# only when named, asyncll (scripts/gpu-parts/asyncll.sh: the inter-node GPU tests of V1,
+# V1-LL and AsyncLL, traced benches and their same-run baselines, without the proxy sweeps). One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):

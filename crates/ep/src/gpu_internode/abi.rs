@@ -17,7 +17,7 @@ pub struct IeLayout {
     pub out_comb: u64,
     /// `max_tokens * rec_bytes`.
     pub seg_rec: u64,
-    /// `max_tokens * comb_bytes`.
+    /// `max_tokens * max(comb_bytes, part_bytes)` (V1 and V1-LL partials land in `comb_in`).
     pub seg_comb: u64,
     /// Other nodes' counter pairs, u64 `[phase 2][writer W][arrived, total]` (written by their
     /// proxies' tail writes).
@@ -34,8 +34,10 @@ pub struct IeLayout {
     /// Header bytes of a relay segment: u32 `[gpn]` records per destination, then u32 records;
     /// 16-aligned.
     pub relay_hdr: u64,
-    /// V1-LL: rows for origin node `m` from local rank `l` at `gather + (m * gpn + l) * seg_comb`.
+    /// V1-LL: rows for origin node `m` from local rank `l` at `gather + (m * gpn + l) * seg_gather`.
     pub gather: u64,
+    /// `max_tokens * comb_bytes` (0 under AsyncLL).
+    pub seg_gather: u64,
 }
 
 /// `IeRank`: one local rank's buffers (device addresses).
@@ -134,9 +136,9 @@ mod tests {
 
     #[test]
     fn sizes_match_the_kernel() {
-        assert_eq!(std::mem::size_of::<IeLayout>(), 104);
+        assert_eq!(std::mem::size_of::<IeLayout>(), 112);
         assert_eq!(std::mem::size_of::<IeRank>(), 16 + 23 * 8 + 24);
-        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 104 + 16 + 20 * 4 + 8);
+        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 112 + 16 + 20 * 4 + 8);
         let src = include_str!("../../../../kernels/ep_internode.h");
         for needle in [
             "#define IE_MAX_WORLD 64",

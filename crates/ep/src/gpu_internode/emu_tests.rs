@@ -1,4 +1,4 @@
-//! kernels/ep_internode.cu (AsyncLL, V1-LL, V1) on CPU threads (`MORI_HOST_EMU`), 2 nodes x 2 ranks: each
+//! kernels/ep_internode.cu (AsyncLL, V1-LL, V1) on CPU threads (`MORI_HOST_EMU`), 3 nodes x 3 ranks: each
 //! node's kernels launched by a thread of its own with only its own ranks' windows and counter
 //! blocks addressable (another node's are 0 in the parameters: touching them would fault),
 //! other nodes reached only through each rank's proxy ring, carried by a real `RingProxy`
@@ -20,11 +20,13 @@ use crate::{bf16, combine, dispatch, CombineOptions, DispatchOptions, RankInput,
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig};
 use std::sync::Arc;
 
-const W: usize = 4;
-const G: usize = 2;
+// 3 nodes of 3 ranks, top-6: up to 3 rows per node and token, so that a relay's or a node's
+// summation order shows (with 2 ranks per node every order is a + b = b + a).
+const W: usize = 9;
+const G: usize = 3;
 const H: usize = 32;
-const K: usize = 3;
-const E: usize = 8;
+const K: usize = 6;
+const E: usize = 18;
 const TMAX: usize = 6;
 const SCALES: usize = 2;
 const BLOCKS: u32 = 2;
@@ -89,9 +91,13 @@ impl RankMem {
     }
 
     fn write(&self, reg: &Region, bytes: &[u8]) {
-        assert!(bytes.len() <= reg.bytes().len());
+        self.write_at(reg, 0, bytes);
+    }
+
+    fn write_at(&self, reg: &Region, at: usize, bytes: &[u8]) {
+        assert!(at + bytes.len() <= reg.bytes().len());
         // SAFETY: inside the region; no kernel runs while the test writes inputs.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), reg.ptr, bytes.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), reg.ptr.add(at), bytes.len()) };
     }
 
     fn abi(&self, rank: usize, tokens: usize, comb_rows: usize) -> IeRank {
@@ -206,21 +212,21 @@ fn run_node(p: &IeParams, kernel: &str) {
 }
 
 #[test]
-fn async_ll_two_nodes_of_two_through_proxies_equals_the_reference() {
-    two_nodes_of_two_equal_the_reference(Scheme::AsyncLL);
+fn async_ll_three_nodes_of_three_through_proxies_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL);
 }
 
 #[test]
-fn v1_ll_two_nodes_of_two_through_relays_equals_the_reference() {
-    two_nodes_of_two_equal_the_reference(Scheme::V1LL);
+fn v1_ll_three_nodes_of_three_through_relays_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1LL);
 }
 
 #[test]
-fn v1_two_nodes_of_two_through_relays_equals_the_reference() {
-    two_nodes_of_two_equal_the_reference(Scheme::V1);
+fn v1_three_nodes_of_three_through_relays_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1);
 }
 
-fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
+fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.scale_dim = SCALES;
     cfg.scale_type_size = 4;
@@ -265,7 +271,7 @@ fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
         }
         // Combine inputs: each rank returns its received rows as they are (bf16) with their
         // received weights; the reference gets the same.
-        let abi_regions: Vec<Region> = (0..2).map(|_| Region::new(G * std::mem::size_of::<IeRank>())).collect();
+        let abi_regions: Vec<Region> = (0..W / G).map(|_| Region::new(G * std::mem::size_of::<IeRank>())).collect();
         for (n, reg) in abi_regions.iter().enumerate() {
             for (j, r) in (n * G..(n + 1) * G).enumerate() {
                 let a = mems[r].abi(r, inp[r].x.rows(), want.ranks[r].num_recv());
@@ -273,7 +279,7 @@ fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
                 unsafe { (reg.ptr as *mut IeRank).add(j).write(a) };
             }
         }
-        let ps: Vec<IeParams> = (0..2).map(|n| params(&l, &mems, &abi_regions[n], n, round as u64 + 1)).collect();
+        let ps: Vec<IeParams> = (0..W / G).map(|n| params(&l, &mems, &abi_regions[n], n, round as u64 + 1)).collect();
         // Dispatch: each node's kernels in stream order on a thread of its own.
         std::thread::scope(|s| {
             for p in &ps {
@@ -307,7 +313,7 @@ fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
             assert_eq!(&o[4].bytes()[..n * 4], &src[..], "rank {r} sources");
             let m = &mems[r];
             m.write(&m.comb_x, &o[0].bytes()[..n * l.row_bytes]);
-            m.write(&m.comb_w, &o[1].bytes()[..n * K * 4]);
+            m.write(&m.comb_w, &le(comb_weights(rr, r).as_slice(), |v: f32| v.to_le_bytes().to_vec()));
         }
         // Combine.
         std::thread::scope(|s| {
@@ -320,7 +326,7 @@ fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
             }
         });
         let xs: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
-        let ws: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
+        let ws: Vec<Tensor2<f32>> = want.ranks.iter().enumerate().map(|(r, rr)| comb_weights(rr, r)).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
         let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
         let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap();
@@ -354,6 +360,13 @@ fn two_nodes_of_two_equal_the_reference(scheme: Scheme) {
     for (r, wm) in regs.iter().enumerate() {
         engines[r].deregister_memory(wm).unwrap();
     }
+}
+
+/// Rank `r`'s combine weights: its received weights times a factor of its own, so that every
+/// rank returns different weight rows (and their summation order shows).
+fn comb_weights(rr: &crate::RankRecv<bf16, i64, f32>, r: usize) -> Tensor2<f32> {
+    let f = 1.0 + 0.137 * r as f32;
+    rr.weights.map(|&v| v * f)
 }
 
 /// The ranks token `t` of `inp` goes to (one bit per rank).
@@ -491,4 +504,66 @@ fn layout_over_several_tiles_equals_a_sequential_walk() {
     assert_eq!(&got_npre[T * (W / G)..], &nrun[..]);
     assert_eq!(got_cnt, run.to_vec());
     assert_eq!(m.status()[1], 0);
+}
+
+/// A relay segment from another node that is malformed is refused at the relay with
+/// `IE_ERR_RELAY` naming the origin and the record (or the count), and nothing of it is
+/// forwarded: a record naming a destination off the relay's node, a header whose record count
+/// disagrees with the counter pair, and a V1-LL token index past `max_tokens`. Node 0 runs
+/// alone (no tokens); rank 0's relay segment from rank 3 (node 1) is written by hand.
+#[test]
+fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
+    let cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
+    let l = InterLayout::new(&cfg, Scheme::V1LL, 2, 8, 2).unwrap();
+    let tail = l.row_bytes + K * 4 + K * 8 + l.scale_bytes;
+    // (destination, index there, token index, header count, expected details [2], [3], [4])
+    let cases: [(u32, u32, u32, u32, [u32; 3]); 3] =
+        [(4, 0, 0, 1, [3, 0, 4]), (0, 0, 0, 2, [3, 1, u32::MAX]), (0, 0, TMAX as u32, 1, [3, 0, 0])];
+    for (dest, q, u, count, want) in cases {
+        let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
+        let m = &mems[0];
+        let seg = l.lay.relay_in as usize + l.lay.seg_relay as usize;
+        let mut hdr = [0u32; G + 1];
+        hdr[dest as usize % G] = 1;
+        hdr[G] = count;
+        m.write_at(&m.win, seg, &le(&hdr, |v: u32| v.to_le_bytes().to_vec()));
+        m.write_at(&m.win, seg + l.lay.relay_hdr as usize + tail, &le(&[3 * TMAX as u32, dest, q, u], |v: u32| v.to_le_bytes().to_vec()));
+        // The pair (1 record) as rank 3's proxy would have written it.
+        m.write_at(&m.win, l.lay.ctr as usize + l.counter(0, 3, 0), &le(&[1u64, 2], |v: u64| v.to_le_bytes().to_vec()));
+        let abi = Region::new(G * std::mem::size_of::<IeRank>());
+        for (r, mem) in mems.iter().enumerate().take(G) {
+            // SAFETY: the region holds G IeRank structs.
+            unsafe { (abi.ptr as *mut IeRank).add(r).write(mem.abi(r, 0, 0)) };
+        }
+        let p = IeParams { timeout_ns: 300_000_000, ..params(&l, &mems, &abi, 0, 1) };
+        run_node(&p, "mori_ie_layout");
+        run_node(&p, "mori_ie_dispatch");
+        let st = m.status();
+        assert_eq!((st[1], [st[2], st[3], st[4]]), (8, want), "case {dest}/{q}/{u}/{count}: status {st:?}");
+        let d0 = l.lay.disp_in as usize + 3 * l.lay.seg_rec as usize;
+        assert!(m.win.bytes()[d0..d0 + l.rec_bytes].iter().all(|&b| b == 0), "case {dest}/{q}/{u}/{count}: a record was forwarded");
+    }
+}
+
+/// The window's sizes at 2 nodes x 4 ranks (H 64 bf16, top-8, i64 ids, 16 tokens), worked out by
+/// hand: record tails (AsyncLL 4 B, V1-LL 16 B, V1 8 + 4 x 4 B), the relay header (4 u32 counts
+/// and the record count: 20 B, 32 with alignment), relay segments (V1-LL 4 records per token,
+/// V1 one), partial rows (64 f32 + 8 f32) and the gather area (combine rows only).
+#[test]
+fn window_sizes_per_scheme_at_four_ranks_per_node() {
+    let cfg = EpConfig::with_gpus_per_node(8, 4, 64, 16, 8, 16).unwrap();
+    let a = InterLayout::new(&cfg, Scheme::AsyncLL, 2, 8, 2).unwrap();
+    let ll = InterLayout::new(&cfg, Scheme::V1LL, 2, 8, 2).unwrap();
+    let v1 = InterLayout::new(&cfg, Scheme::V1, 2, 8, 2).unwrap();
+    assert_eq!((a.rec_bytes, ll.rec_bytes, v1.rec_bytes), (240, 240, 256));
+    assert_eq!((a.lay.relay_hdr, ll.lay.relay_hdr, v1.lay.relay_hdr), (0, 32, 32));
+    assert_eq!((a.lay.seg_relay, ll.lay.seg_relay, v1.lay.seg_relay), (0, 32 + 16 * 4 * 240, 32 + 16 * 256));
+    assert_eq!((a.part_bytes, ll.part_bytes), (0, 288));
+    assert_eq!((a.lay.seg_comb, ll.lay.seg_comb, ll.lay.seg_gather), (16 * 160, 16 * 288, 16 * 160));
+    for l in [&a, &ll, &v1] {
+        let end = l.lay.gather + 8 * l.lay.seg_gather;
+        assert_eq!(l.lay.ctr, end, "{:?}: the pairs follow the gather area", l.scheme);
+        assert_eq!(l.window_bytes as u64, l.lay.sig + l.pair_bytes() as u64);
+        assert!(l.lay.out_relay + 2 * l.lay.seg_relay == l.lay.gather);
+    }
 }

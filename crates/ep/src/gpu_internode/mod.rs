@@ -132,7 +132,9 @@ impl InterLayout {
         let seg_relay =
             if relay { mt.checked_mul(per_token).and_then(|x| x.checked_mul(rec_bytes as u64)).ok_or_else(ov)? + relay_hdr } else { 0 };
         let relays = nodes.checked_mul(seg_relay).ok_or_else(ov)?;
-        let gather = if relay { w.checked_mul(seg_comb).ok_or_else(ov)? } else { 0 };
+        // The relay's gather area holds combine rows only.
+        let seg_gather = if relay { mt.checked_mul(comb_bytes as u64).ok_or_else(ov)? } else { 0 };
+        let gather = w.checked_mul(seg_gather).ok_or_else(ov)?;
         let pairs = w * 2 * 2 * 8;
         let relay_in = half.checked_mul(2).ok_or_else(ov)?;
         let top = relay_in.checked_add(2 * relays).and_then(|x| x.checked_add(gather)).ok_or_else(ov)?;
@@ -150,6 +152,7 @@ impl InterLayout {
             seg_relay,
             relay_hdr,
             gather: relay_in + 2 * relays,
+            seg_gather,
         };
         let window = top.checked_add(2 * pairs).ok_or_else(ov)?;
         Ok(Self {

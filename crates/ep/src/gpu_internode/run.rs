@@ -92,6 +92,22 @@ fn host_err(what: &str, e: impl std::fmt::Display) -> EpGpuError {
     EpGpuError::Ep(EpError::Host { what: what.to_string(), detail: e.to_string() })
 }
 
+/// Checks rank `rank`'s `[T, top_k]` expert ids (`idx_size` bytes each, little-endian): each
+/// -1 or in `[0, num_experts)`. Errors: `ExpertOutOfRange` naming the token and slot.
+fn check_ids(idx: &[u8], idx_size: usize, top_k: usize, num_experts: usize, rank: usize) -> GpuResult<()> {
+    for (j, c) in idx.chunks_exact(idx_size).enumerate() {
+        let id = if idx_size == 8 {
+            i64::from_le_bytes(c.try_into().unwrap_or_default())
+        } else {
+            i64::from(i32::from_le_bytes(c.try_into().unwrap_or_default()))
+        };
+        if id < -1 || id >= num_experts as i64 {
+            return Err(EpGpuError::Ep(EpError::ExpertOutOfRange { rank, token: j / top_k, slot: j % top_k, expert: id, num_experts }));
+        }
+    }
+    Ok(())
+}
+
 /// Copy streams each rank's xgmi engine keeps (few, so that every stream of the process can
 /// have a hardware queue of its own: see [`needed_connections`]).
 const XGMI_STREAMS: usize = 2;
@@ -398,8 +414,11 @@ impl InterNodeGpu {
     /// order, and the ticket the matching [`InterNodeGpu::combine`] takes. A dispatch whose
     /// ticket was not combined is superseded by the next one (its ticket then refused).
     /// Errors: `RankCount`-like `InvalidConfig` for a wrong number of inputs, a token count
-    /// above the maximum or byte lengths that do not match; kernel faults naming the rank.
+    /// above the maximum or byte lengths that do not match; `ExpertOutOfRange` (checked before
+    /// any kernel runs); kernel faults naming the rank, after which the object refuses further
+    /// calls.
     pub fn dispatch(&mut self, inputs: &[RankBytes<'_>]) -> GpuResult<(Vec<RecvBytes>, InterTicket)> {
+        self.usable()?;
         let l = self.layout.clone();
         if inputs.len() != l.world {
             return Err(bad("inputs", inputs.len(), format!("one per rank: {}", l.world)));
@@ -414,6 +433,20 @@ impl InterNodeGpu {
                     format!("at most {} tokens and bytes {want:?}", l.max_tokens),
                 ));
             }
+            // Expert ids are checked here, before any kernel runs (a fault in the kernels would
+            // leave the object unusable).
+            check_ids(i.idx, l.idx_size, l.top_k, self.experts_per_rank * l.world, r)?;
+        }
+        // From here a failure may leave counters half-updated (a faulted rank does not zero its
+        // own): the object is then unusable.
+        let r = self.dispatch_inner(inputs);
+        self.poison_on(r)
+    }
+
+    /// `dispatch` after its checks: uploads, runs, reads back.
+    fn dispatch_inner(&mut self, inputs: &[RankBytes<'_>]) -> GpuResult<(Vec<RecvBytes>, InterTicket)> {
+        let l = self.layout.clone();
+        for (r, i) in inputs.iter().enumerate() {
             let gr = &mut self.ranks[r];
             gr.tokens = i.tokens;
             for (buf, bytes) in gr.inp.iter().zip([i.x, i.weights, i.idx, i.scales]) {
@@ -582,5 +615,22 @@ impl Drop for InterNodeGpu {
         for (e, m) in &self.regs {
             let _ = e.deregister_memory(m);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_ids_are_checked_before_any_kernel_runs() {
+        let ids64: Vec<u8> = [3i64, -1, 15, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert!(check_ids(&ids64, 8, 2, 16, 0).is_ok());
+        let bad: Vec<u8> = [3i64, -1, 16, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let e = check_ids(&bad, 8, 2, 16, 5).unwrap_err().to_string();
+        assert!(e.contains("rank 5, token 1, slot 0: expert id 16 is out of range [0, 16)"), "{e}");
+        let bad32: Vec<u8> = [0i32, -2].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let e = check_ids(&bad32, 4, 2, 16, 1).unwrap_err().to_string();
+        assert!(e.contains("token 0, slot 1: expert id -2"), "{e}");
     }
 }

@@ -94,8 +94,11 @@ impl InterNodeGpu {
     }
 
     /// The status words of every rank: a fault becomes `Kernel { rank, what }`.
+    /// When several ranks failed, the error names a rank whose fault is not a deadline (the
+    /// cause; the others then waited for it), else the first, and counts the others.
     pub(super) fn check_status(&self, phase: &str) -> GpuResult<Vec<u32>> {
         let mut counts = Vec::with_capacity(self.ranks.len());
+        let mut faults: Vec<(usize, u32, String)> = Vec::new();
         for (r, gr) in self.ranks.iter().enumerate() {
             let mut b = [0u8; 32];
             self.rt.copy_dtoh(&mut b, &gr.scratch[7].sub(0, 32)?)?;
@@ -119,20 +122,34 @@ impl InterNodeGpu {
                 5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
                 6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
                 7 => Some(format!("{phase}: deadline: block {} waited for block 0 to see every rank's rows", w(2))),
+                8 if w(4) == u32::MAX => Some(format!(
+                    "{phase}: the relay segment from rank {} is malformed: {} records, or a header disagreeing with that count or naming more than {} per destination",
+                    w(2),
+                    w(3),
+                    self.layout.max_tokens
+                )),
                 8 => Some(format!(
                     "{phase}: the relay segment from rank {} is out of bounds at record {} (destination rank {})",
                     w(2),
                     w(3),
-                    w(4) as i32
+                    w(4)
                 )),
                 c => Some(format!("{phase}: fault code {c}")),
             };
             if let Some(what) = what {
                 let proxy = self.proxies[r].failure().map(|f| format!("; proxy: {f}")).unwrap_or_default();
-                return Err(EpGpuError::Kernel { rank: r, what: what + &proxy });
+                faults.push((r, w(1), what + &proxy));
             }
             counts.push(w(0));
         }
-        Ok(counts)
+        let n = faults.len();
+        let cause = faults.iter().position(|f| f.1 != 3 && f.1 != 7).unwrap_or(0);
+        match faults.into_iter().nth(cause) {
+            None => Ok(counts),
+            Some((rank, _, what)) => {
+                let others = if n > 1 { format!(" ({} other rank(s) failed too)", n - 1) } else { String::new() };
+                Err(EpGpuError::Kernel { rank, what: what + &others })
+            }
+        }
     }
 }
