@@ -46,6 +46,10 @@ fn node_refusals_name_the_users_flags() {
             &["--kernel-type intranode with --world-size 16 and --gpus-per-node 8 (2 nodes)"],
         ),
         (&["--kernel-type", "v1"], &["--kernel-type v1 on GPUs runs across nodes", "one node"]),
+        (
+            &["--kernel-type", "v1", "--num-nodes", "2", "--block-num", "1"],
+            &["--block-num 1 with --kernel-type v1 leaves no XGMI block", "though the GPU kernels here do not use it"],
+        ),
         (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "async_ll"], &["--kernel-type async_ll on GPUs runs across nodes", "one node"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "rdma"], &["--transport rdma on GPUs: not built"]),

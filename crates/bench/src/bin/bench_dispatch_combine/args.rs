@@ -603,8 +603,13 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
         return Err(err("--block-num 0: at least one block"));
     }
     if cfg.kernel_type.uses_rdma_blocks() && block_num < 2 {
+        let why = if gpu {
+            " (the configuration keeps MORI's split, which EpConfig checks, though the GPU kernels here do not use it)"
+        } else {
+            ""
+        };
         return Err(err(format!(
-            "--block-num {block_num} with --kernel-type {0} leaves no XGMI block: {0} splits its blocks into RDMA and XGMI blocks (give --block-num 2 or more)",
+            "--block-num {block_num} with --kernel-type {0} leaves no XGMI block: {0} splits its blocks into RDMA and XGMI blocks{why} (give --block-num 2 or more)",
             kt.name()
         )));
     }
