@@ -224,13 +224,17 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     }
     mori_sync_block();
     if (tid == 0 && !ie_failed(status)) {
+        // A count from another node's pair is a peer's: no segment holds more than max_tokens.
         uint64_t base = 0;
         for (uint32_t s = 0; s < W; s++) {
             ((uint32_t*)a.recv_base)[s] = (uint32_t)base;
+            if (rc[s] > p.max_tokens) ie_error(status, IE_ERR_SEG_COUNT, s, rc[s], p.max_tokens);
             base += rc[s];
         }
-        if (base > p.max_recv) ie_error(status, IE_ERR_RECV_COUNT, (uint32_t)base, p.max_recv, 0);
-        else status[0] = (uint32_t)base;
+        if (!ie_failed(status)) {
+            if (base > p.max_recv) ie_error(status, IE_ERR_RECV_COUNT, (uint32_t)base, p.max_recv, 0);
+            else status[0] = (uint32_t)base;
+        }
     }
     ie_stamp(p, a, b, IE_T_RECVD);
 }

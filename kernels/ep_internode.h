@@ -14,7 +14,9 @@
 #define IE_ERR_COMBINE_ROWS 5u  // [2] rows given, [3] rows received
 #define IE_ERR_RING_FULL 6u     // [2] destination rank, [3] phase
 #define IE_ERR_RELEASE 7u       // [2] block: combine's block 0 never released it (deadline)
-#define IE_ERR_RELAY 8u         // [2] origin rank, [3] record index or count, [4] destination rank named or 0xffffffff (a relay segment out of bounds)
+#define IE_ERR_RELAY 8u         // [2] origin rank, [3] record index, [4] destination rank named (a relay record out of bounds)
+#define IE_ERR_RELAY_SEG 9u     // [2] origin rank, [3] records its pair announced (a relay segment's count or header out of bounds)
+#define IE_ERR_SEG_COUNT 10u    // [2] writer rank, [3] entries its counter announced, [4] capacity (max_tokens)
 
 #define IE_FLAG_DROP_OUT_OF_RANGE 1u
 #define IE_FLAG_WEIGHTED 2u

@@ -4,10 +4,12 @@
 #pragma once
 #include "ep_internode.h"
 
-// Per block: the count a wait returned, and records forwarded per destination local index.
+// Per block: the count a wait returned, records forwarded per destination local index, and
+// the checked copy of a relay segment's header (read once from the peer's bytes).
 struct IeFwd {
     uint32_t n;
     uint32_t cnt[IE_MAX_WORLD];
+    uint32_t hdr[IE_MAX_WORLD];
 };
 
 // Records in the relay segment staged for node m: V1-LL one per (token, destination on m),
@@ -96,9 +98,10 @@ MORI_DEVICE bool ie_rec_dest(const IeParams& p, const uint8_t* rec, uint32_t own
 // their destinations' dispatch segments for the origin at the index the origin computed (V1: a
 // record to each destination it names); then each destination's arrival count moves, and
 // block 0 sets each total from the header. A segment whose count does not fit or disagrees
-// with its header, a header count above max_tokens, and a record naming a destination off
-// this node, an index past the header or (V1-LL) a token index not below max_tokens are
-// IE_ERR_RELAY ([2] origin, [3] record or count, [4] destination or 0xffffffff).
+// with its header, or whose header names more than max_tokens records for a destination (or,
+// V1-LL, does not add up), is IE_ERR_RELAY_SEG and not forwarded; a record naming a
+// destination off this node, an index past the header or (V1-LL) a token index not below
+// max_tokens is IE_ERR_RELAY and skipped (the rank has failed then).
 MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint64_t deadline, IeFwd& sh, uint32_t lane, uint32_t warp,
                             uint32_t nwarps) {
     const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tid = mori_thread_idx();
@@ -108,17 +111,25 @@ MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint
         if (m == own) continue;
         const uint32_t s = ie_relay_of(p, r, m);
         const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
-        const uint32_t* hdr = (const uint32_t*)seg;
         if (tid == 0) {
             uint32_t n = ie_wait_segment(p, a, 0, s, true, deadline);
             if (b == 0) ie_stamp_peer(p, a, 0, 1, s);
-            // The segment comes from another node: its count must fit, and its header must
-            // agree with the pair and name no more records per destination than a segment holds.
-            bool good = n == 0xffffffffu || ((uint64_t)n * p.rec_bytes <= p.lay.seg_relay - p.lay.relay_hdr && hdr[G] == n);
-            for (uint32_t dl = 0; dl < G && good && n != 0xffffffffu; dl++) good = hdr[dl] <= p.max_tokens;
-            if (!good) {
-                ie_error(status, IE_ERR_RELAY, s, n, 0xffffffffu);
-                n = 0xffffffffu;
+            // The segment comes from another node: its count must fit, and its header (copied
+            // once, then only the copy is used) must agree with the pair, name no more records
+            // per destination than a segment holds, and (V1-LL) add up to the count.
+            if (n != 0xffffffffu) {
+                const volatile uint32_t* hdr = (const volatile uint32_t*)seg;
+                bool good = (uint64_t)n * p.rec_bytes <= p.lay.seg_relay - p.lay.relay_hdr && hdr[G] == n;
+                uint64_t sum = 0;
+                for (uint32_t dl = 0; dl < G; dl++) {
+                    sh.hdr[dl] = hdr[dl];
+                    good = good && sh.hdr[dl] <= p.max_tokens;
+                    sum += sh.hdr[dl];
+                }
+                if (!good || (!ie_dedup(p) && sum != n)) {
+                    ie_error(status, IE_ERR_RELAY_SEG, s, n, 0);
+                    n = 0xffffffffu;
+                }
             }
             sh.n = n;
         }
@@ -134,7 +145,7 @@ MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint
                 if (!ie_rec_dest(p, rec, own, slot, &d, &q)) continue;
                 // V1-LL's token index names the partial's row in combine: below max_tokens.
                 const bool u_ok = ie_dedup(p) || ((const uint32_t*)(rec + ie_rec_tail(p)))[3] < p.max_tokens;
-                if (d >= p.world || d / G != own || q >= hdr[d % G] || !u_ok) {
+                if (d >= p.world || d / G != own || q >= sh.hdr[d % G] || !u_ok) {
                     if (lane == 0) ie_error(status, IE_ERR_RELAY, s, j, d);
                     continue;
                 }
@@ -147,7 +158,7 @@ MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint
         for (uint32_t dl = tid; dl < G; dl += mori_block_dim()) {
             const uint32_t d = own * G + dl;
             if (sh.cnt[dl]) ie_signal_w(p, d, 0, s, 0, sh.cnt[dl]);
-            if (b == 0) ie_signal_w(p, d, 0, s, 1, (uint64_t)hdr[dl] + 1);
+            if (b == 0) ie_signal_w(p, d, 0, s, 1, (uint64_t)sh.hdr[dl] + 1);
         }
         mori_sync_block();
     }
@@ -175,13 +186,17 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         if (!sh.n) return;
         const uint8_t* seg = (const uint8_t*)(p.win[r] + p.lay.relay_in + m * p.lay.seg_relay);
         const uint8_t* recs = seg + p.lay.relay_hdr;
-        // Records (dispatch checked them against the segment), and the tokens they hold.
-        const uint32_t n = ((const uint32_t*)seg)[G];
+        // Records (dispatch checked them against the segment; bounded again here, as the bytes
+        // are a peer's), and the tokens they hold.
+        uint32_t n = ((const uint32_t*)seg)[G];
+        const uint64_t cap = (p.lay.seg_relay - p.lay.relay_hdr) / p.rec_bytes;
+        if (n > cap) n = (uint32_t)cap;
         if ((uint64_t)n * p.rec_bytes > p.lay.seg_relay - p.lay.relay_hdr) {
             if (tid == 0) ie_error((uint32_t*)a.status, IE_ERR_RELAY, s, n, 0xffffffffu);
             return;
         }
-        const uint32_t U = n == 0 ? 0 : dedup ? n : ((const uint32_t*)(recs + (uint64_t)(n - 1) * p.rec_bytes + tail))[3] + 1;
+        uint32_t U = n == 0 ? 0 : dedup ? n : ((const uint32_t*)(recs + (uint64_t)(n - 1) * p.rec_bytes + tail))[3] + 1;
+        if (U > p.max_tokens) U = p.max_tokens;
         uint8_t* out = (uint8_t*)(p.win[r] + p.lay.out_comb + s * p.lay.seg_comb);
         const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
         for (uint32_t j = j0 + warp; j < j1; j += nwarps) {

@@ -506,28 +506,37 @@ fn layout_over_several_tiles_equals_a_sequential_walk() {
     assert_eq!(m.status()[1], 0);
 }
 
-/// A relay segment from another node that is malformed is refused at the relay with
-/// `IE_ERR_RELAY` naming the origin and the record (or the count), and nothing of it is
-/// forwarded: a record naming a destination off the relay's node, a header whose record count
-/// disagrees with the counter pair, and a V1-LL token index past `max_tokens`. Node 0 runs
-/// alone (no tokens); rank 0's relay segment from rank 3 (node 1) is written by hand.
+/// A relay segment from another node that is malformed is refused at the relay naming the
+/// origin, and nothing of it reaches a destination: a header whose record count disagrees with
+/// the counter pair, or that names more than `max_tokens` records for a destination
+/// (`IE_ERR_RELAY_SEG`, with the count); a record naming a destination off the relay's node, a
+/// V1-LL token index past `max_tokens`, a V1 index past the header (`IE_ERR_RELAY`, with the
+/// record and the destination). Node 0 runs alone (no tokens); rank 0's relay segment from rank
+/// 3 (node 1), one record, is written by hand.
 #[test]
 fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
     let cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
-    let l = InterLayout::new(&cfg, Scheme::V1LL, 2, 8, 2).unwrap();
-    let tail = l.row_bytes + K * 4 + K * 8 + l.scale_bytes;
-    // (destination, index there, token index, header count, expected details [2], [3], [4])
-    let cases: [(u32, u32, u32, u32, [u32; 3]); 3] =
-        [(4, 0, 0, 1, [3, 0, 4]), (0, 0, 0, 2, [3, 1, u32::MAX]), (0, 0, TMAX as u32, 1, [3, 0, 0])];
-    for (dest, q, u, count, want) in cases {
+    let t = TMAX as u32;
+    // (scheme, header per local index, header record count, record tail after the source,
+    // expected code and details [2], [3], [4])
+    type Case = (Scheme, [u32; G], u32, Vec<u32>, (u32, [u32; 3]));
+    let cases: [Case; 5] = [
+        (Scheme::V1LL, [1, 0, 0], 2, vec![0, 0, 0], (9, [3, 1, 0])),
+        (Scheme::V1LL, [t + 1, 0, 0], 1, vec![0, 0, 0], (9, [3, 1, 0])),
+        (Scheme::V1LL, [0, 1, 0], 1, vec![4, 0, 0], (8, [3, 0, 4])),
+        (Scheme::V1LL, [1, 0, 0], 1, vec![0, 0, t], (8, [3, 0, 0])),
+        (Scheme::V1, [1, 0, 0], 1, vec![0, 1, u32::MAX, u32::MAX], (8, [3, 0, 0])),
+    ];
+    for (case, (scheme, hdr, count, rec_tail, want)) in cases.into_iter().enumerate() {
+        let l = InterLayout::new(&cfg, scheme, 2, 8, 2).unwrap();
+        let tail = l.row_bytes + K * 4 + K * 8 + l.scale_bytes;
         let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
         let m = &mems[0];
         let seg = l.lay.relay_in as usize + l.lay.seg_relay as usize;
-        let mut hdr = [0u32; G + 1];
-        hdr[dest as usize % G] = 1;
-        hdr[G] = count;
-        m.write_at(&m.win, seg, &le(&hdr, |v: u32| v.to_le_bytes().to_vec()));
-        m.write_at(&m.win, seg + l.lay.relay_hdr as usize + tail, &le(&[3 * TMAX as u32, dest, q, u], |v: u32| v.to_le_bytes().to_vec()));
+        m.write_at(&m.win, seg, &le(&[hdr[0], hdr[1], hdr[2], count], |v: u32| v.to_le_bytes().to_vec()));
+        let mut x = vec![3 * TMAX as u32];
+        x.extend(rec_tail);
+        m.write_at(&m.win, seg + l.lay.relay_hdr as usize + tail, &le(&x, |v: u32| v.to_le_bytes().to_vec()));
         // The pair (1 record) as rank 3's proxy would have written it.
         m.write_at(&m.win, l.lay.ctr as usize + l.counter(0, 3, 0), &le(&[1u64, 2], |v: u64| v.to_le_bytes().to_vec()));
         let abi = Region::new(G * std::mem::size_of::<IeRank>());
@@ -539,9 +548,11 @@ fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
         run_node(&p, "mori_ie_layout");
         run_node(&p, "mori_ie_dispatch");
         let st = m.status();
-        assert_eq!((st[1], [st[2], st[3], st[4]]), (8, want), "case {dest}/{q}/{u}/{count}: status {st:?}");
-        let d0 = l.lay.disp_in as usize + 3 * l.lay.seg_rec as usize;
-        assert!(m.win.bytes()[d0..d0 + l.rec_bytes].iter().all(|&b| b == 0), "case {dest}/{q}/{u}/{count}: a record was forwarded");
+        assert_eq!((st[1], [st[2], st[3], st[4]]), want, "case {case}: status {st:?}");
+        for (d, mem) in mems.iter().enumerate().take(G) {
+            let at = l.lay.disp_in as usize + 3 * l.lay.seg_rec as usize;
+            assert!(mem.win.bytes()[at..at + l.rec_bytes].iter().all(|&b| b == 0), "case {case}: a record reached rank {d}");
+        }
     }
 }
 

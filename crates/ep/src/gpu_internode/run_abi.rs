@@ -122,12 +122,13 @@ impl InterNodeGpu {
                 5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
                 6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
                 7 => Some(format!("{phase}: deadline: block {} waited for block 0 to see every rank's rows", w(2))),
-                8 if w(4) == u32::MAX => Some(format!(
-                    "{phase}: the relay segment from rank {} is malformed: {} records, or a header disagreeing with that count or naming more than {} per destination",
+                9 => Some(format!(
+                    "{phase}: the relay segment from rank {} is malformed: {} records announced, more than it holds, or a header disagreeing with that count or naming more than {} per destination",
                     w(2),
                     w(3),
                     self.layout.max_tokens
                 )),
+                10 => Some(format!("{phase}: rank {}'s segment announced {} entries, more than a segment holds ({})", w(2), w(3), w(4))),
                 8 => Some(format!(
                     "{phase}: the relay segment from rank {} is out of bounds at record {} (destination rank {})",
                     w(2),
