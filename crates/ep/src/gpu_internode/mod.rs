@@ -25,8 +25,8 @@ mod run;
 pub mod trace;
 mod types;
 
-pub use run::{needed_connections, InterNodeGpu, InterTicket};
-pub use types::{ElemSizes, InterNodeOptions, InterPath, PhaseTimes, RankBytes, RecvBytes};
+pub use run::{needed_connections, InterNodeGpu};
+pub use types::{ElemSizes, InterNodeOptions, InterPath, InterTicket, PhaseTimes, RankBytes, RecvBytes};
 
 use crate::config::EpConfig;
 use crate::error::{EpError, EpResult};

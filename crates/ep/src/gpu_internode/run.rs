@@ -6,7 +6,7 @@
 
 use super::abi::{IeParams, IeRank};
 use super::trace::{trace_bytes, RankStamps};
-use super::types::{ElemSizes, InterNodeOptions, InterPath, PhaseTimes, RankBytes, RecvBytes};
+use super::types::{ElemSizes, InterNodeOptions, InterPath, InterTicket, PhaseTimes, RankBytes, RecvBytes};
 use super::InterLayout;
 use crate::config::EpConfig;
 use crate::error::EpError;
@@ -72,40 +72,12 @@ pub struct InterNodeGpu {
     calls: u64,
 }
 
-/// What [`InterNodeGpu::dispatch`] hands back for its combine: consumed by
-/// [`InterNodeGpu::combine`], which refuses one of another object or of a dispatch since
-/// superseded.
-#[derive(Debug)]
-pub struct InterTicket {
-    seq: u64,
-    owner: u64,
-}
-
-/// Object numbers for tickets (unique in the process).
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 fn bad(field: &'static str, value: impl ToString, reason: impl Into<String>) -> EpGpuError {
     EpGpuError::Ep(EpError::InvalidConfig { field, value: value.to_string(), reason: reason.into() })
 }
 
 fn host_err(what: &str, e: impl std::fmt::Display) -> EpGpuError {
     EpGpuError::Ep(EpError::Host { what: what.to_string(), detail: e.to_string() })
-}
-
-/// Checks rank `rank`'s `[T, top_k]` expert ids (`idx_size` bytes each, little-endian): each
-/// -1 or in `[0, num_experts)`. Errors: `ExpertOutOfRange` naming the token and slot.
-fn check_ids(idx: &[u8], idx_size: usize, top_k: usize, num_experts: usize, rank: usize) -> GpuResult<()> {
-    for (j, c) in idx.chunks_exact(idx_size).enumerate() {
-        let id = if idx_size == 8 {
-            i64::from_le_bytes(c.try_into().unwrap_or_default())
-        } else {
-            i64::from(i32::from_le_bytes(c.try_into().unwrap_or_default()))
-        };
-        if id < -1 || id >= num_experts as i64 {
-            return Err(EpGpuError::Ep(EpError::ExpertOutOfRange { rank, token: j / top_k, slot: j % top_k, expert: id, num_experts }));
-        }
-    }
-    Ok(())
 }
 
 /// Copy streams each rank's xgmi engine keeps (few, so that every stream of the process can
@@ -339,7 +311,7 @@ impl InterNodeGpu {
             times: PhaseTimes::default(),
             poisoned: None,
             dispatched: None,
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: super::types::next_ticket_owner(),
             calls: 0,
             describe,
         })
@@ -435,7 +407,7 @@ impl InterNodeGpu {
             }
             // Expert ids are checked here, before any kernel runs (a fault in the kernels would
             // leave the object unusable).
-            check_ids(i.idx, l.idx_size, l.top_k, self.experts_per_rank * l.world, r)?;
+            run_abi::check_ids(i.idx, l.idx_size, l.top_k, self.experts_per_rank * l.world, r)?;
         }
         // From here a failure may leave counters half-updated (a faulted rank does not zero its
         // own): the object is then unusable.
@@ -615,22 +587,5 @@ impl Drop for InterNodeGpu {
         for (e, m) in &self.regs {
             let _ = e.deregister_memory(m);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn expert_ids_are_checked_before_any_kernel_runs() {
-        let ids64: Vec<u8> = [3i64, -1, 15, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert!(check_ids(&ids64, 8, 2, 16, 0).is_ok());
-        let bad: Vec<u8> = [3i64, -1, 16, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let e = check_ids(&bad, 8, 2, 16, 5).unwrap_err().to_string();
-        assert!(e.contains("rank 5, token 1, slot 0: expert id 16 is out of range [0, 16)"), "{e}");
-        let bad32: Vec<u8> = [0i32, -2].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let e = check_ids(&bad32, 4, 2, 16, 1).unwrap_err().to_string();
-        assert!(e.contains("token 0, slot 1: expert id -2"), "{e}");
     }
 }

@@ -4,6 +4,7 @@
 use super::super::abi::{scheme_flags, IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
 use super::super::MAX_WORLD;
 use super::InterNodeGpu;
+use crate::error::EpError;
 use crate::gpu::{EpGpuError, GpuResult};
 
 impl InterNodeGpu {
@@ -152,5 +153,38 @@ impl InterNodeGpu {
                 Err(EpGpuError::Kernel { rank, what: what + &others })
             }
         }
+    }
+}
+
+/// Checks rank `rank`'s `[T, top_k]` expert ids (`idx_size` bytes each, little-endian): each
+/// -1 or in `[0, num_experts)`. Errors: `ExpertOutOfRange` naming the token and slot.
+pub(super) fn check_ids(idx: &[u8], idx_size: usize, top_k: usize, num_experts: usize, rank: usize) -> GpuResult<()> {
+    for (j, c) in idx.chunks_exact(idx_size).enumerate() {
+        let id = if idx_size == 8 {
+            i64::from_le_bytes(c.try_into().unwrap_or_default())
+        } else {
+            i64::from(i32::from_le_bytes(c.try_into().unwrap_or_default()))
+        };
+        if id < -1 || id >= num_experts as i64 {
+            return Err(EpGpuError::Ep(EpError::ExpertOutOfRange { rank, token: j / top_k, slot: j % top_k, expert: id, num_experts }));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_ids_are_checked_before_any_kernel_runs() {
+        let ids64: Vec<u8> = [3i64, -1, 15, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert!(check_ids(&ids64, 8, 2, 16, 0).is_ok());
+        let bad: Vec<u8> = [3i64, -1, 16, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let e = check_ids(&bad, 8, 2, 16, 5).unwrap_err().to_string();
+        assert!(e.contains("rank 5, token 1, slot 0: expert id 16 is out of range [0, 16)"), "{e}");
+        let bad32: Vec<u8> = [0i32, -2].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let e = check_ids(&bad32, 4, 2, 16, 1).unwrap_err().to_string();
+        assert!(e.contains("token 0, slot 1: expert id -2"), "{e}");
     }
 }

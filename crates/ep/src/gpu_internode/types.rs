@@ -120,3 +120,18 @@ pub struct PhaseTimes {
     /// send, combine reduce (events between the launches of a node's stream).
     pub kernel_us: [f64; 5],
 }
+
+/// What [`InterNodeGpu::dispatch`] hands back for its combine: consumed by
+/// [`InterNodeGpu::combine`], which refuses one of another object or of a dispatch since
+/// superseded.
+#[derive(Debug)]
+pub struct InterTicket {
+    pub(super) seq: u64,
+    pub(super) owner: u64,
+}
+
+/// A new object number for tickets (unique in the process).
+pub(super) fn next_ticket_owner() -> u64 {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
