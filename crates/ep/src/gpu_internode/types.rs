@@ -121,8 +121,8 @@ pub struct PhaseTimes {
     pub kernel_us: [f64; 5],
 }
 
-/// What [`InterNodeGpu::dispatch`] hands back for its combine: consumed by
-/// [`InterNodeGpu::combine`], which refuses one of another object or of a dispatch since
+/// What [`super::InterNodeGpu::dispatch`] hands back for its combine: consumed by
+/// [`super::InterNodeGpu::combine`], which refuses one of another object or of a dispatch since
 /// superseded.
 #[derive(Debug)]
 pub struct InterTicket {
