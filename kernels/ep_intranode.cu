@@ -370,21 +370,34 @@ MORI_DEVICE uint32_t ep_f32_to_bf16(float f) {
     return u >> 16;
 }
 
-// acc[0..8] += f * (8 bf16 in v).
+// a * b rounded on its own, never fused with a following add into an FMA: the host reference
+// multiplies and adds separately, so a fused product would round differently.
+MORI_DEVICE float ep_mul_rn(float a, float b) {
+#if defined(__CUDACC__)
+    return __fmul_rn(a, b);
+#else
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    return a * b;
+#endif
+}
+
+// acc[0..8] += f * (8 bf16 in v), each product rounded before its add.
 MORI_DEVICE void ep_add8_bf16(float* acc, mori_vec16_t v, float f) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        acc[2 * i] += f * ep_bf16_to_f32(w[i] & 0xffffu);
-        acc[2 * i + 1] += f * ep_bf16_to_f32(w[i] >> 16);
+        acc[2 * i] += ep_mul_rn(f, ep_bf16_to_f32(w[i] & 0xffffu));
+        acc[2 * i + 1] += ep_mul_rn(f, ep_bf16_to_f32(w[i] >> 16));
     }
 }
 
-// acc[0..8] += f * (8 f32 in v0, v1).
+// acc[0..8] += f * (8 f32 in v0, v1), each product rounded before its add.
 MORI_DEVICE void ep_add8_f32(float* acc, mori_vec16_t v0, mori_vec16_t v1, float f) {
     const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
-    for (int i = 0; i < 8; i++) acc[i] += f * __builtin_bit_cast(float, w[i]);
+    for (int i = 0; i < 8; i++) acc[i] += ep_mul_rn(f, __builtin_bit_cast(float, w[i]));
 }
 
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
