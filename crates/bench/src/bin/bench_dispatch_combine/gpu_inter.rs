@@ -7,7 +7,7 @@
 //! these integer-valued inputs, within 1e-2 relative with `--weighted`); times are the kernels' GPU
 //! event times of the slowest node, averaged over `--iters` after `--warmup`.
 
-use crate::args::{err, AnyResult, Args, CombDType, TransportArg};
+use crate::args::{err, AnyResult, Args, CombDType, KernelTypeArg, TransportArg};
 use crate::gpu::host_images_and_oracle;
 use crate::inputs::{comb_value, gen_inputs};
 use crate::table::print_ranks;
@@ -18,15 +18,6 @@ use mori_ep::{accounting, bf16, combine, CombineOptions, EpConfig, OutOfRange, T
 use mori_gpu::Device;
 use std::time::Duration;
 
-/// The `--kernel-type` name of this run's scheme.
-fn kt_name(cfg: &EpConfig) -> &'static str {
-    match cfg.kernel_type {
-        mori_ep::KernelType::InterNodeV1LL => "v1_ll",
-        mori_ep::KernelType::InterNodeV1 => "v1",
-        _ => "async_ll",
-    }
-}
-
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
@@ -35,7 +26,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if a.procs != 1 || a.num_gpus != 1 {
         return Err(err(format!(
             "--kernel-type {} on GPUs runs every rank in this process on one GPU (the nodes as groups of ranks): drop --procs and --num-gpus",
-            kt_name(cfg)
+            KernelTypeArg::of(cfg.kernel_type).name()
         )));
     }
     // Output files are created before the GPU work, so an unwritable path fails first.
@@ -227,7 +218,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 .map(|(n, lo, med, hi)| serde_json::json!({ "pairs": n, "min_us": lo, "median_us": med, "max_us": hi }))
         };
         let j = serde_json::json!({
-            "kernel_type": kt_name(cfg), "world_size": w, "num_nodes": nodes, "gpus_per_node": cfg.gpus_per_node,
+            "kernel_type": KernelTypeArg::of(cfg.kernel_type).name(), "world_size": w, "num_nodes": nodes, "gpus_per_node": cfg.gpus_per_node,
             "num_tokens": a.num_tokens, "hidden": a.hidden, "num_experts": a.num_experts, "top_k": a.top_k,
             "dtype": a.dtype, "combine_dtype": a.combine_dtype, "block_num": cfg.block_num, "warps_per_block": cfg.warps_per_block,
             "copy_blocks": opts_copy_blocks(a), "weighted": a.weighted, "iters": timed, "warmup": a.warmup,
