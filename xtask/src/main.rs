@@ -99,6 +99,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     util::cargo(&["test", "-p", "mori", "--features", "full", "--doc"])?;
     python::main(&["test".to_string()])?;
     fuzz::ci_run()?;
+    prune_fuzz_builds()?;
     if !root {
         println!("xtask: NOT run (need root): the network-namespace tests (crates/bench/tests/netns.rs) and the RDMA suite in the SoftRoCE guest");
         return Ok(());
@@ -109,6 +110,21 @@ fn test(extra: &[String]) -> Result<(), String> {
         return Ok(());
     }
     softroce_suite()
+}
+
+/// With `MORI_PRUNE_BUILDS` set (`.ci/run` sets it), removes the fuzz workspace's build tree
+/// (about 1.8 GB) once the targets have run, so that the root-only builds after it find the
+/// disk a cold CI run started with; the corpora and artifacts stay.
+fn prune_fuzz_builds() -> Result<(), String> {
+    if std::env::var_os("MORI_PRUNE_BUILDS").is_none() {
+        return Ok(());
+    }
+    let dir = util::workspace_root().join("fuzz/target");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+        println!("xtask: MORI_PRUNE_BUILDS: removed fuzz/target");
+    }
+    Ok(())
 }
 
 /// Builds the RDMA test binaries and bench_engine on the host, then runs them in one guest:
