@@ -25,7 +25,9 @@ step() { echo; echo "=== $*"; }
 # bench_proxy, GPU warps driving MORI-IO through the proxy's command ring, and AsyncLL across
 # nodes on one GPU: its GPU tests and bench_dispatch_combine --kernel-type async_ll), and,
 # only when named, asyncll (scripts/gpu-parts/asyncll.sh: the inter-node GPU tests of V1,
-# V1-LL and AsyncLL, traced benches and their same-run baselines, without the proxy sweeps). One run
+# V1-LL and AsyncLL, traced benches and their same-run baselines, without the proxy sweeps), and,
+# only when named, post (scripts/gpu-parts/post.sh: where the inter-node proxies' posting time
+# goes: copy-pool submission split, event queries, busy cores, a few variants). One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
@@ -95,7 +97,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy asyncll xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy asyncll post xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -41,7 +41,7 @@ pub use error::{cuda_error_name, hip_error_name, Attempt, GpuError, Result, CUDA
 pub use handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind, VmmOptions, RAW_HANDLE_LEN};
 pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocation};
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
-pub use pool::{CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide};
+pub use pool::{submit_stats, CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide, SubmitStats};
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};
 pub use types::{

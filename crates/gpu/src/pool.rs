@@ -36,7 +36,9 @@ static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_cop
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
 mod paged;
+mod stats;
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
+pub use stats::{submit_stats, SubmitStats};
 
 // The kernels' tables are little endian (kernels/README.md); they are written as host bytes.
 const _: () = assert!(cfg!(target_endian = "little"), "mori-gpu's kernel tables assume a little-endian host");
@@ -79,7 +81,16 @@ pub struct CopyPoolConfig {
     /// Default and most: [`PAGED_INLINE_RUNS`] (320); 0 uploads every table. The environment
     /// variable `MORI_GPU_PAGED_INLINE_RUNS`, when set, overrides it ([`CopyPool::new`]).
     pub paged_inline_runs: usize,
+    /// Whether the completion thread spins between completion steps while submissions are
+    /// in flight (default: true, the lowest completion latency) or yields its core between
+    /// them (for processes with more busy threads than cores, where a spinning thread can
+    /// hold up the others' driver calls). The environment variable `MORI_GPU_POOL_SPIN`
+    /// (`1` or `0`), when set, overrides it ([`CopyPool::new`]).
+    pub spin_in_flight: bool,
 }
+
+/// The environment variable that overrides [`CopyPoolConfig::spin_in_flight`].
+pub const SPIN_ENV: &str = "MORI_GPU_POOL_SPIN";
 
 impl Default for CopyPoolConfig {
     fn default() -> Self {
@@ -90,6 +101,7 @@ impl Default for CopyPoolConfig {
             kernel_threshold: 32,
             kernel_max_mean_bytes: 48 << 20,
             paged_inline_runs: PAGED_INLINE_RUNS,
+            spin_in_flight: true,
         }
     }
 }
@@ -292,6 +304,16 @@ impl std::fmt::Debug for CopyPool {
 /// How long the completion thread sleeps between looks while waiters drive completions.
 const STAND_BACK: Duration = Duration::from_micros(50);
 
+/// `configured`, unless [`SPIN_ENV`]'s value `env` says otherwise (`1` spin, `0` yield).
+fn spin_in_flight(configured: bool, env: Option<&str>) -> Result<bool> {
+    match env.map(str::trim) {
+        None => Ok(configured),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(GpuError::invalid(format!("{SPIN_ENV}={v:?}: must be 1 (spin while copies are in flight) or 0 (yield)"))),
+    }
+}
+
 /// Claims a lane (a stream) for one more submission and returns its index: the first lane
 /// with nothing in flight, else the next in turn (`next` counts the turns); its count is
 /// raised by one either way. `busy` must not be empty.
@@ -309,9 +331,10 @@ fn claim_lane(busy: &[AtomicUsize], next: &AtomicUsize) -> usize {
 impl CopyPool {
     /// Starts the completion thread (named `thread_name`). Streams and slots are created per
     /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
-    /// `cfg.paged_inline_runs`. Errors: `InvalidArgument` for zero streams or events, or a
-    /// `paged_inline_runs` (or that variable) that is not a number from 0 to
-    /// [`PAGED_INLINE_RUNS`]; `Io` if the thread cannot be spawned.
+    /// `cfg.paged_inline_runs`, and [`SPIN_ENV`] `cfg.spin_in_flight`. Errors:
+    /// `InvalidArgument` for zero streams or events, a `paged_inline_runs` (or that variable)
+    /// that is not a number from 0 to [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] other than 0
+    /// or 1; `Io` if the thread cannot be spawned.
     pub fn new(rt: Arc<dyn Runtime>, mut cfg: CopyPoolConfig, thread_name: &str) -> Result<Self> {
         if cfg.num_streams == 0 || cfg.num_events == 0 {
             return Err(GpuError::invalid(format!(
@@ -320,6 +343,7 @@ impl CopyPool {
             )));
         }
         cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, std::env::var(paged::INLINE_ENV).ok().as_deref())?;
+        cfg.spin_in_flight = spin_in_flight(cfg.spin_in_flight, std::env::var(SPIN_ENV).ok().as_deref())?;
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
             // kernarg, over the 4 KiB a launch is documented to take, and never run on an AMD
@@ -392,7 +416,9 @@ impl CopyPool {
     {
         let s = &self.shared;
         let dev = dp.device;
+        let t0 = Instant::now();
         let slot = s.take_slot(dp)?;
+        let t1 = Instant::now();
         let si = claim_lane(&dp.busy, &dp.next);
         let stream = &dp.streams[si];
         let failed = {
@@ -407,7 +433,10 @@ impl CopyPool {
             };
             enqueue(&mut lane).err()
         };
-        if let Err(e) = dp.slots[slot].event.record(stream) {
+        let t2 = Instant::now();
+        let recorded = dp.slots[slot].event.record(stream);
+        stats::count_submit([t0, t1, t2, Instant::now()]);
+        if let Err(e) = recorded {
             // Work may be queued with no event after it: this slot is retired for good.
             dp.busy[si].fetch_sub(1, Ordering::AcqRel);
             dp.retired.fetch_add(1, Ordering::AcqRel);
@@ -669,7 +698,10 @@ impl Shared {
                 i += 1;
                 continue;
             };
-            let r = match dp.slots[mine[i].slot].event.query() {
+            let tq = Instant::now();
+            let fired = dp.slots[mine[i].slot].event.query();
+            stats::count_query(tq);
+            let r = match fired {
                 Ok(false) => {
                     i += 1;
                     continue;
@@ -717,8 +749,12 @@ impl Shared {
             if done > 0 {
                 idle = 0;
             } else if in_flight > 0 {
-                for _ in 0..8 {
-                    std::hint::spin_loop();
+                if self.cfg.spin_in_flight {
+                    for _ in 0..8 {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::yield_now();
                 }
             } else {
                 idle = idle.saturating_add(1);
@@ -736,6 +772,16 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spin_variable_overrides_or_is_refused() {
+        assert!(spin_in_flight(true, None).unwrap());
+        assert!(!spin_in_flight(false, None).unwrap());
+        assert!(!spin_in_flight(true, Some("0")).unwrap());
+        assert!(spin_in_flight(false, Some(" 1")).unwrap());
+        let e = spin_in_flight(true, Some("yes")).unwrap_err().to_string();
+        assert!(e.contains("MORI_GPU_POOL_SPIN=\"yes\"") && e.contains("must be 1"), "{e}");
+    }
 
     #[test]
     fn lanes_first_idle_then_in_turn() {

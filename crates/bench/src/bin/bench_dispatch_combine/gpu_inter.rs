@@ -101,7 +101,13 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let (mut disp, mut comb, mut timed) = (0.0, 0.0, 0usize);
     let mut per_kernel = [0.0f64; 5];
     let mut last: Vec<RecvBytes> = Vec::new();
+    let mut pool0 = mori_gpu::submit_stats();
+    let mut cpu0 = (process_cpu_s(), std::time::Instant::now());
     for it in 0..a.warmup + a.iters {
+        if it == a.warmup {
+            pool0 = mori_gpu::submit_stats();
+            cpu0 = (process_cpu_s(), std::time::Instant::now());
+        }
         let (got, ticket) = ep.dispatch(&rb)?;
         let cw: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
         let cxr: Vec<&[u8]> = cx.iter().map(|v| &v[..]).collect();
@@ -121,6 +127,8 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         last = got;
     }
     let (disp, comb) = (disp / timed.max(1) as f64, comb / timed.max(1) as f64);
+    let pool = mori_gpu::submit_stats().since(&pool0);
+    let busy_cores = (process_cpu_s() - cpu0.0) / cpu0.1.elapsed().as_secs_f64().max(1e-9);
     let stamps = ep.trace()?;
     if let (Some(path), Some(stamps)) = (&a.trace, &stamps) {
         write_traces(path, stamps, cfg.gpus_per_node)?;
@@ -200,6 +208,21 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             batches - sum(|s| s.ordered_batches)
         );
     }
+    println!(
+        "host CPU (timed iterations): {busy_cores:.1} cores busy on average ({} threads in the process, {} cores online)",
+        std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0),
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+    if pool.submissions > 0 {
+        let (wait, enq, rec) = pool.mean_us();
+        println!(
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait:.1} waiting for a slot, {enq:.1} in the driver calls that queue the copies, {rec:.1} recording the event; longest {:.1} µs; {} event queries by completion steps, {:.2} µs each",
+            pool.submissions,
+            pool.max_submit_ns as f64 / 1e3,
+            pool.event_queries,
+            pool.event_query_ns as f64 / pool.event_queries.max(1) as f64 / 1e3
+        );
+    }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
     println!(
         "per kernel µs (slowest node, mean): layout {}, dispatch {}, receive {}, combine send {}, combine reduce {}",
@@ -231,6 +254,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
                 "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)),
                 "ordered_batches": sum(|s| s.ordered_batches) },
+            "busy_cores": busy_cores,
+            "copy_pools": { "submissions": pool.submissions, "slot_wait_us": pool.mean_us().0, "enqueue_us": pool.mean_us().1,
+                "record_us": pool.mean_us().2, "max_submit_us": pool.max_submit_ns as f64 / 1e3,
+                "event_queries": pool.event_queries, "event_query_us": pool.event_query_ns as f64 / pool.event_queries.max(1) as f64 / 1e3 },
             "legs": { "dispatch": legs(0), "combine": legs(1) },
             "ranks": rank_json,
             "check": ok,
@@ -370,4 +397,17 @@ fn write_traces(path: &str, stamps: &[trace::RankStamps], gpn: usize) -> AnyResu
     }
     println!("trace: {} files {}", stamps.len(), rank_path(path, 0).replace(".rank0", ".rank<R>"));
     Ok(())
+}
+
+/// User plus system CPU seconds this process has used (`getrusage(RUSAGE_SELF)`); 0 if the call fails.
+fn process_cpu_s() -> f64 {
+    // SAFETY: rusage is plain data (all-zero is a valid value); getrusage writes one into the
+    // struct it is given and reads nothing else.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    s(ru.ru_utime) + s(ru.ru_stime)
 }
