@@ -2,7 +2,7 @@
 // kernels of ep_internode.cu (AsyncLL, V1-LL, V1). The scheme, the window and the counters are
 // described there; crates/ep/src/gpu_internode/abi.rs mirrors the structs.
 #pragma once
-#include "mori_gpu.h"
+#include "ep_math.h"
 #include "mori_ring.h"
 
 #define IE_MAX_WORLD 64
@@ -279,15 +279,6 @@ MORI_DEVICE void ie_zero_group(uint8_t* dst, uint32_t bytes, uint32_t lane) {
     for (uint32_t w = lane; w < bytes / 4; w += 32) ((uint32_t*)dst)[w] = 0;
 }
 
-
-MORI_DEVICE float ie_bf16_to_f32(uint32_t bits16) { return __builtin_bit_cast(float, bits16 << 16); }
-MORI_DEVICE uint32_t ie_f32_to_bf16(float f) {
-    uint32_t u = __builtin_bit_cast(uint32_t, f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40; // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1);                                // round to nearest even
-    return u >> 16;
-}
-
 // Per 32-thread group: the token's contributing ranks, compacted (ascending), with their rows
 // and factors (V1-LL's combine: this node's ranks' rows and other nodes' partial sums).
 struct IeGather {
@@ -332,18 +323,6 @@ MORI_DEVICE float ie_factor(const IeParams& p, const uint8_t* ids, uint64_t i0, 
     return f;
 }
 
-// a * b rounded on its own, never fused with a following add into an FMA: the host reference
-// multiplies and adds separately, so a fused product would round differently.
-MORI_DEVICE float ie_mul_rn(float a, float b) {
-#if defined(__CUDACC__)
-    return __fmul_rn(a, b);
-#else
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-    return a * b;
-#endif
-}
 
 // acc[0..8) += f * the 8 elements at src (elem bytes each: 2 bf16, 4 f32), each product
 // rounded before its add (as the reference).
@@ -352,13 +331,13 @@ MORI_DEVICE void ie_acc8(float* acc, const uint8_t* src, uint32_t elem, float f)
         const mori_vec16_t v = *(const mori_vec16_t*)src;
         const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
         for (int i = 0; i < 4; i++) {
-            acc[2 * i] += ie_mul_rn(f, ie_bf16_to_f32(wv[i] & 0xffffu));
-            acc[2 * i + 1] += ie_mul_rn(f, ie_bf16_to_f32(wv[i] >> 16));
+            acc[2 * i] += mori_mul_rn(f, mori_bf16_to_f32(wv[i] & 0xffffu));
+            acc[2 * i + 1] += mori_mul_rn(f, mori_bf16_to_f32(wv[i] >> 16));
         }
     } else {
         const mori_vec16_t v0 = ((const mori_vec16_t*)src)[0], v1 = ((const mori_vec16_t*)src)[1];
         const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        for (int i = 0; i < 8; i++) acc[i] += ie_mul_rn(f, __builtin_bit_cast(float, wv[i]));
+        for (int i = 0; i < 8; i++) acc[i] += mori_mul_rn(f, __builtin_bit_cast(float, wv[i]));
     }
 }
 
@@ -373,10 +352,10 @@ MORI_DEVICE void ie_add8(float* acc, const uint8_t* src) {
 MORI_DEVICE void ie_store8(uint8_t* dst, uint32_t elem, const float* acc) {
     if (elem == 2) {
         mori_vec16_t v;
-        v.x = ie_f32_to_bf16(acc[0]) | (ie_f32_to_bf16(acc[1]) << 16);
-        v.y = ie_f32_to_bf16(acc[2]) | (ie_f32_to_bf16(acc[3]) << 16);
-        v.z = ie_f32_to_bf16(acc[4]) | (ie_f32_to_bf16(acc[5]) << 16);
-        v.w = ie_f32_to_bf16(acc[6]) | (ie_f32_to_bf16(acc[7]) << 16);
+        v.x = mori_f32_to_bf16(acc[0]) | (mori_f32_to_bf16(acc[1]) << 16);
+        v.y = mori_f32_to_bf16(acc[2]) | (mori_f32_to_bf16(acc[3]) << 16);
+        v.z = mori_f32_to_bf16(acc[4]) | (mori_f32_to_bf16(acc[5]) << 16);
+        v.w = mori_f32_to_bf16(acc[6]) | (mori_f32_to_bf16(acc[7]) << 16);
         *(mori_vec16_t*)dst = v;
     } else {
         mori_vec16_t v0, v1;

@@ -36,7 +36,7 @@
 // f32, the rows the token's destinations hold (slot from send_map), optionally weighted by
 // the sum of the receiving rank's weights over the token's top-k slots that rank owns, and
 // writes the row as bf16 or f32 (and, with weights, the per-slot sum of the weights).
-#include "mori_gpu.h"
+#include "ep_math.h"
 
 #define EP_MAX_WORLD 64
 #define EP_MAX_TOPK 32
@@ -362,34 +362,13 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_dispatch(EpParams p) {
     ep_trace(a, b, 2);
 }
 
-MORI_DEVICE float ep_bf16_to_f32(uint32_t bits16) { return __builtin_bit_cast(float, bits16 << 16); }
-MORI_DEVICE uint32_t ep_f32_to_bf16(float f) {
-    uint32_t u = __builtin_bit_cast(uint32_t, f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40; // NaN stays NaN
-    u += 0x7fffu + ((u >> 16) & 1);                                // round to nearest even
-    return u >> 16;
-}
-
-// a * b rounded on its own, never fused with a following add into an FMA: the host reference
-// multiplies and adds separately, so a fused product would round differently.
-MORI_DEVICE float ep_mul_rn(float a, float b) {
-#if defined(__CUDACC__)
-    return __fmul_rn(a, b);
-#else
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-    return a * b;
-#endif
-}
-
 // acc[0..8] += f * (8 bf16 in v), each product rounded before its add.
 MORI_DEVICE void ep_add8_bf16(float* acc, mori_vec16_t v, float f) {
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        acc[2 * i] += ep_mul_rn(f, ep_bf16_to_f32(w[i] & 0xffffu));
-        acc[2 * i + 1] += ep_mul_rn(f, ep_bf16_to_f32(w[i] >> 16));
+        acc[2 * i] += mori_mul_rn(f, mori_bf16_to_f32(w[i] & 0xffffu));
+        acc[2 * i + 1] += mori_mul_rn(f, mori_bf16_to_f32(w[i] >> 16));
     }
 }
 
@@ -397,7 +376,7 @@ MORI_DEVICE void ep_add8_bf16(float* acc, mori_vec16_t v, float f) {
 MORI_DEVICE void ep_add8_f32(float* acc, mori_vec16_t v0, mori_vec16_t v1, float f) {
     const uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
 #pragma unroll
-    for (int i = 0; i < 8; i++) acc[i] += ep_mul_rn(f, __builtin_bit_cast(float, w[i]));
+    for (int i = 0; i < 8; i++) acc[i] += mori_mul_rn(f, __builtin_bit_cast(float, w[i]));
 }
 
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
@@ -530,10 +509,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ep_combine(EpParams p) {
             }
             if (p.comb_out_elem == 2) {
                 mori_vec16_t v;
-                v.x = ep_f32_to_bf16(acc[0]) | (ep_f32_to_bf16(acc[1]) << 16);
-                v.y = ep_f32_to_bf16(acc[2]) | (ep_f32_to_bf16(acc[3]) << 16);
-                v.z = ep_f32_to_bf16(acc[4]) | (ep_f32_to_bf16(acc[5]) << 16);
-                v.w = ep_f32_to_bf16(acc[6]) | (ep_f32_to_bf16(acc[7]) << 16);
+                v.x = mori_f32_to_bf16(acc[0]) | (mori_f32_to_bf16(acc[1]) << 16);
+                v.y = mori_f32_to_bf16(acc[2]) | (mori_f32_to_bf16(acc[3]) << 16);
+                v.z = mori_f32_to_bf16(acc[4]) | (mori_f32_to_bf16(acc[5]) << 16);
+                v.w = mori_f32_to_bf16(acc[6]) | (mori_f32_to_bf16(acc[7]) << 16);
                 *(mori_vec16_t*)(out + (uint64_t)e * 2) = v;
             } else {
                 mori_vec16_t v0, v1;
