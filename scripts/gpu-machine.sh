@@ -27,7 +27,8 @@ step() { echo; echo "=== $*"; }
 # only when named, asyncll (scripts/gpu-parts/asyncll.sh: the inter-node GPU tests of V1,
 # V1-LL and AsyncLL, traced benches and their same-run baselines, without the proxy sweeps), and,
 # only when named, post (scripts/gpu-parts/post.sh: where the inter-node proxies' posting time
-# goes: copy-pool submission split, event queries, busy cores, a few variants). One run
+# goes: copy-pool submission split, event queries, busy cores; completion by events against
+# completion flags). One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):

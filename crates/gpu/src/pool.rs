@@ -35,6 +35,7 @@ static SG_CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gathe
 static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
+mod flags;
 mod paged;
 mod stats;
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
@@ -87,7 +88,21 @@ pub struct CopyPoolConfig {
     /// hold up the others' driver calls). The environment variable `MORI_GPU_POOL_SPIN`
     /// (`1` or `0`), when set, overrides it ([`CopyPool::new`]).
     pub spin_in_flight: bool,
+    /// Whether completion steps learn that a submission finished from a flag word in mapped
+    /// pinned host memory that the stream writes after the work (default: false, they poll
+    /// its event), with the event asked only every [`FLAG_FALLBACK`] (to surface errors).
+    /// Reading memory takes no driver lock, so polling threads do not hold up other threads'
+    /// copies and launches. The environment variable `MORI_GPU_POOL_FLAGS` (`1` or `0`),
+    /// when set, overrides it ([`CopyPool::new`]).
+    pub host_flags: bool,
 }
+
+/// The environment variable that overrides [`CopyPoolConfig::host_flags`].
+pub const FLAGS_ENV: &str = "MORI_GPU_POOL_FLAGS";
+
+/// With completion flags, how often a completion step still asks a submission's event (an
+/// asynchronous error sets no flag).
+pub const FLAG_FALLBACK: Duration = Duration::from_millis(1);
 
 /// The environment variable that overrides [`CopyPoolConfig::spin_in_flight`].
 pub const SPIN_ENV: &str = "MORI_GPU_POOL_SPIN";
@@ -102,6 +117,7 @@ impl Default for CopyPoolConfig {
             kernel_max_mean_bytes: 48 << 20,
             paged_inline_runs: PAGED_INLINE_RUNS,
             spin_in_flight: true,
+            host_flags: false,
         }
     }
 }
@@ -205,6 +221,8 @@ struct Slot {
     event: Event,
     scratch: Mutex<Option<DeviceBuffer>>,
     staging: Mutex<Option<PinnedBuffer>>,
+    /// Its completion flag ([`CopyPoolConfig::host_flags`]).
+    flag: Option<flags::SlotFlag>,
 }
 
 /// How long dropping a slot waits for its last submission before it leaks the slot's buffers
@@ -213,7 +231,7 @@ const SLOT_DROP_WAIT: Duration = Duration::from_secs(10);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if self.scratch.get_mut().is_none() && self.staging.get_mut().is_none() {
+        if self.scratch.get_mut().is_none() && self.staging.get_mut().is_none() && self.flag.is_none() {
             return;
         }
         let t0 = Instant::now();
@@ -229,6 +247,9 @@ impl Drop for Slot {
                     );
                     std::mem::forget(self.scratch.get_mut().take());
                     std::mem::forget(self.staging.get_mut().take());
+                    if let Some(f) = self.flag.take() {
+                        f.leak();
+                    }
                     return;
                 }
             }
@@ -263,6 +284,10 @@ struct Pending {
     done: CopyDone,
     /// Enqueueing failed part-way: the submission fails with this once the event fired.
     failed: Option<GpuError>,
+    /// The sequence number its slot's completion flag will hold once it finished (0: no
+    /// flag; the event tells), and when a completion step last asked the event.
+    flag_seq: u32,
+    asked: Instant,
 }
 
 /// Called by the completion thread between rounds (see [`CopyPool::set_idle_hook`]).
@@ -304,13 +329,13 @@ impl std::fmt::Debug for CopyPool {
 /// How long the completion thread sleeps between looks while waiters drive completions.
 const STAND_BACK: Duration = Duration::from_micros(50);
 
-/// `configured`, unless [`SPIN_ENV`]'s value `env` says otherwise (`1` spin, `0` yield).
-fn spin_in_flight(configured: bool, env: Option<&str>) -> Result<bool> {
+/// `configured`, unless the value `env` of variable `name` says otherwise (`1` on, `0` off).
+fn env_switch(name: &str, configured: bool, env: Option<&str>) -> Result<bool> {
     match env.map(str::trim) {
         None => Ok(configured),
         Some("1") => Ok(true),
         Some("0") => Ok(false),
-        Some(v) => Err(GpuError::invalid(format!("{SPIN_ENV}={v:?}: must be 1 (spin while copies are in flight) or 0 (yield)"))),
+        Some(v) => Err(GpuError::invalid(format!("{name}={v:?}: must be 1 (on) or 0 (off)"))),
     }
 }
 
@@ -343,7 +368,8 @@ impl CopyPool {
             )));
         }
         cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, std::env::var(paged::INLINE_ENV).ok().as_deref())?;
-        cfg.spin_in_flight = spin_in_flight(cfg.spin_in_flight, std::env::var(SPIN_ENV).ok().as_deref())?;
+        cfg.spin_in_flight = env_switch(SPIN_ENV, cfg.spin_in_flight, std::env::var(SPIN_ENV).ok().as_deref())?;
+        cfg.host_flags = env_switch(FLAGS_ENV, cfg.host_flags, std::env::var(FLAGS_ENV).ok().as_deref())?;
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
             // kernarg, over the 4 KiB a launch is documented to take, and never run on an AMD
@@ -434,6 +460,13 @@ impl CopyPool {
             enqueue(&mut lane).err()
         };
         let t2 = Instant::now();
+        let (mut failed, mut flag_seq) = (failed, 0);
+        if let Some(f) = &dp.slots[slot].flag {
+            match f.arm(stream) {
+                Ok(seq) => flag_seq = seq,
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
         let recorded = dp.slots[slot].event.record(stream);
         stats::count_submit([t0, t1, t2, Instant::now()]);
         if let Err(e) = recorded {
@@ -445,7 +478,7 @@ impl CopyPool {
         }
         // Made and boxed only now: the device work is already queued, so this overlaps it.
         let done: CopyDone = Box::new(make_done());
-        s.pending.lock().push(Pending { dev: dev.0, slot, stream: si, done, failed });
+        s.pending.lock().push(Pending { dev: dev.0, slot, stream: si, done, failed, flag_seq, asked: Instant::now() });
         Ok(())
     }
 
@@ -610,9 +643,14 @@ impl Shared {
             return Ok(p);
         }
         let streams = (0..self.cfg.num_streams).map(|_| self.rt.stream(dev)).collect::<Result<Vec<_>>>()?;
+        let mut flags = match self.cfg.host_flags {
+            true => flags::alloc(&self.rt, dev, self.cfg.num_events)?.into_iter().map(Some).collect(),
+            false => Vec::new(),
+        };
+        flags.resize_with(self.cfg.num_events, || None);
         let mut slots = Vec::with_capacity(self.cfg.num_events);
-        for _ in 0..self.cfg.num_events {
-            slots.push(Slot { event: self.rt.event(dev, false)?, scratch: Mutex::new(None), staging: Mutex::new(None) });
+        for flag in flags {
+            slots.push(Slot { event: self.rt.event(dev, false)?, scratch: Mutex::new(None), staging: Mutex::new(None), flag });
         }
         let (kernel, paged) = if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None) };
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
@@ -698,9 +736,18 @@ impl Shared {
                 i += 1;
                 continue;
             };
-            let tq = Instant::now();
-            let fired = dp.slots[mine[i].slot].event.query();
-            stats::count_query(tq);
+            let p = &mut mine[i];
+            let flag = dp.slots[p.slot].flag.as_ref().filter(|_| p.flag_seq != 0);
+            let fired = match flag {
+                Some(f) if f.fired(p.flag_seq) => Ok(true),
+                Some(_) if p.asked.elapsed() < FLAG_FALLBACK => Ok(false),
+                _ => {
+                    p.asked = Instant::now();
+                    let r = dp.slots[p.slot].event.query();
+                    stats::count_query(p.asked);
+                    r
+                }
+            };
             let r = match fired {
                 Ok(false) => {
                     i += 1;
@@ -774,12 +821,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_spin_variable_overrides_or_is_refused() {
-        assert!(spin_in_flight(true, None).unwrap());
-        assert!(!spin_in_flight(false, None).unwrap());
-        assert!(!spin_in_flight(true, Some("0")).unwrap());
-        assert!(spin_in_flight(false, Some(" 1")).unwrap());
-        let e = spin_in_flight(true, Some("yes")).unwrap_err().to_string();
+    fn the_switch_variables_override_or_are_refused() {
+        assert!(env_switch(SPIN_ENV, true, None).unwrap());
+        assert!(!env_switch(SPIN_ENV, false, None).unwrap());
+        assert!(!env_switch(SPIN_ENV, true, Some("0")).unwrap());
+        assert!(env_switch(FLAGS_ENV, false, Some(" 1")).unwrap());
+        let e = env_switch(SPIN_ENV, true, Some("yes")).unwrap_err().to_string();
         assert!(e.contains("MORI_GPU_POOL_SPIN=\"yes\"") && e.contains("must be 1"), "{e}");
     }
 

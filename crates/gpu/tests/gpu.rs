@@ -719,11 +719,18 @@ fn module_load_and_launch() -> R {
 #[test]
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
 fn copy_pool_copies_and_survives_a_panicking_callback() -> R {
+    // Completion told by events, then by the slots' flags in mapped host memory.
+    copy_pool_twelve_copies(false)?;
+    copy_pool_twelve_copies(true)
+}
+
+fn copy_pool_twelve_copies(host_flags: bool) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     let rt = rt()?;
     // Two slots, so the twelve copies below also pass through admission (waiting for slots).
-    let cfg = CopyPoolConfig { num_streams: 3, num_events: 2, kernel_threshold: 0, ..CopyPoolConfig::default() };
+    let cfg = CopyPoolConfig { num_streams: 3, num_events: 2, kernel_threshold: 0, host_flags, ..CopyPoolConfig::default() };
     let pool = CopyPool::new(rt.clone(), cfg, "test-copy-pool")?;
+    let stats0 = mori_gpu::submit_stats();
     let len = 12 * 4096;
     let a = rt.alloc(DEV, len)?;
     let b = rt.alloc(DEV, len)?;
@@ -762,7 +769,18 @@ fn copy_pool_copies_and_survives_a_panicking_callback() -> R {
     let mut back = vec![0u8; len];
     rt.copy_dtoh(&mut back, &b.slice())?;
     check("copy pool: 12 copies of 4 KiB", &back, |i| pat(i, 0x33))?;
-    println!("copy pool: 12 copies through 2 slots, a panicking callback survived, {:?}", t.elapsed());
+    let st = mori_gpu::submit_stats().since(&stats0);
+    // Each completion told by its event takes at least one query; flags take none unless a
+    // copy is still running a millisecond after a look (the error check).
+    let queries_ok = if host_flags { st.event_queries < 12 } else { st.event_queries >= 12 };
+    if !queries_ok || st.submissions < 12 {
+        return fail(format!("copy pool (host_flags {host_flags}): {} submissions, {} event queries", st.submissions, st.event_queries));
+    }
+    println!(
+        "copy pool (host_flags {host_flags}): 12 copies through 2 slots, a panicking callback survived, {:?}; {} event queries",
+        t.elapsed(),
+        st.event_queries
+    );
     Ok(())
 }
 

@@ -1,5 +1,5 @@
 //! Process-wide counters of every [`super::CopyPool`]: where a submission's CPU time goes
-//! (waiting for a free slot, the driver calls that queue its work, the event record) and how
+//! (waiting for a free slot, the driver calls that queue its work, the flag write and event record that close it) and how
 //! often completion steps ask the driver whether an event fired. They tell a slow post that
 //! waits for a slot from one that waits inside the driver (for instance behind other threads'
 //! driver calls). Relaxed atomics, a few nanoseconds per submission.
@@ -17,7 +17,8 @@ pub struct SubmitStats {
     /// Sum over submissions of the driver calls that queue the work (copies, table uploads,
     /// kernel launches), ns.
     pub enqueue_ns: u64,
-    /// Sum over submissions of the event record that closes it, ns.
+    /// Sum over submissions of what closes it (its completion flag's write, when the pool
+    /// uses flags, and its event record), ns.
     pub record_ns: u64,
     /// Longest single submission (slot wait + enqueue + record), ns.
     pub max_submit_ns: u64,

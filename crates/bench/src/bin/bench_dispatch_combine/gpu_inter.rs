@@ -216,7 +216,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if pool.submissions > 0 {
         let (wait, enq, rec) = pool.mean_us();
         println!(
-            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait:.1} waiting for a slot, {enq:.1} in the driver calls that queue the copies, {rec:.1} recording the event; longest {:.1} µs; {} event queries by completion steps, {:.2} µs each",
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait:.1} waiting for a slot, {enq:.1} in the driver calls that queue the copies, {rec:.1} closing it (flag write, event record); longest {:.1} µs; {} event queries by completion steps, {:.2} µs each",
             pool.submissions,
             pool.max_submit_ns as f64 / 1e3,
             pool.event_queries,

@@ -1,0 +1,83 @@
+//! Completion flags ([`super::CopyPoolConfig::host_flags`]): each slot has a 32-bit word in
+//! pinned host memory mapped into the device. A submission queues, after its work, a stream
+//! write of the slot's next sequence number into that word (`cuStreamWriteValue32` /
+//! `hipStreamWriteValue32`, with the default memory fence: the work's writes are visible
+//! first); a completion step then learns that the work finished by reading host memory, with
+//! no driver call. Polling events instead takes the driver's locks on every look, and threads
+//! that poll hold up other threads' copies and launches in the same process.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use crate::error::{GpuError, Result};
+use crate::memory::PinnedBuffer;
+use crate::stream::Stream;
+use crate::types::Device;
+use crate::Runtime;
+
+/// One slot's word: `index` in the pool's shared buffer, and the last sequence number armed.
+pub(super) struct SlotFlag {
+    /// Shared by the pool's slots; a slot that leaks its buffers (its last submission never
+    /// finished) leaks its reference too, so the word stays mapped for a late write.
+    buf: Arc<PinnedBuffer>,
+    index: usize,
+    seq: AtomicU32,
+}
+
+/// `n` slot flags over one mapped pinned buffer of `dev` (4 bytes each). Errors: the
+/// allocation's (`alloc_mapped`).
+pub(super) fn alloc(rt: &Arc<dyn Runtime>, dev: Device, n: usize) -> Result<Vec<SlotFlag>> {
+    let buf = Arc::new(rt.alloc_mapped(dev, (n * 4).max(4))?);
+    if buf.device_ptr().is_none() {
+        return Err(GpuError::invalid(format!("copy pool: the completion-flag buffer on {dev} is not mapped into the device")));
+    }
+    Ok((0..n).map(|index| SlotFlag { buf: buf.clone(), index, seq: AtomicU32::new(0) }).collect())
+}
+
+/// The sequence number after `s`, never 0 (the word's value before any write).
+fn next_seq(s: u32) -> u32 {
+    match s.wrapping_add(1) {
+        0 => 1,
+        n => n,
+    }
+}
+
+impl SlotFlag {
+    /// Queues on `stream` the write of this slot's next sequence number into its word, after
+    /// everything queued on `stream` before it; returns the number. The slot must be free
+    /// (its previous submission completed). Errors: the driver's.
+    pub(super) fn arm(&self, stream: &Stream) -> Result<u32> {
+        let seq = next_seq(self.seq.load(Ordering::Relaxed));
+        self.seq.store(seq, Ordering::Relaxed);
+        let whole = self.buf.device_slice().ok_or_else(|| GpuError::invalid("copy pool: completion flags lost their mapping"))?;
+        stream.write_value32(&whole.sub(self.index * 4, 4)?, seq)?;
+        Ok(seq)
+    }
+
+    /// Whether the write of `seq` has landed (and with it, the work queued before it).
+    pub(super) fn fired(&self, seq: u32) -> bool {
+        let p = (self.buf.ptr() as usize + self.index * 4) as *const u32;
+        // SAFETY: the word lies inside the live buffer (index < n, 4-aligned: the allocation
+        // is page-aligned); volatile, since the device writes it behind the compiler's back.
+        let v = unsafe { p.read_volatile() };
+        std::sync::atomic::fence(Ordering::Acquire);
+        v == seq
+    }
+
+    /// Leaks this slot's reference to the buffer (see [`SlotFlag::buf`]).
+    pub(super) fn leak(self) {
+        std::mem::forget(self.buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_seq;
+
+    #[test]
+    fn sequence_numbers_skip_zero() {
+        assert_eq!(next_seq(0), 1);
+        assert_eq!(next_seq(41), 42);
+        assert_eq!(next_seq(u32::MAX), 1);
+    }
+}
