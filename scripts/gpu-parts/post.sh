@@ -6,22 +6,24 @@
 # Each bench_dispatch_combine run prints the proxies' mean posting call, the copy pools'
 # split of a submission (slot wait, the driver calls that queue the copies, the flag write
 # and event record), the completion steps' event queries, and the cores the process kept
-# busy. Runs: the copy pool's GPU test (events, then flags); V1 and AsyncLL over xgmi with
-# completion told by events (the default), then by flags (MORI_GPU_POOL_FLAGS=1), the two
-# alternating; V1 with the completion threads yielding (MORI_GPU_POOL_SPIN=0); V1 at 2 ranks.
+# busy. Runs: the copy pool's GPU test (events, then flags); V1 over xgmi with completion
+# told by events (the default), then by flags (MORI_GPU_POOL_FLAGS=1), twice, alternating;
+# AsyncLL and V1 at 2 ranks the same way, once; V1 with the completion threads yielding
+# (MORI_GPU_POOL_SPIN=0), last.
 po_log="$OUT/post.txt"
 po() { logged "$po_log" 200 14 "^$|^rank |^│|^┌|^└|^├" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 step "post: the copy pool's GPU test (completion by events, then by flags)"
 po "copy pool test" "$B/gpu" --ignored --exact copy_pool_copies_and_survives_a_panicking_callback --nocapture
 for round in 1 2; do
-  step "post: round $round: V1 and AsyncLL decode over xgmi, events then flags"
+  step "post: round $round: V1 decode over xgmi, events then flags"
   po "v1 decode xgmi, events ($round)" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/post-v1-events-$round.json"
   po "v1 decode xgmi, flags ($round)" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/post-v1-flags-$round.json"
-  po "async_ll decode xgmi, events ($round)" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-events-$round.json"
-  po "async_ll decode xgmi, flags ($round)" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-flags-$round.json"
 done
-step "post: V1 with completion threads yielding; V1 at 2 ranks (events, flags)"
-po "v1 decode xgmi, pools yield" env MORI_GPU_POOL_SPIN=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
+step "post: AsyncLL decode over xgmi, events then flags; V1 at 2 ranks, events then flags"
+po "async_ll decode xgmi, events" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-events.json"
+po "async_ll decode xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-flags.json"
 po "v1 decode xgmi W=2, events" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
 po "v1 decode xgmi W=2, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
+step "post: V1 with the completion threads yielding (MORI_GPU_POOL_SPIN=0)"
+po "v1 decode xgmi, pools yield" env MORI_GPU_POOL_SPIN=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
