@@ -18,6 +18,7 @@
 //! combine dtype; RDMA algo tokens = unique (token, node) pairs incl. the local node, physical
 //! = algo x (nodes-1)/nodes; GB = 1e9.
 
+mod arg_types;
 mod args;
 mod cpu;
 mod gpu;
