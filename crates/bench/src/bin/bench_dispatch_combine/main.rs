@@ -21,6 +21,7 @@
 mod arg_types;
 mod args;
 mod cpu;
+mod cpu_supervisor;
 mod gpu;
 mod gpu_check;
 mod gpu_inter;
