@@ -216,6 +216,11 @@ impl Budget {
     pub fn elapsed(&self) -> Duration {
         self.start.elapsed()
     }
+    /// The limit it was started with (what messages name: elapsed plus left exceeds it
+    /// once the limit has passed).
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
     /// Time left (zero once over).
     pub fn left(&self) -> Duration {
         self.limit.saturating_sub(self.start.elapsed())
@@ -343,6 +348,9 @@ mod tests {
         let b = Budget { start: Instant::now() - Duration::from_secs(5), limit: Duration::from_secs(2) };
         assert_eq!(b.left(), Duration::ZERO);
         assert_eq!(b.check(3, 10, "cycles").unwrap_err(), "time limit of 2 s (--time-limit-s) reached after 3 of 10 cycles");
+        // Long past its limit (a loaded machine), it still names the limit, not the time spent.
+        let late = Budget { start: Instant::now() - Duration::from_millis(3500), limit: Duration::from_secs(1) };
+        assert_eq!((late.limit(), late.left()), (Duration::from_secs(1), Duration::ZERO));
         assert!(Budget::new(Duration::from_secs(60)).check(0, 1, "x").is_ok());
     }
 

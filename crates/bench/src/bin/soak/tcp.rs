@@ -104,14 +104,10 @@ fn wait(st: &TransferStatus, budget: &Budget, what: &str) -> Result<(), String> 
     match st.wait_for(bound) {
         Ok(()) => Ok(()),
         Err(e) if !st.is_done() && budget.left().is_zero() => {
-            Err(format!("{what}: time limit of {} s (--time-limit-s) reached while it was in progress: {e}", budget_secs(budget)))
+            Err(format!("{what}: time limit of {} s (--time-limit-s) reached while it was in progress: {e}", budget.limit().as_secs()))
         }
         Err(e) => Err(format!("{what}: {e}")),
     }
-}
-
-fn budget_secs(b: &Budget) -> u64 {
-    (b.elapsed() + b.left()).as_secs()
 }
 
 /// Runs the phase.
