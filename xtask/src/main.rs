@@ -112,11 +112,11 @@ fn test(extra: &[String]) -> Result<(), String> {
     softroce_suite()
 }
 
-/// With `MORI_PRUNE_BUILDS` set (`.ci/run` sets it), removes the fuzz workspace's build tree
+/// With `MORI_PRUNE_BUILDS=1` (`.ci/run` sets it), removes the fuzz workspace's build tree
 /// (about 1.8 GB) once the targets have run, so that the root-only builds after it find the
 /// disk a cold CI run started with; the corpora and artifacts stay.
 fn prune_fuzz_builds() -> Result<(), String> {
-    if std::env::var_os("MORI_PRUNE_BUILDS").is_none() {
+    if std::env::var("MORI_PRUNE_BUILDS").as_deref() != Ok("1") {
         return Ok(());
     }
     let dir = util::workspace_root().join("fuzz/target");

@@ -41,7 +41,10 @@ pub use error::{cuda_error_name, hip_error_name, Attempt, GpuError, Result, CUDA
 pub use handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHandle, ShareableKind, VmmOptions, RAW_HANDLE_LEN};
 pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocation};
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
-pub use pool::{submit_stats, CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide, SubmitStats};
+pub use pool::{
+    submit_stats, CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide, SubmitStats, FLAGS_ENV, FLAG_FALLBACK,
+    PAGED_INLINE_RUNS, SPIN_ENV,
+};
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};
 pub use types::{

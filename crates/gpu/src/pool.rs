@@ -1,8 +1,10 @@
 //! [`CopyPool`]: device work (copies, kernels) on a pool of streams per device, each
-//! submission closed by the event of an in-flight slot, and completed either by the pool's
-//! completion thread or by a waiting thread through [`CopyPool::progress`]. Transport backends
-//! (xgmi, fabric) queue their transfers here and learn of completion without blocking the
-//! caller.
+//! submission closed by the event of an in-flight slot (and, with
+//! [`CopyPoolConfig::host_flags`], a flag word the stream writes in mapped host memory first:
+//! `flags`), and completed either by the pool's completion thread or by a waiting thread
+//! through [`CopyPool::progress`]; `stats` counts where submissions spend their time.
+//! Transport backends (xgmi, fabric) queue their transfers here and learn of completion
+//! without blocking the caller.
 //!
 //! Choices measured on an H200 (docs/PERFORMANCE.md, xgmi section): a submission takes the
 //! first stream with nothing in flight (rotating over 64 streams cost about 1–1.5 µs per
@@ -223,6 +225,9 @@ struct Slot {
     staging: Mutex<Option<PinnedBuffer>>,
     /// Its completion flag ([`CopyPoolConfig::host_flags`]).
     flag: Option<flags::SlotFlag>,
+    /// Retired after a failed event record: work may still be queued with no event after it,
+    /// so dropping the slot leaks its buffers and flag rather than free them under it.
+    retired: AtomicBool,
 }
 
 /// How long dropping a slot waits for its last submission before it leaks the slot's buffers
@@ -231,7 +236,24 @@ const SLOT_DROP_WAIT: Duration = Duration::from_secs(10);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if self.scratch.get_mut().is_none() && self.staging.get_mut().is_none() && self.flag.is_none() {
+        let leak = |slot: &mut Slot| {
+            std::mem::forget(slot.scratch.get_mut().take());
+            std::mem::forget(slot.staging.get_mut().take());
+            if let Some(f) = slot.flag.take() {
+                f.leak();
+            }
+        };
+        if *self.retired.get_mut() {
+            return leak(self);
+        }
+        if self.scratch.get_mut().is_none() && self.staging.get_mut().is_none() {
+            // A flag word alone (4 bytes of a shared buffer) is not worth waiting for: leaked
+            // unless the slot's last submission is known to be done.
+            if let Some(f) = self.flag.take() {
+                if !matches!(self.event.query(), Ok(true)) {
+                    f.leak();
+                }
+            }
             return;
         }
         let t0 = Instant::now();
@@ -245,12 +267,7 @@ impl Drop for Slot {
                         outcome = ?r.map(|_| "still in flight"),
                         "copy pool: a slot's last submission did not finish in {SLOT_DROP_WAIT:?}: its buffers are leaked"
                     );
-                    std::mem::forget(self.scratch.get_mut().take());
-                    std::mem::forget(self.staging.get_mut().take());
-                    if let Some(f) = self.flag.take() {
-                        f.leak();
-                    }
-                    return;
+                    return leak(self);
                 }
             }
         }
@@ -329,6 +346,15 @@ impl std::fmt::Debug for CopyPool {
 /// How long the completion thread sleeps between looks while waiters drive completions.
 const STAND_BACK: Duration = Duration::from_micros(50);
 
+/// The value of environment variable `name`, if set; `InvalidArgument` when it is not UTF-8.
+fn env_text(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(GpuError::invalid(format!("{name}={v:?}: must be 1 (on) or 0 (off)"))),
+    }
+}
+
 /// `configured`, unless the value `env` of variable `name` says otherwise (`1` on, `0` off).
 fn env_switch(name: &str, configured: bool, env: Option<&str>) -> Result<bool> {
     match env.map(str::trim) {
@@ -356,10 +382,11 @@ fn claim_lane(busy: &[AtomicUsize], next: &AtomicUsize) -> usize {
 impl CopyPool {
     /// Starts the completion thread (named `thread_name`). Streams and slots are created per
     /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
-    /// `cfg.paged_inline_runs`, and [`SPIN_ENV`] `cfg.spin_in_flight`. Errors:
-    /// `InvalidArgument` for zero streams or events, a `paged_inline_runs` (or that variable)
-    /// that is not a number from 0 to [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] other than 0
-    /// or 1; `Io` if the thread cannot be spawned.
+    /// `cfg.paged_inline_runs`, [`SPIN_ENV`] `cfg.spin_in_flight` and [`FLAGS_ENV`]
+    /// `cfg.host_flags`. Errors: `InvalidArgument` for zero streams or events, a
+    /// `paged_inline_runs` (or that variable) that is not a number from 0 to
+    /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (or not
+    /// UTF-8); `Io` if the thread cannot be spawned.
     pub fn new(rt: Arc<dyn Runtime>, mut cfg: CopyPoolConfig, thread_name: &str) -> Result<Self> {
         if cfg.num_streams == 0 || cfg.num_events == 0 {
             return Err(GpuError::invalid(format!(
@@ -368,8 +395,8 @@ impl CopyPool {
             )));
         }
         cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, std::env::var(paged::INLINE_ENV).ok().as_deref())?;
-        cfg.spin_in_flight = env_switch(SPIN_ENV, cfg.spin_in_flight, std::env::var(SPIN_ENV).ok().as_deref())?;
-        cfg.host_flags = env_switch(FLAGS_ENV, cfg.host_flags, std::env::var(FLAGS_ENV).ok().as_deref())?;
+        cfg.spin_in_flight = env_switch(SPIN_ENV, cfg.spin_in_flight, env_text(SPIN_ENV)?.as_deref())?;
+        cfg.host_flags = env_switch(FLAGS_ENV, cfg.host_flags, env_text(FLAGS_ENV)?.as_deref())?;
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
             // kernarg, over the 4 KiB a launch is documented to take, and never run on an AMD
@@ -460,16 +487,23 @@ impl CopyPool {
             enqueue(&mut lane).err()
         };
         let t2 = Instant::now();
-        let (mut failed, mut flag_seq) = (failed, 0);
-        if let Some(f) = &dp.slots[slot].flag {
-            match f.arm(stream) {
-                Ok(seq) => flag_seq = seq,
-                Err(e) => failed = failed.or(Some(e)),
+        // A flag that cannot be written leaves this submission to its event (the work itself
+        // was queued), said once per process.
+        let flag_seq = match dp.slots[slot].flag.as_ref().map(|f| f.arm(stream)) {
+            Some(Ok(seq)) => seq,
+            Some(Err(e)) => {
+                flags::warn_once(
+                    &flags::SAID_WRITE_FAILED,
+                    &format!("a completion flag write failed ({e}): such submissions are told complete by their events"),
+                );
+                0
             }
-        }
+            None => 0,
+        };
         let recorded = dp.slots[slot].event.record(stream);
         stats::count_submit([t0, t1, t2, Instant::now()]);
         if let Err(e) = recorded {
+            dp.slots[slot].retired.store(true, Ordering::Release);
             // Work may be queued with no event after it: this slot is retired for good.
             dp.busy[si].fetch_sub(1, Ordering::AcqRel);
             dp.retired.fetch_add(1, Ordering::AcqRel);
@@ -650,7 +684,13 @@ impl Shared {
         flags.resize_with(self.cfg.num_events, || None);
         let mut slots = Vec::with_capacity(self.cfg.num_events);
         for flag in flags {
-            slots.push(Slot { event: self.rt.event(dev, false)?, scratch: Mutex::new(None), staging: Mutex::new(None), flag });
+            slots.push(Slot {
+                event: self.rt.event(dev, false)?,
+                scratch: Mutex::new(None),
+                staging: Mutex::new(None),
+                flag,
+                retired: AtomicBool::new(false),
+            });
         }
         let (kernel, paged) = if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None) };
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
@@ -728,6 +768,7 @@ impl Shared {
     /// (completed, still in flight).
     fn reap_once(&self, mine: &mut Vec<Pending>) -> (usize, usize) {
         mine.append(&mut self.pending.lock());
+        let mut tally = stats::StepTally::default();
         let mut done = 0;
         let mut i = 0;
         while i < mine.len() {
@@ -744,7 +785,13 @@ impl Shared {
                 _ => {
                     p.asked = Instant::now();
                     let r = dp.slots[p.slot].event.query();
-                    stats::count_query(p.asked);
+                    tally.query(p.asked);
+                    // The flag is written before the event is recorded: an event that fired
+                    // with its flag unseen means flags do not reach this host.
+                    if matches!(r, Ok(true)) && flag.is_some_and(|f| !f.fired(p.flag_seq)) {
+                        tally.flag_miss();
+                        flags::warn_once(&flags::SAID_MISSED, "an event fired before its completion flag was seen: flags do not reach the host here; completions wait for the once-a-millisecond event check");
+                    }
                     r
                 }
             };

@@ -1,12 +1,15 @@
 //! Completion flags ([`super::CopyPoolConfig::host_flags`]): each slot has a 32-bit word in
 //! pinned host memory mapped into the device. A submission queues, after its work, a stream
-//! write of the slot's next sequence number into that word (`cuStreamWriteValue32` /
-//! `hipStreamWriteValue32`, with the default memory fence: the work's writes are visible
-//! first); a completion step then learns that the work finished by reading host memory, with
-//! no driver call. Polling events instead takes the driver's locks on every look, and threads
-//! that poll hold up other threads' copies and launches in the same process.
+//! write of the slot's next sequence number into that word (`cuStreamWriteValue32` with flags
+//! 0, which fences the work's writes before it; `hipStreamWriteValue32`, which runs after
+//! earlier work on the stream and documents no fence: compiled, never run); a completion step
+//! then learns that the work finished by reading host memory, with no driver call. Polling
+//! events instead takes the driver's locks on every look, and threads that poll hold up other
+//! threads' copies and launches in the same process. The slot's event is still recorded after
+//! the flag write and asked once a millisecond, for errors and for flags that never arrive
+//! (counted in [`super::SubmitStats::flag_misses`], warned once).
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::error::{GpuError, Result};
@@ -34,6 +37,17 @@ pub(super) fn alloc(rt: &Arc<dyn Runtime>, dev: Device, n: usize) -> Result<Vec<
     Ok((0..n).map(|index| SlotFlag { buf: buf.clone(), index, seq: AtomicU32::new(0) }).collect())
 }
 
+/// Whether the process was told that a flag write failed, and that a flag was missed.
+pub(super) static SAID_WRITE_FAILED: AtomicBool = AtomicBool::new(false);
+pub(super) static SAID_MISSED: AtomicBool = AtomicBool::new(false);
+
+/// Warns `what` unless `said` says it was warned already (once per process and kind).
+pub(super) fn warn_once(said: &AtomicBool, what: &str) {
+    if !said.swap(true, Ordering::Relaxed) {
+        tracing::warn!("copy pool: {what}");
+    }
+}
+
 /// The sequence number after `s`, never 0 (the word's value before any write).
 fn next_seq(s: u32) -> u32 {
     match s.wrapping_add(1) {
@@ -56,12 +70,12 @@ impl SlotFlag {
 
     /// Whether the write of `seq` has landed (and with it, the work queued before it).
     pub(super) fn fired(&self, seq: u32) -> bool {
-        let p = (self.buf.ptr() as usize + self.index * 4) as *const u32;
+        let p = (self.buf.ptr() as usize + self.index * 4) as *mut u32;
         // SAFETY: the word lies inside the live buffer (index < n, 4-aligned: the allocation
-        // is page-aligned); volatile, since the device writes it behind the compiler's back.
-        let v = unsafe { p.read_volatile() };
-        std::sync::atomic::fence(Ordering::Acquire);
-        v == seq
+        // is page-aligned), and this process only ever accesses it atomically (the device
+        // writes it from outside).
+        let word = unsafe { AtomicU32::from_ptr(p) };
+        word.load(Ordering::Acquire) == seq
     }
 
     /// Leaks this slot's reference to the buffer (see [`SlotFlag::buf`]).

@@ -1,8 +1,10 @@
 //! Process-wide counters of every [`super::CopyPool`]: where a submission's CPU time goes
-//! (waiting for a free slot, the driver calls that queue its work, the flag write and event record that close it) and how
-//! often completion steps ask the driver whether an event fired. They tell a slow post that
-//! waits for a slot from one that waits inside the driver (for instance behind other threads'
-//! driver calls). Relaxed atomics, a few nanoseconds per submission.
+//! (waiting for a free slot, queueing its work, closing it with its flag write and event
+//! record) and how often completion steps ask the driver whether an event fired. They tell a
+//! slow post that waits for a slot from one that waits inside the driver (for instance behind
+//! other threads' driver calls). Submissions add to their counters once each; a completion
+//! step adds its queries once per step, on a cache line of their own, so that counting does
+//! not make the polling threads contend.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -12,20 +14,26 @@ use std::time::Instant;
 pub struct SubmitStats {
     /// Submissions queued (copies, kernels, paged copies).
     pub submissions: u64,
-    /// Sum over submissions of the wait for a free event slot, ns.
+    /// Sum over submissions of the wait for a free event slot (completion steps run meanwhile,
+    /// with their callbacks), ns.
     pub slot_wait_ns: u64,
-    /// Sum over submissions of the driver calls that queue the work (copies, table uploads,
-    /// kernel launches), ns.
+    /// Sum over submissions of queueing the work: the driver calls (copies, table uploads,
+    /// kernel launches) and the host work around them (descriptor tables, a slot buffer's
+    /// first allocation), ns.
     pub enqueue_ns: u64,
     /// Sum over submissions of what closes it (its completion flag's write, when the pool
     /// uses flags, and its event record), ns.
     pub record_ns: u64,
-    /// Longest single submission (slot wait + enqueue + record), ns.
+    /// Longest single submission (slot wait + enqueue + close) since the process started, ns
+    /// ([`SubmitStats::since`] keeps the later snapshot's).
     pub max_submit_ns: u64,
     /// Event queries made by completion steps (the completion threads and waiters).
     pub event_queries: u64,
     /// Sum of those queries' durations, ns.
     pub event_query_ns: u64,
+    /// Submissions of pools using completion flags whose event was seen fired before their
+    /// flag (each waited for the once-a-millisecond event check): flags that do not arrive.
+    pub flag_misses: u64,
 }
 
 impl SubmitStats {
@@ -40,34 +48,55 @@ impl SubmitStats {
             max_submit_ns: self.max_submit_ns,
             event_queries: self.event_queries.saturating_sub(earlier.event_queries),
             event_query_ns: self.event_query_ns.saturating_sub(earlier.event_query_ns),
+            flag_misses: self.flag_misses.saturating_sub(earlier.flag_misses),
         }
     }
 
-    /// Mean µs per submission of (slot wait, enqueue, record); zeros when none.
+    /// Mean µs per submission of (slot wait, enqueue, close); zeros when none.
     pub fn mean_us(&self) -> (f64, f64, f64) {
         let n = self.submissions.max(1) as f64 * 1e3;
         (self.slot_wait_ns as f64 / n, self.enqueue_ns as f64 / n, self.record_ns as f64 / n)
     }
 }
 
-static SUBMISSIONS: AtomicU64 = AtomicU64::new(0);
-static SLOT_WAIT_NS: AtomicU64 = AtomicU64::new(0);
-static ENQUEUE_NS: AtomicU64 = AtomicU64::new(0);
-static RECORD_NS: AtomicU64 = AtomicU64::new(0);
-static MAX_SUBMIT_NS: AtomicU64 = AtomicU64::new(0);
-static EVENT_QUERIES: AtomicU64 = AtomicU64::new(0);
-static EVENT_QUERY_NS: AtomicU64 = AtomicU64::new(0);
+/// The submitters' counters.
+#[repr(align(64))]
+struct Submits {
+    n: AtomicU64,
+    slot_wait_ns: AtomicU64,
+    enqueue_ns: AtomicU64,
+    record_ns: AtomicU64,
+    max_ns: AtomicU64,
+}
+
+/// The completion steps' counters, on a cache line apart from the submitters'.
+#[repr(align(64))]
+struct Queries {
+    n: AtomicU64,
+    ns: AtomicU64,
+    flag_misses: AtomicU64,
+}
+
+static SUBMITS: Submits = Submits {
+    n: AtomicU64::new(0),
+    slot_wait_ns: AtomicU64::new(0),
+    enqueue_ns: AtomicU64::new(0),
+    record_ns: AtomicU64::new(0),
+    max_ns: AtomicU64::new(0),
+};
+static QUERIES: Queries = Queries { n: AtomicU64::new(0), ns: AtomicU64::new(0), flag_misses: AtomicU64::new(0) };
 
 /// The process's totals so far.
 pub fn submit_stats() -> SubmitStats {
     SubmitStats {
-        submissions: SUBMISSIONS.load(Ordering::Relaxed),
-        slot_wait_ns: SLOT_WAIT_NS.load(Ordering::Relaxed),
-        enqueue_ns: ENQUEUE_NS.load(Ordering::Relaxed),
-        record_ns: RECORD_NS.load(Ordering::Relaxed),
-        max_submit_ns: MAX_SUBMIT_NS.load(Ordering::Relaxed),
-        event_queries: EVENT_QUERIES.load(Ordering::Relaxed),
-        event_query_ns: EVENT_QUERY_NS.load(Ordering::Relaxed),
+        submissions: SUBMITS.n.load(Ordering::Relaxed),
+        slot_wait_ns: SUBMITS.slot_wait_ns.load(Ordering::Relaxed),
+        enqueue_ns: SUBMITS.enqueue_ns.load(Ordering::Relaxed),
+        record_ns: SUBMITS.record_ns.load(Ordering::Relaxed),
+        max_submit_ns: SUBMITS.max_ns.load(Ordering::Relaxed),
+        event_queries: QUERIES.n.load(Ordering::Relaxed),
+        event_query_ns: QUERIES.ns.load(Ordering::Relaxed),
+        flag_misses: QUERIES.flag_misses.load(Ordering::Relaxed),
     }
 }
 
@@ -75,19 +104,46 @@ fn ns(a: Instant, b: Instant) -> u64 {
     b.saturating_duration_since(a).as_nanos().min(u64::MAX as u128) as u64
 }
 
-/// Counts one submission from its four instants: start, slot taken, work queued, recorded.
+/// Counts one submission from its four instants: start, slot taken, work queued, closed.
 pub(super) fn count_submit(t: [Instant; 4]) {
-    SUBMISSIONS.fetch_add(1, Ordering::Relaxed);
-    SLOT_WAIT_NS.fetch_add(ns(t[0], t[1]), Ordering::Relaxed);
-    ENQUEUE_NS.fetch_add(ns(t[1], t[2]), Ordering::Relaxed);
-    RECORD_NS.fetch_add(ns(t[2], t[3]), Ordering::Relaxed);
-    MAX_SUBMIT_NS.fetch_max(ns(t[0], t[3]), Ordering::Relaxed);
+    SUBMITS.n.fetch_add(1, Ordering::Relaxed);
+    SUBMITS.slot_wait_ns.fetch_add(ns(t[0], t[1]), Ordering::Relaxed);
+    SUBMITS.enqueue_ns.fetch_add(ns(t[1], t[2]), Ordering::Relaxed);
+    SUBMITS.record_ns.fetch_add(ns(t[2], t[3]), Ordering::Relaxed);
+    SUBMITS.max_ns.fetch_max(ns(t[0], t[3]), Ordering::Relaxed);
 }
 
-/// Counts one event query that started at `since`.
-pub(super) fn count_query(since: Instant) {
-    EVENT_QUERIES.fetch_add(1, Ordering::Relaxed);
-    EVENT_QUERY_NS.fetch_add(ns(since, Instant::now()), Ordering::Relaxed);
+/// One completion step's tally, added to the totals once when dropped.
+#[derive(Default)]
+pub(super) struct StepTally {
+    queries: u64,
+    query_ns: u64,
+    flag_misses: u64,
+}
+
+impl StepTally {
+    /// Counts one event query that started at `since` and has just returned.
+    pub(super) fn query(&mut self, since: Instant) {
+        self.queries += 1;
+        self.query_ns += ns(since, Instant::now());
+    }
+
+    /// Counts one submission whose event was seen fired before its flag.
+    pub(super) fn flag_miss(&mut self) {
+        self.flag_misses += 1;
+    }
+}
+
+impl Drop for StepTally {
+    fn drop(&mut self) {
+        if self.queries > 0 {
+            QUERIES.n.fetch_add(self.queries, Ordering::Relaxed);
+            QUERIES.ns.fetch_add(self.query_ns, Ordering::Relaxed);
+        }
+        if self.flag_misses > 0 {
+            QUERIES.flag_misses.fetch_add(self.flag_misses, Ordering::Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -105,6 +161,7 @@ mod tests {
             max_submit_ns: 3000,
             event_queries: 5,
             event_query_ns: 50,
+            flag_misses: 1,
         };
         let b = SubmitStats {
             submissions: 6,
@@ -114,6 +171,7 @@ mod tests {
             max_submit_ns: 9000,
             event_queries: 9,
             event_query_ns: 90,
+            flag_misses: 3,
         };
         let d = b.since(&a);
         assert_eq!(
@@ -125,7 +183,8 @@ mod tests {
                 record_ns: 800,
                 max_submit_ns: 9000,
                 event_queries: 4,
-                event_query_ns: 40
+                event_query_ns: 40,
+                flag_misses: 2
             }
         );
         assert_eq!(d.mean_us(), (0.1, 2.0, 0.2));
@@ -138,9 +197,16 @@ mod tests {
         let t0 = Instant::now();
         let t = [t0, t0 + Duration::from_micros(3), t0 + Duration::from_micros(10), t0 + Duration::from_micros(11)];
         count_submit(t);
+        {
+            let mut step = StepTally::default();
+            step.query(Instant::now() - Duration::from_micros(2));
+            step.query(Instant::now());
+            step.flag_miss();
+        }
         let d = submit_stats().since(&before);
-        // Other tests of this process may submit meanwhile: at least this one is counted.
+        // Other tests of this process may submit meanwhile: at least these are counted.
         assert!(d.submissions >= 1 && d.slot_wait_ns >= 3000 && d.enqueue_ns >= 7000 && d.record_ns >= 1000, "{d:?}");
         assert!(d.max_submit_ns >= 11_000, "{d:?}");
+        assert!(d.event_queries >= 2 && d.event_query_ns >= 2000 && d.flag_misses >= 1, "{d:?}");
     }
 }

@@ -216,11 +216,12 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if pool.submissions > 0 {
         let (wait, enq, rec) = pool.mean_us();
         println!(
-            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait:.1} waiting for a slot, {enq:.1} in the driver calls that queue the copies, {rec:.1} closing it (flag write, event record); longest {:.1} µs; {} event queries by completion steps, {:.2} µs each",
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait:.1} waiting for a slot, {enq:.1} queueing the copies (driver calls), {rec:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed",
             pool.submissions,
             pool.max_submit_ns as f64 / 1e3,
             pool.event_queries,
-            pool.event_query_ns as f64 / pool.event_queries.max(1) as f64 / 1e3
+            pool.event_query_ns as f64 / pool.event_queries.max(1) as f64 / 1e3,
+            pool.flag_misses
         );
     }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
@@ -256,7 +257,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 "ordered_batches": sum(|s| s.ordered_batches) },
             "busy_cores": busy_cores,
             "copy_pools": { "submissions": pool.submissions, "slot_wait_us": pool.mean_us().0, "enqueue_us": pool.mean_us().1,
-                "record_us": pool.mean_us().2, "max_submit_us": pool.max_submit_ns as f64 / 1e3,
+                "record_us": pool.mean_us().2, "max_submit_us_since_start": pool.max_submit_ns as f64 / 1e3, "flag_misses": pool.flag_misses,
                 "event_queries": pool.event_queries, "event_query_us": pool.event_query_ns as f64 / pool.event_queries.max(1) as f64 / 1e3 },
             "legs": { "dispatch": legs(0), "combine": legs(1) },
             "ranks": rank_json,
