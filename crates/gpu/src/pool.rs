@@ -20,15 +20,15 @@
 //! staging by the driver); both staging and device scratch grow to the next power of two and
 //! are reused, so a steady stream of batches allocates nothing.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{GpuError, Result};
-use crate::memory::{DeviceBuffer, DeviceSlice, PinnedBuffer};
+use crate::memory::DeviceSlice;
 use crate::module::{Function, KernelArgs, KernelImages};
-use crate::stream::{Event, Stream};
+use crate::stream::Stream;
 use crate::types::Device;
 use crate::LaunchConfig;
 use crate::Runtime;
@@ -37,10 +37,16 @@ static SG_CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gathe
 static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
+mod config;
 mod flags;
 mod paged;
+mod slot;
 mod stats;
+use config::{env_switch, env_text};
+pub use config::{CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
+pub use slot::Lane;
+use slot::Slot;
 pub use stats::{submit_stats, SubmitStats};
 
 // The kernels' tables are little endian (kernels/README.md); they are written as host bytes.
@@ -59,220 +65,9 @@ pub struct CopySeg {
     pub len: u64,
 }
 
-/// Settings of a [`CopyPool`].
-#[derive(Debug, Clone)]
-pub struct CopyPoolConfig {
-    /// Streams per device (at least 1). A submission takes the first one with nothing in
-    /// flight, else the next in turn.
-    pub num_streams: usize,
-    /// Most submissions in flight per device, each with its slot's event (at least 1).
-    pub num_events: usize,
-    /// How long a submission waits for a free slot before it gives up.
-    pub admission_timeout: Duration,
-    /// [`CopyPool::copy`] batches with at least this many segments use the scatter/gather
-    /// kernel (default 32; 0 disables the kernel) ...
-    pub kernel_threshold: usize,
-    /// ... unless their segments average at least this many bytes (default 48 MiB): then one
-    /// async copy per segment, each streaming through its own range, does not spread the
-    /// kernel's threads over the whole batch at once (which thrashed the TLB on gigabyte IPC
-    /// mappings). Measured on the H200, two processes, batch 128 (docs/PERFORMANCE.md): the
-    /// kernel gave 1165-1510 GB/s for 4-32 MiB segments but 411-620 at 64 MiB; copies gave
-    /// 533-616 GB/s at 4 MiB and 1402-1500 at 64 MiB.
-    pub kernel_max_mean_bytes: u64,
-    /// [`CopyPool::copy_paged`] passes run tables of at most this many runs in the kernel's
-    /// parameters (no upload before the launch); larger ones are uploaded from pinned memory.
-    /// Default and most: [`PAGED_INLINE_RUNS`] (320); 0 uploads every table. The environment
-    /// variable `MORI_GPU_PAGED_INLINE_RUNS`, when set, overrides it ([`CopyPool::new`]).
-    pub paged_inline_runs: usize,
-    /// Whether the completion thread spins between completion steps while submissions are
-    /// in flight (default: true, the lowest completion latency) or yields its core between
-    /// them (for processes with more busy threads than cores, where a spinning thread can
-    /// hold up the others' driver calls). The environment variable `MORI_GPU_POOL_SPIN`
-    /// (`1` or `0`), when set, overrides it ([`CopyPool::new`]).
-    pub spin_in_flight: bool,
-    /// Whether completion steps learn that a submission finished from a flag word in mapped
-    /// pinned host memory that the stream writes after the work (default: false, they poll
-    /// its event), with the event asked only every [`FLAG_FALLBACK`] (to surface errors).
-    /// Reading memory takes no driver lock, so polling threads do not hold up other threads'
-    /// copies and launches. The environment variable `MORI_GPU_POOL_FLAGS` (`1` or `0`),
-    /// when set, overrides it ([`CopyPool::new`]).
-    pub host_flags: bool,
-}
-
-/// The environment variable that overrides [`CopyPoolConfig::host_flags`].
-pub const FLAGS_ENV: &str = "MORI_GPU_POOL_FLAGS";
-
-/// With completion flags, how often a completion step still asks a submission's event (an
-/// asynchronous error sets no flag).
-pub const FLAG_FALLBACK: Duration = Duration::from_millis(1);
-
-/// The environment variable that overrides [`CopyPoolConfig::spin_in_flight`].
-pub const SPIN_ENV: &str = "MORI_GPU_POOL_SPIN";
-
-impl Default for CopyPoolConfig {
-    fn default() -> Self {
-        CopyPoolConfig {
-            num_streams: 64,
-            num_events: 64,
-            admission_timeout: Duration::from_secs(30),
-            kernel_threshold: 32,
-            kernel_max_mean_bytes: 48 << 20,
-            paged_inline_runs: PAGED_INLINE_RUNS,
-            spin_in_flight: true,
-            host_flags: false,
-        }
-    }
-}
-
 /// Called once with the submission's outcome, by whichever thread completes it (the pool's
 /// completion thread, or a thread inside [`CopyPool::progress`]).
 pub type CopyDone = Box<dyn FnOnce(Result<()>) + Send>;
-
-/// What a submission enqueues its work with (see [`CopyPool::submit`]): the stream chosen for
-/// it, its slot's scratch device buffer and its slot's pinned host staging buffer.
-pub struct Lane<'a> {
-    rt: &'a Arc<dyn Runtime>,
-    device: Device,
-    stream: &'a Stream,
-    /// The slot's scratch buffer, locked on first use (copies never touch it).
-    slot_scratch: &'a Mutex<Option<DeviceBuffer>>,
-    scratch: Option<MutexGuard<'a, Option<DeviceBuffer>>>,
-    /// The slot's pinned host staging buffer, locked on first use.
-    slot_staging: &'a Mutex<Option<PinnedBuffer>>,
-    staging: Option<MutexGuard<'a, Option<PinnedBuffer>>>,
-}
-
-/// Capacity a slot buffer grows to for `len` bytes: the next power of two, at least 4 KiB.
-fn grown_capacity(len: usize) -> usize {
-    len.checked_next_power_of_two().unwrap_or(len).max(4096)
-}
-
-impl<'a> Lane<'a> {
-    /// The stream to enqueue on.
-    pub fn stream(&self) -> &'a Stream {
-        self.stream
-    }
-
-    /// The device of the stream.
-    pub fn device(&self) -> Device {
-        self.device
-    }
-
-    /// The first `len` bytes of this slot's scratch buffer (e.g. for a descriptor table a
-    /// kernel reads), contents undefined. Grown to the next power of two (at least 4 KiB)
-    /// when smaller, so a slot reallocates O(log n) times in its life; no other submission
-    /// uses it until this one completed. Errors: the allocation's.
-    pub fn scratch(&mut self, len: usize) -> Result<DeviceSlice<'_>> {
-        let slot = self.slot_scratch;
-        let buf = self.scratch.get_or_insert_with(|| slot.lock());
-        if buf.as_ref().is_none_or(|b| b.len() < len) {
-            **buf = None;
-            **buf = Some(self.rt.alloc(self.device, grown_capacity(len))?);
-        }
-        match buf.as_ref() {
-            Some(b) => b.sub(0, len),
-            None => Err(GpuError::invalid("copy pool: scratch buffer missing")),
-        }
-    }
-
-    /// A table of `len > 0` bytes for a kernel of this submission: `fill` writes it into the
-    /// slot's pinned host staging buffer, which is then copied (async, on this lane's stream)
-    /// into the first `len` bytes of the slot's scratch buffer; returns that device range.
-    /// Both buffers grow as [`Lane::scratch`] does (never shrink, allocated on first use); no
-    /// other submission uses them until this one completed, so nothing here waits. An error
-    /// of `fill` or of an allocation is returned before anything is queued. The table lives
-    /// in the same scratch buffer [`Lane::scratch`] hands out (one per slot, not two).
-    pub fn stage<F>(&mut self, len: usize, fill: F) -> Result<DeviceSlice<'_>>
-    where
-        F: FnOnce(&mut [u8]) -> Result<()>,
-    {
-        if len == 0 {
-            return Err(GpuError::invalid("copy pool: staging a table of 0 bytes"));
-        }
-        let slot_h = self.slot_staging;
-        let host = self.staging.get_or_insert_with(|| slot_h.lock());
-        if host.as_ref().is_none_or(|b| b.len() < len) {
-            **host = None;
-            **host = Some(self.rt.alloc_pinned(self.device, grown_capacity(len))?);
-        }
-        let Some(hb) = host.as_mut() else {
-            return Err(GpuError::invalid("copy pool: staging buffer missing"));
-        };
-        fill(&mut hb.as_mut_slice()[..len])?;
-        let slot_d = self.slot_scratch;
-        let dev = self.scratch.get_or_insert_with(|| slot_d.lock());
-        if dev.as_ref().is_none_or(|b| b.len() < len) {
-            **dev = None;
-            **dev = Some(self.rt.alloc(self.device, grown_capacity(len))?);
-        }
-        let Some(db) = dev.as_ref() else {
-            return Err(GpuError::invalid("copy pool: scratch buffer missing"));
-        };
-        let table = db.sub(0, len)?;
-        // SAFETY: the staging bytes are pinned host memory owned by this slot, which no other
-        // submission touches until this one's event fired (after the copy ran), and which is
-        // freed only after that event fired (`Slot`'s drop); the scratch range is this slot's.
-        unsafe { self.rt.copy_htod_async(&table, &hb.as_slice()[..len], self.stream) }?;
-        Ok(table)
-    }
-}
-
-/// One in-flight slot: its completion event, scratch buffer and pinned staging buffer,
-/// created once and reused (a slot is free again only after its event fired).
-struct Slot {
-    event: Event,
-    scratch: Mutex<Option<DeviceBuffer>>,
-    staging: Mutex<Option<PinnedBuffer>>,
-    /// Its completion flag ([`CopyPoolConfig::host_flags`]).
-    flag: Option<flags::SlotFlag>,
-    /// Retired after a failed event record: work may still be queued with no event after it,
-    /// so dropping the slot leaks its buffers and flag rather than free them under it.
-    retired: AtomicBool,
-}
-
-/// How long dropping a slot waits for its last submission before it leaks the slot's buffers
-/// rather than free memory a queued copy may still read or write.
-const SLOT_DROP_WAIT: Duration = Duration::from_secs(10);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let leak = |slot: &mut Slot| {
-            std::mem::forget(slot.scratch.get_mut().take());
-            std::mem::forget(slot.staging.get_mut().take());
-            if let Some(f) = slot.flag.take() {
-                f.leak();
-            }
-        };
-        if *self.retired.get_mut() {
-            return leak(self);
-        }
-        if self.scratch.get_mut().is_none() && self.staging.get_mut().is_none() {
-            // A flag word alone (4 bytes of a shared buffer) is not worth waiting for: leaked
-            // unless the slot's last submission is known to be done.
-            if let Some(f) = self.flag.take() {
-                if !matches!(self.event.query(), Ok(true)) {
-                    f.leak();
-                }
-            }
-            return;
-        }
-        let t0 = Instant::now();
-        loop {
-            match self.event.query() {
-                Ok(true) => return,
-                Ok(false) if t0.elapsed() < SLOT_DROP_WAIT => std::thread::sleep(Duration::from_micros(50)),
-                r => {
-                    tracing::warn!(
-                        device = self.event.device().0,
-                        outcome = ?r.map(|_| "still in flight"),
-                        "copy pool: a slot's last submission did not finish in {SLOT_DROP_WAIT:?}: its buffers are leaked"
-                    );
-                    return leak(self);
-                }
-            }
-        }
-    }
-}
 
 struct DevPool {
     device: Device,
@@ -345,25 +140,6 @@ impl std::fmt::Debug for CopyPool {
 
 /// How long the completion thread sleeps between looks while waiters drive completions.
 const STAND_BACK: Duration = Duration::from_micros(50);
-
-/// The value of environment variable `name`, if set; `InvalidArgument` when it is not UTF-8.
-fn env_text(name: &str) -> Result<Option<String>> {
-    match std::env::var(name) {
-        Ok(v) => Ok(Some(v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => Err(GpuError::invalid(format!("{name}={v:?}: must be 1 (on) or 0 (off)"))),
-    }
-}
-
-/// `configured`, unless the value `env` of variable `name` says otherwise (`1` on, `0` off).
-fn env_switch(name: &str, configured: bool, env: Option<&str>) -> Result<bool> {
-    match env.map(str::trim) {
-        None => Ok(configured),
-        Some("1") => Ok(true),
-        Some("0") => Ok(false),
-        Some(v) => Err(GpuError::invalid(format!("{name}={v:?}: must be 1 (on) or 0 (off)"))),
-    }
-}
 
 /// Claims a lane (a stream) for one more submission and returns its index: the first lane
 /// with nothing in flight, else the next in turn (`next` counts the turns); its count is
@@ -866,16 +642,6 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_switch_variables_override_or_are_refused() {
-        assert!(env_switch(SPIN_ENV, true, None).unwrap());
-        assert!(!env_switch(SPIN_ENV, false, None).unwrap());
-        assert!(!env_switch(SPIN_ENV, true, Some("0")).unwrap());
-        assert!(env_switch(FLAGS_ENV, false, Some(" 1")).unwrap());
-        let e = env_switch(SPIN_ENV, true, Some("yes")).unwrap_err().to_string();
-        assert!(e.contains("MORI_GPU_POOL_SPIN=\"yes\"") && e.contains("must be 1"), "{e}");
-    }
 
     #[test]
     fn lanes_first_idle_then_in_turn() {

@@ -1,0 +1,108 @@
+//! [`CopyPoolConfig`]: a pool's settings, and the environment variables that override some of
+//! them.
+
+use std::time::Duration;
+
+use super::paged::PAGED_INLINE_RUNS;
+#[cfg(doc)]
+use super::CopyPool;
+use crate::error::{GpuError, Result};
+
+/// Settings of a [`CopyPool`].
+#[derive(Debug, Clone)]
+pub struct CopyPoolConfig {
+    /// Streams per device (at least 1). A submission takes the first one with nothing in
+    /// flight, else the next in turn.
+    pub num_streams: usize,
+    /// Most submissions in flight per device, each with its slot's event (at least 1).
+    pub num_events: usize,
+    /// How long a submission waits for a free slot before it gives up.
+    pub admission_timeout: Duration,
+    /// [`CopyPool::copy`] batches with at least this many segments use the scatter/gather
+    /// kernel (default 32; 0 disables the kernel) ...
+    pub kernel_threshold: usize,
+    /// ... unless their segments average at least this many bytes (default 48 MiB): then one
+    /// async copy per segment, each streaming through its own range, does not spread the
+    /// kernel's threads over the whole batch at once (which thrashed the TLB on gigabyte IPC
+    /// mappings). Measured on the H200, two processes, batch 128 (docs/PERFORMANCE.md): the
+    /// kernel gave 1165-1510 GB/s for 4-32 MiB segments but 411-620 at 64 MiB; copies gave
+    /// 533-616 GB/s at 4 MiB and 1402-1500 at 64 MiB.
+    pub kernel_max_mean_bytes: u64,
+    /// [`CopyPool::copy_paged`] passes run tables of at most this many runs in the kernel's
+    /// parameters (no upload before the launch); larger ones are uploaded from pinned memory.
+    /// Default and most: [`PAGED_INLINE_RUNS`] (320); 0 uploads every table. The environment
+    /// variable `MORI_GPU_PAGED_INLINE_RUNS`, when set, overrides it ([`CopyPool::new`]).
+    pub paged_inline_runs: usize,
+    /// Whether the completion thread spins between completion steps while submissions are
+    /// in flight (default: true, the lowest completion latency) or yields its core between
+    /// them (for processes with more busy threads than cores, where a spinning thread can
+    /// hold up the others' driver calls). The environment variable `MORI_GPU_POOL_SPIN`
+    /// (`1` or `0`), when set, overrides it ([`CopyPool::new`]).
+    pub spin_in_flight: bool,
+    /// Whether completion steps learn that a submission finished from a flag word in mapped
+    /// pinned host memory that the stream writes after the work (default: false, they poll
+    /// its event), with the event asked only every [`FLAG_FALLBACK`] (to surface errors).
+    /// Reading memory takes no driver lock, so polling threads do not hold up other threads'
+    /// copies and launches. The environment variable `MORI_GPU_POOL_FLAGS` (`1` or `0`),
+    /// when set, overrides it ([`CopyPool::new`]).
+    pub host_flags: bool,
+}
+
+/// The environment variable that overrides [`CopyPoolConfig::host_flags`].
+pub const FLAGS_ENV: &str = "MORI_GPU_POOL_FLAGS";
+
+/// With completion flags, how often a completion step still asks a submission's event (an
+/// asynchronous error sets no flag).
+pub const FLAG_FALLBACK: Duration = Duration::from_millis(1);
+
+/// The environment variable that overrides [`CopyPoolConfig::spin_in_flight`].
+pub const SPIN_ENV: &str = "MORI_GPU_POOL_SPIN";
+
+impl Default for CopyPoolConfig {
+    fn default() -> Self {
+        CopyPoolConfig {
+            num_streams: 64,
+            num_events: 64,
+            admission_timeout: Duration::from_secs(30),
+            kernel_threshold: 32,
+            kernel_max_mean_bytes: 48 << 20,
+            paged_inline_runs: PAGED_INLINE_RUNS,
+            spin_in_flight: true,
+            host_flags: false,
+        }
+    }
+}
+
+/// The value of environment variable `name`, if set; `InvalidArgument` when it is not UTF-8.
+pub(super) fn env_text(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(GpuError::invalid(format!("{name}={v:?}: must be 1 (on) or 0 (off)"))),
+    }
+}
+
+/// `configured`, unless the value `env` of variable `name` says otherwise (`1` on, `0` off).
+pub(super) fn env_switch(name: &str, configured: bool, env: Option<&str>) -> Result<bool> {
+    match env.map(str::trim) {
+        None => Ok(configured),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(GpuError::invalid(format!("{name}={v:?}: must be 1 (on) or 0 (off)"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_switch_variables_override_or_are_refused() {
+        assert!(env_switch(SPIN_ENV, true, None).unwrap());
+        assert!(!env_switch(SPIN_ENV, false, None).unwrap());
+        assert!(!env_switch(SPIN_ENV, true, Some("0")).unwrap());
+        assert!(env_switch(FLAGS_ENV, false, Some(" 1")).unwrap());
+        let e = env_switch(SPIN_ENV, true, Some("yes")).unwrap_err().to_string();
+        assert!(e.contains("MORI_GPU_POOL_SPIN=\"yes\"") && e.contains("must be 1"), "{e}");
+    }
+}
