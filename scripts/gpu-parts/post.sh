@@ -1,7 +1,7 @@
 # Where the inter-node proxies' posting time goes, 2 nodes x 4 ranks on one GPU, decode shape,
 # and what the copy pools' completion flags change. A fragment, sourced by
-# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/post.txt. About 2 minutes on one
-# H100/H200.
+# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/post.txt. Not yet timed: 14
+# commands, each cut off at 200 s.
 #
 # Each bench_dispatch_combine run prints the proxies' mean posting call, the copy pools'
 # split of a submission (slot wait, the driver calls that queue the copies, the flag write
