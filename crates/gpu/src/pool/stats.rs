@@ -52,6 +52,11 @@ impl SubmitStats {
         }
     }
 
+    /// Mean µs of an event query; 0 when none.
+    pub fn mean_query_us(&self) -> f64 {
+        self.event_query_ns as f64 / self.event_queries.max(1) as f64 / 1e3
+    }
+
     /// Mean µs per submission of (slot wait, enqueue, close); zeros when none.
     pub fn mean_us(&self) -> (f64, f64, f64) {
         let n = self.submissions.max(1) as f64 * 1e3;
@@ -188,6 +193,7 @@ mod tests {
             }
         );
         assert_eq!(d.mean_us(), (0.1, 2.0, 0.2));
+        assert_eq!(d.mean_query_us(), 0.01);
         assert_eq!(SubmitStats::default().mean_us(), (0.0, 0.0, 0.0));
     }
 

@@ -213,14 +213,14 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0),
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
+    let (wait_us, enqueue_us, record_us) = pool.mean_us();
     if pool.submissions > 0 {
-        let (wait, enq, rec) = pool.mean_us();
         println!(
-            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait:.1} waiting for a slot, {enq:.1} queueing the copies (driver calls), {rec:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed",
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed",
             pool.submissions,
             pool.max_submit_ns as f64 / 1e3,
             pool.event_queries,
-            pool.event_query_ns as f64 / pool.event_queries.max(1) as f64 / 1e3,
+            pool.mean_query_us(),
             pool.flag_misses
         );
     }
@@ -256,9 +256,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)),
                 "ordered_batches": sum(|s| s.ordered_batches) },
             "busy_cores": busy_cores,
-            "copy_pools": { "submissions": pool.submissions, "slot_wait_us": pool.mean_us().0, "enqueue_us": pool.mean_us().1,
-                "record_us": pool.mean_us().2, "max_submit_us_since_start": pool.max_submit_ns as f64 / 1e3, "flag_misses": pool.flag_misses,
-                "event_queries": pool.event_queries, "event_query_us": pool.event_query_ns as f64 / pool.event_queries.max(1) as f64 / 1e3 },
+            "copy_pools": { "submissions": pool.submissions, "slot_wait_us": wait_us, "enqueue_us": enqueue_us,
+                "record_us": record_us, "max_submit_us_since_start": pool.max_submit_ns as f64 / 1e3, "flag_misses": pool.flag_misses,
+                "event_queries": pool.event_queries, "event_query_us": pool.mean_query_us() },
             "legs": { "dispatch": legs(0), "combine": legs(1) },
             "ranks": rank_json,
             "check": ok,
@@ -402,13 +402,25 @@ fn write_traces(path: &str, stamps: &[trace::RankStamps], gpn: usize) -> AnyResu
 
 /// User plus system CPU seconds this process has used (`getrusage(RUSAGE_SELF)`); 0 if the call fails.
 fn process_cpu_s() -> f64 {
-    // SAFETY: rusage is plain data (all-zero is a valid value); getrusage writes one into the
-    // struct it is given and reads nothing else.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0.0;
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_SELF).map_or(0.0, |u| {
+        let s = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 * 1e-6;
+        s(u.user_time()) + s(u.system_time())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn process_cpu_time_grows_with_work() {
+        let before = super::process_cpu_s();
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(50) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let spent = super::process_cpu_s() - before;
+        // 50 ms of wall time spinning on this thread: at least most of it is CPU time.
+        assert!(before > 0.0 && spent >= 0.02, "before {before} s, spent {spent} s");
     }
-    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    s(ru.ru_utime) + s(ru.ru_stime)
 }
