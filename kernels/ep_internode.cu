@@ -212,7 +212,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     ie_stamp(p, a, b, IE_T_INTRA);
     mori_sync_block(); // the INTRA stamp (thread 0) before any wait's "seen" stamp
     // V1-LL: this rank as the relay of the other nodes' ranks with its local index.
-    if (relay) ie_forward(p, a, b, deadline, fw, lane, warp, nwarps);
+    if (relay) {
+        ie_forward(p, a, b, deadline, fw, lane, warp, nwarps);
+        ie_stamp(p, a, b, IE_T_FWD1);
+    }
     if (b != 0) return;
     // Block 0 receives: every source's segment complete, then the first output row of each.
     // (V1-LL: another node's records come forwarded by a relay of this node.)
@@ -353,6 +356,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     if (!relay) return;
     // V1-LL: this rank as the relay: partial sums for the other nodes' ranks with its index.
     ie_relay_reduce(p, a, b, deadline, fw, gs, lane, warp, nwarps);
+    ie_stamp(p, a, b, IE_T_RRED1);
     if (ie_last_block(p, a, IE_DONE_GATHER(W), last) && !ie_failed(status)) ie_zero_phase(p, a, 2);
 }
 

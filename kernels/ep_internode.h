@@ -42,6 +42,8 @@
 #define IE_T_RED0 11     // combine reduce start
 #define IE_T_CRECVD 12   // every rank's rows complete
 #define IE_T_RED1 13     // reduce end
+#define IE_T_FWD1 14     // V1, V1-LL: this rank's relay forwarding done (dispatch)
+#define IE_T_RRED1 15    // V1, V1-LL: this rank's relay partial sums handed over (combine send)
 #define IE_T_SLOTS 16
 
 struct IeLayout {

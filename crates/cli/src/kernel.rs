@@ -29,7 +29,8 @@ pub enum Kernel {
     DispatchSend,
     /// `dispatch_inter_node_recv` (`_ll_recv`).
     DispatchRecv,
-    /// `dispatch_intra` (`dispatch_intra_node`, `_ll`).
+    /// `dispatch_intra` (`dispatch_intra_node`, `_ll`; mori-rs V1/V1-LL's
+    /// `dispatch_relay_forward`: a relay's records forwarded inside its node).
     DispatchIntra,
     /// `dispatch_sync`.
     DispatchSync,
@@ -43,7 +44,8 @@ pub enum Kernel {
     CombineSyncBarrier,
     /// `combine_inter_node` (`_ll`).
     CombineInter,
-    /// `combine_intra_node` (`_ll`).
+    /// `combine_intra_node` (`_ll`; mori-rs V1/V1-LL's `combine_relay_reduce`: a relay's
+    /// partial sums over its node's rows).
     CombineIntra,
     /// `ep_combine_all`.
     CombineAll,
@@ -59,14 +61,16 @@ impl Kernel {
             "dispatch_copy_to_staging" | "copy_to_staging" => Kernel::CopyToStaging,
             "dispatch_inter_node_send" | "dispatch_inter_node_ll_send" => Kernel::DispatchSend,
             "dispatch_inter_node_recv" | "dispatch_inter_node_ll_recv" => Kernel::DispatchRecv,
-            "dispatch_intra" | "dispatch_intra_node" | "dispatch_intra_node_ll" | "dispatch_intra_ll" => Kernel::DispatchIntra,
+            "dispatch_intra" | "dispatch_intra_node" | "dispatch_intra_node_ll" | "dispatch_intra_ll" | "dispatch_relay_forward" => {
+                Kernel::DispatchIntra
+            }
             "dispatch_sync" => Kernel::DispatchSync,
             "dispatch_copy_out" => Kernel::CopyOut,
             "combine_copy_to_staging" => Kernel::CombineStaging,
             "combine_sync" => Kernel::CombineSync,
             "combine_sync_barrier" => Kernel::CombineSyncBarrier,
             "combine_inter_node" | "combine_inter_node_ll" => Kernel::CombineInter,
-            "combine_intra_node" | "combine_intra_node_ll" => Kernel::CombineIntra,
+            "combine_intra_node" | "combine_intra_node_ll" | "combine_relay_reduce" => Kernel::CombineIntra,
             "combine_all" => Kernel::CombineAll,
             _ => return None,
         })

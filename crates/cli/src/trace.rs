@@ -7,7 +7,8 @@
 //! mori-rs AsyncLL GPU phases `dispatch_layout`, `dispatch_copy_out`,
 //! `combine_copy_to_staging`), internode
 //! (`dispatch_inter_node_{send,recv}`, `combine_inter_node`, and `_ll` variants), intranode
-//! (`dispatch_intra`, `combine_intra_node`, and `_ll`). An iteration starts where the
+//! (`dispatch_intra`, `combine_intra_node`, and `_ll`; mori-rs V1/V1-LL's relay steps
+//! `dispatch_relay_forward` and `combine_relay_reduce`). An iteration starts where the
 //! earliest-phase kernel present (normally the copy to staging) recurs after a kernel of a
 //! later phase.
 
@@ -312,6 +313,8 @@ mod tests {
         assert_eq!(Kernel::of("gemm"), None);
         assert_eq!(lane_of("dispatch_inter_node_recv"), Lane::Internode);
         assert_eq!(lane_of("dispatch_intra"), Lane::Intranode);
+        assert_eq!(Kernel::of("dispatch_relay_forward"), Some(Kernel::DispatchIntra));
+        assert_eq!(Kernel::of("combine_relay_reduce"), Some(Kernel::CombineIntra));
         assert_eq!(lane_of("combine_sync"), Lane::Serial);
         assert_eq!(lane_of("gemm"), Lane::Other);
         assert!(Kernel::CopyToStaging.phase() < Kernel::DispatchSend.phase());

@@ -416,6 +416,9 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
         let b0 = &s.blocks[0];
         assert!(0 < b0[LAYOUT0] && b0[LAYOUT0] <= b0[LAYOUT1] && b0[LAYOUT1] <= b0[DISP0], "rank {r}: layout {b0:?}");
         assert!(b0[INTRA] <= b0[RECVD], "rank {r}: block 0 received before its own sends {b0:?}");
+        if scheme != Scheme::AsyncLL {
+            assert!(b0[FWD1] <= b0[RECVD], "rank {r}: block 0 received before its relay forwarding ended {b0:?}");
+        }
         for (b, t) in s.blocks.iter().enumerate() {
             for (x, y) in [
                 (DISP0, STAGED),
@@ -429,6 +432,14 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
                 (CRECVD, RED1),
             ] {
                 assert!(t[x] > 0 && t[x] <= t[y], "rank {r} block {b}: slot {x} then {y}: {t:?}");
+            }
+            // The relay steps: stamped between the phases around them under V1 and V1-LL,
+            // never under AsyncLL.
+            if scheme == Scheme::AsyncLL {
+                assert_eq!((t[FWD1], t[RRED1]), (0, 0), "rank {r} block {b}: AsyncLL has no relay steps: {t:?}");
+            } else {
+                assert!(t[INTRA] <= t[FWD1] && t[FWD1] <= t[COPY0], "rank {r} block {b}: relay forwarding out of place {t:?}");
+                assert!(t[CINTRA] <= t[RRED1] && t[RRED1] <= t[RED0], "rank {r} block {b}: relay reduce out of place {t:?}");
             }
         }
         // The inter-node peers: every rank of the other node (AsyncLL), or the relay there
@@ -454,6 +465,8 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
             ("dispatch_inter_node_recv", peers),
             ("combine_inter_node", peers),
             ("ep_combine_all", BLOCKS as usize),
+            ("dispatch_relay_forward", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),
+            ("combine_relay_reduce", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),
         ] {
             assert_eq!((count(name, "B"), count(name, "E")), (n, n), "rank {r}: {name}");
         }

@@ -8,9 +8,13 @@
 //! names where a phase is one of them (so `mori trace analyze` puts them in its lanes):
 //! - per block (tid = block): `dispatch_layout` (block 0), `ep_dispatch_copy_to_staging`
 //!   (records for other nodes staged and handed to the proxy), `dispatch_intra` (P2P stores
-//!   to this node's ranks), `dispatch_sync` (block 0 waiting for every source),
-//!   `dispatch_copy_out`, `combine_copy_to_staging`, `combine_intra_node`, `combine_sync`
-//!   (waiting for every rank's rows), `ep_combine_all` (the reduction);
+//!   to this node's ranks), `dispatch_relay_forward` (V1, V1-LL: this rank as the relay,
+//!   waiting for each other node's relay segment and forwarding its records inside the node),
+//!   `dispatch_sync` (block 0 waiting for every source), `dispatch_copy_out`,
+//!   `combine_copy_to_staging`, `combine_intra_node`, `combine_relay_reduce` (V1, V1-LL: this
+//!   rank as the relay, waiting for this node's rows of each other node's tokens and handing
+//!   their partial sums to the proxy), `combine_sync` (waiting for every rank's rows),
+//!   `ep_combine_all` (the reduction);
 //! - per other-node peer `d` (tid = 1000 + d): `dispatch_inter_node_send` and
 //!   `combine_inter_node`, from this rank pushing its command for `d` to `d` seeing the
 //!   segment complete (ring, proxy, copy and signal: the whole inter-node leg, on one clock);
@@ -49,6 +53,11 @@ pub mod slot {
     pub const CRECVD: usize = 12;
     /// Reduce end.
     pub const RED1: usize = 13;
+    /// V1 and V1-LL: this rank's relay forwarding done (dispatch; 0 under AsyncLL).
+    pub const FWD1: usize = 14;
+    /// V1 and V1-LL: this rank's relay partial sums handed over (combine send; 0 under
+    /// AsyncLL).
+    pub const RRED1: usize = 15;
     /// Slots per block.
     pub const SLOTS: usize = 16;
 }
@@ -93,14 +102,16 @@ impl RankStamps {
 }
 
 /// Per-block spans: (name, start slot, end slot, block 0 only).
-const BLOCK_SPANS: [(&str, usize, usize, bool); 9] = [
+const BLOCK_SPANS: [(&str, usize, usize, bool); 11] = [
     ("dispatch_layout", slot::LAYOUT0, slot::LAYOUT1, true),
     ("ep_dispatch_copy_to_staging", slot::DISP0, slot::STAGED, false),
     ("dispatch_intra", slot::STAGED, slot::INTRA, false),
+    ("dispatch_relay_forward", slot::INTRA, slot::FWD1, false),
     ("dispatch_sync", slot::INTRA, slot::RECVD, true),
     ("dispatch_copy_out", slot::COPY0, slot::COPY1, false),
     ("combine_copy_to_staging", slot::COMB0, slot::CSTAGED, false),
     ("combine_intra_node", slot::CSTAGED, slot::CINTRA, false),
+    ("combine_relay_reduce", slot::CINTRA, slot::RRED1, false),
     ("combine_sync", slot::RED0, slot::CRECVD, false),
     ("ep_combine_all", slot::CRECVD, slot::RED1, false),
 ];
