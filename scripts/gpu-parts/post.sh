@@ -1,6 +1,6 @@
 # Where the inter-node proxies' posting time goes, 2 nodes x 4 ranks on one GPU, decode shape,
 # and what the copy pools' completion flags change. A fragment, sourced by
-# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/post.txt. Not yet timed: 14
+# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/post.txt. Not yet timed: 16
 # commands, each cut off at 200 s.
 #
 # Each bench_dispatch_combine run prints the proxies' mean posting call, the copy pools'
@@ -10,7 +10,7 @@
 # told by events (the default), then by flags (MORI_GPU_POOL_FLAGS=1), twice, alternating;
 # AsyncLL and V1 at 2 ranks the same way, once; V1 with the completion threads yielding
 # (MORI_GPU_POOL_SPIN=0); V1 with flags at 32 and 64 copy-out blocks per rank; then
-# bench_engine xgmi batch-1 writes, events against flags.
+# bench_engine xgmi batch-1 writes, events against flags; last, a traced V1-LL run and its analysis.
 po_log="$OUT/post.txt"
 po() { logged "$po_log" 200 24 "^$|^rank |^│|^┌|^└|^├" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
@@ -34,3 +34,7 @@ po "v1 decode xgmi, flags, copy-blocks 64" env MORI_GPU_POOL_FLAGS=1 "$B/bench_d
 step "post: bench_engine xgmi batch-1 writes (two processes), events then flags"
 po "bench_engine xgmi, events" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
 po "bench_engine xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
+step "post: V1-LL decode over xgmi, traced (relay forwarding and relay reduce in their own spans), flags"
+mkdir -p "$OUT/trace"
+po "v1_ll decode xgmi traced, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1_ll --num-nodes 2 $dec --trace "$OUT/trace/post-v1ll.json"
+po "trace analyze v1_ll rank 0" "$B/mori" trace analyze "$OUT/trace/post-v1ll.rank0.json" --out "$OUT/trace/post-v1ll.rank0.png"
