@@ -1,7 +1,7 @@
 # Where the inter-node proxies' posting time goes, 2 nodes x 4 ranks on one GPU, decode shape,
 # and what the copy pools' completion flags change. A fragment, sourced by
-# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/post.txt. Not yet timed: 16
-# commands, each cut off at 200 s.
+# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/post.txt. 16 commands, each
+# cut off at 200 s; the whole part took 45 s on an H200.
 #
 # Each bench_dispatch_combine run prints the proxies' mean posting call, the copy pools'
 # split of a submission (slot wait, the driver calls that queue the copies, the flag write
@@ -9,7 +9,7 @@
 # busy. Runs: the copy pool's GPU test (events, then flags); V1 over xgmi with completion
 # told by events (the default), then by flags (MORI_GPU_POOL_FLAGS=1), twice, alternating;
 # AsyncLL and V1 at 2 ranks the same way, once; V1 with the completion threads yielding
-# (MORI_GPU_POOL_SPIN=0); V1 with flags at 32 and 64 copy-out blocks per rank; then
+# (MORI_GPU_POOL_SPIN=0); V1 with flags at 16 and 32 copy-out blocks per rank (default 64); then
 # bench_engine xgmi batch-1 writes, events against flags; last, a traced V1-LL run and its analysis.
 po_log="$OUT/post.txt"
 po() { logged "$po_log" 200 24 "^$|^rank |^│|^┌|^└|^├" "$@"; }
@@ -28,9 +28,9 @@ po "v1 decode xgmi W=2, events" "$B/bench_dispatch_combine" --kernel-type v1 --n
 po "v1 decode xgmi W=2, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
 step "post: V1 with the completion threads yielding (MORI_GPU_POOL_SPIN=0)"
 po "v1 decode xgmi, pools yield" env MORI_GPU_POOL_SPIN=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
-step "post: V1 with a larger copy-out grid (--copy-blocks 32, 64; default 16), flags"
+step "post: V1 with another copy-out grid (--copy-blocks 16, 32; default 64), flags"
+po "v1 decode xgmi, flags, copy-blocks 16" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 16
 po "v1 decode xgmi, flags, copy-blocks 32" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 32
-po "v1 decode xgmi, flags, copy-blocks 64" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 64
 step "post: bench_engine xgmi batch-1 writes (two processes), events then flags"
 po "bench_engine xgmi, events" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
 po "bench_engine xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning

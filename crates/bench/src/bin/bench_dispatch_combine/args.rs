@@ -105,7 +105,7 @@ pub struct Args {
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
     /// GPU v1/v1_ll/async_ll: blocks per rank of the copy-out kernel (received records into the
-    /// outputs; it waits for nothing, so it is not bound by the co-resident grid). Default 16.
+    /// outputs; it waits for nothing, so it is not bound by the co-resident grid). Default 64.
     #[arg(long = "copy-blocks")]
     pub copy_blocks: Option<u32>,
     /// CPU: tokens per inter-node signalled write (the leg's message size is this many

@@ -269,7 +269,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
 }
 
 fn opts_copy_blocks(a: &Args) -> u32 {
-    a.copy_blocks.unwrap_or(16)
+    a.copy_blocks.unwrap_or(InterNodeOptions::default().copy_blocks)
 }
 
 /// Over every (rank, other-node peer) pair of phase `ph`: how many, and the min, median and
