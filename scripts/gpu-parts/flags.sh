@@ -2,7 +2,7 @@
 # fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/flags.txt.
 #
 # Alternating rounds, events (the default) then flags, in one call: bench_engine xgmi batch-1
-# writes and reads (latency, 8 B .. 4 MiB) twice each, batch-128 writes once (bandwidth,
+# writes (latency, 8 B .. 4 MiB) twice, reads once, batch-128 writes once (bandwidth,
 # 64 KiB .. 64 MiB); V1 decode at 2 x 4 twice, V1-LL and AsyncLL decode once; then the
 # correctness of the flag path under load: the xgmi backend's and the inter-node EP's GPU
 # tests with flags on.
@@ -10,12 +10,11 @@ fl_log="$OUT/flags.txt"
 fl() { logged "$fl_log" 200 26 "^$|^rank |^│|^┌|^└|^├|^[0-9T:.-]+Z " "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 be=("$B/bench_engine" --local --backend xgmi --mem-type gpu --enable-sess --all --log-level warning)
-for round in 1 2; do
-  step "flags: round $round: bench_engine xgmi batch-1 write and read, events then flags"
-  for op in write read; do
-    fl "bench_engine $op b1, events ($round)" "${be[@]}" --op $op --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
-    fl "bench_engine $op b1, flags ($round)" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op $op --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
-  done
+for run in "write 1" "write 2" "read 1"; do
+  set -- $run
+  step "flags: bench_engine xgmi batch-1 $1 ($2), events then flags"
+  fl "bench_engine $1 b1, events ($2)" "${be[@]}" --op "$1" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
+  fl "bench_engine $1 b1, flags ($2)" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op "$1" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
 done
 step "flags: bench_engine xgmi batch-128 writes, events then flags"
 fl "bench_engine write b128, events" "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3
