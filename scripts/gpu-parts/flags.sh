@@ -1,7 +1,8 @@
-# Whether the copy pools' completion flags (MORI_GPU_POOL_FLAGS=1) should be the default: a
+# Whether the copy pools' completion flags (MORI_GPU_POOL_FLAGS=1) should be the default (they
+# are since this ran): a
 # fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/flags.txt.
 #
-# Alternating rounds, events (the default) then flags, in one call: bench_engine xgmi batch-1
+# Alternating rounds, events (MORI_GPU_POOL_FLAGS=0) then flags, in one call: bench_engine xgmi batch-1
 # writes (latency, 8 B .. 4 MiB) twice, reads once, batch-128 writes once (bandwidth,
 # 64 KiB .. 64 MiB); V1 decode at 2 x 4 twice, V1-LL and AsyncLL decode once; then the
 # correctness of the flag path under load: the xgmi backend's and the inter-node EP's GPU
@@ -13,20 +14,20 @@ be=("$B/bench_engine" --local --backend xgmi --mem-type gpu --enable-sess --all 
 for run in "write 1" "write 2" "read 1"; do
   set -- $run
   step "flags: bench_engine xgmi batch-1 $1 ($2), events then flags"
-  fl "bench_engine $1 b1, events ($2)" "${be[@]}" --op "$1" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
+  fl "bench_engine $1 b1, events ($2)" env MORI_GPU_POOL_FLAGS=0 "${be[@]}" --op "$1" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
   fl "bench_engine $1 b1, flags ($2)" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op "$1" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
 done
 step "flags: bench_engine xgmi batch-128 writes, events then flags"
-fl "bench_engine write b128, events" "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3
+fl "bench_engine write b128, events" env MORI_GPU_POOL_FLAGS=0 "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3
 fl "bench_engine write b128, flags" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3
 for round in 1 2; do
   step "flags: round $round: V1 decode 2 x 4 over xgmi, events then flags"
-  fl "v1 decode, events ($round)" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/flags-v1-events-$round.json"
+  fl "v1 decode, events ($round)" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/flags-v1-events-$round.json"
   fl "v1 decode, flags ($round)" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/flags-v1-flags-$round.json"
 done
 step "flags: V1-LL and AsyncLL decode 2 x 4 over xgmi, events then flags"
 for kt in v1_ll async_ll; do
-  fl "$kt decode, events" "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec --json "$OUT/flags-$kt-events.json"
+  fl "$kt decode, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec --json "$OUT/flags-$kt-events.json"
   fl "$kt decode, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec --json "$OUT/flags-$kt-flags.json"
 done
 step "flags: GPU tests with flags on (xgmi backend, inter-node EP)"

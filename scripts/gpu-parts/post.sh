@@ -7,7 +7,8 @@
 # split of a submission (slot wait, the driver calls that queue the copies, the flag write
 # and event record), the completion steps' event queries, and the cores the process kept
 # busy. Runs: the copy pool's GPU test (events, then flags); V1 over xgmi with completion
-# told by events (the default), then by flags (MORI_GPU_POOL_FLAGS=1), twice, alternating;
+# told by events (MORI_GPU_POOL_FLAGS=0), then by flags (MORI_GPU_POOL_FLAGS=1, the default
+# since), twice, alternating;
 # AsyncLL and V1 at 2 ranks the same way, once; V1 with the completion threads yielding
 # (MORI_GPU_POOL_SPIN=0); V1 with flags at 16 and 32 copy-out blocks per rank (default 64); then
 # bench_engine xgmi batch-1 writes, events against flags; last, a traced V1-LL run and its analysis.
@@ -18,13 +19,13 @@ step "post: the copy pool's GPU test (completion by events, then by flags)"
 po "copy pool test" "$B/gpu" --ignored --exact copy_pool_copies_and_survives_a_panicking_callback --nocapture
 for round in 1 2; do
   step "post: round $round: V1 decode over xgmi, events then flags"
-  po "v1 decode xgmi, events ($round)" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/post-v1-events-$round.json"
+  po "v1 decode xgmi, events ($round)" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/post-v1-events-$round.json"
   po "v1 decode xgmi, flags ($round)" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/post-v1-flags-$round.json"
 done
 step "post: AsyncLL decode over xgmi, events then flags; V1 at 2 ranks, events then flags"
-po "async_ll decode xgmi, events" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-events.json"
+po "async_ll decode xgmi, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-events.json"
 po "async_ll decode xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-flags.json"
-po "v1 decode xgmi W=2, events" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
+po "v1 decode xgmi W=2, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
 po "v1 decode xgmi W=2, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
 step "post: V1 with the completion threads yielding (MORI_GPU_POOL_SPIN=0)"
 po "v1 decode xgmi, pools yield" env MORI_GPU_POOL_SPIN=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
@@ -32,7 +33,7 @@ step "post: V1 with another copy-out grid (--copy-blocks 16, 32; default 64), fl
 po "v1 decode xgmi, flags, copy-blocks 16" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 16
 po "v1 decode xgmi, flags, copy-blocks 32" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 32
 step "post: bench_engine xgmi batch-1 writes (two processes), events then flags"
-po "bench_engine xgmi, events" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
+po "bench_engine xgmi, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
 po "bench_engine xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
 step "post: V1-LL decode over xgmi, traced (relay forwarding and relay reduce in their own spans), flags"
 mkdir -p "$OUT/trace"
