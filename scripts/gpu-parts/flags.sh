@@ -12,10 +12,10 @@ fl() { logged "$fl_log" 200 26 "^$|^rank |^│|^┌|^└|^├|^[0-9T:.-]+Z " "$@
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 be=("$B/bench_engine" --local --backend xgmi --mem-type gpu --enable-sess --all --log-level warning)
 for run in "write 1" "write 2" "read 1"; do
-  set -- $run
-  step "flags: bench_engine xgmi batch-1 $1 ($2), events then flags"
-  fl "bench_engine $1 b1, events ($2)" env MORI_GPU_POOL_FLAGS=0 "${be[@]}" --op "$1" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
-  fl "bench_engine $1 b1, flags ($2)" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op "$1" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
+  read -r op n <<<"$run"
+  step "flags: bench_engine xgmi batch-1 $op ($n), events then flags"
+  fl "bench_engine $op b1, events ($n)" env MORI_GPU_POOL_FLAGS=0 "${be[@]}" --op "$op" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
+  fl "bench_engine $op b1, flags ($n)" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op "$op" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
 done
 step "flags: bench_engine xgmi batch-128 writes, events then flags"
 fl "bench_engine write b128, events" env MORI_GPU_POOL_FLAGS=0 "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3

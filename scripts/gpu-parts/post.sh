@@ -10,7 +10,7 @@
 # told by events (MORI_GPU_POOL_FLAGS=0), then by flags (MORI_GPU_POOL_FLAGS=1, the default
 # since), twice, alternating;
 # AsyncLL and V1 at 2 ranks the same way, once; V1 with the completion threads yielding
-# (MORI_GPU_POOL_SPIN=0); V1 with flags at 16 and 32 copy-out blocks per rank (default 64); then
+# (MORI_GPU_POOL_SPIN=0, events); V1 with flags at 16 and 32 copy-out blocks per rank (default 64); then
 # bench_engine xgmi batch-1 writes, events against flags; last, a traced V1-LL run and its analysis.
 po_log="$OUT/post.txt"
 po() { logged "$po_log" 200 24 "^$|^rank |^│|^┌|^└|^├" "$@"; }
@@ -28,7 +28,7 @@ po "async_ll decode xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_co
 po "v1 decode xgmi W=2, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
 po "v1 decode xgmi W=2, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
 step "post: V1 with the completion threads yielding (MORI_GPU_POOL_SPIN=0)"
-po "v1 decode xgmi, pools yield" env MORI_GPU_POOL_SPIN=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
+po "v1 decode xgmi, pools yield" env MORI_GPU_POOL_SPIN=0 MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
 step "post: V1 with another copy-out grid (--copy-blocks 16, 32; default 64), flags"
 po "v1 decode xgmi, flags, copy-blocks 16" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 16
 po "v1 decode xgmi, flags, copy-blocks 32" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 32

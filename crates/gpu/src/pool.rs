@@ -159,8 +159,7 @@ impl CopyPool {
     /// Starts the completion thread (named `thread_name`). Streams and slots are created per
     /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
     /// `cfg.paged_inline_runs`, [`SPIN_ENV`] `cfg.spin_in_flight` and [`FLAGS_ENV`]
-    /// `cfg.host_flags` (on HIP, flags are used only when that variable asks for them).
-    /// Errors: `InvalidArgument` for zero streams or events, a
+    /// `cfg.host_flags`. Errors: `InvalidArgument` for zero streams or events, a
     /// `paged_inline_runs` (or that variable) that is not a number from 0 to
     /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (or not
     /// UTF-8); `Io` if the thread cannot be spawned.
@@ -173,14 +172,10 @@ impl CopyPool {
         }
         cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, std::env::var(paged::INLINE_ENV).ok().as_deref())?;
         cfg.spin_in_flight = env_switch(SPIN_ENV, cfg.spin_in_flight, env_text(SPIN_ENV)?.as_deref())?;
-        let flags_env = env_text(FLAGS_ENV)?;
-        cfg.host_flags = env_switch(FLAGS_ENV, cfg.host_flags, flags_env.as_deref())?;
-        if rt.kind() == crate::RuntimeKind::Hip && cfg.host_flags && flags_env.is_none() {
-            // hipStreamWriteValue32 documents no fence, and the flag path never ran on an AMD
-            // GPU: events there unless the variable asks for flags.
-            tracing::info!("copy pool: HIP runtime: completions told by events ({FLAGS_ENV}=1 asks for flags, never run on an AMD GPU)");
-            cfg.host_flags = false;
-        }
+        // Unset: flags on CUDA; events on HIP, where hipStreamWriteValue32 documents no fence
+        // and the flag path never ran on an AMD GPU.
+        let auto = rt.kind() != crate::RuntimeKind::Hip;
+        cfg.host_flags = Some(env_switch(FLAGS_ENV, cfg.host_flags.unwrap_or(auto), env_text(FLAGS_ENV)?.as_deref())?);
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
             // kernarg, over the 4 KiB a launch is documented to take, and never run on an AMD
@@ -462,8 +457,17 @@ impl Shared {
         }
         let streams = (0..self.cfg.num_streams).map(|_| self.rt.stream(dev)).collect::<Result<Vec<_>>>()?;
         let mut flags = match self.cfg.host_flags {
-            true => flags::alloc(&self.rt, dev, self.cfg.num_events)?.into_iter().map(Some).collect(),
-            false => Vec::new(),
+            Some(true) => match flags::alloc(&self.rt, dev, self.cfg.num_events) {
+                Ok(f) => f.into_iter().map(Some).collect(),
+                Err(e) => {
+                    flags::warn_once(
+                        &flags::SAID_ALLOC_FAILED,
+                        &format!("completion flags unavailable on {dev} ({e}): its completions are told by events"),
+                    );
+                    Vec::new()
+                }
+            },
+            _ => Vec::new(),
         };
         flags.resize_with(self.cfg.num_events, || None);
         let mut slots = Vec::with_capacity(self.cfg.num_events);

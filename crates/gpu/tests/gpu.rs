@@ -728,7 +728,8 @@ fn copy_pool_twelve_copies(host_flags: bool) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     let rt = rt()?;
     // Two slots, so the twelve copies below also pass through admission (waiting for slots).
-    let cfg = CopyPoolConfig { num_streams: 3, num_events: 2, kernel_threshold: 0, host_flags, ..CopyPoolConfig::default() };
+    let cfg =
+        CopyPoolConfig { num_streams: 3, num_events: 2, kernel_threshold: 0, host_flags: Some(host_flags), ..CopyPoolConfig::default() };
     let pool = CopyPool::new(rt.clone(), cfg, "test-copy-pool")?;
     let stats0 = mori_gpu::submit_stats();
     let len = 12 * 4096;

@@ -470,6 +470,14 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
         ] {
             assert_eq!((count(name, "B"), count(name, "E")), (n, n), "rank {r}: {name}");
         }
+        // Block 0's wait starts where its relay forwarding ended (no two spans of a tid start
+        // together).
+        let at = |name: &str, ph: &str| t.trace_events.iter().find(|e| e.name == name && e.ph == ph && e.tid == 0).map(|e| e.ts);
+        if scheme != Scheme::AsyncLL {
+            assert_eq!(at("dispatch_sync", "B"), at("dispatch_relay_forward", "E"), "rank {r}");
+        } else {
+            assert_eq!(at("dispatch_sync", "B"), at("dispatch_intra", "E"), "rank {r}");
+        }
     }
 }
 

@@ -10,7 +10,8 @@
 //!   (records for other nodes staged and handed to the proxy), `dispatch_intra` (P2P stores
 //!   to this node's ranks), `dispatch_relay_forward` (V1, V1-LL: this rank as the relay,
 //!   waiting for each other node's relay segment and forwarding its records inside the node),
-//!   `dispatch_sync` (block 0 waiting for every source), `dispatch_copy_out`,
+//!   `dispatch_sync` (block 0 waiting for every source; under V1/V1-LL from the end of its
+//!   own relay forwarding), `dispatch_copy_out`,
 //!   `combine_copy_to_staging`, `combine_intra_node`, `combine_relay_reduce` (V1, V1-LL: this
 //!   rank as the relay, waiting for this node's rows of each other node's tokens and handing
 //!   their partial sums to the proxy), `combine_sync` (waiting for every rank's rows),
@@ -143,6 +144,9 @@ pub fn perfetto(all: &[RankStamps], gpn: usize) -> Vec<(usize, PerfettoTrace)> {
         };
         for (b, t) in rs.blocks.iter().enumerate() {
             for (name, s, e, only0) in BLOCK_SPANS {
+                // V1/V1-LL: block 0 forwards as the relay before it waits, so its wait starts
+                // when its forwarding ended (spans of one tid must not start together).
+                let s = if name == "dispatch_sync" && t[slot::FWD1] > 0 { slot::FWD1 } else { s };
                 if !only0 || b == 0 {
                     span(name, t[s], t[e], b);
                 }

@@ -40,16 +40,20 @@ pub struct CopyPoolConfig {
     /// (`1` or `0`), when set, overrides it ([`CopyPool::new`]).
     pub spin_in_flight: bool,
     /// Whether completion steps learn that a submission finished from a flag word in mapped
-    /// pinned host memory that the stream writes after the work (default: true), with the
-    /// event asked only every [`FLAG_FALLBACK`] (to surface errors), or by polling its event.
-    /// Reading memory takes no driver lock. Measured (docs/PERFORMANCE.md, same calls, events
-    /// against flags): bench_engine's batch-1 xgmi write latency on an H100, two alternating
-    /// rounds, fell from 13.2-13.8 to 11.3 µs at 8 B, 13.6-14.0 to 11.7 at 1 MiB and 14.6-14.7
-    /// to 11.5-12.2 at 4 MiB (an H200 likewise), batch-128 bandwidth was unchanged, and the inter-node EP figures stayed within their spread. The
-    /// environment variable `MORI_GPU_POOL_FLAGS` (`1` or `0`), when set, overrides it
-    /// ([`CopyPool::new`]). On HIP, whose stream write documents no fence and where the flag
-    /// path never ran, events are used unless that variable is `1`.
-    pub host_flags: bool,
+    /// pinned host memory that the stream writes after the work (`Some(true)`), with the
+    /// event asked only every [`FLAG_FALLBACK`] (to surface errors), or by polling its event
+    /// (`Some(false)`). Reading memory takes no driver lock. `None` (the default): flags on
+    /// CUDA, events on HIP (whose stream write documents no fence, and where the flag path
+    /// never ran). The environment variable `MORI_GPU_POOL_FLAGS` (`1` or `0`), when set,
+    /// overrides it ([`CopyPool::new`]). A device whose flag memory cannot be allocated or
+    /// mapped uses events (warned once).
+    ///
+    /// Measured (docs/PERFORMANCE.md, events against flags in the same calls): bench_engine's
+    /// batch-1 xgmi write latency on an H100, two alternating rounds, fell from 13.2-13.8 to
+    /// 11.3 µs at 8 B, 13.6-14.0 to 11.7 at 1 MiB and 14.6-14.7 to 11.5-12.2 at 4 MiB (an
+    /// H200 likewise); batch-128 bandwidth stayed within 2 % from 1 to 64 MiB; the
+    /// inter-node EP figures stayed within their spread.
+    pub host_flags: Option<bool>,
 }
 
 /// The environment variable that overrides [`CopyPoolConfig::host_flags`].
@@ -72,7 +76,7 @@ impl Default for CopyPoolConfig {
             kernel_max_mean_bytes: 48 << 20,
             paged_inline_runs: PAGED_INLINE_RUNS,
             spin_in_flight: true,
-            host_flags: true,
+            host_flags: None,
         }
     }
 }

@@ -40,6 +40,8 @@ pub(super) fn alloc(rt: &Arc<dyn Runtime>, dev: Device, n: usize) -> Result<Vec<
 /// Whether the process was told that a flag write failed, and that a flag was missed.
 pub(super) static SAID_WRITE_FAILED: AtomicBool = AtomicBool::new(false);
 pub(super) static SAID_MISSED: AtomicBool = AtomicBool::new(false);
+/// Whether the process was told that a device's flag memory could not be set up.
+pub(super) static SAID_ALLOC_FAILED: AtomicBool = AtomicBool::new(false);
 
 /// Warns `what` unless `said` says it was warned already (once per process and kind).
 pub(super) fn warn_once(said: &AtomicBool, what: &str) {
