@@ -161,8 +161,8 @@ impl CopyPool {
     /// `cfg.paged_inline_runs`, [`SPIN_ENV`] `cfg.spin_in_flight` and [`FLAGS_ENV`]
     /// `cfg.host_flags`. Errors: `InvalidArgument` for zero streams or events, a
     /// `paged_inline_runs` (or that variable) that is not a number from 0 to
-    /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (or not
-    /// UTF-8); `Io` if the thread cannot be spawned.
+    /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (any of
+    /// the three not UTF-8 too); `Io` if the thread cannot be spawned.
     pub fn new(rt: Arc<dyn Runtime>, mut cfg: CopyPoolConfig, thread_name: &str) -> Result<Self> {
         if cfg.num_streams == 0 || cfg.num_events == 0 {
             return Err(GpuError::invalid(format!(
@@ -170,7 +170,7 @@ impl CopyPool {
                 cfg.num_streams, cfg.num_events
             )));
         }
-        cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, std::env::var(paged::INLINE_ENV).ok().as_deref())?;
+        cfg.paged_inline_runs = paged::inline_runs(cfg.paged_inline_runs, env_text(paged::INLINE_ENV)?.as_deref())?;
         cfg.spin_in_flight = env_switch(SPIN_ENV, cfg.spin_in_flight, env_text(SPIN_ENV)?.as_deref())?;
         // Unset: flags on CUDA; events on HIP, where hipStreamWriteValue32 documents no fence
         // and the flag path never ran on an AMD GPU.

@@ -86,7 +86,7 @@ pub(super) fn env_text(name: &str) -> Result<Option<String>> {
     match std::env::var(name) {
         Ok(v) => Ok(Some(v)),
         Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => Err(GpuError::invalid(format!("{name}={v:?}: must be 1 (on) or 0 (off)"))),
+        Err(std::env::VarError::NotUnicode(v)) => Err(GpuError::invalid(format!("{name}={v:?}: not UTF-8 text"))),
     }
 }
 
@@ -103,6 +103,18 @@ pub(super) fn env_switch(name: &str, configured: bool, env: Option<&str>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_variable_that_is_not_utf8_is_refused_by_name() {
+        use std::os::unix::ffi::OsStrExt;
+        // A name no other test reads (tests share the process environment).
+        let name = "MORI_GPU_TEST_NOT_UTF8";
+        std::env::set_var(name, std::ffi::OsStr::from_bytes(b"1\xff"));
+        let e = env_text(name).unwrap_err().to_string();
+        std::env::remove_var(name);
+        assert!(e.contains("MORI_GPU_TEST_NOT_UTF8=") && e.contains("not UTF-8"), "{e}");
+        assert_eq!(env_text(name).unwrap(), None);
+    }
 
     #[test]
     fn the_switch_variables_override_or_are_refused() {
