@@ -165,10 +165,10 @@ fn a_killed_rank_is_named_by_every_other_process_within_the_deadline() {
             .lines()
             .find(|l| l.contains(&format!("error: process {p} (ranks {p}..{})", p + 1)))
             .unwrap_or_else(|| panic!("process {p}: {text}"));
-        assert!(names_rank(line, 2), "process {p} does not name rank 2: {line}");
+        assert!(names_rank(line, 2), "process {p} does not name rank 2: {line}\n{text}");
         assert!(
-            (line.contains(": dispatch ") || line.contains("inter-node write to rank 2 failed")) && !line.contains("bootstrap"),
-            "process {p} failed outside dispatch: {line}"
+            (line.contains(": dispatch") || line.contains("inter-node write to rank 2 failed")) && !line.contains("bootstrap"),
+            "process {p} failed outside dispatch: {line}\n{text}"
         );
     }
     assert!(took < Duration::from_secs(10), "took {took:?}: {text}");

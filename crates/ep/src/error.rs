@@ -260,6 +260,20 @@ pub enum EpError {
         /// The transport's error.
         detail: String,
     },
+    /// A rank on another node whose writes this rank still waited for closed every data
+    /// connection it had to this rank's engine (its process exited, was killed, or closed its
+    /// engine): its writes cannot come. Seen over the tcp transport only.
+    #[error("rank {rank}: {phase}: rank {peer} closed its connections while its writes were still missing (its process exited or was killed); still waiting for {waiting}")]
+    PeerLost {
+        /// The waiting rank.
+        rank: usize,
+        /// `"dispatch"` or `"combine"`.
+        phase: &'static str,
+        /// The rank that closed its connections.
+        peer: usize,
+        /// The segments still missing (the first six, with their writers).
+        waiting: String,
+    },
     /// Two processes of one job run different configurations.
     #[error("rank {rank} has {field} = {mine} but rank {peer} has {field} = {theirs}: every rank must use the same configuration")]
     PeerMismatch {

@@ -1,8 +1,8 @@
 //! The host executor (`mori_ep::host`) with processes as threads of the test (each with its own
 //! bootstrap member, windows in /dev/shm, MORI-IO tcp engines on loopback): every rank's
 //! dispatch and combine equal the host reference bit for bit, over several rounds; proxy delays
-//! and reordering change nothing; a configuration mismatch and a vanished rank are reported
-//! naming the values and the rank.
+//! and reordering change nothing; a configuration mismatch, a vanished rank and a rank whose
+//! connections closed are reported naming the values and the rank.
 
 mod common;
 
@@ -192,6 +192,42 @@ fn a_vanished_rank_is_named_within_the_deadline() {
     assert!(took < deadline + Duration::from_secs(3), "took {took:?}");
     assert!(err.contains("rank 2") || err.contains("rank 3"), "{err}");
     assert!(err.contains("dispatch not complete after 2000 ms") || err.contains("inter-node write to rank"), "{err}");
+}
+
+/// Process 1 (ranks 2, 3) runs a round, then closes its engines while process 0 waits in the
+/// next dispatch with its own writes landed: process 0 names the writer whose connections
+/// closed at once, not at its deadline (20 s), and not as a timeout.
+#[test]
+fn a_writer_that_closes_its_connections_is_named_long_before_the_deadline() {
+    let (cfg, inp) = case((4, 2), 3, false, Mode::DeepEp, 11, 4);
+    let m = master();
+    let opts = HostOptions { deadline: Duration::from_secs(20), ..tcp(1) };
+    let round = |ep: &mut HostEp, local: Range<usize>| {
+        let recv = ep.dispatch(&inp[local.clone()]).unwrap();
+        let xs: Vec<_> = recv.iter().zip(local).map(|(rr, r)| expert_out(r, &rr.x)).collect();
+        ep.combine::<bf16, f32>(&xs, None, Weighting::Unweighted).unwrap();
+    };
+    let (err, took) = std::thread::scope(|s| {
+        let gone = s.spawn(|| {
+            let b = boot(1, 2, m);
+            let mut ep = HostEp::new(&cfg, Scheme::V1, 2..4, &b, opts.clone()).unwrap();
+            round(&mut ep, 2..4);
+            // Process 0's next dispatch lands its writes here meanwhile; this one never writes.
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(ep);
+        });
+        let b = boot(0, 2, m);
+        let mut ep = HostEp::new(&cfg, Scheme::V1, 0..2, &b, opts.clone()).unwrap();
+        round(&mut ep, 0..2);
+        let t = Instant::now();
+        let e = ep.dispatch(&inp[0..2]).unwrap_err();
+        let took = t.elapsed();
+        gone.join().unwrap();
+        (e.to_string(), took)
+    });
+    assert!(err.contains(": dispatch: rank 2 closed its connections while its writes were still missing"), "{err}");
+    assert!(err.contains("(written by rank 2)"), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}: {err}");
 }
 
 #[test]

@@ -131,6 +131,9 @@ pub struct BackendContext {
     pub registry: Arc<MemRegistry>,
     /// Where inbound completions are recorded for `pop_inbound_status`.
     pub inbound: Arc<InboundTable>,
+    /// This engine's inbound data connections per initiator (a backend with connections of
+    /// its own, such as tcp, counts them here).
+    pub links: Arc<crate::PeerLinks>,
 }
 
 /// A path a backend prepared for one session (one local and one remote region, resolved and

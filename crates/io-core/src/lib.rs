@@ -6,7 +6,7 @@
 //! - [`Backend`]: the transport trait; [`Refusal`] says why a backend will not serve a pair.
 //! - Sans-IO pieces: [`wire`] (control-plane framing), [`plan`] (batch checks and striping), [`paged`]
 //!   (block-table batches),
-//!   [`registry`] (bounds checks), [`counter`] (signal counters' checks), [`inbound`] (target-side completion records), [`notif`]
+//!   [`registry`] (bounds checks), [`counter`] (signal counters' checks), [`inbound`] (target-side completion records), [`links`] (inbound connections per initiator), [`notif`]
 //!   (target-side notification queue), [`peer_map`]
 //!   (a backend's per-peer cache of remote regions).
 
@@ -16,6 +16,7 @@ pub mod desc;
 pub mod error;
 pub mod handshake;
 pub mod inbound;
+pub mod links;
 pub mod notif;
 pub mod outbox;
 pub mod paged;
@@ -33,6 +34,7 @@ pub use counter::SignalOp;
 pub use desc::{new_epoch, BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, Secret, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};
 pub use inbound::InboundTable;
+pub use links::{LinkGuard, PeerLinks};
 pub use notif::{NotifQueue, MAX_NOTIF_LEN};
 pub use outbox::Notifier;
 pub use paged::{BlockRun, PagedBatch, PagedLayout, PagedPlan};

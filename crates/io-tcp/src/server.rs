@@ -20,6 +20,7 @@ const IDLE_POLL: Duration = Duration::from_millis(200);
 /// it stayed idle for the slot's idle timeout. `from` is the initiator's engine key; `slot`
 /// (the engine's inbound cap) is held until the connection ends.
 pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdown: Arc<AtomicBool>, slot: InboundSlot) {
+    let mut link = ctx.links.opened(&from);
     let mut idle_since = std::time::Instant::now();
     loop {
         match wait_readable(s.as_raw_fd(), IDLE_POLL) {
@@ -41,10 +42,15 @@ pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdow
                 return;
             }
             Ok(true) => {}
-            Err(_) => return,
+            Err(_) => {
+                link.closed_by_peer();
+                return;
+            }
         }
         if let Err(e) = serve_one(&mut s, &ctx, &from) {
-            if e.code != ErrorCode::RemoteDisconnect {
+            if e.code == ErrorCode::RemoteDisconnect {
+                link.closed_by_peer();
+            } else {
                 tracing::warn!(peer = %from, error = %e, "tcp data connection closed");
             }
             let _ = s.shutdown(std::net::Shutdown::Both);

@@ -143,6 +143,7 @@ pub(crate) struct EngineInner {
     connector: Arc<Connector>,
     registry: Arc<MemRegistry>,
     inbound: Arc<InboundTable>,
+    links: Arc<mori_io_core::PeerLinks>,
     local_descs: RwLock<HashMap<MemId, MemoryDesc>>,
     backends: RwLock<Vec<Arc<dyn Backend>>>,
     remotes: RwLock<HashMap<String, Arc<EngineDesc>>>,
@@ -261,6 +262,7 @@ impl IoEngine {
             connector: Arc::new(Connector::default()),
             registry: Arc::new(MemRegistry::new()),
             inbound: Arc::new(InboundTable::new()),
+            links: Arc::new(mori_io_core::PeerLinks::new()),
             local_descs: RwLock::new(HashMap::new()),
             backends: RwLock::new(Vec::new()),
             remotes: RwLock::new(HashMap::new()),
@@ -298,6 +300,7 @@ impl IoEngine {
             local: self.inner.desc.clone(),
             registry: self.inner.registry.clone(),
             inbound: self.inner.inbound.clone(),
+            links: self.inner.links.clone(),
         };
         let b: Arc<dyn Backend> = match cfg {
             BackendConfig::Tcp(c) => Arc::new(TcpBackend::new(ctx, c)?),
@@ -456,6 +459,16 @@ impl IoEngine {
     /// landed here; `None` while unknown or incomplete. Each status is returned once.
     pub fn pop_inbound_status(&self, remote_key: &str, id: TransferId) -> Option<Result<(), IoError>> {
         self.inner.inbound.pop(remote_key, id)
+    }
+
+    /// Whether engine `remote_key` has no inbound data connection open to this engine and
+    /// ended the last one itself (end of stream or reset), rather than this engine ending it
+    /// (idle timeout, shutdown). A peer process that exits or is killed closes its
+    /// connections this way within moments; a stopped or slow one keeps them open. Only the
+    /// tcp backend keeps data connections: over rdma, xgmi and fabric this stays false. A new
+    /// connection from the peer clears it.
+    pub fn closed_by_peer(&self, remote_key: &str) -> bool {
+        self.inner.links.closed_by_peer(remote_key)
     }
 
     /// Reads `size` bytes at `remote_off` of `remote` into `local` at `local_off`.

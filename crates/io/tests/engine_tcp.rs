@@ -276,3 +276,58 @@ fn two_live_engines_under_one_key_never_mix_tcp() {
 fn duplicate_in_flight_id_is_refused_tcp() {
     duplicate_in_flight_id_is_refused(&tcp(4));
 }
+
+/// Polls `f` every 5 ms until it holds or `within` passes; returns whether it held.
+fn becomes(within: Duration, f: impl Fn() -> bool) -> bool {
+    let end = std::time::Instant::now() + within;
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    f()
+}
+
+#[test]
+fn a_peer_that_closes_its_engine_is_seen_closed_and_an_idle_close_here_is_not() {
+    let mk = |key: &str, idle_ms: u64| {
+        let mut cfg = EngineConfig::new("127.0.0.1", 0).unwrap();
+        cfg.idle_timeout = Duration::from_millis(idle_ms);
+        let e = IoEngine::new(key, cfg).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig { lanes: 3, min_lane_bytes: 1024, ..TcpConfig::default() })).unwrap();
+        e
+    };
+    let mut src = vec![0x11u8; 8192];
+    let mut dst = vec![0u8; 8192];
+    let write = |a: &IoEngine, b: &IoEngine, mb: &MemoryDesc, id: u64, src: &mut [u8]| {
+        let ms = unsafe { a.register_memory(src.as_mut_ptr(), src.len(), MemLoc::Host { numa: None }) }.unwrap();
+        a.register_remote_engine(b.desc().clone()).unwrap();
+        a.write(&ms, 0, mb, 0, src.len() as u64, id).wait_for(T).unwrap();
+    };
+    // A target with the default idle timeout: the initiator closing its engine is seen.
+    let b = mk("B-links", 300_000);
+    let mb = unsafe { b.register_memory(dst.as_mut_ptr(), dst.len(), MemLoc::Host { numa: None }) }.unwrap();
+    let a = mk("A-links", 300_000);
+    write(&a, &b, &mb, 1, &mut src);
+    assert!(!b.closed_by_peer("A-links"), "its connections are open");
+    assert!(!b.closed_by_peer("never-connected"));
+    drop(a);
+    assert!(becomes(Duration::from_secs(5), || b.closed_by_peer("A-links")), "the dropped initiator's connections ended from its side");
+    // The same key connecting again (a restarted engine) clears it.
+    let a2 = mk("A-links", 300_000);
+    write(&a2, &b, &mb, 2, &mut src);
+    assert!(!b.closed_by_peer("A-links"), "a new connection clears it");
+    // A target that closes idle connections itself (after 200 ms) does not take that for the
+    // initiator's doing.
+    let d = mk("D-links", 200);
+    let mut dst2 = vec![0u8; 8192];
+    let md = unsafe { d.register_memory(dst2.as_mut_ptr(), dst2.len(), MemLoc::Host { numa: None }) }.unwrap();
+    write(&a2, &d, &md, 3, &mut src);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(!d.closed_by_peer("A-links"), "the target ended them (idle), not the initiator");
+    assert!(dst2.iter().all(|&x| x == 0x11));
+    drop(a2);
+    assert!(!d.closed_by_peer("A-links"), "nothing was open to close");
+    assert!(becomes(Duration::from_secs(5), || b.closed_by_peer("A-links")));
+}

@@ -11,6 +11,10 @@ use crate::error::{EpError, EpResult};
 use crate::internode::{SignalOp, Window};
 use std::time::{Duration, Instant};
 
+/// How long a rank that saw a failure itself waits for an earlier one to be reported
+/// ([`HostEp::earlier_cause`]).
+const CAUSE_GRACE: Duration = Duration::from_millis(250);
+
 /// How long the abort signals to other nodes may take in all.
 const ABORT_BUDGET: Duration = Duration::from_millis(500);
 
@@ -37,12 +41,31 @@ impl HostEp {
         Ok(())
     }
 
+    /// `e`, a failure this process saw itself (a write failed, a writer closed its
+    /// connections), unless within [`CAUSE_GRACE`] another rank's abort word arrives naming a
+    /// rank it saw fail: then that earlier cause. A rank that aborted for a failure it was told
+    /// about exits and closes its connections, which fails the writes other ranks still had
+    /// in flight to it; those ranks name the first failure, not the exit it caused.
+    pub(super) fn earlier_cause(&self, phase: &'static str, e: EpError) -> EpError {
+        let end = Instant::now() + CAUSE_GRACE;
+        loop {
+            if let Err(a @ EpError::PeerFailed { seen_dead: true, .. }) = self.check_abort(phase) {
+                return a;
+            }
+            if Instant::now() >= end {
+                return e;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Marks this HostEp unusable and, for an error this process found itself, tells every
     /// other rank which rank failed. Returns `e`.
     pub(super) fn fail(&mut self, e: EpError) -> EpError {
         self.poisoned = Some(e.to_string());
         let (failed, reporter, seen_dead) = match &e {
             EpError::Transport { peer, rank, .. } if *peer != usize::MAX => (Some(*peer), *rank, true),
+            EpError::PeerLost { peer, rank, .. } => (Some(*peer), *rank, true),
             EpError::Timeout { writers, rank, .. } => (writers.iter().copied().find(|w| !self.local.contains(w)), *rank, false),
             _ => (None, 0, false),
         };

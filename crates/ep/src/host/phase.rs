@@ -76,6 +76,10 @@ fn missing(me: usize, pend: &[(Seg, usize)]) -> (Vec<usize>, String) {
     (writers, waiting)
 }
 
+/// How often a waiting phase asks the engines whether a writer on another node closed its
+/// connections (a mutex and a lookup per peer engine).
+const LOST_CHECK: Duration = Duration::from_millis(5);
+
 /// What a phase measured per local rank: µs until complete, proxy bytes and busy µs.
 struct PhaseTimes {
     done_us: Vec<f64>,
@@ -234,12 +238,31 @@ impl HostEp {
         Ok(())
     }
 
+    /// `PeerLost` for the first incomplete local rank still missing writes of a rank on another
+    /// node that closed every connection to its engine (see [`mori_io::IoEngine::closed_by_peer`]).
+    fn check_lost<P: Phase>(&self, phase: &'static str, ranks: &[P], done_us: &[f64]) -> EpResult<()> {
+        for (li, st) in ranks.iter().enumerate().filter(|(li, _)| done_us[*li].is_nan()) {
+            let (Some(eng), Some(peers)) = (self.engines.get(li), self.peer_mems.get(li)) else { continue };
+            let gone = |w: usize| peers.get(w).and_then(Option::as_ref).is_some_and(|m| eng.closed_by_peer(&m.engine_key));
+            if !(0..peers.len()).any(gone) {
+                continue;
+            }
+            let r = self.local.start + li;
+            let (writers, waiting) = missing(r, &st.pending(&self.proto, self.win(r)?));
+            if let Some(&peer) = writers.iter().find(|&&w| gone(w)) {
+                return Err(EpError::PeerLost { rank: r, phase, peer, waiting });
+            }
+        }
+        Ok(())
+    }
+
     /// Polls every local rank until all are complete; then flushes the proxies.
     fn drive<P: Phase>(&mut self, phase: &'static str, t0: Instant, ranks: &mut [P]) -> EpResult<PhaseTimes> {
         let n = ranks.len();
         let deadline = t0 + self.opts.deadline;
         let mut done_us = vec![f64::NAN; n];
         let mut idle = 0u32;
+        let mut last_lost_check = t0;
         loop {
             let mut all = true;
             for (li, st) in ranks.iter_mut().enumerate() {
@@ -268,8 +291,12 @@ impl HostEp {
             self.check_abort(phase)?;
             for (li, p) in self.proxies.iter().enumerate() {
                 if let Some((peer, detail)) = p.failure() {
-                    return Err(EpError::Transport { rank: self.local.start + li, peer, detail });
+                    return Err(self.earlier_cause(phase, EpError::Transport { rank: self.local.start + li, peer, detail }));
                 }
+            }
+            if last_lost_check.elapsed() >= LOST_CHECK {
+                last_lost_check = Instant::now();
+                self.check_lost(phase, ranks, &done_us).map_err(|e| self.earlier_cause(phase, e))?;
             }
             if Instant::now() > deadline {
                 let li = done_us.iter().position(|d| d.is_nan()).unwrap_or(0);
@@ -287,7 +314,7 @@ impl HostEp {
             let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
             let rep = p.flush(left);
             if let Some((peer, detail)) = rep.error {
-                return Err(EpError::Transport { rank: self.local.start + li, peer, detail });
+                return Err(self.earlier_cause(phase, EpError::Transport { rank: self.local.start + li, peer, detail }));
             }
             inter_bytes[li] = rep.bytes;
             inter_us[li] = rep.busy.as_secs_f64() * 1e6;
