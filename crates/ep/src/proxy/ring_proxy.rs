@@ -62,6 +62,27 @@ pub struct RingProxyStats {
     pub post_call_ns: u64,
 }
 
+impl RingProxyStats {
+    /// The counts and sums since `earlier` (a snapshot of the same proxy), for a window such
+    /// as a bench's timed iterations; `done_ns_max` stays the longest since the proxy started
+    /// (a maximum cannot be windowed from two snapshots).
+    pub fn since(&self, earlier: &RingProxyStats) -> RingProxyStats {
+        RingProxyStats {
+            commands: self.commands.saturating_sub(earlier.commands),
+            batches: self.batches.saturating_sub(earlier.batches),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            post_ns: self.post_ns.saturating_sub(earlier.post_ns),
+            data_ns: self.data_ns.saturating_sub(earlier.data_ns),
+            data_batches: self.data_batches.saturating_sub(earlier.data_batches),
+            done_ns: self.done_ns.saturating_sub(earlier.done_ns),
+            done_ns_max: self.done_ns_max,
+            post_calls: self.post_calls.saturating_sub(earlier.post_calls),
+            ordered_batches: self.ordered_batches.saturating_sub(earlier.ordered_batches),
+            post_call_ns: self.post_call_ns.saturating_sub(earlier.post_call_ns),
+        }
+    }
+}
+
 #[derive(Default)]
 pub(super) struct SharedStats {
     pub(super) commands: AtomicU64,
@@ -215,5 +236,55 @@ impl State {
                 std::thread::yield_now();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RingProxyStats;
+
+    #[test]
+    fn since_windows_the_counts_and_keeps_the_maximum() {
+        let then = RingProxyStats {
+            commands: 10,
+            batches: 4,
+            bytes: 100,
+            post_ns: 40,
+            done_ns: 80,
+            done_ns_max: 30,
+            post_calls: 8,
+            ..Default::default()
+        };
+        let now = RingProxyStats {
+            commands: 25,
+            batches: 9,
+            bytes: 350,
+            post_ns: 90,
+            data_ns: 7,
+            data_batches: 1,
+            done_ns: 200,
+            done_ns_max: 31,
+            post_calls: 18,
+            ordered_batches: 5,
+            post_call_ns: 60,
+        };
+        let d = now.since(&then);
+        assert_eq!(
+            d,
+            RingProxyStats {
+                commands: 15,
+                batches: 5,
+                bytes: 250,
+                post_ns: 50,
+                data_ns: 7,
+                data_batches: 1,
+                done_ns: 120,
+                done_ns_max: 31,
+                post_calls: 10,
+                ordered_batches: 5,
+                post_call_ns: 60,
+            }
+        );
+        assert_eq!(then.since(&now).commands, 0, "an older snapshot never goes below zero");
     }
 }

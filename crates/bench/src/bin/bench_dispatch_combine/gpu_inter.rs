@@ -100,12 +100,16 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let mut ok = true;
     let (mut disp, mut comb, mut timed) = (0.0, 0.0, 0usize);
     let mut per_kernel = [0.0f64; 5];
-    let mut last: Vec<RecvBytes> = Vec::new();
     let mut pool0 = mori_gpu::submit_stats();
+    let mut proxies0 = ep.proxy_stats();
     let mut cpu0 = (process_cpu_s(), std::time::Instant::now());
+    // The first iteration's results, checked after the loop: the check's host work stays out
+    // of the timed window's CPU, copy-pool and proxy figures, with or without warm-up.
+    let mut first: Option<(Vec<RecvBytes>, Vec<CombinedBytes>)> = None;
     for it in 0..a.warmup + a.iters {
         if it == a.warmup {
             pool0 = mori_gpu::submit_stats();
+            proxies0 = ep.proxy_stats();
             cpu0 = (process_cpu_s(), std::time::Instant::now());
         }
         let (got, ticket) = ep.dispatch(&rb)?;
@@ -113,7 +117,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         let cxr: Vec<&[u8]> = cx.iter().map(|v| &v[..]).collect();
         let out = ep.combine(ticket, &cxr, Some(&cw))?;
         if it == 0 {
-            ok &= check(a, cfg, &orc, &handle, &inp.idx, &got, &out);
+            first = Some((got, out));
         }
         if it >= a.warmup {
             let t = ep.times();
@@ -124,11 +128,13 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             }
             timed += 1;
         }
-        last = got;
     }
     let (disp, comb) = (disp / timed.max(1) as f64, comb / timed.max(1) as f64);
     let pool = mori_gpu::submit_stats().since(&pool0);
     let busy_cores = (process_cpu_s() - cpu0.0) / cpu0.1.elapsed().as_secs_f64().max(1e-9);
+    let ps: Vec<_> = ep.proxy_stats().iter().zip(&proxies0).map(|(now, then)| now.since(then)).collect();
+    let Some((got, out)) = &first else { return Err("no iteration ran (--warmup + --iters is 0)".into()) };
+    ok &= check(a, cfg, &orc, &handle, &inp.idx, got, out);
     let stamps = ep.trace()?;
     if let (Some(path), Some(stamps)) = (&a.trace, &stamps) {
         write_traces(path, stamps, cfg.gpus_per_node)?;
@@ -139,7 +145,8 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let mut lines = Vec::new();
     let mut rows = Vec::new();
     let mut rank_json = Vec::new();
-    for (r, lr) in last.iter().enumerate() {
+    // Every iteration dispatches the same inputs: the first one's counts are every one's.
+    for (r, lr) in got.iter().enumerate() {
         let recv = lr.src.len() / 4;
         let algo = accounting::rdma_algo_token_count(&inp.idx[r], ex, nodes, OutOfRange::default())? as u64;
         let phys = accounting::rdma_cross_node_token_count(&inp.idx[r], ex, nodes, r / cfg.gpus_per_node, OutOfRange::default())? as u64;
@@ -174,15 +181,14 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         rows,
     );
     println!(
-        "times: GPU events of the slowest node's kernels, mean of {timed} iterations after {} warm-up; RDMA = the inter-node leg through the proxies ({}); proxies: {:?}",
+        "times: GPU events of the slowest node's kernels, mean of {timed} iterations after {} warm-up; RDMA = the inter-node leg through the proxies ({}); commands per proxy (timed iterations): {:?}",
         a.warmup,
         match path {
             InterPath::Xgmi => "xgmi".to_string(),
             InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes"),
         },
-        ep.proxy_stats().iter().map(|s| s.commands).collect::<Vec<_>>()
+        ps.iter().map(|s| s.commands).collect::<Vec<_>>()
     );
-    let ps = ep.proxy_stats();
     let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
     let (batches, data_batches) = (sum(|s| s.batches), sum(|s| s.data_batches));
     if batches > 0 {
@@ -195,7 +201,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             String::new()
         };
         println!(
-            "proxies (host clock, every call): {batches} writes; mean from taking the commands: {:.1} µs to posted{landed}, {:.1} µs to completed (the counter pair landed after the bytes), longest {:.1} µs",
+            "proxies (host clock, timed iterations): {batches} writes; mean from taking the commands: {:.1} µs to posted{landed}, {:.1} µs to completed (the counter pair landed after the bytes); longest since the proxies started {:.1} µs",
             sum(|s| s.post_ns) as f64 / batches as f64 / 1e3,
             sum(|s| s.done_ns) as f64 / batches as f64 / 1e3,
             ps.iter().map(|s| s.done_ns_max).max().unwrap_or(0) as f64 / 1e3
@@ -267,6 +273,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     }
     Ok(ok)
 }
+
+/// One rank's combine output: `[T, H]` output elements and `[T, K]` f32 weight sums, as bytes.
+type CombinedBytes = (Vec<u8>, Vec<u8>);
 
 fn opts_copy_blocks(a: &Args) -> u32 {
     a.copy_blocks.unwrap_or(InterNodeOptions::default().copy_blocks)
