@@ -260,9 +260,11 @@ pub enum EpError {
         /// The transport's error.
         detail: String,
     },
-    /// A rank on another node whose writes this rank still waited for closed every data
-    /// connection it had to this rank's engine (its process exited, was killed, or closed its
-    /// engine): its writes cannot come. Seen over the tcp transport only.
+    /// A rank on another node whose writes this rank still waited for closed every connection
+    /// it had to this rank's engine (its process exited, was killed, or closed its engine):
+    /// its writes cannot come. Seen for a writer that connected before: over tcp its data
+    /// lanes and its control connection, over rdma the control connection its signals use
+    /// ([`mori_io::IoEngine::closed_by_peer`]).
     #[error("rank {rank}: {phase}: rank {peer} closed its connections while its writes were still missing (its process exited or was killed); still waiting for {waiting}")]
     PeerLost {
         /// The waiting rank.

@@ -131,8 +131,9 @@ pub struct BackendContext {
     pub registry: Arc<MemRegistry>,
     /// Where inbound completions are recorded for `pop_inbound_status`.
     pub inbound: Arc<InboundTable>,
-    /// This engine's inbound data connections per initiator (a backend with connections of
-    /// its own, such as tcp, counts them here).
+    /// This engine's inbound connections per initiator (the engine counts its control
+    /// connections here; a backend with data connections of its own, such as tcp, counts
+    /// those).
     pub links: Arc<crate::PeerLinks>,
 }
 

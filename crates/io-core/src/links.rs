@@ -1,6 +1,6 @@
-//! Target-side record of inbound data connections per initiator engine: how many are open,
-//! and whether the last one to end was ended by the initiator (end of stream, reset) rather
-//! than by this engine (its idle timeout, its shutdown, a refused request). A process that
+//! Target-side record of inbound connections (control and data) per initiator engine: how
+//! many are open, and whether the last one to end was ended by the initiator (end of stream,
+//! reset) rather than by this engine (its idle timeout, its shutdown, a refused request). A process that
 //! exits or is killed closes its sockets, so every connection it had open to this engine
 //! ends from its side within moments; a process that is stopped or slow keeps them open.
 //! The layers above use this to tell "the writer is gone" from "the writer is late".
@@ -15,7 +15,7 @@ pub const MAX_CLOSED: usize = 4096;
 
 #[derive(Default)]
 struct Links {
-    /// Open inbound data connections per initiator key.
+    /// Open inbound connections per initiator key.
     open: FxHashMap<Arc<str>, u32>,
     /// Initiators with none open whose last connection they ended, in the order they ended.
     closed: Vec<Arc<str>>,
@@ -28,7 +28,7 @@ pub struct PeerLinks {
     t: Mutex<Links>,
 }
 
-/// One inbound data connection from an initiator, open until dropped. Dropping it counts as
+/// One inbound connection from an initiator, open until dropped. Dropping it counts as
 /// ended by this engine unless [`LinkGuard::closed_by_peer`] was called.
 pub struct LinkGuard {
     links: Arc<PeerLinks>,
@@ -42,7 +42,7 @@ impl PeerLinks {
         Self::default()
     }
 
-    /// Counts a new inbound data connection from engine `from` until the guard drops.
+    /// Counts a new inbound connection from engine `from` until the guard drops.
     pub fn opened(self: &Arc<Self>, from: &str) -> LinkGuard {
         let mut t = self.t.lock();
         let key: Arc<str> = match t.open.get_key_value(from) {
@@ -54,7 +54,7 @@ impl PeerLinks {
         LinkGuard { links: self.clone(), from: key, by_peer: false }
     }
 
-    /// Whether engine `from` has no inbound data connection open here and ended the last one
+    /// Whether engine `from` has no inbound connection open here and ended the last one
     /// itself (its process exited, was killed, or closed its engine). False for an engine that
     /// never connected, one with a connection open, and one whose last connection this engine
     /// ended.

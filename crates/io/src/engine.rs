@@ -143,7 +143,8 @@ pub(crate) struct EngineInner {
     connector: Arc<Connector>,
     registry: Arc<MemRegistry>,
     inbound: Arc<InboundTable>,
-    links: Arc<mori_io_core::PeerLinks>,
+    /// Inbound control and data connections per initiator ([`IoEngine::closed_by_peer`]).
+    pub(crate) links: Arc<mori_io_core::PeerLinks>,
     local_descs: RwLock<HashMap<MemId, MemoryDesc>>,
     backends: RwLock<Vec<Arc<dyn Backend>>>,
     remotes: RwLock<HashMap<String, Arc<EngineDesc>>>,
@@ -461,12 +462,14 @@ impl IoEngine {
         self.inner.inbound.pop(remote_key, id)
     }
 
-    /// Whether engine `remote_key` has no inbound data connection open to this engine and
-    /// ended the last one itself (end of stream or reset), rather than this engine ending it
-    /// (idle timeout, shutdown). A peer process that exits or is killed closes its
-    /// connections this way within moments; a stopped or slow one keeps them open. Only the
-    /// tcp backend keeps data connections: over rdma, xgmi and fabric this stays false. A new
-    /// connection from the peer clears it.
+    /// Whether engine `remote_key` has no inbound connection open to this engine (its control
+    /// connection, which carries signals, notifications and backend handshakes, and its tcp
+    /// data connections) and ended the last one itself (end of stream or reset), rather than
+    /// this engine ending it (idle timeout, shutdown, a refused request). A peer process that
+    /// exits or is killed closes its connections this way within moments; a stopped or slow
+    /// one keeps them open. False for a peer that never connected here (over rdma, xgmi and
+    /// fabric the data path has no connection: only a peer that sent signals, notifications
+    /// or handshakes is seen). A new connection from the peer clears it.
     pub fn closed_by_peer(&self, remote_key: &str) -> bool {
         self.inner.links.closed_by_peer(remote_key)
     }

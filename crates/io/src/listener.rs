@@ -137,6 +137,18 @@ fn handle(mut s: TcpStream, addr: std::net::SocketAddr, eng: &EngineInner, slot:
 }
 
 fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::EngineDesc, slot: InboundSlot) -> Result<(), IoError> {
+    let mut link = eng.links.opened(&from.key);
+    let r = serve_requests(&mut s, eng, &from, &slot);
+    if matches!(&r, Err(e) if e.code == ErrorCode::RemoteDisconnect) {
+        link.closed_by_peer();
+    }
+    r
+}
+
+/// Answers `from`'s control requests until it closes the connection, this engine shuts down,
+/// the connection stays idle for the slot's idle timeout, or a request fails to read or
+/// answer.
+fn serve_requests(s: &mut TcpStream, eng: &EngineInner, from: &mori_io_core::EngineDesc, slot: &InboundSlot) -> Result<(), IoError> {
     loop {
         // Idle wait up to the idle timeout, waking up to notice shutdown.
         let idle_since = std::time::Instant::now();
@@ -155,11 +167,11 @@ fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::Engine
                 Err(e) => return Err(IoError::from_io("control poll", &e)),
             }
         }
-        let req: CtrlRequest = read_frame(&mut s, eng.cfg.max_frame)?;
+        let req: CtrlRequest = read_frame(s, eng.cfg.max_frame)?;
         let reply = match req {
             CtrlRequest::Ping => CtrlReply::Pong,
             CtrlRequest::Backend { backend, payload } => match eng.backend(backend) {
-                Some(b) => match b.control(&from, &payload) {
+                Some(b) => match b.control(from, &payload) {
                     Ok(r) => CtrlReply::Backend(r),
                     Err(e) => CtrlReply::Error(e),
                 },
@@ -178,6 +190,6 @@ fn serve_control(mut s: TcpStream, eng: &EngineInner, from: mori_io_core::Engine
                 None => CtrlReply::Error(IoError::not_found(format!("memory {id} is not registered at engine {:?}", eng.desc.key))),
             },
         };
-        write_frame(&mut s, &reply)?;
+        write_frame(s, &reply)?;
     }
 }

@@ -331,3 +331,28 @@ fn a_peer_that_closes_its_engine_is_seen_closed_and_an_idle_close_here_is_not() 
     assert!(!d.closed_by_peer("A-links"), "nothing was open to close");
     assert!(becomes(Duration::from_secs(5), || b.closed_by_peer("A-links")));
 }
+
+#[test]
+fn a_peer_seen_only_through_its_signals_is_seen_closed() {
+    // No data connection at all: the initiator's control connection (which carries its
+    // signals, as it would over rdma) is what ends.
+    let mk = |key: &str| {
+        let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+        e.create_backend(BackendConfig::Tcp(TcpConfig::default())).unwrap();
+        e
+    };
+    let b = mk("B-ctl");
+    let mut ctr = vec![0u64; 1];
+    let mb = unsafe { b.register_memory(ctr.as_mut_ptr().cast(), 8, MemLoc::Host { numa: None }) }.unwrap();
+    let a = mk("A-ctl");
+    a.register_remote_engine(b.desc().clone()).unwrap();
+    a.signal(&[mori_io::Signal { remote: mb.clone(), offset: 0, op: mori_io::SignalOp::Add(3) }]).wait_for(T).unwrap();
+    assert_eq!(b.load_counter(&mb, 0).unwrap(), 3);
+    assert!(!b.closed_by_peer("A-ctl"), "its control connection is open");
+    drop(a);
+    assert!(
+        becomes(Duration::from_secs(5), || b.closed_by_peer("A-ctl")),
+        "the dropped initiator's control connection ended from its side"
+    );
+    b.deregister_memory(&mb).unwrap();
+}
