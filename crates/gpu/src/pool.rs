@@ -86,6 +86,9 @@ struct DevPool {
     free: Mutex<Vec<usize>>,
     /// Slots retired for good after a failed event record.
     retired: AtomicUsize,
+    /// A completion-flag write failed on this device: its later submissions are told complete
+    /// by their events, without trying the write again.
+    flags_failed: AtomicBool,
 }
 
 struct Pending {
@@ -266,14 +269,18 @@ impl CopyPool {
             enqueue(&mut lane).err()
         };
         let t2 = Instant::now();
-        // A flag that cannot be written leaves this submission to its event (the work itself
-        // was queued), said once per process.
-        let flag_seq = match dp.slots[slot].flag.as_ref().map(|f| f.arm(stream)) {
+        // A flag that cannot be written leaves this submission, and every later one on this
+        // device, to its event (the work itself was queued), said once per process.
+        let flag = dp.slots[slot].flag.as_ref().filter(|_| !dp.flags_failed.load(Ordering::Relaxed));
+        let flag_seq = match flag.map(|f| f.arm(stream)) {
             Some(Ok(seq)) => seq,
             Some(Err(e)) => {
+                dp.flags_failed.store(true, Ordering::Relaxed);
                 flags::warn_once(
                     &flags::SAID_WRITE_FAILED,
-                    &format!("a completion flag write failed ({e}): such submissions are told complete by their events"),
+                    &format!(
+                        "a completion flag write failed on {dev} ({e}): this device's submissions are told complete by their events from now on"
+                    ),
                 );
                 0
             }
@@ -492,6 +499,7 @@ impl Shared {
             next: AtomicUsize::new(0),
             free: Mutex::new((0..slots.len()).rev().collect()),
             retired: AtomicUsize::new(0),
+            flags_failed: AtomicBool::new(false),
             slots,
         }))
     }
