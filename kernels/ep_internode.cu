@@ -53,9 +53,10 @@
 //                         rank's dispatch counters;
 //   mori_ie_combine_send  return each received row to its source (put or proxy; V1-LL: to the
 //                         relay for another node's source), signal; V1-LL: then the relay's
-//                         partial sums, and the last block zeroes the gather counters;
-//   mori_ie_combine_recv  wait for every rank's rows, sum per token in f32 (AsyncLL: over
-//                         destination ranks ascending; V1-LL: per node), zero the counters.
+//                         partial sums, and the last block zeroes the gather counters; then
+//                         block 0 waits for every rank's rows;
+//   mori_ie_combine_recv  sum per token in f32 (AsyncLL: over destination ranks ascending;
+//                         V1-LL: per node); the last block zeroes the combine counters.
 // Counters are zeroed by their reader once read; the next writes to them follow causally
 // (every rank's next phase needs this rank's current one).
 // Faults land in the rank's status words as in ep_intranode.cu (first wins); a kernel whose
@@ -353,13 +354,30 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
         }
         ie_stamp(p, a, b, pass == 0 ? IE_T_CSTAGED : IE_T_CINTRA);
     }
-    if (!relay) return;
-    // V1-LL: this rank as the relay: partial sums for the other nodes' ranks with its index.
-    ie_relay_reduce(p, a, b, deadline, fw, gs, lane, warp, nwarps);
-    ie_stamp(p, a, b, IE_T_RRED1);
-    if (ie_last_block(p, a, IE_DONE_GATHER(W), last) && !ie_failed(status)) ie_zero_phase(p, a, 2);
+    if (relay) {
+        // V1-LL: this rank as the relay: partial sums for the other nodes' ranks with its index.
+        ie_relay_reduce(p, a, b, deadline, fw, gs, lane, warp, nwarps);
+        ie_stamp(p, a, b, IE_T_RRED1);
+        if (ie_last_block(p, a, IE_DONE_GATHER(W), last) && !ie_failed(status)) ie_zero_phase(p, a, 2);
+    }
+    if (b != 0) return;
+    // Block 0 waits for every rank's rows (V1-LL: this node's ranks' rows and each other node's
+    // partials from this rank's relay there). mori_ie_combine_recv, next in stream order, sums
+    // them without waiting, so the host may launch it on more blocks than this kernel's.
+    ie_stamp(p, a, b, IE_T_RED0);
+    for (uint32_t e = tid; e < W; e += nthreads) {
+        const bool remote = !ie_same_node(p, r, e);
+        if (relay && remote && e != ie_relay_of(p, r, e / G)) continue;
+        ie_wait_segment(p, a, 1, e, remote, deadline);
+        ie_stamp_peer(p, a, 1, 1, e);
+    }
+    mori_sync_block();
+    ie_stamp(p, a, b, IE_T_CRECVD);
 }
 
+// Sums every rank's rows per token. Spins on nothing (mori_ie_combine_send's block 0 waited
+// for the rows), so the host may launch it with more blocks per rank than the co-resident
+// kernels (its own blocks_per_rank).
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, sh);
     MORI_SHARED_STRUCT(IeGather, gs);
@@ -367,42 +385,11 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, W = p.world, G = p.gpn, tid = mori_thread_idx();
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
-    uint32_t* status = (uint32_t*)a.status;
-    const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
+    const uint32_t* status = (const uint32_t*)a.status;
     const bool relay = ie_relay(p);
     const uint32_t own = r / G;
-    ie_stamp(p, a, b, IE_T_RED0);
-    bool ok = !ie_failed(status);
-    // Block 0 waits for every rank's rows (V1-LL: this node's ranks' rows and each other node's
-    // partials from this rank's relay there), then posts this call's epoch in device memory;
-    // the other blocks wait for that word (one poller per segment, not one per block).
-    if (ok && b == 0) {
-        for (uint32_t e = tid; e < W; e += mori_block_dim()) {
-            const bool remote = !ie_same_node(p, r, e);
-            if (relay && remote && e != ie_relay_of(p, r, e / G)) continue;
-            ie_wait_segment(p, a, 1, e, remote, deadline);
-            ie_stamp_peer(p, a, 1, 1, e);
-        }
-        mori_sync_block();
-        if (tid == 0) {
-            mori_fence_system();
-            mori_store_release_system((uint64_t*)a.done + 1, p.epoch);
-        }
-    } else if (ok && tid == 0) {
-        // A deadline past block 0's, so that block 0's timeout (naming the missing writer)
-        // is the one recorded.
-        const uint64_t late = deadline + 100000000ull;
-        for (;;) {
-            if (mori_load_acquire_system((const uint64_t*)a.done + 1) == p.epoch || ie_failed(status)) break;
-            if (mori_clock_ns() > late) {
-                ie_error(status, IE_ERR_RELEASE, b, 0, 0);
-                break;
-            }
-        }
-    }
-    mori_sync_block();
     ie_stamp(p, a, b, IE_T_CRECVD);
-    ok = !ie_failed(status);
+    const bool ok = !ie_failed(status);
     const uint32_t T = ok ? a.num_tokens : 0;
     const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank), t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
     const uint8_t* idx = (const uint8_t*)a.idx;

@@ -13,7 +13,6 @@
 #define IE_ERR_RECV_COUNT 4u    // [2] records announced (low 32 bits), [3] capacity
 #define IE_ERR_COMBINE_ROWS 5u  // [2] rows given, [3] rows received
 #define IE_ERR_RING_FULL 6u     // [2] destination rank, [3] phase
-#define IE_ERR_RELEASE 7u       // [2] block: combine's block 0 never released it (deadline)
 #define IE_ERR_RELAY 8u         // [2] origin rank, [3] record index, [4] destination rank named (a relay record out of bounds)
 #define IE_ERR_RELAY_SEG 9u     // [2] origin rank, [3] records its pair announced (a relay segment's count or header out of bounds)
 #define IE_ERR_SEG_COUNT 10u    // [2] writer rank, [3] entries its counter announced, [4] capacity (max_tokens)
@@ -39,9 +38,9 @@
 #define IE_T_COMB0 8     // combine send start
 #define IE_T_CSTAGED 9   // rows for other nodes staged, commands handed over
 #define IE_T_CINTRA 10   // rows for this node stored, signalled
-#define IE_T_RED0 11     // combine reduce start
-#define IE_T_CRECVD 12   // every rank's rows complete
-#define IE_T_RED1 13     // reduce end
+#define IE_T_RED0 11     // block 0, end of combine send: its wait for every rank's rows starts
+#define IE_T_CRECVD 12   // combine sum start (block 0: also the end of its wait, overwritten)
+#define IE_T_RED1 13     // combine sum end
 #define IE_T_FWD1 14     // V1, V1-LL: this rank's relay forwarding done (dispatch)
 #define IE_T_RRED1 15    // V1, V1-LL: this rank's relay partial sums handed over (combine send)
 #define IE_T_SLOTS 16
@@ -80,9 +79,8 @@ struct IeRank {
     uint64_t recv_cnt;   // u32 [W] records received from each rank
     uint64_t recv_base;  // u32 [W] first output row of each source
     uint64_t recv_pos;   // u32 [max_recv] index of output row i in its source's segment
-    uint64_t done;       // u32 [5 + 2W]: blocks finished per zeroing kernel [0], [1]; u64 at
-                         // byte 8: combine's release word (the epoch block 0 saw every
-                         // segment in); then blocks that staged for each remote destination
+    uint64_t done;       // u32 [5 + 2W]: blocks finished per zeroing kernel [0], [1]; [2], [3]
+                         // unused; then blocks that staged for each remote destination
                          // (dispatch [W], combine [W]); then IE_DONE_GATHER
     uint64_t out_x;      // [max_recv, row_bytes]
     uint64_t out_w;      // [max_recv, K] f32 or 0
@@ -123,8 +121,6 @@ struct IeParams {
     uint32_t flags;
     uint32_t trace_blocks; // per-block trace rows per rank
     uint32_t part_bytes; // V1-LL partial sum row: H f32, K f32, 16-aligned (0 under AsyncLL)
-    uint32_t pad;
-    uint64_t epoch;      // this call's number (non-zero, increasing): combine's block-0 release word
 };
 
 MORI_DEVICE uint64_t ie_ctr(uint32_t world, uint32_t phase, uint32_t w, uint32_t which) {

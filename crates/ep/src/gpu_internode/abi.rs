@@ -105,9 +105,6 @@ pub(crate) struct IeParams {
     pub trace_blocks: u32,
     /// V1-LL partial row bytes (H f32, K f32, 16-aligned); 0 under AsyncLL.
     pub part_bytes: u32,
-    pub pad: u32,
-    /// This call's number (non-zero, increasing).
-    pub epoch: u64,
 }
 
 /// `IE_FLAG_DROP_OUT_OF_RANGE`: out-of-range expert ids are skipped without a fault.
@@ -138,7 +135,8 @@ mod tests {
     fn sizes_match_the_kernel() {
         assert_eq!(std::mem::size_of::<IeLayout>(), 112);
         assert_eq!(std::mem::size_of::<IeRank>(), 16 + 23 * 8 + 24);
-        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 112 + 16 + 20 * 4 + 8);
+        // 19 u32 fields, then padding to the struct's 8-byte alignment.
+        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 112 + 16 + 19 * 4 + 4);
         let src = include_str!("../../../../kernels/ep_internode.h");
         for needle in [
             "#define IE_MAX_WORLD 64",

@@ -30,6 +30,9 @@ const E: usize = 18;
 const TMAX: usize = 6;
 const SCALES: usize = 2;
 const BLOCKS: u32 = 2;
+/// Blocks per rank of the kernels that wait for nothing (dispatch's copy-out, combine's sum),
+/// more than the others', as on a GPU.
+const COPY_BLOCKS: u32 = 3;
 const THREADS: u32 = 64;
 
 /// One rank's memory, all host memory standing in for device and mapped memory.
@@ -68,7 +71,7 @@ impl RankMem {
                 r(W * 4),
                 r(l.max_recv * 4),
                 r(l.done_bytes()),
-                r(trace_bytes(W, BLOCKS)),
+                r(trace_bytes(W, COPY_BLOCKS)),
                 r((TMAX + 1) * l.nodes() * 4),
             ],
             x: r(TMAX * l.row_bytes),
@@ -169,7 +172,7 @@ fn tcp_engine(key: &str) -> Arc<IoEngine> {
 }
 
 /// The parameters of node `n`'s launches: only its ranks' windows and device counter blocks.
-fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize, epoch: u64) -> IeParams {
+fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> IeParams {
     let mut win = [0u64; MAX_WORLD];
     let mut dev_ctr = [0u64; MAX_WORLD];
     for r in n * G..(n + 1) * G {
@@ -199,16 +202,19 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize, epoch
         comb_elem: 2,
         out_elem: 4,
         flags: FLAG_WEIGHTED | scheme_flags(l.scheme),
-        trace_blocks: BLOCKS,
+        trace_blocks: COPY_BLOCKS,
         part_bytes: l.part_bytes as u32,
-        pad: 0,
-        epoch,
     }
 }
 
 fn run_node(p: &IeParams, kernel: &str) {
-    let grid = if kernel == "mori_ie_layout" { G as u32 } else { G as u32 * BLOCKS };
-    launch("ep_internode", kernel, grid, THREADS, p);
+    let per_rank = match kernel {
+        "mori_ie_layout" => 1,
+        "mori_ie_dispatch_recv" | "mori_ie_combine_recv" => COPY_BLOCKS,
+        _ => BLOCKS,
+    };
+    let p = IeParams { blocks_per_rank: if kernel == "mori_ie_layout" { BLOCKS } else { per_rank }, ..*p };
+    launch("ep_internode", kernel, G as u32 * per_rank, THREADS, &p);
 }
 
 #[test]
@@ -279,7 +285,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
                 unsafe { (reg.ptr as *mut IeRank).add(j).write(a) };
             }
         }
-        let ps: Vec<IeParams> = (0..W / G).map(|n| params(&l, &mems, &abi_regions[n], n, round as u64 + 1)).collect();
+        let ps: Vec<IeParams> = (0..W / G).map(|n| params(&l, &mems, &abi_regions[n], n)).collect();
         // Dispatch: each node's kernels in stream order on a thread of its own.
         std::thread::scope(|s| {
             for p in &ps {
@@ -409,7 +415,7 @@ fn expected_leg_bytes(l: &InterLayout, inp: &[RankInput<bf16, i64>], r: usize) -
 /// each span's begin and end.
 fn check_trace(mems: &[RankMem], scheme: Scheme) {
     let stamps: Vec<RankStamps> =
-        (0..W).map(|r| RankStamps::parse(r, W, BLOCKS, &mems[r].scratch[7].bytes()[..trace_bytes(W, BLOCKS)]).unwrap()).collect();
+        (0..W).map(|r| RankStamps::parse(r, W, COPY_BLOCKS, &mems[r].scratch[7].bytes()[..trace_bytes(W, COPY_BLOCKS)]).unwrap()).collect();
     use slot::*;
     for s in &stamps {
         let r = s.rank;
@@ -419,27 +425,42 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
         if scheme != Scheme::AsyncLL {
             assert!(b0[FWD1] <= b0[RECVD], "rank {r}: block 0 received before its relay forwarding ended {b0:?}");
         }
+        // Block 0 waits for every rank's rows at the end of combine_send, before the sum.
+        assert!(b0[CINTRA] <= b0[RED0] && b0[RED0] <= b0[CRECVD], "rank {r}: block 0's combine wait {b0:?}");
         for (b, t) in s.blocks.iter().enumerate() {
-            for (x, y) in [
-                (DISP0, STAGED),
-                (STAGED, INTRA),
-                (INTRA, COPY0),
-                (COPY0, COPY1),
-                (COPY1, COMB0),
-                (COMB0, CSTAGED),
-                (CSTAGED, CINTRA),
-                (RED0, CRECVD),
-                (CRECVD, RED1),
-            ] {
+            // The blocks past BLOCKS run only the copy-out and the sum.
+            let waits_for_nothing = b >= BLOCKS as usize;
+            let pairs: &[(usize, usize)] = if waits_for_nothing {
+                &[(COPY0, COPY1), (COPY1, CRECVD), (CRECVD, RED1)]
+            } else {
+                &[
+                    (DISP0, STAGED),
+                    (STAGED, INTRA),
+                    (INTRA, COPY0),
+                    (COPY0, COPY1),
+                    (COPY1, COMB0),
+                    (COMB0, CSTAGED),
+                    (CSTAGED, CINTRA),
+                    (CINTRA, CRECVD),
+                    (CRECVD, RED1),
+                ]
+            };
+            for &(x, y) in pairs {
                 assert!(t[x] > 0 && t[x] <= t[y], "rank {r} block {b}: slot {x} then {y}: {t:?}");
             }
+            if waits_for_nothing {
+                assert_eq!((t[DISP0], t[COMB0], t[RED0]), (0, 0, 0), "rank {r} block {b}: only the copy-out and the sum {t:?}");
+                continue;
+            }
+            assert_eq!(t[RED0] > 0, b == 0, "rank {r} block {b}: only block 0 waits for the rows {t:?}");
             // The relay steps: stamped between the phases around them under V1 and V1-LL,
             // never under AsyncLL.
             if scheme == Scheme::AsyncLL {
                 assert_eq!((t[FWD1], t[RRED1]), (0, 0), "rank {r} block {b}: AsyncLL has no relay steps: {t:?}");
             } else {
                 assert!(t[INTRA] <= t[FWD1] && t[FWD1] <= t[COPY0], "rank {r} block {b}: relay forwarding out of place {t:?}");
-                assert!(t[CINTRA] <= t[RRED1] && t[RRED1] <= t[RED0], "rank {r} block {b}: relay reduce out of place {t:?}");
+                assert!(t[CINTRA] <= t[RRED1] && t[RRED1] <= t[CRECVD], "rank {r} block {b}: relay reduce out of place {t:?}");
+                assert!(b != 0 || t[RRED1] <= t[RED0], "rank {r}: block 0 waits after its relay reduce {t:?}");
             }
         }
         // The inter-node peers: every rank of the other node (AsyncLL), or the relay there
@@ -464,7 +485,9 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
             ("dispatch_inter_node_send", peers),
             ("dispatch_inter_node_recv", peers),
             ("combine_inter_node", peers),
-            ("ep_combine_all", BLOCKS as usize),
+            ("ep_combine_all", COPY_BLOCKS as usize),
+            ("dispatch_copy_out", COPY_BLOCKS as usize),
+            ("combine_sync", 1),
             ("dispatch_relay_forward", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),
             ("combine_relay_reduce", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),
         ] {
@@ -501,7 +524,7 @@ fn layout_over_several_tiles_equals_a_sequential_walk() {
     let abi = Region::new(std::mem::size_of::<IeRank>());
     // SAFETY: the region holds one IeRank.
     unsafe { (abi.ptr as *mut IeRank).write(a) };
-    let p = IeParams { num_local: 1, ..params(&l, &mems, &abi, 0, 1) };
+    let p = IeParams { num_local: 1, ..params(&l, &mems, &abi, 0) };
     launch("ep_internode", "mori_ie_layout", 1, THREADS, &p);
     let u64s: Vec<u64> = mask.bytes()[..T * 8].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
     let u32s = |b: &[u8]| -> Vec<u32> { b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
@@ -565,7 +588,7 @@ fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
             // SAFETY: the region holds G IeRank structs.
             unsafe { (abi.ptr as *mut IeRank).add(r).write(mem.abi(r, 0, 0)) };
         }
-        let p = IeParams { timeout_ns: 300_000_000, ..params(&l, &mems, &abi, 0, 1) };
+        let p = IeParams { timeout_ns: 300_000_000, ..params(&l, &mems, &abi, 0) };
         run_node(&p, "mori_ie_layout");
         run_node(&p, "mori_ie_dispatch");
         let st = m.status();

@@ -68,7 +68,7 @@ pub struct InterNodeGpu {
     dispatched: Option<u64>,
     /// This object's number (its tickets carry it).
     id: u64,
-    /// Kernel runs so far (the kernels' epoch: combine's release word).
+    /// Kernel runs so far (dispatch tickets carry the number).
     calls: u64,
 }
 
@@ -342,10 +342,11 @@ impl InterNodeGpu {
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {
-                // The copy-out kernel (2) has blocks of its own; the layout (0) one per rank.
+                // The copy-out (2) and sum (4) kernels wait for nothing: blocks of their own;
+                // the layout (0) one per rank.
                 let per_rank = match k {
                     0 => 1,
-                    2 => self.opts.copy_blocks,
+                    2 | 4 => self.opts.copy_blocks,
                     _ => b,
                 };
                 let cfg = LaunchConfig { grid: (g * per_rank, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };

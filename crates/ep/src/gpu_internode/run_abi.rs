@@ -42,8 +42,6 @@ impl InterNodeGpu {
             flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 } | scheme_flags(l.scheme),
             trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
             part_bytes: l.part_bytes as u32,
-            pad: 0,
-            epoch: self.calls,
         }
     }
 
@@ -122,7 +120,6 @@ impl InterNodeGpu {
                 4 => Some(format!("{phase}: {} records announced, capacity {}", w(2), w(3))),
                 5 => Some(format!("{phase}: the combine input holds {} rows, {} were received", w(2), w(3))),
                 6 => Some(format!("{phase}: the proxy's command ring stayed full (destination rank {})", w(2))),
-                7 => Some(format!("{phase}: deadline: block {} waited for block 0 to see every rank's rows", w(2))),
                 9 => Some(format!(
                     "{phase}: the relay segment from rank {} is malformed: {} records announced, more than it holds, or a header disagreeing with that count or naming more than {} per destination",
                     w(2),

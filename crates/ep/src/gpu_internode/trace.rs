@@ -14,8 +14,9 @@
 //!   own relay forwarding), `dispatch_copy_out`,
 //!   `combine_copy_to_staging`, `combine_intra_node`, `combine_relay_reduce` (V1, V1-LL: this
 //!   rank as the relay, waiting for this node's rows of each other node's tokens and handing
-//!   their partial sums to the proxy), `combine_sync` (waiting for every rank's rows),
-//!   `ep_combine_all` (the reduction);
+//!   their partial sums to the proxy), `combine_sync` (block 0 waiting for every rank's rows,
+//!   until the sum kernel started), `ep_combine_all` (the sum; `dispatch_copy_out` and it run
+//!   on `copy_blocks` blocks per rank, the others on `blocks_per_rank`);
 //! - per other-node peer `d` (tid = 1000 + d): `dispatch_inter_node_send` and
 //!   `combine_inter_node`, from this rank pushing its command for `d` to `d` seeing the
 //!   segment complete (ring, proxy, copy and signal: the whole inter-node leg, on one clock);
@@ -48,11 +49,12 @@ pub mod slot {
     pub const CSTAGED: usize = 9;
     /// Rows for this node stored and signalled.
     pub const CINTRA: usize = 10;
-    /// Combine reduce start.
+    /// Block 0, at the end of combine send: its wait for every rank's rows starts.
     pub const RED0: usize = 11;
-    /// Every rank's rows complete.
+    /// The sum kernel starts (every rank's rows complete; block 0 stamps it at the end of its
+    /// wait too, which the sum kernel's start then overwrites).
     pub const CRECVD: usize = 12;
-    /// Reduce end.
+    /// The sum kernel ends.
     pub const RED1: usize = 13;
     /// V1 and V1-LL: this rank's relay forwarding done (dispatch; 0 under AsyncLL).
     pub const FWD1: usize = 14;
@@ -113,7 +115,7 @@ const BLOCK_SPANS: [(&str, usize, usize, bool); 11] = [
     ("combine_copy_to_staging", slot::COMB0, slot::CSTAGED, false),
     ("combine_intra_node", slot::CSTAGED, slot::CINTRA, false),
     ("combine_relay_reduce", slot::CINTRA, slot::RRED1, false),
-    ("combine_sync", slot::RED0, slot::CRECVD, false),
+    ("combine_sync", slot::RED0, slot::CRECVD, true),
     ("ep_combine_all", slot::CRECVD, slot::RED1, false),
 ];
 

@@ -32,10 +32,11 @@ pub struct InterNodeOptions {
     pub weighted: bool,
     /// Proxy ring slots per rank.
     pub ring_slots: usize,
-    /// Blocks per rank of the copy-out kernel (it waits for nothing, so it is not bound by
-    /// the co-resident grid of the others). Default 64: on the H200, 2 x 4 ranks, decode
-    /// shape, V1, the kernel took 113 µs at 16 blocks, 71 at 32 and 57 at 64, and dispatch
-    /// 409-431 µs at 16 against 348 at 64 in the same run (docs/PERFORMANCE.md).
+    /// Blocks per rank of dispatch's copy-out kernel and combine's sum kernel (they wait for
+    /// nothing, so they are not bound by the co-resident grid of the others). Default 64: on
+    /// the H200, 2 x 4 ranks, decode shape, V1, the copy-out took 113 µs at 16 blocks, 71 at
+    /// 32 and 57 at 64, and dispatch 409-431 µs at 16 against 348 at 64 in the same run
+    /// (docs/PERFORMANCE.md). The sum kernel has run on a GPU only at `blocks_per_rank`.
     pub copy_blocks: u32,
     /// Record trace stamps ([`super::InterNodeGpu::trace`]).
     pub trace: bool,
@@ -118,8 +119,9 @@ pub struct PhaseTimes {
     pub dispatch_us: f64,
     /// Slowest node's combine (send, receive), µs.
     pub combine_us: f64,
-    /// Per kernel, the slowest node's time, µs: layout, dispatch, dispatch receive, combine
-    /// send, combine reduce (events between the launches of a node's stream).
+    /// Per kernel, the slowest node's time, µs: layout, dispatch (with block 0's wait for
+    /// every source), dispatch receive (copy-out), combine send (with block 0's wait for every
+    /// rank's rows), combine reduce (the sum) (events between the launches of a node's stream).
     pub kernel_us: [f64; 5],
 }
 

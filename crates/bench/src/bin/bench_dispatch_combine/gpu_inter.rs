@@ -232,7 +232,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
     println!(
-        "per kernel µs (slowest node, mean): layout {}, dispatch {}, receive {}, combine send {}, combine reduce {}",
+        "per kernel µs (slowest node, mean): layout {}, dispatch (with its wait) {}, copy-out {}, combine send (with its wait) {}, combine sum {}",
         pk[0], pk[1], pk[2], pk[3], pk[4]
     );
     println!(
