@@ -51,8 +51,10 @@
 //                         received count and the first output row per source;
 //   mori_ie_dispatch_recv copy the records into the outputs; the last block zeroes the
 //                         rank's dispatch counters;
-//   mori_ie_combine_send  return each received row to its source (put or proxy; V1-LL: to the
-//                         relay for another node's source), signal; V1-LL: then the relay's
+//   mori_ie_combine_stage the rows for other nodes' sources into the staging (V1-LL: into the
+//                         relays' gather areas), with blocks of its own;
+//   mori_ie_combine_send  hand them over (proxy commands; V1-LL: gather counters), then P2P
+//                         stores of this node's sources' rows, signal; V1-LL: then the relay's
 //                         partial sums, and the last block zeroes the gather counters; then
 //                         block 0 waits for every rank's rows;
 //   mori_ie_combine_recv  sum per token in f32 (AsyncLL: over destination ranks ascending;
@@ -293,6 +295,52 @@ MORI_DEVICE void ie_put_row(const IeParams& p, const IeRank& a, uint32_t i, uint
     else ie_zero_group(row + xb, kw, lane);
 }
 
+// The address rank r's received row i goes to (its source s, at index q of s's rows here):
+// s's combine segment for r (same node), s's relay's gather segment for (s's node, r's local
+// index) (V1-LL), or r's own staging for s (AsyncLL, another node: the proxy moves it).
+MORI_DEVICE uint64_t ie_comb_dest(const IeParams& p, uint32_t r, uint32_t s, uint64_t q) {
+    const uint32_t G = p.gpn;
+    if (ie_same_node(p, r, s)) return p.win[s] + p.lay.comb_in + r * p.lay.seg_comb + q * p.comb_bytes;
+    if (ie_relay(p))
+        return p.win[ie_relay_of(p, s, r / G)] + p.lay.gather + ((s / G) * G + r % G) * p.lay.seg_gather + q * p.comb_bytes;
+    return p.win[r] + p.lay.out_comb + s * p.lay.seg_comb + q * p.comb_bytes;
+}
+
+// Writes the received rows for other nodes' sources where they go (ie_comb_dest: the staging
+// the proxy reads, or V1-LL the relays' gather areas), each block a share of the rows. Spins
+// on nothing, so the host may launch it with more blocks per rank than the co-resident
+// kernels (its own blocks_per_rank); their counters move in mori_ie_combine_send, next in
+// stream order.
+MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
+    const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
+    const IeRank a = ((const IeRank*)p.ranks)[local];
+    const uint32_t r = a.rank, tid = mori_thread_idx();
+    const uint32_t lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
+    uint32_t* status = (uint32_t*)a.status;
+    ie_stamp(p, a, b, IE_T_COMB0);
+    if (ie_failed(status)) return;
+    const uint32_t N = status[0];
+    if (N > a.comb_rows) {
+        if (tid == 0 && b == 0) ie_error(status, IE_ERR_COMBINE_ROWS, a.comb_rows, N, 0);
+        return;
+    }
+    const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
+    for (uint32_t i = i0 + warp; i < i1; i += nwarps) {
+        const uint32_t s = ie_source_of(p, a, i);
+        if (ie_same_node(p, r, s)) continue;
+        ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, ((const uint32_t*)a.recv_pos)[i]), lane);
+    }
+    // Visible system-wide (the proxy reads the staging through the host) before the counters
+    // move in the next kernel.
+    mori_fence_system();
+    mori_sync_block();
+    ie_stamp(p, a, b, IE_T_CSTAGED);
+}
+
+// Hands over the rows mori_ie_combine_stage wrote for other nodes (AsyncLL: one proxy command
+// per source, by the last block; V1-LL: the relays' gather counters), then writes this
+// node's sources' rows by P2P stores and signals them while the proxy works; V1-LL: then the
+// relay's partial sums; then block 0 waits for every rank's rows.
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     MORI_SHARED_STRUCT(IeSpan, sh);
     MORI_SHARED_STRUCT(IeFwd, fw);
@@ -305,18 +353,16 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     uint32_t* status = (uint32_t*)a.status;
     const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
     const bool relay = ie_relay(p);
-    ie_stamp(p, a, b, IE_T_COMB0);
+    // mori_ie_combine_stage refused more rows than the input holds.
     if (ie_failed(status)) return;
     const uint32_t N = status[0];
-    if (N > a.comb_rows) {
-        if (tid == 0 && b == 0) ie_error(status, IE_ERR_COMBINE_ROWS, a.comb_rows, N, 0);
-        return;
-    }
     const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
     const uint32_t* base = (const uint32_t*)a.recv_base;
     const uint32_t* rc = (const uint32_t*)a.recv_cnt;
-    // V1-LL: rows for source s of another node go to s's relay on this node, into its gather
-    // segment for (s's node, this rank's local index), counted in its phase-2 block.
+    // V1-LL: rows for source s of another node went to s's relay on this node, into its gather
+    // segment for (s's node, this rank's local index), counted in its phase-2 block. Each
+    // block counts its share of the rows (shares of this kernel's grid: they add up to every
+    // row, whatever grid wrote them).
     const uint32_t own = r / G;
     for (uint32_t s = tid; s < W; s += nthreads) {
         const uint32_t lo = base[s] > i0 ? base[s] : i0, hi = base[s] + rc[s] < i1 ? base[s] + rc[s] : i1;
@@ -325,35 +371,26 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
         if (b == 0 && ie_same_node(p, r, s)) ie_signal(p, a, s, 1, 1, (uint64_t)rc[s] + 1);
         else if (b == 0 && relay) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 1, (uint64_t)rc[s] + 1);
     }
+    mori_fence_system();
     mori_sync_block();
-    // Rows for other nodes first (staged, commands as soon as every block staged; V1-LL: P2P
-    // stores to the relays), then this node's by P2P stores.
-    for (uint32_t pass = 0; pass < 2; pass++) {
-        for (uint32_t i = i0 + warp; i < i1; i += nwarps) {
-            const uint32_t s = ie_source_of(p, a, i);
-            if (ie_same_node(p, r, s) != (pass == 1)) continue;
-            const uint64_t q = ((const uint32_t*)a.recv_pos)[i];
-            uint64_t row;
-            if (pass == 1) row = p.win[s] + p.lay.comb_in + r * p.lay.seg_comb + q * p.comb_bytes;
-            else if (relay) row = p.win[ie_relay_of(p, s, own)] + p.lay.gather + ((s / G) * G + r % G) * p.lay.seg_gather + q * p.comb_bytes;
-            else row = p.win[r] + p.lay.out_comb + s * p.lay.seg_comb + q * p.comb_bytes;
-            ie_put_row(p, a, i, (uint8_t*)row, lane);
+    for (uint32_t s = tid; s < W; s += nthreads) {
+        if (ie_same_node(p, r, s)) continue;
+        if (relay) {
+            if (sh.n[s]) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 0, sh.n[s]);
+        } else {
+            ie_stage_done(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, p.lay.out_comb + s * p.lay.seg_comb,
+                          p.lay.comb_in + r * p.lay.seg_comb, deadline);
         }
-        mori_fence_system();
-        mori_sync_block();
-        for (uint32_t s = tid; s < W; s += nthreads) {
-            if (pass == 0 && !ie_same_node(p, r, s)) {
-                if (relay) {
-                    if (sh.n[s]) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 0, sh.n[s]);
-                } else {
-                    ie_stage_done(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, p.lay.out_comb + s * p.lay.seg_comb,
-                                  p.lay.comb_in + r * p.lay.seg_comb, deadline);
-                }
-            }
-            if (pass == 1 && ie_same_node(p, r, s) && sh.n[s]) ie_signal(p, a, s, 1, 0, sh.n[s]);
-        }
-        ie_stamp(p, a, b, pass == 0 ? IE_T_CSTAGED : IE_T_CINTRA);
     }
+    for (uint32_t i = i0 + warp; i < i1; i += nwarps) {
+        const uint32_t s = ie_source_of(p, a, i);
+        if (ie_same_node(p, r, s)) ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, ((const uint32_t*)a.recv_pos)[i]), lane);
+    }
+    mori_fence_system();
+    mori_sync_block();
+    for (uint32_t s = tid; s < W; s += nthreads)
+        if (ie_same_node(p, r, s) && sh.n[s]) ie_signal(p, a, s, 1, 0, sh.n[s]);
+    ie_stamp(p, a, b, IE_T_CINTRA);
     if (relay) {
         // V1-LL: this rank as the relay: partial sums for the other nodes' ranks with its index.
         ie_relay_reduce(p, a, b, deadline, fw, gs, lane, warp, nwarps);
@@ -480,6 +517,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
 MORI_EMU_EXPORT(mori_ie_layout, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch_recv, IeParams)
+MORI_EMU_EXPORT(mori_ie_combine_stage, IeParams)
 MORI_EMU_EXPORT(mori_ie_combine_send, IeParams)
 MORI_EMU_EXPORT(mori_ie_combine_recv, IeParams)
 #endif

@@ -30,8 +30,8 @@ const E: usize = 18;
 const TMAX: usize = 6;
 const SCALES: usize = 2;
 const BLOCKS: u32 = 2;
-/// Blocks per rank of the kernels that wait for nothing (dispatch's copy-out, combine's sum),
-/// more than the others', as on a GPU.
+/// Blocks per rank of the kernels that wait for nothing (dispatch's copy-out, combine's
+/// staging and sum), more than the others', as on a GPU.
 const COPY_BLOCKS: u32 = 3;
 const THREADS: u32 = 64;
 
@@ -210,7 +210,7 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> Ie
 fn run_node(p: &IeParams, kernel: &str) {
     let per_rank = match kernel {
         "mori_ie_layout" => 1,
-        "mori_ie_dispatch_recv" | "mori_ie_combine_recv" => COPY_BLOCKS,
+        "mori_ie_dispatch_recv" | "mori_ie_combine_stage" | "mori_ie_combine_recv" => COPY_BLOCKS,
         _ => BLOCKS,
     };
     let p = IeParams { blocks_per_rank: if kernel == "mori_ie_layout" { BLOCKS } else { per_rank }, ..*p };
@@ -325,7 +325,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
         std::thread::scope(|s| {
             for p in &ps {
                 s.spawn(move || {
-                    for k in ["mori_ie_combine_send", "mori_ie_combine_recv"] {
+                    for k in ["mori_ie_combine_stage", "mori_ie_combine_send", "mori_ie_combine_recv"] {
                         run_node(p, k);
                     }
                 });
@@ -428,10 +428,10 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
         // Block 0 waits for every rank's rows at the end of combine_send, before the sum.
         assert!(b0[CINTRA] <= b0[RED0] && b0[RED0] <= b0[CRECVD], "rank {r}: block 0's combine wait {b0:?}");
         for (b, t) in s.blocks.iter().enumerate() {
-            // The blocks past BLOCKS run only the copy-out and the sum.
+            // The blocks past BLOCKS run only the copy-out, the combine staging and the sum.
             let waits_for_nothing = b >= BLOCKS as usize;
             let pairs: &[(usize, usize)] = if waits_for_nothing {
-                &[(COPY0, COPY1), (COPY1, CRECVD), (CRECVD, RED1)]
+                &[(COPY0, COPY1), (COPY1, COMB0), (COMB0, CSTAGED), (CSTAGED, CRECVD), (CRECVD, RED1)]
             } else {
                 &[
                     (DISP0, STAGED),
@@ -449,7 +449,11 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
                 assert!(t[x] > 0 && t[x] <= t[y], "rank {r} block {b}: slot {x} then {y}: {t:?}");
             }
             if waits_for_nothing {
-                assert_eq!((t[DISP0], t[COMB0], t[RED0]), (0, 0, 0), "rank {r} block {b}: only the copy-out and the sum {t:?}");
+                assert_eq!(
+                    (t[DISP0], t[CINTRA], t[RED0]),
+                    (0, 0, 0),
+                    "rank {r} block {b}: only the copy-out, the staging and the sum {t:?}"
+                );
                 continue;
             }
             assert_eq!(t[RED0] > 0, b == 0, "rank {r} block {b}: only block 0 waits for the rows {t:?}");
@@ -487,6 +491,8 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
             ("combine_inter_node", peers),
             ("ep_combine_all", COPY_BLOCKS as usize),
             ("dispatch_copy_out", COPY_BLOCKS as usize),
+            ("combine_copy_to_staging", COPY_BLOCKS as usize),
+            ("combine_intra_node", BLOCKS as usize),
             ("combine_sync", 1),
             ("dispatch_relay_forward", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),
             ("combine_relay_reduce", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),

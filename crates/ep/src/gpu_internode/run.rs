@@ -92,7 +92,15 @@ pub fn needed_connections(world: usize, nodes: usize) -> usize {
     world * XGMI_STREAMS + nodes
 }
 
-const KERNELS: [&str; 5] = ["mori_ie_layout", "mori_ie_dispatch", "mori_ie_dispatch_recv", "mori_ie_combine_send", "mori_ie_combine_recv"];
+/// The kernels in launch order: dispatch 0, 1, 2; combine 3, 4, 5.
+const KERNELS: [&str; 6] = [
+    "mori_ie_layout",
+    "mori_ie_dispatch",
+    "mori_ie_dispatch_recv",
+    "mori_ie_combine_stage",
+    "mori_ie_combine_send",
+    "mori_ie_combine_recv",
+];
 
 impl InterNodeGpu {
     /// Sets up every rank of `cfg` on `dev` for element sizes `sz`. Warms each inter-node path with one host-posted write per peer before any
@@ -342,11 +350,11 @@ impl InterNodeGpu {
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {
-                // The copy-out (2) and sum (4) kernels wait for nothing: blocks of their own;
-                // the layout (0) one per rank.
+                // The copy-out (2), combine staging (3) and sum (5) kernels wait for nothing:
+                // blocks of their own; the layout (0) one per rank.
                 let per_rank = match k {
                     0 => 1,
-                    2 | 4 => self.opts.copy_blocks,
+                    2 | 3 | 5 => self.opts.copy_blocks,
                     _ => b,
                 };
                 let cfg = LaunchConfig { grid: (g * per_rank, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
@@ -538,7 +546,7 @@ impl InterNodeGpu {
             }
         }
         self.upload_abi()?;
-        self.times.combine_us = self.run(&[3, 4])?;
+        self.times.combine_us = self.run(&[3, 4, 5])?;
         self.check_status("combine")?;
         let mut out = Vec::with_capacity(l.world);
         for gr in &self.ranks {

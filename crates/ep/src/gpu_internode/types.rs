@@ -32,11 +32,12 @@ pub struct InterNodeOptions {
     pub weighted: bool,
     /// Proxy ring slots per rank.
     pub ring_slots: usize,
-    /// Blocks per rank of dispatch's copy-out kernel and combine's sum kernel (they wait for
-    /// nothing, so they are not bound by the co-resident grid of the others). Default 64: on
+    /// Blocks per rank of dispatch's copy-out kernel and combine's staging and sum kernels
+    /// (they wait for nothing, so they are not bound by the co-resident grid of the others). Default 64: on
     /// the H200, 2 x 4 ranks, decode shape, V1, the copy-out took 113 µs at 16 blocks, 71 at
     /// 32 and 57 at 64, and dispatch 409-431 µs at 16 against 348 at 64 in the same run
-    /// (docs/PERFORMANCE.md). The sum kernel has run on a GPU only at `blocks_per_rank`.
+    /// (docs/PERFORMANCE.md). The combine kernels have run on a GPU only at `blocks_per_rank`
+    /// (when the staging and the sum were parts of the kernels that wait).
     pub copy_blocks: u32,
     /// Record trace stamps ([`super::InterNodeGpu::trace`]).
     pub trace: bool,
@@ -120,9 +121,10 @@ pub struct PhaseTimes {
     /// Slowest node's combine (send, receive), µs.
     pub combine_us: f64,
     /// Per kernel, the slowest node's time, µs: layout, dispatch (with block 0's wait for
-    /// every source), dispatch receive (copy-out), combine send (with block 0's wait for every
-    /// rank's rows), combine reduce (the sum) (events between the launches of a node's stream).
-    pub kernel_us: [f64; 5],
+    /// every source), dispatch receive (copy-out), combine staging (rows for other nodes),
+    /// combine send (with block 0's wait for every rank's rows), combine sum (events between
+    /// the launches of a node's stream).
+    pub kernel_us: [f64; 6],
 }
 
 /// What [`super::InterNodeGpu::dispatch`] hands back for its combine: consumed by

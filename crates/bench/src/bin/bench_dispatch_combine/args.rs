@@ -105,8 +105,8 @@ pub struct Args {
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
     /// GPU v1/v1_ll/async_ll: blocks per rank of dispatch's copy-out kernel (received records
-    /// into the outputs) and combine's sum kernel; they wait for nothing, so they are not bound
-    /// by the co-resident grid. Default 64.
+    /// into the outputs) and combine's staging and sum kernels; they wait for nothing, so they
+    /// are not bound by the co-resident grid. Default 64.
     #[arg(long = "copy-blocks")]
     pub copy_blocks: Option<u32>,
     /// CPU: tokens per inter-node signalled write (the leg's message size is this many
