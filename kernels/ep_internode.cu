@@ -44,9 +44,9 @@
 //                         mask bit d is set; pre[T][d] = cnt[d]), for V1-LL also npre[t][m]
 //                         (tokens before t sent to node m), a tile of block-size tokens at a
 //                         time, one 32-thread group per column;
-//   mori_ie_dispatch      records for other nodes first (staged, then one command per peer or
-//                         relay as soon as every block staged), then P2P stores to same-node
-//                         ranks while the proxy moves the staged ones; V1-LL: then the relay
+//   mori_ie_dispatch_stage the records for other nodes staged, with blocks of its own;
+//   mori_ie_dispatch      first one command per peer or relay for the staged records, then P2P
+//                         stores to same-node ranks while the proxy moves the staged ones; V1-LL: then the relay
 //                         forwarding; then block 0 waits for every source and writes the
 //                         received count and the first output row per source;
 //   mori_ie_dispatch_recv copy the records into the outputs; the last block zeroes the
@@ -146,6 +146,36 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_layout(IeParams p) {
     ie_stamp(p, a, 0, IE_T_LAYOUT1);
 }
 
+// Stages the records for other nodes in this rank's window (the proxy reads them there), one
+// 32-thread group per token, each block a share of the tokens. Spins on nothing, so the host
+// may launch it with more blocks per rank than the co-resident kernels (its own
+// blocks_per_rank); mori_ie_dispatch, next in stream order, hands them to the proxy.
+MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_stage(IeParams p) {
+    const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
+    const IeRank a = ((const IeRank*)p.ranks)[local];
+    const uint32_t r = a.rank, W = p.world, tid = mori_thread_idx();
+    const uint32_t lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
+    ie_stamp(p, a, b, IE_T_DISP0);
+    // (An out-of-range id recorded by the layout does not stop the dispatch: it was skipped.)
+    const uint32_t T = a.num_tokens;
+    const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank), t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
+    if (ie_relay(p)) {
+        ie_stage_relay(p, a, b, t0, t1, lane, warp, nwarps);
+    } else {
+        for (uint32_t t = t0 + warp; t < t1; t += nwarps)
+            for (uint32_t d = 0; d < W; d++) {
+                if (ie_same_node(p, r, d)) continue;
+                const int32_t q = ie_pos(p, a, t, d);
+                if (q >= 0) ie_put_record(p, a, t, (uint8_t*)(p.win[r] + p.lay.out_disp + d * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), lane);
+            }
+    }
+    // Visible system-wide (the proxy reads the staging through the host) before the next
+    // kernel hands it over.
+    mori_fence_system();
+    mori_sync_block();
+    ie_stamp(p, a, b, IE_T_STAGED);
+}
+
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     MORI_SHARED_STRUCT(IeSpan, sh);
     MORI_SHARED_STRUCT(IeFwd, fw);
@@ -155,8 +185,6 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
     uint32_t* status = (uint32_t*)a.status;
     const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
-    ie_stamp(p, a, b, IE_T_DISP0);
-    // (An out-of-range id recorded by the layout does not stop the dispatch: it was skipped.)
     const uint32_t T = a.num_tokens;
     const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank), t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
     const uint32_t* pre = (const uint32_t*)a.pre;
@@ -167,22 +195,9 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         if (b == 0 && ie_same_node(p, r, d)) ie_signal(p, a, d, 0, 1, (uint64_t)((const uint32_t*)a.cnt)[d] + 1);
     }
     mori_sync_block();
-    // Records for other nodes first: one 32-thread group per token, staged in this rank's
-    // window; the last block to stage for a peer (V1-LL: a node's relay) hands the segment to
-    // the proxy.
+    // The records for other nodes, staged by mori_ie_dispatch_stage, first: the last block of
+    // this kernel to get here for a peer (V1-LL: a node's relay) hands the segment to the proxy.
     const bool relay = ie_relay(p);
-    if (relay) {
-        ie_stage_relay(p, a, b, t0, t1, lane, warp, nwarps);
-    } else {
-        for (uint32_t t = t0 + warp; t < t1; t += nwarps)
-            for (uint32_t d = 0; d < W; d++) {
-                if (ie_same_node(p, r, d)) continue;
-                const int32_t q = ie_pos(p, a, t, d);
-                if (q >= 0) ie_put_record(p, a, t, (uint8_t*)(p.win[r] + p.lay.out_disp + d * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), lane);
-            }
-    }
-    mori_fence_system();
-    mori_sync_block();
     if (relay) {
         const uint32_t own = r / p.gpn;
         for (uint32_t m = tid; m < ie_nodes(p); m += nthreads) {
@@ -515,6 +530,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
 
 #ifdef MORI_HOST_EMU
 MORI_EMU_EXPORT(mori_ie_layout, IeParams)
+MORI_EMU_EXPORT(mori_ie_dispatch_stage, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch_recv, IeParams)
 MORI_EMU_EXPORT(mori_ie_combine_stage, IeParams)

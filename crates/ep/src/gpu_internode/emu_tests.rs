@@ -30,8 +30,8 @@ const E: usize = 18;
 const TMAX: usize = 6;
 const SCALES: usize = 2;
 const BLOCKS: u32 = 2;
-/// Blocks per rank of the kernels that wait for nothing (dispatch's copy-out, combine's
-/// staging and sum), more than the others', as on a GPU.
+/// Blocks per rank of the kernels that wait for nothing (the stagings, dispatch's copy-out,
+/// combine's sum), more than the others', as on a GPU.
 const COPY_BLOCKS: u32 = 3;
 const THREADS: u32 = 64;
 
@@ -210,7 +210,7 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> Ie
 fn run_node(p: &IeParams, kernel: &str) {
     let per_rank = match kernel {
         "mori_ie_layout" => 1,
-        "mori_ie_dispatch_recv" | "mori_ie_combine_stage" | "mori_ie_combine_recv" => COPY_BLOCKS,
+        "mori_ie_dispatch_stage" | "mori_ie_dispatch_recv" | "mori_ie_combine_stage" | "mori_ie_combine_recv" => COPY_BLOCKS,
         _ => BLOCKS,
     };
     let p = IeParams { blocks_per_rank: if kernel == "mori_ie_layout" { BLOCKS } else { per_rank }, ..*p };
@@ -290,7 +290,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
         std::thread::scope(|s| {
             for p in &ps {
                 s.spawn(move || {
-                    for k in ["mori_ie_layout", "mori_ie_dispatch", "mori_ie_dispatch_recv"] {
+                    for k in ["mori_ie_layout", "mori_ie_dispatch_stage", "mori_ie_dispatch", "mori_ie_dispatch_recv"] {
                         run_node(p, k);
                     }
                 });
@@ -428,10 +428,10 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
         // Block 0 waits for every rank's rows at the end of combine_send, before the sum.
         assert!(b0[CINTRA] <= b0[RED0] && b0[RED0] <= b0[CRECVD], "rank {r}: block 0's combine wait {b0:?}");
         for (b, t) in s.blocks.iter().enumerate() {
-            // The blocks past BLOCKS run only the copy-out, the combine staging and the sum.
+            // The blocks past BLOCKS run only the stagings, the copy-out and the sum.
             let waits_for_nothing = b >= BLOCKS as usize;
             let pairs: &[(usize, usize)] = if waits_for_nothing {
-                &[(COPY0, COPY1), (COPY1, COMB0), (COMB0, CSTAGED), (CSTAGED, CRECVD), (CRECVD, RED1)]
+                &[(DISP0, STAGED), (STAGED, COPY0), (COPY0, COPY1), (COPY1, COMB0), (COMB0, CSTAGED), (CSTAGED, CRECVD), (CRECVD, RED1)]
             } else {
                 &[
                     (DISP0, STAGED),
@@ -450,9 +450,9 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
             }
             if waits_for_nothing {
                 assert_eq!(
-                    (t[DISP0], t[CINTRA], t[RED0]),
+                    (t[INTRA], t[CINTRA], t[RED0]),
                     (0, 0, 0),
-                    "rank {r} block {b}: only the copy-out, the staging and the sum {t:?}"
+                    "rank {r} block {b}: only the stagings, the copy-out and the sum {t:?}"
                 );
                 continue;
             }
@@ -483,7 +483,7 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
         let count = |name: &str, ph: &str| t.trace_events.iter().filter(|e| e.name == name && e.ph == ph).count();
         for (name, n) in [
             ("dispatch_layout", 1),
-            ("ep_dispatch_copy_to_staging", BLOCKS as usize),
+            ("ep_dispatch_copy_to_staging", COPY_BLOCKS as usize),
             ("dispatch_intra", BLOCKS as usize),
             ("dispatch_sync", 1),
             ("dispatch_inter_node_send", peers),

@@ -92,9 +92,10 @@ pub fn needed_connections(world: usize, nodes: usize) -> usize {
     world * XGMI_STREAMS + nodes
 }
 
-/// The kernels in launch order: dispatch 0, 1, 2; combine 3, 4, 5.
-const KERNELS: [&str; 6] = [
+/// The kernels in launch order: dispatch 0..=3; combine 4..=6.
+const KERNELS: [&str; 7] = [
     "mori_ie_layout",
+    "mori_ie_dispatch_stage",
     "mori_ie_dispatch",
     "mori_ie_dispatch_recv",
     "mori_ie_combine_stage",
@@ -350,11 +351,11 @@ impl InterNodeGpu {
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {
-                // The copy-out (2), combine staging (3) and sum (5) kernels wait for nothing:
+                // The staging (1, 4), copy-out (3) and sum (6) kernels wait for nothing:
                 // blocks of their own; the layout (0) one per rank.
                 let per_rank = match k {
                     0 => 1,
-                    2 | 3 | 5 => self.opts.copy_blocks,
+                    1 | 3 | 4 | 6 => self.opts.copy_blocks,
                     _ => b,
                 };
                 let cfg = LaunchConfig { grid: (g * per_rank, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
@@ -442,7 +443,7 @@ impl InterNodeGpu {
                 self.rt.memset(&gr.scratch[8].slice(), 0)?;
             }
         }
-        self.times.dispatch_us = self.run(&[0, 1, 2])?;
+        self.times.dispatch_us = self.run(&[0, 1, 2, 3])?;
         let counts = self.check_status("dispatch")?;
         let mut out = Vec::with_capacity(l.world);
         for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
@@ -546,7 +547,7 @@ impl InterNodeGpu {
             }
         }
         self.upload_abi()?;
-        self.times.combine_us = self.run(&[3, 4, 5])?;
+        self.times.combine_us = self.run(&[4, 5, 6])?;
         self.check_status("combine")?;
         let mut out = Vec::with_capacity(l.world);
         for gr in &self.ranks {

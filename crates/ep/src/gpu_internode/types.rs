@@ -32,12 +32,12 @@ pub struct InterNodeOptions {
     pub weighted: bool,
     /// Proxy ring slots per rank.
     pub ring_slots: usize,
-    /// Blocks per rank of dispatch's copy-out kernel and combine's staging and sum kernels
-    /// (they wait for nothing, so they are not bound by the co-resident grid of the others). Default 64: on
+    /// Blocks per rank of the kernels that wait for nothing (dispatch's staging and copy-out,
+    /// combine's staging and sum), so they are not bound by the co-resident grid of the others. Default 64: on
     /// the H200, 2 x 4 ranks, decode shape, V1, the copy-out took 113 µs at 16 blocks, 71 at
     /// 32 and 57 at 64, and dispatch 409-431 µs at 16 against 348 at 64 in the same run
-    /// (docs/PERFORMANCE.md). The combine kernels have run on a GPU only at `blocks_per_rank`
-    /// (when the staging and the sum were parts of the kernels that wait).
+    /// (docs/PERFORMANCE.md). The stagings and the sum have run on a GPU only at
+    /// `blocks_per_rank` (as parts of the kernels that wait).
     pub copy_blocks: u32,
     /// Record trace stamps ([`super::InterNodeGpu::trace`]).
     pub trace: bool,
@@ -120,11 +120,11 @@ pub struct PhaseTimes {
     pub dispatch_us: f64,
     /// Slowest node's combine (send, receive), µs.
     pub combine_us: f64,
-    /// Per kernel, the slowest node's time, µs: layout, dispatch (with block 0's wait for
-    /// every source), dispatch receive (copy-out), combine staging (rows for other nodes),
-    /// combine send (with block 0's wait for every rank's rows), combine sum (events between
-    /// the launches of a node's stream).
-    pub kernel_us: [f64; 6],
+    /// Per kernel, the slowest node's time, µs: layout, dispatch staging (records for other
+    /// nodes), dispatch (with block 0's wait for every source), dispatch receive (copy-out),
+    /// combine staging (rows for other nodes), combine send (with block 0's wait for every
+    /// rank's rows), combine sum (events between the launches of a node's stream).
+    pub kernel_us: [f64; 7],
 }
 
 /// What [`super::InterNodeGpu::dispatch`] hands back for its combine: consumed by

@@ -104,9 +104,9 @@ pub struct Args {
     /// before it starts sleeping, µs. Default 200.
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
-    /// GPU v1/v1_ll/async_ll: blocks per rank of dispatch's copy-out kernel (received records
-    /// into the outputs) and combine's staging and sum kernels; they wait for nothing, so they
-    /// are not bound by the co-resident grid. Default 64.
+    /// GPU v1/v1_ll/async_ll: blocks per rank of the kernels that wait for nothing (dispatch's
+    /// staging and copy-out, combine's staging and sum), so they are not bound by the
+    /// co-resident grid. Default 64.
     #[arg(long = "copy-blocks")]
     pub copy_blocks: Option<u32>,
     /// CPU: tokens per inter-node signalled write (the leg's message size is this many

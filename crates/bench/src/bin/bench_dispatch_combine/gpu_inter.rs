@@ -99,7 +99,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let cx: Vec<Vec<u8>> = (0..w).map(comb_rows).collect();
     let mut ok = true;
     let (mut disp, mut comb, mut timed) = (0.0, 0.0, 0usize);
-    let mut per_kernel = [0.0f64; 6];
+    let mut per_kernel = [0.0f64; 7];
     let mut pool0 = mori_gpu::submit_stats();
     let mut proxies0 = ep.proxy_stats();
     let mut cpu0 = (process_cpu_s(), std::time::Instant::now());
@@ -232,8 +232,8 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
     println!(
-        "per kernel µs (slowest node, mean): layout {}, dispatch (with its wait) {}, copy-out {}, combine staging {}, combine send (with its wait) {}, combine sum {}",
-        pk[0], pk[1], pk[2], pk[3], pk[4], pk[5]
+        "per kernel µs (slowest node, mean): layout {}, dispatch staging {}, dispatch (with its wait) {}, copy-out {}, combine staging {}, combine send (with its wait) {}, combine sum {}",
+        pk[0], pk[1], pk[2], pk[3], pk[4], pk[5], pk[6]
     );
     println!(
         "check: {}",
@@ -254,9 +254,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "copy_blocks": opts_copy_blocks(a), "weighted": a.weighted, "iters": timed, "warmup": a.warmup,
             "inter_node_leg": match path { InterPath::Xgmi => "xgmi".to_string(), InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes") },
             "dispatch_us": disp, "combine_us": comb,
-            "kernel_us": { "layout": per_kernel[0] / timed.max(1) as f64, "dispatch": per_kernel[1] / timed.max(1) as f64,
-                "receive": per_kernel[2] / timed.max(1) as f64, "combine_stage": per_kernel[3] / timed.max(1) as f64,
-                "combine_send": per_kernel[4] / timed.max(1) as f64, "combine_reduce": per_kernel[5] / timed.max(1) as f64 },
+            "kernel_us": { "layout": per_kernel[0] / timed.max(1) as f64, "dispatch_stage": per_kernel[1] / timed.max(1) as f64,
+                "dispatch": per_kernel[2] / timed.max(1) as f64, "receive": per_kernel[3] / timed.max(1) as f64,
+                "combine_stage": per_kernel[4] / timed.max(1) as f64, "combine_send": per_kernel[5] / timed.max(1) as f64,
+                "combine_reduce": per_kernel[6] / timed.max(1) as f64 },
             "proxies": { "writes": batches, "to_posted_us": mean(sum(|s| s.post_ns), batches),
                 "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
                 "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)),
