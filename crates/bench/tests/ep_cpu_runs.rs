@@ -154,8 +154,9 @@ fn names_rank(line: &str, r: usize) -> bool {
 
 #[test]
 fn a_killed_rank_is_named_by_every_other_process_within_the_deadline() {
-    // Rank 2 dies inside its second dispatch, after issuing puts, while the others are in
-    // theirs: the abort word / write failure path, not a bootstrap barrier.
+    // Rank 2 dies inside its second dispatch, before issuing its puts, while the others are in
+    // theirs, which therefore cannot complete: the write failure / lost connection / abort word
+    // path, not a bootstrap barrier.
     let (code, text, took) =
         run(&with(&["--world-size", "4", "--num-nodes", "2", "--kernel-type", "v1", "--inject-kill-rank", "2", "--timeout-ms", "3000"]));
     assert_eq!(code, 1, "{text}");

@@ -265,7 +265,7 @@ pub enum EpError {
     /// its writes cannot come. Seen for a writer that connected before: over tcp its data
     /// lanes and its control connection, over rdma the control connection its signals use
     /// ([`mori_io::IoEngine::closed_by_peer`]).
-    #[error("rank {rank}: {phase}: rank {peer} closed its connections while its writes were still missing (its process exited or was killed); still waiting for {waiting}")]
+    #[error("rank {rank}: {phase}: rank {peer} closed its connections while its writes were still missing (its process exited, was killed, or closed its engine: see that process's own error); still waiting for {waiting}")]
     PeerLost {
         /// The waiting rank.
         rank: usize,

@@ -225,8 +225,13 @@ fn a_writer_that_closes_its_connections_is_named_long_before_the_deadline() {
         gone.join().unwrap();
         (e.to_string(), took)
     });
-    assert!(err.contains(": dispatch: rank 2 closed its connections while its writes were still missing"), "{err}");
-    assert!(err.contains("(written by rank 2)"), "{err}");
+    // Ranks 0 and 1 wait for ranks 2 and 3 (their V1 peers): whichever engine's close is seen
+    // first is named.
+    let named = [2, 3]
+        .into_iter()
+        .find(|q| err.contains(&format!(": dispatch: rank {q} closed its connections while its writes were still missing")));
+    let q = named.unwrap_or_else(|| panic!("names neither rank 2 nor 3 as closed: {err}"));
+    assert!(err.contains(&format!("(written by rank {q})")), "{err}");
     assert!(took < Duration::from_secs(5), "took {took:?}: {err}");
 }
 

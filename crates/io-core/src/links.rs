@@ -7,6 +7,7 @@
 
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Most initiators remembered as closed by their side; past it the oldest is forgotten (an
@@ -17,8 +18,14 @@ pub const MAX_CLOSED: usize = 4096;
 struct Links {
     /// Open inbound connections per initiator key.
     open: FxHashMap<Arc<str>, u32>,
-    /// Initiators with none open whose last connection they ended, in the order they ended.
-    closed: Vec<Arc<str>>,
+    /// Initiators with none open whose last connection they ended, with the sequence number
+    /// of that end.
+    closed: FxHashMap<Arc<str>, u64>,
+    /// The same ends in order; an entry whose number no longer matches `closed` (the key
+    /// reconnected, or ended again later) is stale and skipped.
+    order: VecDeque<(Arc<str>, u64)>,
+    /// The next sequence number.
+    seq: u64,
 }
 
 /// Per-initiator inbound connection state of one engine (shared with its backends through
@@ -50,7 +57,7 @@ impl PeerLinks {
             None => Arc::from(from),
         };
         *t.open.entry(key.clone()).or_insert(0) += 1;
-        t.closed.retain(|k| **k != *from);
+        t.closed.remove(from);
         LinkGuard { links: self.clone(), from: key, by_peer: false }
     }
 
@@ -59,7 +66,7 @@ impl PeerLinks {
     /// never connected, one with a connection open, and one whose last connection this engine
     /// ended.
     pub fn closed_by_peer(&self, from: &str) -> bool {
-        self.t.lock().closed.iter().any(|k| **k == *from)
+        self.t.lock().closed.contains_key(from)
     }
 
     fn ended(&self, from: &Arc<str>, by_peer: bool) {
@@ -75,12 +82,22 @@ impl PeerLinks {
             return;
         }
         t.open.remove(from);
-        t.closed.retain(|k| k != from);
+        t.closed.remove(from);
         if by_peer {
-            if t.closed.len() >= MAX_CLOSED {
-                t.closed.remove(0);
+            let Links { closed, order, seq, .. } = &mut *t;
+            while closed.len() >= MAX_CLOSED {
+                let Some((old, n)) = order.pop_front() else { break };
+                if closed.get(&old) == Some(&n) {
+                    closed.remove(&old);
+                }
             }
-            t.closed.push(from.clone());
+            *seq += 1;
+            closed.insert(from.clone(), *seq);
+            order.push_back((from.clone(), *seq));
+            // Stale entries (keys that reconnected or ended again) stay within a bound.
+            if order.len() > 2 * MAX_CLOSED {
+                order.retain(|(k, n)| closed.get(k) == Some(n));
+            }
         }
     }
 }
@@ -136,6 +153,17 @@ mod tests {
         assert!(l.closed_by_peer("p10") && l.closed_by_peer(&format!("p{}", MAX_CLOSED + 9)));
         assert_eq!(l.t.lock().closed.len(), MAX_CLOSED);
         assert!(l.t.lock().open.is_empty());
+        // The oldest end is evicted, not the oldest key: "a" ended before "b", then
+        // reconnected and ended again after it.
+        let l = Arc::new(PeerLinks::new());
+        l.opened("a").closed_by_peer();
+        l.opened("b").closed_by_peer();
+        l.opened("a").closed_by_peer();
+        for i in 0..MAX_CLOSED - 1 {
+            l.opened(&format!("q{i}")).closed_by_peer();
+        }
+        assert!(!l.closed_by_peer("b") && l.closed_by_peer("a"), "b's end was the oldest");
+        assert!(l.t.lock().order.len() <= 2 * MAX_CLOSED);
     }
 
     proptest! {

@@ -42,10 +42,8 @@ pub(crate) fn serve(mut s: TcpStream, ctx: BackendContext, from: String, shutdow
                 return;
             }
             Ok(true) => {}
-            Err(_) => {
-                link.closed_by_peer();
-                return;
-            }
+            // A poll error is this side's (not evidence of the peer's close).
+            Err(_) => return,
         }
         if let Err(e) = serve_one(&mut s, &ctx, &from) {
             if e.code == ErrorCode::RemoteDisconnect {

@@ -465,11 +465,16 @@ impl IoEngine {
     /// Whether engine `remote_key` has no inbound connection open to this engine (its control
     /// connection, which carries signals, notifications and backend handshakes, and its tcp
     /// data connections) and ended the last one itself (end of stream or reset), rather than
-    /// this engine ending it (idle timeout, shutdown, a refused request). A peer process that
-    /// exits or is killed closes its connections this way within moments; a stopped or slow
-    /// one keeps them open. False for a peer that never connected here (over rdma, xgmi and
-    /// fabric the data path has no connection: only a peer that sent signals, notifications
-    /// or handshakes is seen). A new connection from the peer clears it.
+    /// this engine ending it (idle timeout, shutdown, a refused request, a poll error).
+    ///
+    /// A peer process that exits or is killed closes its connections this way within moments;
+    /// a stopped or slow one keeps them open. A live peer closes them too when it drops its
+    /// engine, deregisters this engine (`deregister_remote_engine`) or registers this key
+    /// again, or after one of its requests failed on the connection (it reconnects for the
+    /// next one). So "true" means the peer cannot still be writing over the connections it had,
+    /// not that its process is gone. False for a peer that never connected here (over rdma,
+    /// xgmi and fabric the data path has no connection: only a peer that sent signals,
+    /// notifications or handshakes is seen). A new connection from the peer clears it.
     pub fn closed_by_peer(&self, remote_key: &str) -> bool {
         self.inner.links.closed_by_peer(remote_key)
     }

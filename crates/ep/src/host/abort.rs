@@ -31,32 +31,51 @@ impl HostEp {
 
     /// `PeerFailed` when another rank stored an abort in a local rank's window.
     pub(super) fn check_abort(&self, phase: &'static str) -> EpResult<()> {
-        for r in self.local.clone() {
-            let v = self.wins.get(&r).map_or(0, |w| w.load(self.abort_off));
-            if v != 0 {
-                let (failed, reporter, seen_dead) = decode(v);
-                return Err(EpError::PeerFailed { rank: r, phase, failed, reporter, seen_dead });
-            }
+        match self.abort_words().first() {
+            Some(&(rank, failed, reporter, seen_dead)) => Err(EpError::PeerFailed { rank, phase, failed, reporter, seen_dead }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// `e`, a failure this process saw itself (a write failed, a writer closed its
-    /// connections), unless within [`CAUSE_GRACE`] another rank's abort word arrives naming a
-    /// rank it saw fail: then that earlier cause. A rank that aborted for a failure it was told
-    /// about exits and closes its connections, which fails the writes other ranks still had
-    /// in flight to it; those ranks name the first failure, not the exit it caused.
+    /// connections), unless within [`CAUSE_GRACE`] an abort word arrives in one of this
+    /// process's windows that explains it: one naming a rank its reporter saw fail, or one
+    /// reported by the very rank `e` names (it gave up first, then exited). Then that earlier
+    /// cause. A rank that aborted exits and closes its connections, which fails the writes
+    /// other ranks still had in flight to it; those ranks name the first failure, not the exit
+    /// it caused. A word naming one of this process's own ranks as failed is not taken.
     pub(super) fn earlier_cause(&self, phase: &'static str, e: EpError) -> EpError {
+        let saw = match &e {
+            EpError::Transport { peer, .. } | EpError::PeerLost { peer, .. } => Some(*peer),
+            _ => None,
+        };
         let end = Instant::now() + CAUSE_GRACE;
         loop {
-            if let Err(a @ EpError::PeerFailed { seen_dead: true, .. }) = self.check_abort(phase) {
-                return a;
+            for (rank, failed, reporter, seen_dead) in self.abort_words() {
+                if !self.local.contains(&failed) && (seen_dead || Some(reporter) == saw) {
+                    return EpError::PeerFailed { rank, phase, failed, reporter, seen_dead };
+                }
             }
             if Instant::now() >= end {
                 return e;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Every abort word set in this process's ranks' windows: (the local rank, failed,
+    /// reporter, seen_dead).
+    fn abort_words(&self) -> Vec<(usize, usize, usize, bool)> {
+        self.local
+            .clone()
+            .filter_map(|r| {
+                let v = self.wins.get(&r).map_or(0, |w| w.load(self.abort_off));
+                (v != 0).then(|| {
+                    let (failed, reporter, seen_dead) = decode(v);
+                    (r, failed, reporter, seen_dead)
+                })
+            })
+            .collect()
     }
 
     /// Marks this HostEp unusable and, for an error this process found itself, tells every

@@ -75,7 +75,9 @@ pub struct ProxyInjection {
 pub enum ProcessInjection {
     /// SIGKILL during setup, after its windows exist and before they are unlinked.
     KillInSetup,
-    /// SIGKILL in dispatch number `nth` (0-based), after its first local rank issued its puts.
+    /// SIGKILL in dispatch number `nth` (0-based), before its first local rank issues its puts
+    /// (so that every other rank misses this process's writes of that dispatch, whatever the
+    /// timing).
     KillInDispatch {
         /// Which dispatch.
         nth: u64,

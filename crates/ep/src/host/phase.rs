@@ -96,7 +96,9 @@ impl HostEp {
     /// Errors: `RankCount` for a wrong number of inputs; [`DispatchRank::start`]'s input errors
     /// (`TooManyTokens`, `Shape`, `ExpertOutOfRange`, ...); `SegmentOverflow` / `Protocol` from a
     /// peer's writes; `Timeout` naming the segments and ranks still missing at the deadline;
-    /// `Transport` naming the peer a write to failed.
+    /// `Transport` naming the peer a write to failed; `PeerLost` naming a writer on another
+    /// node whose connections to this rank closed while its writes were missing; `PeerFailed`
+    /// when another rank gave up first and said which rank failed (its abort word).
     pub fn dispatch<X: Element, I: TopkIndex>(&mut self, inputs: &[RankInput<X, I>]) -> EpResult<Vec<RankRecv<X, I>>> {
         if inputs.len() != self.local.len() {
             return Err(EpError::RankCount { input: "host dispatch inputs", expected: self.local.len(), got: inputs.len() });
@@ -115,7 +117,6 @@ impl HostEp {
             self.stats[li].rdma_algo_tokens = rdma_algo_token_count(&input.indices, ex, nodes, OutOfRange::default())?;
             self.stats[li].rdma_physical_tokens = rdma_cross_node_token_count(&input.indices, ex, nodes, node, OutOfRange::default())?;
             ranks.push(st);
-            self.issue(li, &out)?;
             if li == 0 {
                 match self.opts.inject_exit {
                     Some(i @ (super::ProcessInjection::KillInDispatch { nth } | super::ProcessInjection::StopInDispatch { nth }))
@@ -126,6 +127,7 @@ impl HostEp {
                     _ => {}
                 }
             }
+            self.issue(li, &out)?;
         }
         self.dispatches += 1;
         let times = self.drive("dispatch", t0, &mut ranks).map_err(|e| self.fail(e))?;

@@ -122,7 +122,7 @@ pub enum KillAt {
     Bootstrap,
     /// SIGKILL during setup, after creating its windows and before unlinking them.
     Setup,
-    /// SIGKILL inside the second dispatch, after its first rank issued its puts.
+    /// SIGKILL inside the second dispatch, before its first rank issues its puts.
     Dispatch,
     /// SIGSTOP at the same point (a hung process).
     StopInDispatch,

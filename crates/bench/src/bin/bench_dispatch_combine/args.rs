@@ -133,7 +133,7 @@ pub struct Args {
     #[arg(long = "remote-only-ranks", value_delimiter = ',')]
     pub remote_only_ranks: Vec<usize>,
     /// (test) CPU: the process hosting this rank kills itself (SIGKILL) inside its second
-    /// dispatch, after its first rank issued its puts, while the others are in theirs; they
+    /// dispatch, before its first rank issues its puts, while the others are in theirs; they
     /// must fail naming it within --timeout-ms. --inject-kill-at picks another point.
     #[arg(long = "inject-kill-rank", hide = true)]
     pub inject_kill_rank: Option<usize>,
