@@ -92,6 +92,14 @@ pub fn needed_connections(world: usize, nodes: usize) -> usize {
     world * XGMI_STREAMS + nodes
 }
 
+/// The kernels of each phase, as indices into [`KERNELS`], in launch order.
+const DISPATCH_KERNELS: [usize; 4] = [0, 1, 2, 3];
+const COMBINE_KERNELS: [usize; 3] = [4, 5, 6];
+
+/// Events per node's stream: one before a phase's first kernel and one after each of its
+/// kernels, for the longer phase.
+const MARKS: usize = 1 + if DISPATCH_KERNELS.len() > COMBINE_KERNELS.len() { DISPATCH_KERNELS.len() } else { COMBINE_KERNELS.len() };
+
 /// The kernels in launch order: dispatch 0..=3; combine 4..=6.
 const KERNELS: [&str; 7] = [
     "mori_ie_layout",
@@ -284,9 +292,9 @@ impl InterNodeGpu {
         let abi = (0..nodes).map(|_| zeroed(g * std::mem::size_of::<IeRank>())).collect::<Result<Vec<_>, _>>()?;
         let streams = (0..nodes).map(|_| rt.stream(dev)).collect::<Result<Vec<_>, _>>()?;
         let marks =
-            (0..nodes).map(|_| (0..4).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
+            (0..nodes).map(|_| (0..MARKS).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
-            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), one launch per node and phase on its own stream, {} blocks x {} warps per rank ({} for the copy-out); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; window {:.1} MB per rank",
+            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), each node's launches on a stream of its own, {} blocks x {} warps per rank ({} for the stagings, the copy-out and the sum, which wait for nothing); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; window {:.1} MB per rank",
             match scheme {
                 Scheme::V1LL => "V1-LL (one record per token and destination to the same-local-index relay of each other node, forwarded there by P2P stores; partial sums per node back)",
                 Scheme::V1 => "V1 (one record per token and node to the same-local-index relay there, stored by it to each destination; partial sums per node back)",
@@ -346,6 +354,9 @@ impl InterNodeGpu {
     fn run(&mut self, ks: &[usize]) -> GpuResult<f64> {
         let (g, b) = (self.layout.gpn as u32, self.opts.blocks_per_rank);
         let threads = self.opts.warps_per_block * 32;
+        if self.marks.iter().any(|m| m.len() <= ks.len()) {
+            return Err(host_err("inter-node kernels", format!("{} kernels in one phase, events for {} (MARKS)", ks.len(), MARKS - 1)));
+        }
         self.calls += 1;
         let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
@@ -443,7 +454,7 @@ impl InterNodeGpu {
                 self.rt.memset(&gr.scratch[8].slice(), 0)?;
             }
         }
-        self.times.dispatch_us = self.run(&[0, 1, 2, 3])?;
+        self.times.dispatch_us = self.run(&DISPATCH_KERNELS)?;
         let counts = self.check_status("dispatch")?;
         let mut out = Vec::with_capacity(l.world);
         for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
@@ -547,7 +558,7 @@ impl InterNodeGpu {
             }
         }
         self.upload_abi()?;
-        self.times.combine_us = self.run(&[4, 5, 6])?;
+        self.times.combine_us = self.run(&COMBINE_KERNELS)?;
         self.check_status("combine")?;
         let mut out = Vec::with_capacity(l.world);
         for gr in &self.ranks {
