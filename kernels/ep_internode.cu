@@ -185,6 +185,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
     uint32_t* status = (uint32_t*)a.status;
     const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
+    ie_stamp(p, a, b, IE_T_DISP1);
     const uint32_t T = a.num_tokens;
     const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank), t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
     const uint32_t* pre = (const uint32_t*)a.pre;
@@ -195,26 +196,25 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         if (b == 0 && ie_same_node(p, r, d)) ie_signal(p, a, d, 0, 1, (uint64_t)((const uint32_t*)a.cnt)[d] + 1);
     }
     mori_sync_block();
-    // The records for other nodes, staged by mori_ie_dispatch_stage, first: the last block of
-    // this kernel to get here for a peer (V1-LL: a node's relay) hands the segment to the proxy.
+    // The records for other nodes, staged and fenced by mori_ie_dispatch_stage, first: block 0
+    // hands each peer's (V1-LL: each node's relay's) segment to the proxy at once.
     const bool relay = ie_relay(p);
-    if (relay) {
+    if (b == 0 && relay) {
         const uint32_t own = r / p.gpn;
         for (uint32_t m = tid; m < ie_nodes(p); m += nthreads) {
             if (m == own) continue;
             const uint32_t n = ie_relay_count(p, a, m);
-            ie_stage_done(p, a, ie_relay_of(p, r, m), 0, n, p.lay.relay_hdr + (uint64_t)n * p.rec_bytes, p.lay.out_relay + m * p.lay.seg_relay,
-                          p.lay.relay_in + own * p.lay.seg_relay, deadline);
+            ie_hand_over(p, a, ie_relay_of(p, r, m), 0, n, p.lay.relay_hdr + (uint64_t)n * p.rec_bytes, p.lay.out_relay + m * p.lay.seg_relay,
+                         p.lay.relay_in + own * p.lay.seg_relay, deadline);
         }
-    } else {
+    } else if (b == 0) {
         for (uint32_t d = tid; d < W; d += nthreads)
             if (!ie_same_node(p, r, d)) {
                 const uint32_t n = ((const uint32_t*)a.cnt)[d];
-                ie_stage_done(p, a, d, 0, n, (uint64_t)n * p.rec_bytes, p.lay.out_disp + d * p.lay.seg_rec, p.lay.disp_in + r * p.lay.seg_rec,
-                              deadline);
+                ie_hand_over(p, a, d, 0, n, (uint64_t)n * p.rec_bytes, p.lay.out_disp + d * p.lay.seg_rec, p.lay.disp_in + r * p.lay.seg_rec,
+                             deadline);
             }
     }
-    ie_stamp(p, a, b, IE_T_STAGED);
     // Then this node's ranks, by P2P stores into their windows, while the proxy works.
     for (uint32_t t = t0 + warp; t < t1; t += nwarps)
         for (uint32_t d = 0; d < W; d++) {
@@ -368,16 +368,17 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     uint32_t* status = (uint32_t*)a.status;
     const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
     const bool relay = ie_relay(p);
+    ie_stamp(p, a, b, IE_T_COMB1);
     // mori_ie_combine_stage refused more rows than the input holds.
     if (ie_failed(status)) return;
     const uint32_t N = status[0];
     const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
     const uint32_t* base = (const uint32_t*)a.recv_base;
     const uint32_t* rc = (const uint32_t*)a.recv_cnt;
-    // V1-LL: rows for source s of another node went to s's relay on this node, into its gather
-    // segment for (s's node, this rank's local index), counted in its phase-2 block. Each
-    // block counts its share of the rows (shares of this kernel's grid: they add up to every
-    // row, whatever grid wrote them).
+    // Block 0 sets the totals: same-node sources' combine counters and (V1-LL) the gather
+    // counters, in its phase-2 block, of each other node's source s's relay on this node (the
+    // rows went to its gather segment for (s's node, this rank's local index)). Each block
+    // then counts its share of the same-node rows it stores.
     const uint32_t own = r / G;
     for (uint32_t s = tid; s < W; s += nthreads) {
         const uint32_t lo = base[s] > i0 ? base[s] : i0, hi = base[s] + rc[s] < i1 ? base[s] + rc[s] : i1;
@@ -386,15 +387,16 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
         if (b == 0 && ie_same_node(p, r, s)) ie_signal(p, a, s, 1, 1, (uint64_t)rc[s] + 1);
         else if (b == 0 && relay) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 1, (uint64_t)rc[s] + 1);
     }
-    mori_fence_system();
-    mori_sync_block();
-    for (uint32_t s = tid; s < W; s += nthreads) {
+    // The rows for other nodes, staged and fenced by mori_ie_combine_stage: block 0 hands them
+    // over at once (AsyncLL: one proxy command per source; V1-LL: the whole count to each
+    // relay's gather counter).
+    for (uint32_t s = tid; b == 0 && s < W; s += nthreads) {
         if (ie_same_node(p, r, s)) continue;
         if (relay) {
-            if (sh.n[s]) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 0, sh.n[s]);
+            if (rc[s]) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 0, rc[s]);
         } else {
-            ie_stage_done(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, p.lay.out_comb + s * p.lay.seg_comb,
-                          p.lay.comb_in + r * p.lay.seg_comb, deadline);
+            ie_hand_over(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, p.lay.out_comb + s * p.lay.seg_comb,
+                         p.lay.comb_in + r * p.lay.seg_comb, deadline);
         }
     }
     for (uint32_t i = i0 + warp; i < i1; i += nwarps) {

@@ -29,21 +29,23 @@
 // Per-block trace slots.
 #define IE_T_LAYOUT0 0   // layout start (block 0)
 #define IE_T_LAYOUT1 1   // layout end
-#define IE_T_DISP0 2     // dispatch start
-#define IE_T_STAGED 3    // records for other nodes staged, their commands handed over
+#define IE_T_DISP0 2     // dispatch staging start
+#define IE_T_STAGED 3    // dispatch staging end: records for other nodes staged
 #define IE_T_INTRA 4     // records for this node stored, signalled
 #define IE_T_RECVD 5     // block 0: every source's segment complete
 #define IE_T_COPY0 6     // copy-out start
 #define IE_T_COPY1 7     // copy-out end
-#define IE_T_COMB0 8     // combine send start
-#define IE_T_CSTAGED 9   // rows for other nodes staged, commands handed over
+#define IE_T_COMB0 8     // combine staging start
+#define IE_T_CSTAGED 9   // combine staging end: rows for other nodes staged
 #define IE_T_CINTRA 10   // rows for this node stored, signalled
 #define IE_T_RED0 11     // block 0, end of combine send: its wait for every rank's rows starts
 #define IE_T_CRECVD 12   // combine sum start (block 0: also the end of its wait, overwritten)
 #define IE_T_RED1 13     // combine sum end
 #define IE_T_FWD1 14     // V1, V1-LL: this rank's relay forwarding done (dispatch)
 #define IE_T_RRED1 15    // V1, V1-LL: this rank's relay partial sums handed over (combine send)
-#define IE_T_SLOTS 16
+#define IE_T_DISP1 16    // dispatch start (hands the staged records over, then stores)
+#define IE_T_COMB1 17    // combine send start (hands the staged rows over, then stores)
+#define IE_T_SLOTS 18
 
 struct IeLayout {
     uint64_t disp_in;   // segment s at disp_in + s * seg_rec
@@ -215,16 +217,12 @@ MORI_DEVICE void ie_signal(const IeParams& p, const IeRank& a, uint32_t d, uint3
     ie_signal_w(p, d, phase, a.rank, which, value);
 }
 
-// Called by every block of the rank for peer d after its entries for d are staged (fenced):
-// the last block to finish writes the pair (count, count + 1) to its window's sig slot and
-// hands the whole segment (`bytes` from `local` to `remote`, `count` entries) to the
-// proxy as one command whose tail write carries the pair into d's window once the bytes
-// landed. One command per (rank, remote peer, phase).
-MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
-                               uint64_t local, uint64_t remote, uint64_t deadline) {
-    uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
-    if (mori_atomic_add_system_u32(staged, 1) != p.blocks_per_rank - 1) return;
-    *(volatile uint32_t*)staged = 0;
+// Hands the segment for peer d (`bytes` from `local` to `remote`, `count` entries, all staged
+// and fenced) to the proxy: writes the pair (count, count + 1) to the window's sig slot and
+// pushes one command whose tail write carries the pair into d's window once the bytes landed.
+// One command per (rank, remote peer, phase): called once, by one thread.
+MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
+                              uint64_t local, uint64_t remote, uint64_t deadline) {
     ie_stamp_peer(p, a, phase, 0, d); // the hand-over starts (stamped first: the proxy may finish before a later stamp)
     const uint64_t sig = p.lay.sig + ((uint64_t)phase * p.world + d) * 16;
     volatile uint64_t* pair = (volatile uint64_t*)(p.win[a.rank] + sig);
@@ -234,6 +232,16 @@ MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, u
     if (mori_ring_push(a.ring, d, RING_OP_TAIL, local, remote, bytes, p.lay.ctr + ie_ctr(p.world, phase, a.rank, 0),
                        sig, deadline))
         ie_error((uint32_t*)a.status, IE_ERR_RING_FULL, d, phase + 1, 0);
+}
+
+// Called by every block of the rank for peer d once its own entries for d are staged and
+// fenced: the last block to get here hands the segment over (ie_hand_over).
+MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
+                               uint64_t local, uint64_t remote, uint64_t deadline) {
+    uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
+    if (mori_atomic_add_system_u32(staged, 1) != p.blocks_per_rank - 1) return;
+    *(volatile uint32_t*)staged = 0;
+    ie_hand_over(p, a, d, phase, count, bytes, local, remote, deadline);
 }
 
 // Zeroes this rank's counters of `phase` (device block, and for phases 0 and 1 the window's

@@ -220,7 +220,7 @@ fn async_ll_back_to_back_calls_over_xgmi() {
         ep.combine(ticket, &xs, None).unwrap_or_else(|e| panic!("iteration {it}: {e}"));
         let t = ep.times();
         println!(
-            "iteration {it}: dispatch {:.1} us, combine {:.1} us; per kernel (layout, dispatch, receive, combine send, reduce) {:.1?} us",
+            "iteration {it}: dispatch {:.1} us, combine {:.1} us; per kernel (layout, dispatch staging, dispatch, copy-out, combine staging, combine send, sum) {:.1?} us",
             t.dispatch_us, t.combine_us, t.kernel_us
         );
     }

@@ -148,5 +148,7 @@ mod tests {
         ] {
             assert!(src.contains(needle), "ep_internode.h lost {needle}");
         }
+        let slots = format!("#define IE_T_SLOTS {}", super::super::trace::slot::SLOTS);
+        assert!(src.contains(&slots), "ep_internode.h and trace::slot disagree: {slots}");
     }
 }

@@ -33,6 +33,8 @@ const BLOCKS: u32 = 2;
 /// Blocks per rank of the kernels that wait for nothing (the stagings, dispatch's copy-out,
 /// combine's sum), more than the others', as on a GPU.
 const COPY_BLOCKS: u32 = 3;
+/// Trace rows per rank: the wider of the two grids (as the host sizes them).
+const TRACE_BLOCKS: u32 = if COPY_BLOCKS > BLOCKS { COPY_BLOCKS } else { BLOCKS };
 const THREADS: u32 = 64;
 
 /// One rank's memory, all host memory standing in for device and mapped memory.
@@ -71,7 +73,7 @@ impl RankMem {
                 r(W * 4),
                 r(l.max_recv * 4),
                 r(l.done_bytes()),
-                r(trace_bytes(W, COPY_BLOCKS)),
+                r(trace_bytes(W, TRACE_BLOCKS)),
                 r((TMAX + 1) * l.nodes() * 4),
             ],
             x: r(TMAX * l.row_bytes),
@@ -202,7 +204,7 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> Ie
         comb_elem: 2,
         out_elem: 4,
         flags: FLAG_WEIGHTED | scheme_flags(l.scheme),
-        trace_blocks: COPY_BLOCKS,
+        trace_blocks: TRACE_BLOCKS,
         part_bytes: l.part_bytes as u32,
     }
 }
@@ -414,8 +416,9 @@ fn expected_leg_bytes(l: &InterLayout, inp: &[RankInput<bf16, i64>], r: usize) -
 /// to another node pushed before its receiver saw the segment, and the Perfetto form with
 /// each span's begin and end.
 fn check_trace(mems: &[RankMem], scheme: Scheme) {
-    let stamps: Vec<RankStamps> =
-        (0..W).map(|r| RankStamps::parse(r, W, COPY_BLOCKS, &mems[r].scratch[7].bytes()[..trace_bytes(W, COPY_BLOCKS)]).unwrap()).collect();
+    let stamps: Vec<RankStamps> = (0..W)
+        .map(|r| RankStamps::parse(r, W, TRACE_BLOCKS, &mems[r].scratch[7].bytes()[..trace_bytes(W, TRACE_BLOCKS)]).unwrap())
+        .collect();
     use slot::*;
     for s in &stamps {
         let r = s.rank;
@@ -435,12 +438,14 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
             } else {
                 &[
                     (DISP0, STAGED),
-                    (STAGED, INTRA),
+                    (STAGED, DISP1),
+                    (DISP1, INTRA),
                     (INTRA, COPY0),
                     (COPY0, COPY1),
                     (COPY1, COMB0),
                     (COMB0, CSTAGED),
-                    (CSTAGED, CINTRA),
+                    (CSTAGED, COMB1),
+                    (COMB1, CINTRA),
                     (CINTRA, CRECVD),
                     (CRECVD, RED1),
                 ]
@@ -450,8 +455,8 @@ fn check_trace(mems: &[RankMem], scheme: Scheme) {
             }
             if waits_for_nothing {
                 assert_eq!(
-                    (t[INTRA], t[CINTRA], t[RED0]),
-                    (0, 0, 0),
+                    (t[DISP1], t[INTRA], t[COMB1], t[CINTRA], t[RED0]),
+                    (0, 0, 0, 0, 0),
                     "rank {r} block {b}: only the stagings, the copy-out and the sum {t:?}"
                 );
                 continue;

@@ -142,7 +142,7 @@ impl InterNodeGpu {
             counts.push(w(0));
         }
         let n = faults.len();
-        let cause = faults.iter().position(|f| f.1 != 3 && f.1 != 7).unwrap_or(0);
+        let cause = faults.iter().position(|f| f.1 != 3).unwrap_or(0);
         match faults.into_iter().nth(cause) {
             None => Ok(counts),
             Some((rank, _, what)) => {

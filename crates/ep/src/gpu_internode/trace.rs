@@ -7,16 +7,19 @@
 //! [`perfetto`] turns the stamps of every rank into one trace per rank, in the seed's lane
 //! names where a phase is one of them (so `mori trace analyze` puts them in its lanes):
 //! - per block (tid = block): `dispatch_layout` (block 0), `ep_dispatch_copy_to_staging`
-//!   (records for other nodes staged and handed to the proxy), `dispatch_intra` (P2P stores
-//!   to this node's ranks), `dispatch_relay_forward` (V1, V1-LL: this rank as the relay,
+//!   (the staging kernel: records for other nodes staged), `dispatch_intra` (the dispatch
+//!   kernel's start to its P2P stores to this node's ranks done: the staged segments handed
+//!   to the proxy, then the stores), `dispatch_relay_forward` (V1, V1-LL: this rank as the relay,
 //!   waiting for each other node's relay segment and forwarding its records inside the node),
 //!   `dispatch_sync` (block 0 waiting for every source; under V1/V1-LL from the end of its
 //!   own relay forwarding), `dispatch_copy_out`,
-//!   `combine_copy_to_staging`, `combine_intra_node`, `combine_relay_reduce` (V1, V1-LL: this
+//!   `combine_copy_to_staging` (the staging kernel), `combine_intra_node` (combine send's
+//!   start to its P2P stores done, the hand-over first), `combine_relay_reduce` (V1, V1-LL: this
 //!   rank as the relay, waiting for this node's rows of each other node's tokens and handing
 //!   their partial sums to the proxy), `combine_sync` (block 0 waiting for every rank's rows,
-//!   until the sum kernel started), `ep_combine_all` (the sum; `dispatch_copy_out` and it run
-//!   on `copy_blocks` blocks per rank, the others on `blocks_per_rank`);
+//!   until the sum kernel started), `ep_combine_all` (the sum). The stagings, the copy-out and
+//!   the sum run on `copy_blocks` blocks per rank, the others on `blocks_per_rank`: a block
+//!   past either grid has only the other kernels' spans;
 //! - per other-node peer `d` (tid = 1000 + d): `dispatch_inter_node_send` and
 //!   `combine_inter_node`, from this rank pushing its command for `d` to `d` seeing the
 //!   segment complete (ring, proxy, copy and signal: the whole inter-node leg, on one clock);
@@ -31,9 +34,9 @@ pub mod slot {
     pub const LAYOUT0: usize = 0;
     /// Layout end.
     pub const LAYOUT1: usize = 1;
-    /// Dispatch start.
+    /// Dispatch staging start.
     pub const DISP0: usize = 2;
-    /// Records for other nodes staged, commands handed over.
+    /// Dispatch staging end: records for other nodes staged.
     pub const STAGED: usize = 3;
     /// Records for this node stored and signalled.
     pub const INTRA: usize = 4;
@@ -43,9 +46,9 @@ pub mod slot {
     pub const COPY0: usize = 6;
     /// Copy-out end.
     pub const COPY1: usize = 7;
-    /// Combine send start.
+    /// Combine staging start.
     pub const COMB0: usize = 8;
-    /// Rows for other nodes staged, commands handed over.
+    /// Combine staging end: rows for other nodes staged.
     pub const CSTAGED: usize = 9;
     /// Rows for this node stored and signalled.
     pub const CINTRA: usize = 10;
@@ -61,8 +64,12 @@ pub mod slot {
     /// V1 and V1-LL: this rank's relay partial sums handed over (combine send; 0 under
     /// AsyncLL).
     pub const RRED1: usize = 15;
+    /// Dispatch start (it hands the staged records over, then stores this node's).
+    pub const DISP1: usize = 16;
+    /// Combine send start (it hands the staged rows over, then stores this node's).
+    pub const COMB1: usize = 17;
     /// Slots per block.
-    pub const SLOTS: usize = 16;
+    pub const SLOTS: usize = 18;
 }
 
 /// Bytes of one rank's trace buffer for `world` ranks and `blocks` traced blocks.
@@ -108,12 +115,12 @@ impl RankStamps {
 const BLOCK_SPANS: [(&str, usize, usize, bool); 11] = [
     ("dispatch_layout", slot::LAYOUT0, slot::LAYOUT1, true),
     ("ep_dispatch_copy_to_staging", slot::DISP0, slot::STAGED, false),
-    ("dispatch_intra", slot::STAGED, slot::INTRA, false),
+    ("dispatch_intra", slot::DISP1, slot::INTRA, false),
     ("dispatch_relay_forward", slot::INTRA, slot::FWD1, false),
     ("dispatch_sync", slot::INTRA, slot::RECVD, true),
     ("dispatch_copy_out", slot::COPY0, slot::COPY1, false),
     ("combine_copy_to_staging", slot::COMB0, slot::CSTAGED, false),
-    ("combine_intra_node", slot::CSTAGED, slot::CINTRA, false),
+    ("combine_intra_node", slot::COMB1, slot::CINTRA, false),
     ("combine_relay_reduce", slot::CINTRA, slot::RRED1, false),
     ("combine_sync", slot::RED0, slot::CRECVD, true),
     ("ep_combine_all", slot::CRECVD, slot::RED1, false),
@@ -213,11 +220,12 @@ mod tests {
     #[test]
     fn parse_checks_the_length_and_splits_the_parts() {
         let (w, b) = (2usize, 1u32);
-        let v: Vec<u8> = (0..(4 * w + 16) as u64).flat_map(|i| i.to_le_bytes()).collect();
+        let v: Vec<u8> = (0..(4 * w + slot::SLOTS) as u64).flat_map(|i| i.to_le_bytes()).collect();
         let s = RankStamps::parse(3, w, b, &v).unwrap();
         assert_eq!(s.pushed, [vec![0, 1], vec![4, 5]]);
         assert_eq!(s.seen, [vec![2, 3], vec![6, 7]]);
         assert_eq!(s.blocks[0][0], 8);
+        assert_eq!(s.blocks[0][slot::COMB1], 8 + slot::COMB1 as u64);
         assert!(RankStamps::parse(3, w, b, &v[8..]).is_none());
     }
 }

@@ -116,9 +116,9 @@ pub struct RecvBytes {
 /// The kernels' timings of the last call, µs (GPU events around each node's launches).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PhaseTimes {
-    /// Slowest node's dispatch (layout, dispatch, receive), µs.
+    /// Slowest node's dispatch (layout, staging, dispatch, copy-out), µs.
     pub dispatch_us: f64,
-    /// Slowest node's combine (send, receive), µs.
+    /// Slowest node's combine (staging, send, sum), µs.
     pub combine_us: f64,
     /// Per kernel, the slowest node's time, µs: layout, dispatch staging (records for other
     /// nodes), dispatch (with block 0's wait for every source), dispatch receive (copy-out),
