@@ -29,9 +29,11 @@ impl HostEp {
         }
     }
 
-    /// `PeerFailed` when another rank stored an abort in a local rank's window.
+    /// `PeerFailed` when another rank stored an abort in a local rank's window (a word naming
+    /// a rank seen to fail before one that only timed out, when local ranks hold both).
     pub(super) fn check_abort(&self, phase: &'static str) -> EpResult<()> {
-        match self.abort_words().first() {
+        let words = self.abort_words();
+        match words.iter().find(|w| w.3).or(words.first()) {
             Some(&(rank, failed, reporter, seen_dead)) => Err(EpError::PeerFailed { rank, phase, failed, reporter, seen_dead }),
             None => Ok(()),
         }
