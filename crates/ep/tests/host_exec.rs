@@ -235,6 +235,46 @@ fn a_writer_that_closes_its_connections_is_named_long_before_the_deadline() {
     assert!(took < Duration::from_secs(5), "took {took:?}: {err}");
 }
 
+/// Bad input on a process's second rank is refused before its first rank sends anything, in
+/// dispatch and in combine: the process then runs the round with good inputs and every rank's
+/// results equal the reference (the other process never saw the refused calls).
+#[test]
+fn bad_input_on_a_later_local_rank_is_refused_and_loses_nothing() {
+    let (cfg, inp) = case((4, 2), 3, false, Mode::DeepEp, 21, 4);
+    let m = master();
+    let outcomes: Vec<Outcome> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|p| {
+                let (cfg, inp) = (&cfg, &inp);
+                s.spawn(move || -> Outcome {
+                    let b = boot(p, 2, m);
+                    let local = p * 2..p * 2 + 2;
+                    let mut ep = HostEp::new(cfg, Scheme::V1, local.clone(), &b, tcp(1))?;
+                    if p == 0 {
+                        let mut bad = inp[local.clone()].to_vec();
+                        bad[1].x = Tensor2::from_fn(bad[1].x.rows(), cfg.hidden + 8, |_, _| bf16::from_f32(1.0)).unwrap();
+                        let e = ep.dispatch(&bad).unwrap_err().to_string();
+                        assert!(e.contains("rank 1") && e.contains(&(cfg.hidden + 8).to_string()), "{e}");
+                    }
+                    let recv = ep.dispatch(&inp[local.clone()])?;
+                    let xs: Vec<_> = recv.iter().zip(local.clone()).map(|(rr, r)| expert_out(r, &rr.x)).collect();
+                    let ws: Vec<_> = recv.iter().map(|rr| rr.weights.clone()).collect();
+                    if p == 0 {
+                        let mut bad_w = ws.clone();
+                        bad_w[1] = Tensor2::from_fn(ws[1].rows(), cfg.top_k + 1, |_, _| 0.5f32).unwrap();
+                        let e = ep.combine::<bf16, f32>(&xs, Some(&bad_w), Weighting::RankSlotSum).unwrap_err().to_string();
+                        assert!(e.contains("rank 1") && e.contains("combine weights"), "{e}");
+                    }
+                    let out = ep.combine::<bf16, f32>(&xs, Some(&ws), Weighting::RankSlotSum)?;
+                    Ok(vec![(recv, out)])
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    check_equal(&cfg, Scheme::V1, 2, &inp, outcomes);
+}
+
 #[test]
 fn wrong_input_count_and_combine_without_dispatch_are_refused() {
     let (cfg, inp) = case((2, 2), 2, false, Mode::DeepEp, 1, 3);

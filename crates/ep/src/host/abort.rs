@@ -80,6 +80,13 @@ impl HostEp {
             .collect()
     }
 
+    /// Marks this HostEp unusable (a phase stopped half-way: some puts may be issued, or a
+    /// state consumed) without telling other ranks anything. Returns `e`.
+    pub(super) fn poison(&mut self, e: EpError) -> EpError {
+        self.poisoned = Some(e.to_string());
+        e
+    }
+
     /// Marks this HostEp unusable and, for an error this process found itself, tells every
     /// other rank which rank failed. Returns `e`.
     pub(super) fn fail(&mut self, e: EpError) -> EpError {

@@ -108,15 +108,25 @@ impl HostEp {
         self.staged.fill(0);
         let cfg = self.proto.config().clone();
         let nodes = self.proto.topology().num_nodes();
+        // Every local rank's input is checked (and its puts built) before any rank issues one:
+        // bad input on one rank leaves nothing half sent, and the HostEp usable.
         let mut ranks = Vec::with_capacity(inputs.len());
+        let mut outs = Vec::with_capacity(inputs.len());
+        let mut counts = Vec::with_capacity(inputs.len());
         for (li, input) in inputs.iter().enumerate() {
             let r = self.local.start + li;
             let (st, out) = DispatchRank::start(&self.proto, r, input)?;
             let ex = cfg.experts_per_rank * cfg.world_size;
             let node = self.proto.topology().node_of_rank(r);
-            self.stats[li].rdma_algo_tokens = rdma_algo_token_count(&input.indices, ex, nodes, OutOfRange::default())?;
-            self.stats[li].rdma_physical_tokens = rdma_cross_node_token_count(&input.indices, ex, nodes, node, OutOfRange::default())?;
+            counts.push((
+                rdma_algo_token_count(&input.indices, ex, nodes, OutOfRange::default())?,
+                rdma_cross_node_token_count(&input.indices, ex, nodes, node, OutOfRange::default())?,
+            ));
             ranks.push(st);
+            outs.push(out);
+        }
+        for (li, out) in outs.iter().enumerate() {
+            (self.stats[li].rdma_algo_tokens, self.stats[li].rdma_physical_tokens) = counts[li];
             if li == 0 {
                 match self.opts.inject_exit {
                     Some(i @ (super::ProcessInjection::KillInDispatch { nth } | super::ProcessInjection::StopInDispatch { nth }))
@@ -127,7 +137,7 @@ impl HostEp {
                     _ => {}
                 }
             }
-            self.issue(li, &out)?;
+            self.issue(li, out).map_err(|e| self.poison(e))?;
         }
         self.dispatches += 1;
         let times = self.drive("dispatch", t0, &mut ranks).map_err(|e| self.fail(e))?;
@@ -173,15 +183,24 @@ impl HostEp {
         let t0 = Instant::now();
         self.staged.fill(0);
         let opts = CombineOptions { weighting, out_of_range: OutOfRange::default(), order: self.proto.scheme().sum_order() };
+        // Every local rank's state and input are checked before any rank's state is taken or
+        // any put issued: bad input on one rank loses no dispatch and sends nothing.
+        for (li, x) in xs.iter().enumerate() {
+            let st = self.states[li].as_ref().ok_or_else(|| EpError::Host {
+                what: format!("combine on rank {}", self.local.start + li),
+                detail: "no dispatch preceded it (each combine follows one dispatch)".into(),
+            })?;
+            CombineRank::check(&self.proto, st, x, weights.map(|w| &w[li]), opts)?;
+        }
         let mut ranks = Vec::with_capacity(n);
         for (li, x) in xs.iter().enumerate() {
             let st = self.states[li].take().ok_or_else(|| EpError::Host {
                 what: format!("combine on rank {}", self.local.start + li),
                 detail: "no dispatch preceded it (each combine follows one dispatch)".into(),
             })?;
-            let (cr, out) = CombineRank::start(&self.proto, st, x, weights.map(|w| &w[li]), opts)?;
+            let (cr, out) = CombineRank::start(&self.proto, st, x, weights.map(|w| &w[li]), opts).map_err(|e| self.poison(e))?;
             ranks.push(CombinePhase::<X>(cr, PhantomData));
-            self.issue(li, &out)?;
+            self.issue(li, &out).map_err(|e| self.poison(e))?;
         }
         let times = self.drive("combine", t0, &mut ranks).map_err(|e| self.fail(e))?;
         let mut outs = Vec::with_capacity(n);

@@ -51,19 +51,18 @@ pub struct CombineRank {
 }
 
 impl CombineRank {
-    /// Starts rank `me`'s combine: `x` `[N, H]` in dispatch's received order, optional
-    /// `weights` `[N, K]` f32 (every rank passes weights, or none does). Returns the state and
-    /// the puts to issue. Errors: `Shape`; `WeightsRequired` (RankSlotSum without weights).
-    pub fn start<X: Element>(
+    /// [`CombineRank::start`]'s input checks alone, without consuming `st` (so that a caller
+    /// with several ranks can refuse bad input before any of them starts). Errors: `Shape`;
+    /// `WeightsRequired`; `ElementSize`.
+    pub fn check<X: Element>(
         proto: &Proto,
-        st: CombineState,
+        st: &CombineState,
         x: &Tensor2<X>,
         weights: Option<&Tensor2<f32>>,
         opts: CombineOptions,
-    ) -> EpResult<(Self, Outbox)> {
+    ) -> EpResult<()> {
         let cfg = proto.config();
-        let me = st.me;
-        let n = st.recv_src.len();
+        let (me, n) = (st.me, st.recv_src.len());
         expect_shape(x, "combine x", me, n, cfg.hidden)?;
         if let Some(w) = weights {
             expect_shape(w, "combine weights", me, n, cfg.top_k)?;
@@ -80,6 +79,23 @@ impl CombineRank {
                 field: "max_token_type_size",
             });
         }
+        Ok(())
+    }
+
+    /// Starts rank `me`'s combine: `x` `[N, H]` in dispatch's received order, optional
+    /// `weights` `[N, K]` f32 (every rank passes weights, or none does). Returns the state and
+    /// the puts to issue. Errors: those of [`CombineRank::check`].
+    pub fn start<X: Element>(
+        proto: &Proto,
+        st: CombineState,
+        x: &Tensor2<X>,
+        weights: Option<&Tensor2<f32>>,
+        opts: CombineOptions,
+    ) -> EpResult<(Self, Outbox)> {
+        Self::check(proto, &st, x, weights, opts)?;
+        let cfg = proto.config();
+        let me = st.me;
+        let n = st.recv_src.len();
         let stride = contrib_stride(cfg, X::DTYPE.size());
         let lay = proto.layout();
         let my_node = proto.node(me);
