@@ -225,6 +225,24 @@ impl Budget {
     pub fn left(&self) -> Duration {
         self.limit.saturating_sub(self.start.elapsed())
     }
+    /// Waits for `st` up to `bound` or the time left, whichever is shorter. The wait may end
+    /// just before the transfer does: then the transfer's own result counts. A transfer still
+    /// in progress when the limit has passed is reported as cut off by the limit (naming the
+    /// flag), one still in progress within it as not done within `bound`.
+    pub fn wait(&self, st: &mori_io::TransferStatus, bound: Duration) -> Result<(), String> {
+        match st.wait_for(self.left().min(bound)) {
+            Ok(()) => Ok(()),
+            Err(e) => match st.poll() {
+                Some(Ok(())) => Ok(()),
+                Some(Err(own)) => Err(own.to_string()),
+                None if self.left().is_zero() => {
+                    Err(format!("time limit of {} s (--time-limit-s) reached while it was in progress: {e}", self.limit.as_secs()))
+                }
+                None => Err(e.to_string()),
+            },
+        }
+    }
+
     /// The error once the limit is reached, naming the flag and the progress.
     pub fn check(&self, done: u64, of: u64, unit: &str) -> Result<(), String> {
         if self.start.elapsed() >= self.limit {
@@ -352,6 +370,24 @@ mod tests {
         let late = Budget { start: Instant::now() - Duration::from_millis(3500), limit: Duration::from_secs(1) };
         assert_eq!((late.limit(), late.left()), (Duration::from_secs(1), Duration::ZERO));
         assert!(Budget::new(Duration::from_secs(60)).check(0, 1, "x").is_ok());
+    }
+
+    #[test]
+    fn a_wait_reports_the_transfer_or_the_bound_that_ran_out() {
+        use mori_io::{IoError, TransferStatus};
+        use mori_io_core::status::Completion;
+        let over = Budget { start: Instant::now() - Duration::from_secs(5), limit: Duration::from_secs(1) };
+        let fresh = Budget::new(Duration::from_secs(60));
+        // Finished: its own result, whatever the budget (also past the limit).
+        assert_eq!(over.wait(&<TransferStatus as Completion>::new(0), Duration::from_secs(1)), Ok(()));
+        let failed = TransferStatus::failed(IoError::invalid("bad offset"));
+        assert!(over.wait(&failed, Duration::from_secs(1)).unwrap_err().contains("bad offset"));
+        // In progress: past the limit, the limit is named; within it, the bound.
+        let pending = <TransferStatus as Completion>::new(1);
+        let e = over.wait(&pending, Duration::from_secs(1)).unwrap_err();
+        assert!(e.starts_with("time limit of 1 s (--time-limit-s) reached while it was in progress"), "{e}");
+        let e = fresh.wait(&pending, Duration::from_millis(5)).unwrap_err();
+        assert!(!e.contains("time limit") && e.contains("Timeout"), "{e}");
     }
 
     #[test]

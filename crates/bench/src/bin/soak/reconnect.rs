@@ -118,7 +118,7 @@ fn cycles(
             *b = rng.next_u64() as u8;
         }
         let id = eng.allocate_transfer_uid();
-        sess.write(0, off, size, id).wait_for(budget.left().min(STEP_BOUND)).map_err(|e| fail("write", &e))?;
+        budget.wait(&sess.write(0, off, size, id), STEP_BOUND).map_err(|e| fail("write", &e))?;
         let hash = fnv1a(&buf[..size as usize]);
         target.send(&format!("pop {KEY} {id} {off} {size} {hash} {}", STEP_BOUND.as_millis()))?;
         let line = target.wait_line(POP, STEP_BOUND + Duration::from_secs(10)).map_err(|e| fail("notification", &e))?;

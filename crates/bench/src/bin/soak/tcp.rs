@@ -20,7 +20,7 @@
 use crate::stats::{report, Series};
 use crate::target::{TargetProc, POPSEQ};
 use crate::{Budget, Opts, Rng};
-use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, Session, TcpConfig, TransferStatus};
+use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, Session, TcpConfig};
 use std::time::Duration;
 
 /// Size of every region (both local ones and the target's).
@@ -97,17 +97,6 @@ pub fn spots(size: u64) -> Vec<u64> {
 pub fn stamp(j: u64, i: u64, p: u64) -> u8 {
     let h = (j ^ (i << 40) ^ (p << 20)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     (h >> 56) as u8
-}
-
-fn wait(st: &TransferStatus, budget: &Budget, what: &str) -> Result<(), String> {
-    let bound = budget.left().min(TRANSFER_BOUND);
-    match st.wait_for(bound) {
-        Ok(()) => Ok(()),
-        Err(e) if !st.is_done() && budget.left().is_zero() => {
-            Err(format!("{what}: time limit of {} s (--time-limit-s) reached while it was in progress: {e}", budget.limit().as_secs()))
-        }
-        Err(e) => Err(format!("{what}: {e}")),
-    }
 }
 
 /// Runs the phase.
@@ -221,14 +210,14 @@ impl Env<'_> {
                 (false, true) => self.eng.batch_write(self.smem, lo, self.tmem, ro, sz, wid),
             };
             let what = |op: &str, id: u64| format!("transfer {id} ({op}, {} entries, {} bytes)", sz.len(), p.bytes());
-            wait(&st, self.budget, &what("write", wid))?;
+            self.budget.wait(&st, TRANSFER_BOUND).map_err(|e| format!("{}: {e}", what("write", wid)))?;
             let st = match (sz.len() == 1, one_shot) {
                 (true, false) => self.rs.read(lo[0], ro[0], sz[0], rid),
                 (false, false) => self.rs.batch_read(lo, ro, sz, rid),
                 (true, true) => self.eng.read(self.dmem, lo[0], self.tmem, ro[0], sz[0], rid),
                 (false, true) => self.eng.batch_read(self.dmem, lo, self.tmem, ro, sz, rid),
             };
-            wait(&st, self.budget, &what("read", rid))?;
+            self.budget.wait(&st, TRANSFER_BOUND).map_err(|e| format!("{}: {e}", what("read", rid)))?;
             for (i, (&l, &s)) in p.lo.iter().zip(&p.sz).enumerate() {
                 for q in spots(s) {
                     let (want, got) = (src[(l + q) as usize], dst[(l + q) as usize]);
