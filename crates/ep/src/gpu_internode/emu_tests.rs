@@ -215,7 +215,7 @@ fn run_node(p: &IeParams, kernel: &str) {
         "mori_ie_dispatch_stage" | "mori_ie_dispatch_recv" | "mori_ie_combine_stage" | "mori_ie_combine_recv" => COPY_BLOCKS,
         _ => BLOCKS,
     };
-    let p = IeParams { blocks_per_rank: if kernel == "mori_ie_layout" { BLOCKS } else { per_rank }, ..*p };
+    let p = IeParams { blocks_per_rank: per_rank, ..*p };
     launch("ep_internode", kernel, G as u32 * per_rank, THREADS, &p);
 }
 

@@ -100,15 +100,26 @@ const COMBINE_KERNELS: [usize; 3] = [4, 5, 6];
 /// kernels, for the longer phase.
 const MARKS: usize = 1 + if DISPATCH_KERNELS.len() > COMBINE_KERNELS.len() { DISPATCH_KERNELS.len() } else { COMBINE_KERNELS.len() };
 
-/// The kernels in launch order: dispatch 0..=3; combine 4..=6.
-const KERNELS: [&str; 7] = [
-    "mori_ie_layout",
-    "mori_ie_dispatch_stage",
-    "mori_ie_dispatch",
-    "mori_ie_dispatch_recv",
-    "mori_ie_combine_stage",
-    "mori_ie_combine_send",
-    "mori_ie_combine_recv",
+/// How a kernel's grid is sized.
+#[derive(Clone, Copy)]
+enum Grid {
+    /// One block per rank (the layout).
+    PerRank,
+    /// `blocks_per_rank`: kernels that wait, their whole grid resident at once.
+    CoResident,
+    /// `copy_blocks`: kernels that wait for nothing (the stagings, the copy-out, the sum).
+    Own,
+}
+
+/// The kernels in launch order (dispatch 0..=3; combine 4..=6) and their grids.
+const KERNELS: [(&str, Grid); 7] = [
+    ("mori_ie_layout", Grid::PerRank),
+    ("mori_ie_dispatch_stage", Grid::Own),
+    ("mori_ie_dispatch", Grid::CoResident),
+    ("mori_ie_dispatch_recv", Grid::Own),
+    ("mori_ie_combine_stage", Grid::Own),
+    ("mori_ie_combine_send", Grid::CoResident),
+    ("mori_ie_combine_recv", Grid::Own),
 ];
 
 impl InterNodeGpu {
@@ -183,7 +194,7 @@ impl InterNodeGpu {
         }
         rt.bind(dev)?;
         let module = KernelImages { cubin: CUBIN, ptx: PTX, hsaco: GFX942 }.load(rt.as_ref(), dev)?;
-        let funcs = KERNELS.iter().map(|k| module.function(k)).collect::<Result<Vec<_>, _>>()?;
+        let funcs = KERNELS.iter().map(|(k, _)| module.function(k)).collect::<Result<Vec<_>, _>>()?;
         let (t, k, r_max) = (layout.max_tokens, layout.top_k, layout.max_recv);
         let zeroed = |len: usize| -> GpuResult<DeviceBuffer> {
             let b = rt.alloc(dev, len.max(16))?;
@@ -362,16 +373,14 @@ impl InterNodeGpu {
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {
-                // The staging (1, 4), copy-out (3) and sum (6) kernels wait for nothing:
-                // blocks of their own; the layout (0) one per rank.
-                let per_rank = match k {
-                    0 => 1,
-                    1 | 3 | 4 | 6 => self.opts.copy_blocks,
-                    _ => b,
+                let per_rank = match KERNELS[k].1 {
+                    Grid::PerRank => 1,
+                    Grid::CoResident => b,
+                    Grid::Own => self.opts.copy_blocks,
                 };
                 let cfg = LaunchConfig { grid: (g * per_rank, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
                 let mut args = KernelArgs::new();
-                args.push(IeParams { blocks_per_rank: if k == 0 { b } else { per_rank }, ..*p });
+                args.push(IeParams { blocks_per_rank: per_rank, ..*p });
                 // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
                 // address in it belongs to buffers of self, which outlive the synchronization below.
                 unsafe { self.funcs[k].launch(s, &cfg, &args.params())? };

@@ -111,22 +111,20 @@ impl HostEp {
         // Every local rank's input is checked (and its puts built) before any rank issues one:
         // bad input on one rank leaves nothing half sent, and the HostEp usable.
         let mut ranks = Vec::with_capacity(inputs.len());
+        // Per local rank: its puts, and its RDMA algo and physical token counts.
         let mut outs = Vec::with_capacity(inputs.len());
-        let mut counts = Vec::with_capacity(inputs.len());
         for (li, input) in inputs.iter().enumerate() {
             let r = self.local.start + li;
             let (st, out) = DispatchRank::start(&self.proto, r, input)?;
             let ex = cfg.experts_per_rank * cfg.world_size;
             let node = self.proto.topology().node_of_rank(r);
-            counts.push((
-                rdma_algo_token_count(&input.indices, ex, nodes, OutOfRange::default())?,
-                rdma_cross_node_token_count(&input.indices, ex, nodes, node, OutOfRange::default())?,
-            ));
+            let algo = rdma_algo_token_count(&input.indices, ex, nodes, OutOfRange::default())?;
+            let phys = rdma_cross_node_token_count(&input.indices, ex, nodes, node, OutOfRange::default())?;
             ranks.push(st);
-            outs.push(out);
+            outs.push((out, algo, phys));
         }
-        for (li, out) in outs.iter().enumerate() {
-            (self.stats[li].rdma_algo_tokens, self.stats[li].rdma_physical_tokens) = counts[li];
+        for (li, (out, algo, phys)) in outs.iter().enumerate() {
+            (self.stats[li].rdma_algo_tokens, self.stats[li].rdma_physical_tokens) = (*algo, *phys);
             if li == 0 {
                 match self.opts.inject_exit {
                     Some(i @ (super::ProcessInjection::KillInDispatch { nth } | super::ProcessInjection::StopInDispatch { nth }))
@@ -185,19 +183,18 @@ impl HostEp {
         let opts = CombineOptions { weighting, out_of_range: OutOfRange::default(), order: self.proto.scheme().sum_order() };
         // Every local rank's state and input are checked before any rank's state is taken or
         // any put issued: bad input on one rank loses no dispatch and sends nothing.
+        let first = self.local.start;
+        let no_dispatch = move |li: usize| EpError::Host {
+            what: format!("combine on rank {}", first + li),
+            detail: "no dispatch preceded it (each combine follows one dispatch)".into(),
+        };
         for (li, x) in xs.iter().enumerate() {
-            let st = self.states[li].as_ref().ok_or_else(|| EpError::Host {
-                what: format!("combine on rank {}", self.local.start + li),
-                detail: "no dispatch preceded it (each combine follows one dispatch)".into(),
-            })?;
+            let st = self.states[li].as_ref().ok_or_else(|| no_dispatch(li))?;
             CombineRank::check(&self.proto, st, x, weights.map(|w| &w[li]), opts)?;
         }
         let mut ranks = Vec::with_capacity(n);
         for (li, x) in xs.iter().enumerate() {
-            let st = self.states[li].take().ok_or_else(|| EpError::Host {
-                what: format!("combine on rank {}", self.local.start + li),
-                detail: "no dispatch preceded it (each combine follows one dispatch)".into(),
-            })?;
+            let st = self.states[li].take().ok_or_else(|| no_dispatch(li))?;
             let (cr, out) = CombineRank::start(&self.proto, st, x, weights.map(|w| &w[li]), opts).map_err(|e| self.poison(e))?;
             ranks.push(CombinePhase::<X>(cr, PhantomData));
             self.issue(li, &out).map_err(|e| self.poison(e))?;
