@@ -14,21 +14,17 @@ be=("$B/bench_engine" --local --backend xgmi --mem-type gpu --enable-sess --all 
 for run in "write 1" "write 2" "read 1"; do
   read -r op n <<<"$run"
   step "flags: bench_engine xgmi batch-1 $op ($n), events then flags"
-  fl "bench_engine $op b1, events ($n)" env MORI_GPU_POOL_FLAGS=0 "${be[@]}" --op "$op" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
-  fl "bench_engine $op b1, flags ($n)" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op "$op" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
+  events_then_flags fl "bench_engine $op b1 ($n)" - "${be[@]}" --op "$op" --transfer-batch-size 1 --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20
 done
 step "flags: bench_engine xgmi batch-128 writes, events then flags"
-fl "bench_engine write b128, events" env MORI_GPU_POOL_FLAGS=0 "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3
-fl "bench_engine write b128, flags" env MORI_GPU_POOL_FLAGS=1 "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3
+events_then_flags fl "bench_engine write b128" - "${be[@]}" --op write --transfer-batch-size 128 --sweep-start 65536 --sweep-max 67108864 --iters 20 --warmup-iters 3
 for round in 1 2; do
   step "flags: round $round: V1 decode 2 x 4 over xgmi, events then flags"
-  fl "v1 decode, events ($round)" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/flags-v1-events-$round.json"
-  fl "v1 decode, flags ($round)" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/flags-v1-flags-$round.json"
+  events_then_flags fl "v1 decode ($round)" "$OUT/flags-v1-$round" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
 done
 step "flags: V1-LL and AsyncLL decode 2 x 4 over xgmi, events then flags"
 for kt in v1_ll async_ll; do
-  fl "$kt decode, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec --json "$OUT/flags-$kt-events.json"
-  fl "$kt decode, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec --json "$OUT/flags-$kt-flags.json"
+  events_then_flags fl "$kt decode" "$OUT/flags-$kt" "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec
 done
 step "flags: GPU tests with flags on (xgmi backend, inter-node EP)"
 fl "xgmi GPU tests, flags" env MORI_GPU_POOL_FLAGS=1 "$B/xgmi_gpu" --ignored --test-threads=1

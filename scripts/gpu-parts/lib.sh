@@ -35,3 +35,21 @@ table_rows() {
   echo
   rm -f "$tmp"
 }
+
+# events_then_flags RUN NAME JSON CMD...: runs CMD through RUN (a part's logger) twice, the
+# copy pools' completions told by events (MORI_GPU_POOL_FLAGS=0), then by flags (=1), named
+# "NAME, events" and "NAME, flags"; unless JSON is -, each run also writes --json JSON-events.json
+# or JSON-flags.json.
+events_then_flags() {
+  local run=$1 name=$2 json=$3 mode v
+  shift 3
+  for mode in events flags; do
+    v=0
+    [ "$mode" = flags ] && v=1
+    if [ "$json" = - ]; then
+      "$run" "$name, $mode" env MORI_GPU_POOL_FLAGS=$v "$@"
+    else
+      "$run" "$name, $mode" env MORI_GPU_POOL_FLAGS=$v "$@" --json "$json-$mode.json"
+    fi
+  done
+}

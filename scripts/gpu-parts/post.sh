@@ -19,22 +19,18 @@ step "post: the copy pool's GPU test (completion by events, then by flags)"
 po "copy pool test" "$B/gpu" --ignored --exact copy_pool_copies_and_survives_a_panicking_callback --nocapture
 for round in 1 2; do
   step "post: round $round: V1 decode over xgmi, events then flags"
-  po "v1 decode xgmi, events ($round)" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/post-v1-events-$round.json"
-  po "v1 decode xgmi, flags ($round)" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --json "$OUT/post-v1-flags-$round.json"
+  events_then_flags po "v1 decode xgmi ($round)" "$OUT/post-v1-$round" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
 done
 step "post: AsyncLL decode over xgmi, events then flags; V1 at 2 ranks, events then flags"
-po "async_ll decode xgmi, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-events.json"
-po "async_ll decode xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --json "$OUT/post-asyncll-flags.json"
-po "v1 decode xgmi W=2, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
-po "v1 decode xgmi W=2, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
+events_then_flags po "async_ll decode xgmi" "$OUT/post-asyncll" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
+events_then_flags po "v1 decode xgmi W=2" - "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 --world-size 2 $dec
 step "post: V1 with the completion threads yielding (MORI_GPU_POOL_SPIN=0)"
 po "v1 decode xgmi, pools yield" env MORI_GPU_POOL_SPIN=0 MORI_GPU_POOL_FLAGS=0 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
 step "post: V1 with another copy-out grid (--copy-blocks 16, 32; default 64), flags"
 po "v1 decode xgmi, flags, copy-blocks 16" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 16
 po "v1 decode xgmi, flags, copy-blocks 32" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec --copy-blocks 32
 step "post: bench_engine xgmi batch-1 writes (two processes), events then flags"
-po "bench_engine xgmi, events" env MORI_GPU_POOL_FLAGS=0 "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
-po "bench_engine xgmi, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
+events_then_flags po "bench_engine xgmi" - "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 8 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
 step "post: V1-LL decode over xgmi, traced (relay forwarding and relay reduce in their own spans), flags"
 mkdir -p "$OUT/trace"
 po "v1_ll decode xgmi traced, flags" env MORI_GPU_POOL_FLAGS=1 "$B/bench_dispatch_combine" --kernel-type v1_ll --num-nodes 2 $dec --trace "$OUT/trace/post-v1ll.json"
