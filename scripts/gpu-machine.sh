@@ -32,7 +32,8 @@ step() { echo; echo "=== $*"; }
 # events against flags in alternating rounds: bench_engine latency and bandwidth, the EP
 # kernel types, then the GPU tests with flags on), and, only when named, grid
 # (scripts/gpu-parts/grid.sh: the inter-node GPU tests, then the kernels that wait for nothing
-# at 16, 32 and 64 blocks per rank). One run
+# at 16, 32 and 64 blocks per rank), and, only when named, spin (scripts/gpu-parts/spin.sh: the
+# proxies polling an idle ring for 200 µs, the default, against 100 ms). One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
@@ -102,7 +103,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy asyncll post flags grid xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -79,7 +79,7 @@ fn ring_kernels_emulated_on_cpu_threads_through_a_tcp_proxy() {
         std::thread::sleep(Duration::from_millis(300));
         let taken = head.u64_at(0).load(Ordering::Acquire);
         assert!(taken <= 8 + (blocks * warps) as u64, "{taken} tickets taken with 8 slots and no consumer: a push did not wait for room");
-        let proxy = RingProxy::start("emu", src_eng.clone(), src_m.clone(), peers, mem, RingProxyOptions::default()).unwrap();
+        let proxy = RingProxy::start("emu", src_eng.clone(), src_m.clone(), peers, mem, RingProxyOptions::SHORT_SPIN).unwrap();
         k.join().unwrap();
         proxy
     });

@@ -245,7 +245,7 @@ fn ring_proxy_over_tcp_counters_never_run_ahead_of_the_data() {
     let ring_region = Region::new(lay.bytes());
     let mem = ring_region.ring(lay);
     let peers = vec![Some(PeerWindow { data: dst_m.clone(), counters: ctr_m.clone() })];
-    let proxy = RingProxy::start("test", src_eng.clone(), src_m.clone(), peers, mem, RingProxyOptions::default()).unwrap();
+    let proxy = RingProxy::start("test", src_eng.clone(), src_m.clone(), peers, mem, RingProxyOptions::SHORT_SPIN).unwrap();
     let head = AtomicU64::new(0);
     let mut checks = 0u64;
     let cmd = |p: usize, k: usize| {
@@ -338,7 +338,7 @@ fn ring_proxy_tail_writes_never_run_ahead_of_the_data() {
         src_m.clone(),
         vec![Some(PeerWindow::single(dst_m.clone()))],
         mem,
-        RingProxyOptions::default(),
+        RingProxyOptions::SHORT_SPIN,
     )
     .unwrap();
     let head = AtomicU64::new(0);
@@ -405,7 +405,7 @@ fn ring_proxy_names_an_unknown_destination() {
     let lay = RingLayout::new(4).unwrap();
     let ring_region = Region::new(lay.bytes());
     let mem = ring_region.ring(lay);
-    let proxy = RingProxy::start("lonely", eng.clone(), m.clone(), vec![None, None], mem, RingProxyOptions::default()).unwrap();
+    let proxy = RingProxy::start("lonely", eng.clone(), m.clone(), vec![None, None], mem, RingProxyOptions::SHORT_SPIN).unwrap();
     let head = AtomicU64::new(0);
     RingProducer::new(mem, &head)
         .push(

@@ -258,7 +258,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
         // SAFETY: 64-aligned zeroed region living as long as `mems` (the proxies stop first).
         let ring = unsafe { RingMem::new(mems[r].ring_region.ptr, RingLayout::new(16).unwrap()).unwrap() };
         proxies.push(
-            RingProxy::start(&format!("ie{r}"), engines[r].clone(), regs[r].clone(), peers, ring, RingProxyOptions::default()).unwrap(),
+            RingProxy::start(&format!("ie{r}"), engines[r].clone(), regs[r].clone(), peers, ring, RingProxyOptions::SHORT_SPIN).unwrap(),
         );
     }
     let mut rng = SplitMix64::new(0x1e_2024);

@@ -17,16 +17,28 @@ const RING_BURST: usize = 4 * super::MAX_BATCH;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingProxyOptions {
     /// How long the thread keeps spinning on an empty ring after the last command before it
-    /// starts sleeping (default 200 µs): a producer's next command is then picked up within
-    /// a poll, not a sleep.
+    /// starts sleeping (default 20 ms): a producer's next command is then picked up within
+    /// a poll, not a sleep. The default spans the gap between one dispatch and the next
+    /// combine, and between the layers of a forward pass; a proxy asleep when a command comes
+    /// takes it up to a nap (`max_sleep`) plus the timer's slack late. Measured on an H100
+    /// (docs/PERFORMANCE.md, proxy polling): V1 decode at 2 x 4 ranks took 350-355 µs to
+    /// dispatch and 521-538 µs to combine with the proxies polling through the run, against
+    /// 434-558 / 674-786 µs with 200 µs of polling.
     pub spin: Duration,
     /// Longest sleep between two polls of an idle ring (default 50 µs).
     pub max_sleep: Duration,
 }
 
+impl RingProxyOptions {
+    /// 200 µs of polling, then naps: for hosts with fewer cores than busy threads (tests whose
+    /// producers are host threads standing in for GPU warps), where a polling proxy takes the
+    /// CPU its producers need.
+    pub const SHORT_SPIN: Self = Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50) };
+}
+
 impl Default for RingProxyOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50) }
+        Self { spin: Duration::from_millis(20), max_sleep: Duration::from_micros(50) }
     }
 }
 
