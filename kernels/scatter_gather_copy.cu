@@ -58,6 +58,25 @@
 //           4 KiB of parameters every CUDA and HIP launch accepts.
 //   Units, addressing, contract and launch exactly as mori_paged_copy's.
 //
+// mori_ordered_copy  (extern "C", unmangled): up to 8 segments copied in order, with the
+// segment table, the arrival counter and the completion word in the parameters, so one launch
+// replaces a copy per segment and a stream write (the copy pool's ordered batches: a segment
+// and the counter pair that tells the peer it landed).
+//   params  0: OrderedCopy t          216 bytes, offset 0, BY VALUE (8-aligned)
+//           (kernelParams = { &t })
+//   OrderedCopy (216 bytes, 8-aligned, no padding): { CopyDesc segs[8] (offset 0);
+//           u64 arrivals (192): device address of a u32 that is 0 before the launch;
+//           u64 flag (200): device address of a u32 to write flag_value into once every
+//           segment landed, or 0; u32 n (208): segments used, 1..8 (else nothing is copied);
+//           u32 flag_value (212) }.
+//   The whole grid copies segs[0]; each thread fences its stores at system scope, and the
+//   block that arrives last on `arrivals` copies segs[1..n] one after the other (a system
+//   fence and a block barrier between two), puts `arrivals` back to 0, fences, then writes
+//   flag_value into `flag`. So an observer that sees segment i's bytes (or the flag) sees
+//   every earlier segment's. Launch 1-D, no dynamic shared memory, block 64 (any size up to
+//   1024), grid min(128 * multiprocessors, max(1, segs[0].len / 16 KiB)); one launch at a time
+//   per `arrivals` word.
+//
 // The copy: threads copy elements of the widest width src and dst share: 16 bytes when
 // (src ^ dst) % 16 == 0, else 8, 4, 2 or 1, with byte copies before the first and after the
 // last aligned element.
@@ -115,6 +134,18 @@ struct PagedInline {
     PagedRun runs[MORI_PAGED_INLINE_RUNS];
 };
 static_assert(sizeof(PagedInline) == 3928, "PagedInline is 3928 bytes");
+
+// Capacity of mori_ordered_copy's segment table.
+#define MORI_ORDERED_SEGS 8
+
+struct OrderedCopy {
+    CopyDesc segs[MORI_ORDERED_SEGS];
+    uint64_t arrivals;
+    uint64_t flag;
+    uint32_t n;
+    uint32_t flag_value;
+};
+static_assert(sizeof(OrderedCopy) == 216, "OrderedCopy is 216 bytes");
 
 // Copies count elements of T: this thread takes elements lane, lane + stride, ..., U loads in
 // flight at a time.
@@ -216,4 +247,34 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy(const PagedRun* runs, 
 MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy_inline(const MORI_GRID_CONSTANT PagedInline t) {
     if (t.p.n_runs > MORI_PAGED_INLINE_RUNS) return;
     mori_paged_units(t.runs, t.p);
+}
+
+// The first segment by every block, the rest by the block that arrives last (see the ABI
+// above): the last arrival has seen every other block's fenced stores before it writes on.
+MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy(const MORI_GRID_CONSTANT OrderedCopy t) {
+    if (t.n == 0 || t.n > MORI_ORDERED_SEGS) return;
+    const uint64_t nt = mori_block_dim();
+    mori_copy_range<2>(t.segs[0].src, t.segs[0].dst, t.segs[0].len,
+                       (uint64_t)mori_block_idx() * nt + mori_thread_idx(), (uint64_t)mori_grid_dim() * nt);
+    mori_fence_system();
+    mori_sync_block();
+    MORI_SHARED uint32_t last;
+    if (mori_thread_idx() == 0) {
+        last = mori_atomic_add_system_u32((uint32_t*)t.arrivals, 1) == mori_grid_dim() - 1;
+    }
+    mori_sync_block();
+    if (!last) return;
+    mori_fence_system();
+    for (uint32_t i = 1; i < t.n; i++) {
+        mori_copy_range<2>(t.segs[i].src, t.segs[i].dst, t.segs[i].len, mori_thread_idx(), nt);
+        mori_fence_system();
+        mori_sync_block();
+    }
+    if (mori_thread_idx() == 0) {
+        *(volatile uint32_t*)t.arrivals = 0;
+        if (t.flag != 0) {
+            mori_fence_system();
+            *(volatile uint32_t*)t.flag = t.flag_value;
+        }
+    }
 }

@@ -43,7 +43,7 @@ pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocat
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
 pub use pool::{
     submit_stats, CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide, SubmitStats, FLAGS_ENV, FLAG_FALLBACK,
-    PAGED_INLINE_RUNS, SPIN_ENV,
+    ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS, PAGED_INLINE_RUNS, SPIN_ENV,
 };
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};

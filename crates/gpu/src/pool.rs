@@ -39,11 +39,13 @@ static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gath
 
 mod config;
 mod flags;
+mod ordered;
 mod paged;
 mod slot;
 mod stats;
 use config::{env_switch, env_text};
 pub use config::{CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
+pub use ordered::{ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS};
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
 pub use slot::Lane;
 use slot::Slot;
@@ -76,6 +78,10 @@ struct DevPool {
     kernel: Option<Function>,
     /// The paged-copy kernels of the same module (none exactly when `kernel` is none).
     paged: Option<paged::PagedKernels>,
+    /// The ordered-copy kernel of the same module (none when `kernel` is none or
+    /// [`CopyPoolConfig::ordered_kernel`] is off, or when the arrival words could not be
+    /// allocated).
+    ordered: Option<Function>,
     sms: u32,
     streams: Vec<Stream>,
     /// Submissions in flight per stream.
@@ -179,6 +185,8 @@ impl CopyPool {
         // and the flag path never ran on an AMD GPU.
         let auto = rt.kind() != crate::RuntimeKind::Hip;
         cfg.host_flags = Some(env_switch(FLAGS_ENV, cfg.host_flags.unwrap_or(auto), env_text(FLAGS_ENV)?.as_deref())?);
+        cfg.ordered_kernel =
+            Some(ordered::enabled(cfg.ordered_kernel, rt.kind() == crate::RuntimeKind::Hip, env_text(ORDERED_ENV)?.as_deref())?);
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
             // kernarg, over the 4 KiB a launch is documented to take, and never run on an AMD
@@ -256,7 +264,27 @@ impl CopyPool {
         let t1 = Instant::now();
         let si = claim_lane(&dp.busy, &dp.next);
         let stream = &dp.streams[si];
-        let failed = {
+        // A flag that cannot be written leaves this submission, and every later one on this
+        // device, to its event (the work itself was queued), said once per process.
+        let flag_failed = |e: GpuError| {
+            dp.flags_failed.store(true, Ordering::Relaxed);
+            flags::warn_once(
+                &flags::SAID_WRITE_FAILED,
+                &format!(
+                    "a completion flag write failed on {dev} ({e}): this device's submissions are told complete by their events from now on"
+                ),
+            );
+        };
+        let flag = dp.slots[slot].flag.as_ref().filter(|_| !dp.flags_failed.load(Ordering::Relaxed));
+        let word = match flag.map(|f| f.next_word()) {
+            Some(Ok(w)) => Some(w),
+            Some(Err(e)) => {
+                flag_failed(e);
+                None
+            }
+            None => None,
+        };
+        let (failed, flag_taken) = {
             let mut lane = Lane {
                 rt: &s.rt,
                 device: dev,
@@ -265,25 +293,23 @@ impl CopyPool {
                 scratch: None,
                 slot_staging: &dp.slots[slot].staging,
                 staging: None,
+                arrivals: dp.slots[slot].arrivals.as_ref().map(|(b, i)| b.ptr() + 4 * *i as u64),
+                flag: word.as_ref().map(|(w, seq)| (w.ptr(), *seq)),
+                flag_taken: false,
             };
-            enqueue(&mut lane).err()
+            (enqueue(&mut lane).err(), lane.flag_taken)
         };
         let t2 = Instant::now();
-        // A flag that cannot be written leaves this submission, and every later one on this
-        // device, to its event (the work itself was queued), said once per process.
-        let flag = dp.slots[slot].flag.as_ref().filter(|_| !dp.flags_failed.load(Ordering::Relaxed));
-        let flag_seq = match flag.map(|f| f.arm(stream)) {
-            Some(Ok(seq)) => seq,
-            Some(Err(e)) => {
-                dp.flags_failed.store(true, Ordering::Relaxed);
-                flags::warn_once(
-                    &flags::SAID_WRITE_FAILED,
-                    &format!(
-                        "a completion flag write failed on {dev} ({e}): this device's submissions are told complete by their events from now on"
-                    ),
-                );
-                0
-            }
+        let flag_seq = match word {
+            // The work writes the flag itself; if queueing it failed, the event tells.
+            Some((_, seq)) if flag_taken => seq * u32::from(failed.is_none()),
+            Some((w, seq)) => match stream.write_value32(&w, seq) {
+                Ok(()) => seq,
+                Err(e) => {
+                    flag_failed(e);
+                    0
+                }
+            },
             None => 0,
         };
         let recorded = dp.slots[slot].event.record(stream);
@@ -341,10 +367,13 @@ impl CopyPool {
         unsafe { self.copy_with_in(dev, segs, make_done, false) }
     }
 
-    /// [`CopyPool::copy_with`] with the segments copied in order: one async copy per segment,
-    /// all on the submission's one stream (never the scatter/gather kernel, whose threads
-    /// write every segment at once), so each segment's bytes are written only after the
-    /// previous segment's copy completed.
+    /// [`CopyPool::copy_with`] with the segments copied in order, so each segment's bytes are
+    /// written only after the previous segment's landed (never the scatter/gather kernel,
+    /// whose threads write every segment at once): 1 to [`ORDERED_SEGS`] segments with at
+    /// most [`ORDERED_REST_MAX`] bytes after the first go through one launch of the
+    /// ordered-copy kernel ([`CopyPoolConfig::ordered_kernel`]: the grid copies the first,
+    /// the last block to finish the others, then writes the completion flag); other batches
+    /// as one async copy per segment, all on the submission's one stream.
     ///
     /// # Safety
     /// As [`CopyPool::copy`].
@@ -378,6 +407,10 @@ impl CopyPool {
                 && n >= s.cfg.kernel_threshold
                 && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes
         });
+        if let Some((table, first)) = dp.ordered.as_ref().filter(|_| in_order).and_then(|_| ordered::OrderedCopy::table(segs.clone())) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.copy_ordered(dp, table, first, make_done) };
+        }
         if let Some(f) = kernel {
             let n32 = u32::try_from(n)
                 .map_err(|_| GpuError::invalid(format!("{n} segments in one scatter/gather batch: at most {}", u32::MAX)))?;
@@ -419,6 +452,40 @@ impl CopyPool {
                 let (d, sr) = unsafe { (DeviceSlice::from_raw(seg.dst, len, dev), DeviceSlice::from_raw(seg.src, len, dev)) };
                 rt.copy_dtod_async(&d, &sr, lane.stream())?;
             }
+            Ok(())
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.submit_on(dp, enqueue, make_done) }
+    }
+
+    /// One launch of the ordered-copy kernel for `table` (see [`CopyPool::copy_in_order_with`]),
+    /// its first segment `first` bytes long.
+    ///
+    /// # Safety
+    /// As [`CopyPool::copy`].
+    unsafe fn copy_ordered<M, D>(&self, dp: &DevPool, table: ordered::OrderedCopy, first: u64, make_done: M) -> Result<()>
+    where
+        M: FnOnce() -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        let Some(f) = dp.ordered.as_ref() else {
+            return Err(GpuError::invalid("copy pool: no ordered-copy kernel"));
+        };
+        let rt = &self.shared.rt;
+        let grid = ordered::grid(first, dp.sms);
+        let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
+            let arrivals = lane.arrivals.ok_or_else(|| GpuError::invalid("copy pool: the slot has no arrival word"))?;
+            let t = table.finish(arrivals, lane.flag);
+            let mut args = KernelArgs::new();
+            args.push(t);
+            let cfg = LaunchConfig { grid: (grid, 1, 1), block: (64, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: the kernel's ABI is (OrderedCopy by value) (kernels/README.md); every
+            // segment's ranges are mapped device memory (forwarded contract), the arrival word
+            // is this slot's (no other submission uses it until this one completed) and the
+            // flag word is this slot's mapped flag.
+            unsafe { rt.launch(f, lane.stream(), &cfg, &args.params()) }?;
+            lane.flag_taken = lane.flag.is_some();
+            stats::count_ordered();
             Ok(())
         };
         // SAFETY: forwarded contract.
@@ -477,22 +544,35 @@ impl Shared {
             _ => Vec::new(),
         };
         flags.resize_with(self.cfg.num_events, || None);
+        let (kernel, paged, ordered) = if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None, None) };
+        let arrivals = match ordered.as_ref().filter(|_| self.cfg.ordered_kernel == Some(true)) {
+            Some(_) => match ordered::alloc_arrivals(&self.rt, dev, self.cfg.num_events) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    tracing::warn!(device = dev.0, error = %e, "copy pool: no arrival words: ordered batches are queued as one copy per segment");
+                    None
+                }
+            },
+            None => None,
+        };
         let mut slots = Vec::with_capacity(self.cfg.num_events);
-        for flag in flags {
+        for (i, flag) in flags.into_iter().enumerate() {
             slots.push(Slot {
                 event: self.rt.event(dev, false)?,
                 scratch: Mutex::new(None),
                 staging: Mutex::new(None),
                 flag,
+                arrivals: arrivals.as_ref().map(|b| (b.clone(), i)),
                 retired: AtomicBool::new(false),
             });
         }
-        let (kernel, paged) = if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None) };
+        let ordered = ordered.filter(|_| arrivals.is_some());
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
         Ok(cell.get_or_init(|| DevPool {
             device: dev,
             kernel,
             paged,
+            ordered,
             sms,
             busy: streams.iter().map(|_| AtomicUsize::new(0)).collect(),
             streams,
@@ -504,24 +584,24 @@ impl Shared {
         }))
     }
 
-    /// The scatter/gather and paged-copy kernels on `dev` (one module); `(None, None)`
+    /// The scatter/gather, paged-copy and ordered-copy kernels on `dev` (one module); all none
     /// (logged) if no image loads or either is missing, and batches then use one copy per
     /// segment, paged copies one copy per range.
-    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<paged::PagedKernels>) {
+    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<paged::PagedKernels>, Option<Function>) {
         let images = KernelImages { cubin: SG_CUBIN, ptx: SG_PTX, hsaco: SG_GFX942 };
         let loaded = images.load(&*self.rt, dev).and_then(|m| {
             let paged = paged::PagedKernels { table: m.function("mori_paged_copy")?, inline: m.function("mori_paged_copy_inline")? };
-            Ok((m.function("mori_scatter_gather_copy")?, paged))
+            Ok((m.function("mori_scatter_gather_copy")?, paged, m.function("mori_ordered_copy")?))
         });
         match loaded {
-            Ok((sg, paged)) => (Some(sg), Some(paged)),
+            Ok((sg, paged, ord)) => (Some(sg), Some(paged), Some(ord)),
             Err(e) => {
                 tracing::warn!(
                     device = dev.0,
                     error = %e,
                     "no scatter/gather kernels: batches use one copy per segment, paged copies one per range"
                 );
-                (None, None)
+                (None, None, None)
             }
         }
     }

@@ -793,6 +793,91 @@ fn copy_pool_twelve_copies(host_flags: bool) -> R {
     Ok(())
 }
 
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_ordered_batches_land_through_one_launch() -> R {
+    // Completion told by the flag the kernel writes, then by events; then the same batches
+    // with the kernel off, and a batch the kernel does not take (9 segments).
+    copy_pool_ordered(true, Some(true))?;
+    copy_pool_ordered(false, Some(true))?;
+    copy_pool_ordered(true, Some(false))
+}
+
+/// Twenty ordered batches of a 1 MiB segment (at an odd offset: byte copies at its ends)
+/// then a 16-byte pair, each checked once done, then one of 9 segments; counts the batches
+/// that went through the ordered-copy kernel.
+fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    let rt = rt()?;
+    let cfg = CopyPoolConfig { num_events: 4, host_flags: Some(host_flags), ordered_kernel: kernel, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-ordered")?;
+    let what = format!("ordered batches (host_flags {host_flags}, kernel {kernel:?})");
+    let (big, len) = (1usize << 20, 2usize << 20);
+    let a = rt.alloc(DEV, len)?;
+    let b = rt.alloc(DEV, len)?;
+    let stats0 = mori_gpu::submit_stats();
+    for k in 0..20u8 {
+        rt.copy_htod(&a.slice(), &pattern(len, k))?;
+        rt.memset(&b.slice(), 0)?;
+        let (src, dst) = (a.ptr(), b.ptr());
+        let segs =
+            [CopySeg { src: src + 3, dst: dst + 5, len: big as u64 }, CopySeg { src: src + 1_500_000, dst: dst + 1_600_000, len: 16 }];
+        pool_wait(&pool, &what, |tx| {
+            // SAFETY: both ranges lie inside `a` and `b`, which outlive the pool's work
+            // (each batch is waited for here).
+            unsafe {
+                pool.copy_in_order_with(DEV, segs, move || {
+                    move |r| {
+                        let _ = tx.send(r);
+                    }
+                })
+            }?;
+            Ok(())
+        })?;
+        let mut back = vec![0u8; len];
+        rt.copy_dtoh(&mut back, &b.slice())?;
+        check(&format!("{what}: batch {k}, segment"), &back[5..5 + big], |i| pat(i + 3, k))?;
+        check(&format!("{what}: batch {k}, pair"), &back[1_600_000..1_600_016], |i| pat(i + 1_500_000, k))?;
+        if back[..5].iter().chain(&back[5 + big..1_600_000]).chain(&back[1_600_016..]).any(|&x| x != 0) {
+            return fail(format!("{what}: batch {k} wrote outside its segments"));
+        }
+    }
+    let launches = mori_gpu::submit_stats().since(&stats0).ordered_launches;
+    // Nine segments are more than the kernel's table: copies, in order.
+    rt.memset(&b.slice(), 0)?;
+    let nine: Vec<CopySeg> = (0..9u64).map(|i| CopySeg { src: a.ptr() + i * 4096, dst: b.ptr() + i * 4096, len: 4096 }).collect();
+    let before = mori_gpu::submit_stats();
+    pool_wait(&pool, &what, |tx| {
+        // SAFETY: as above.
+        unsafe {
+            pool.copy_in_order_with(DEV, nine, move || {
+                move |r| {
+                    let _ = tx.send(r);
+                }
+            })
+        }?;
+        Ok(())
+    })?;
+    let mut back = vec![0u8; 9 * 4096];
+    rt.copy_dtoh(&mut back, &b.sub(0, 9 * 4096)?)?;
+    check(&format!("{what}: 9 segments"), &back, |i| pat(i, 19))?;
+    let nine_launches = mori_gpu::submit_stats().since(&before).ordered_launches;
+    // The variable, when set, overrides `ordered_kernel`.
+    let expect = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
+        Some("1") => 20,
+        Some(_) => 0,
+        None if kernel == Some(false) => 0,
+        None => 20,
+    };
+    if launches != expect || nine_launches != 0 {
+        return fail(format!(
+            "{what}: {launches} of 20 batches through the kernel (expected {expect}), {nine_launches} for 9 segments (expected 0)"
+        ));
+    }
+    println!("{what}: 20 batches of 1 MiB + 16 B checked, {launches} through the ordered-copy kernel; 9 segments as copies");
+    Ok(())
+}
+
 /// Runs `submit` (which queues one pool submission reporting to the sender) and drives the
 /// pool until that submission completed; its outcome.
 fn pool_wait(pool: &mori_gpu::CopyPool, what: &str, submit: impl FnOnce(std::sync::mpsc::Sender<mori_gpu::Result<()>>) -> R) -> R {

@@ -54,6 +54,15 @@ pub struct CopyPoolConfig {
     /// H200 likewise); batch-128 bandwidth stayed within 2 % from 1 to 64 MiB; the
     /// inter-node EP figures stayed within their spread.
     pub host_flags: Option<bool>,
+    /// Whether ordered batches ([`CopyPool::copy_in_order_with`]) of 1 to
+    /// [`super::ORDERED_SEGS`] segments with at most [`super::ORDERED_REST_MAX`] bytes after
+    /// the first go through one launch of the ordered-copy kernel, which also writes the
+    /// completion flag (`Some(true)`), or as one async copy per segment and a flag write
+    /// (`Some(false)`). `None` (the default): the kernel on CUDA, copies on HIP (where it never
+    /// ran). The environment variable `MORI_GPU_POOL_ORDERED_KERNEL` (`1` or `0`), when set,
+    /// overrides it ([`CopyPool::new`]). Needs the scatter/gather module (`kernel_threshold`
+    /// above 0 and an image that loads); without it, copies.
+    pub ordered_kernel: Option<bool>,
 }
 
 /// The environment variable that overrides [`CopyPoolConfig::host_flags`].
@@ -77,6 +86,7 @@ impl Default for CopyPoolConfig {
             paged_inline_runs: PAGED_INLINE_RUNS,
             spin_in_flight: true,
             host_flags: None,
+            ordered_kernel: None,
         }
     }
 }

@@ -2,7 +2,8 @@
 //! pinned host memory mapped into the device. A submission queues, after its work, a stream
 //! write of the slot's next sequence number into that word (`cuStreamWriteValue32` with flags
 //! 0, which fences the work's writes before it; `hipStreamWriteValue32`, which runs after
-//! earlier work on the stream and documents no fence: compiled, never run); a completion step
+//! earlier work on the stream and documents no fence: compiled, never run), or its work writes
+//! the word itself after a system-scope fence (the ordered-copy kernel); a completion step
 //! then learns that the work finished by reading host memory, with no driver call. Polling
 //! events instead takes the driver's locks on every look, and threads that poll hold up other
 //! threads' copies and launches in the same process. The slot's event is still recorded after
@@ -13,8 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use crate::error::{GpuError, Result};
-use crate::memory::PinnedBuffer;
-use crate::stream::Stream;
+use crate::memory::{DeviceSlice, PinnedBuffer};
 use crate::types::Device;
 use crate::Runtime;
 
@@ -59,15 +59,14 @@ fn next_seq(s: u32) -> u32 {
 }
 
 impl SlotFlag {
-    /// Queues on `stream` the write of this slot's next sequence number into its word, after
-    /// everything queued on `stream` before it; returns the number. The slot must be free
-    /// (its previous submission completed). Errors: the driver's.
-    pub(super) fn arm(&self, stream: &Stream) -> Result<u32> {
+    /// This slot's word (mapped into the device) and its next sequence number, for the work
+    /// to write (a stream write queued after it, or the ordered-copy kernel); the number is
+    /// taken even if nothing writes it. The slot must be free. Errors: a lost mapping.
+    pub(super) fn next_word(&self) -> Result<(DeviceSlice<'_>, u32)> {
         let seq = next_seq(self.seq.load(Ordering::Relaxed));
         self.seq.store(seq, Ordering::Relaxed);
         let whole = self.buf.device_slice().ok_or_else(|| GpuError::invalid("copy pool: completion flags lost their mapping"))?;
-        stream.write_value32(&whole.sub(self.index * 4, 4)?, seq)?;
-        Ok(seq)
+        Ok((whole.sub(self.index * 4, 4)?, seq))
     }
 
     /// Whether the write of `seq` has landed (and with it, the work queued before it).

@@ -26,6 +26,13 @@ pub struct Lane<'a> {
     /// The slot's pinned host staging buffer, locked on first use.
     pub(super) slot_staging: &'a Mutex<Option<PinnedBuffer>>,
     pub(super) staging: Option<MutexGuard<'a, Option<PinnedBuffer>>>,
+    /// Device address of the slot's arrival word (the ordered-copy kernel's), if any.
+    pub(super) arrivals: Option<u64>,
+    /// The slot's completion flag word (device address) and the value that marks this
+    /// submission done, when flags are on.
+    pub(super) flag: Option<(u64, u32)>,
+    /// Set by work that writes `flag` itself: no stream write is queued after it.
+    pub(super) flag_taken: bool,
 }
 
 /// Capacity a slot buffer grows to for `len` bytes: the next power of two, at least 4 KiB.
@@ -111,6 +118,8 @@ pub(super) struct Slot {
     pub(super) staging: Mutex<Option<PinnedBuffer>>,
     /// Its completion flag ([`CopyPoolConfig::host_flags`]).
     pub(super) flag: Option<flags::SlotFlag>,
+    /// Its arrival word for the ordered-copy kernel: the pool's buffer and the word's index.
+    pub(super) arrivals: Option<(Arc<DeviceBuffer>, usize)>,
     /// Retired after a failed event record: work may still be queued with no event after it,
     /// so dropping the slot leaks its buffers and flag rather than free them under it.
     pub(super) retired: AtomicBool,
@@ -128,6 +137,7 @@ impl Drop for Slot {
             if let Some(f) = slot.flag.take() {
                 f.leak();
             }
+            std::mem::forget(slot.arrivals.take());
         };
         if *self.retired.get_mut() {
             return leak(self);

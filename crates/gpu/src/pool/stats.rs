@@ -34,6 +34,9 @@ pub struct SubmitStats {
     /// Submissions of pools using completion flags whose event was seen fired before their
     /// flag (each waited for the once-a-millisecond event check): flags that do not arrive.
     pub flag_misses: u64,
+    /// Submissions that were ordered batches queued as one launch of the ordered-copy kernel
+    /// ([`super::CopyPoolConfig::ordered_kernel`]).
+    pub ordered_launches: u64,
 }
 
 impl SubmitStats {
@@ -49,6 +52,7 @@ impl SubmitStats {
             event_queries: self.event_queries.saturating_sub(earlier.event_queries),
             event_query_ns: self.event_query_ns.saturating_sub(earlier.event_query_ns),
             flag_misses: self.flag_misses.saturating_sub(earlier.flag_misses),
+            ordered_launches: self.ordered_launches.saturating_sub(earlier.ordered_launches),
         }
     }
 
@@ -72,6 +76,7 @@ struct Submits {
     enqueue_ns: AtomicU64,
     record_ns: AtomicU64,
     max_ns: AtomicU64,
+    ordered: AtomicU64,
 }
 
 /// The completion steps' counters, on a cache line apart from the submitters'.
@@ -88,6 +93,7 @@ static SUBMITS: Submits = Submits {
     enqueue_ns: AtomicU64::new(0),
     record_ns: AtomicU64::new(0),
     max_ns: AtomicU64::new(0),
+    ordered: AtomicU64::new(0),
 };
 static QUERIES: Queries = Queries { n: AtomicU64::new(0), ns: AtomicU64::new(0), flag_misses: AtomicU64::new(0) };
 
@@ -102,6 +108,7 @@ pub fn submit_stats() -> SubmitStats {
         event_queries: QUERIES.n.load(Ordering::Relaxed),
         event_query_ns: QUERIES.ns.load(Ordering::Relaxed),
         flag_misses: QUERIES.flag_misses.load(Ordering::Relaxed),
+        ordered_launches: SUBMITS.ordered.load(Ordering::Relaxed),
     }
 }
 
@@ -116,6 +123,11 @@ pub(super) fn count_submit(t: [Instant; 4]) {
     SUBMITS.enqueue_ns.fetch_add(ns(t[1], t[2]), Ordering::Relaxed);
     SUBMITS.record_ns.fetch_add(ns(t[2], t[3]), Ordering::Relaxed);
     SUBMITS.max_ns.fetch_max(ns(t[0], t[3]), Ordering::Relaxed);
+}
+
+/// Counts one ordered batch queued as a launch of the ordered-copy kernel.
+pub(super) fn count_ordered() {
+    SUBMITS.ordered.fetch_add(1, Ordering::Relaxed);
 }
 
 /// One completion step's tally, added to the totals once when dropped.
@@ -167,6 +179,7 @@ mod tests {
             event_queries: 5,
             event_query_ns: 50,
             flag_misses: 1,
+            ordered_launches: 1,
         };
         let b = SubmitStats {
             submissions: 6,
@@ -177,6 +190,7 @@ mod tests {
             event_queries: 9,
             event_query_ns: 90,
             flag_misses: 3,
+            ordered_launches: 4,
         };
         let d = b.since(&a);
         assert_eq!(
@@ -189,7 +203,8 @@ mod tests {
                 max_submit_ns: 9000,
                 event_queries: 4,
                 event_query_ns: 40,
-                flag_misses: 2
+                flag_misses: 2,
+                ordered_launches: 3
             }
         );
         assert_eq!(d.mean_us(), (0.1, 2.0, 0.2));

@@ -16,8 +16,9 @@
  *     unified addressing): copies, memsets, stream memory operations and kernels may use it;
  *   - four kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
  *     the copy kernels of kernels/scatter_gather_copy.cu by their ABI (kernels/README.md):
- *     mori_scatter_gather_copy, mori_paged_copy and mori_paged_copy_inline (run table in
- *     the by-value parameter), run in stream order on the host; a range
+ *     mori_scatter_gather_copy, mori_paged_copy, mori_paged_copy_inline (run table in
+ *     the by-value parameter) and mori_ordered_copy (segments in order, then the arrival
+ *     word's check and reset and the flag write), run in stream order on the host; a range
  *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
  */
@@ -151,6 +152,28 @@ static void run_paged(const unsigned char *table, const struct paged_params *p) 
     }
 }
 
+/* mori_ordered_copy's by-value parameter (kernels/README.md): 216 bytes. */
+struct ordered_copy { uint64_t segs[8][3]; uint64_t arrivals, flag; uint32_t n, flag_value; };
+_Static_assert(sizeof(struct ordered_copy) == 216, "OrderedCopy is 216 bytes");
+/* The segments in order; the arrival word must be 0 (as the kernel's last block finds it
+ * after its grid's arrivals) and is left 0; then the flag, when given. */
+static void run_ordered(const struct ordered_copy *t) {
+    kernel_range("mori_ordered_copy", "arrival word", t->arrivals, 4);
+    if (*(volatile uint32_t *)(uintptr_t)t->arrivals != 0) {
+        fprintf(stderr, "fake libcuda: mori_ordered_copy: arrival word %#llx is not 0 at launch\n", (unsigned long long)t->arrivals);
+        abort();
+    }
+    for (uint32_t i = 0; i < t->n; i++) {
+        kernel_range("mori_ordered_copy", "source", t->segs[i][0], t->segs[i][2]);
+        kernel_range("mori_ordered_copy", "destination", t->segs[i][1], t->segs[i][2]);
+        if (t->segs[i][2]) memmove((void *)(uintptr_t)t->segs[i][1], (void *)(uintptr_t)t->segs[i][0], t->segs[i][2]);
+    }
+    if (t->flag) {
+        kernel_range("mori_ordered_copy", "flag", t->flag, 4);
+        *(volatile uint32_t *)(uintptr_t)t->flag = t->flag_value;
+    }
+}
+
 static int new_memfd(uint64_t size) {
     int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
     if (fd < 0) return -1;
@@ -159,7 +182,7 @@ static int new_memfd(uint64_t size) {
 }
 
 /* ---- streams and events ---- */
-enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE };
+enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE, OP_ORDERED };
 struct event { int done, timing; double t; };
 struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; void *blob; struct op *next; };
 struct stream { struct op *head, *tail; struct stream *next_stream; };
@@ -195,6 +218,7 @@ static void run(struct op *o) {
         break;
     }
     case OP_PAGED_INLINE: run_paged((const unsigned char *)o->blob + 88, o->blob); break;
+    case OP_ORDERED: run_ordered(o->blob); break;
     default: break;
     }
     free(o->blob);
@@ -773,6 +797,18 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
         }
         pthread_mutex_lock(&mu);
         CUresult r = submit(s, (struct op){.kind = OP_PAGED_INLINE, .blob = t});
+        pthread_mutex_unlock(&mu);
+        if (r != OK) free(t);
+        return r;
+    }
+    if (!strcmp(fn->name, "mori_ordered_copy")) {
+        struct ordered_copy *t = malloc(sizeof *t);
+        if (!t) return 2;
+        memcpy(t, params[0], sizeof *t);
+        /* The kernel copies nothing for n outside 1..8; no caller of ours should pass one. */
+        if (!t->n || t->n > 8 || !t->arrivals || t->arrivals % 4 || t->flag % 4) { free(t); return INVALID_VALUE; }
+        pthread_mutex_lock(&mu);
+        CUresult r = submit(s, (struct op){.kind = OP_ORDERED, .blob = t});
         pthread_mutex_unlock(&mu);
         if (r != OK) free(t);
         return r;

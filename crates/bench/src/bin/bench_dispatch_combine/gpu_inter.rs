@@ -99,6 +99,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let cx: Vec<Vec<u8>> = (0..w).map(comb_rows).collect();
     let mut ok = true;
     let (mut disp, mut comb, mut timed) = (0.0, 0.0, 0usize);
+    // Every timed iteration's (dispatch, combine) µs, for the spread: one stalled iteration
+    // moves the mean.
+    let mut each: Vec<(f64, f64)> = Vec::with_capacity(a.iters);
     let mut per_kernel = [0.0f64; 7];
     let mut pool0 = mori_gpu::submit_stats();
     let mut proxies0 = ep.proxy_stats();
@@ -123,6 +126,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             let t = ep.times();
             disp += t.dispatch_us;
             comb += t.combine_us;
+            each.push((t.dispatch_us, t.combine_us));
             for (acc, k) in per_kernel.iter_mut().zip(t.kernel_us) {
                 *acc += k;
             }
@@ -189,6 +193,11 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         },
         ps.iter().map(|s| s.commands).collect::<Vec<_>>()
     );
+    let (ds, cs) = (Spread::of(each.iter().map(|e| e.0)), Spread::of(each.iter().map(|e| e.1)));
+    println!(
+        "spread over the timed iterations, µs: dispatch median {:.1} (min {:.1}, max {:.1}), combine median {:.1} (min {:.1}, max {:.1})",
+        ds.median, ds.min, ds.max, cs.median, cs.min, cs.max
+    );
     let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
     let (batches, data_batches) = (sum(|s| s.batches), sum(|s| s.data_batches));
     if batches > 0 {
@@ -222,12 +231,13 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let (wait_us, enqueue_us, record_us) = pool.mean_us();
     if pool.submissions > 0 {
         println!(
-            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed",
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed; {} of the submissions ordered batches in one launch of the ordered-copy kernel",
             pool.submissions,
             pool.max_submit_ns as f64 / 1e3,
             pool.event_queries,
             pool.mean_query_us(),
-            pool.flag_misses
+            pool.flag_misses,
+            pool.ordered_launches
         );
     }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
@@ -252,6 +262,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "num_tokens": a.num_tokens, "hidden": a.hidden, "num_experts": a.num_experts, "top_k": a.top_k,
             "dtype": a.dtype, "combine_dtype": a.combine_dtype, "block_num": cfg.block_num, "warps_per_block": cfg.warps_per_block,
             "copy_blocks": opts_copy_blocks(a), "weighted": a.weighted, "iters": timed, "warmup": a.warmup,
+            "spread_us": { "dispatch": ds.json(), "combine": cs.json() },
             "inter_node_leg": match path { InterPath::Xgmi => "xgmi".to_string(), InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes") },
             "dispatch_us": disp, "combine_us": comb,
             "kernel_us": { "layout": per_kernel[0] / timed.max(1) as f64, "dispatch_stage": per_kernel[1] / timed.max(1) as f64,
@@ -265,7 +276,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "busy_cores": busy_cores,
             "copy_pools": { "submissions": pool.submissions, "slot_wait_us": wait_us, "enqueue_us": enqueue_us,
                 "record_us": record_us, "max_submit_us_since_start": pool.max_submit_ns as f64 / 1e3, "flag_misses": pool.flag_misses,
-                "event_queries": pool.event_queries, "event_query_us": pool.mean_query_us() },
+                "ordered_launches": pool.ordered_launches, "event_queries": pool.event_queries, "event_query_us": pool.mean_query_us() },
             "legs": { "dispatch": legs(0), "combine": legs(1) },
             "ranks": rank_json,
             "check": ok,
@@ -419,8 +430,43 @@ fn process_cpu_s() -> f64 {
     })
 }
 
+/// Median, least and greatest of a set of times (0 when empty).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    /// The spread of `v`; the median of an even count is the mean of the middle two.
+    fn of(v: impl Iterator<Item = f64>) -> Spread {
+        let mut v: Vec<f64> = v.collect();
+        if v.is_empty() {
+            return Spread { median: 0.0, min: 0.0, max: 0.0 };
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Spread { median, min: v[0], max: v[n - 1] }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({ "median": self.median, "min": self.min, "max": self.max })
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::Spread;
+
+    #[test]
+    fn the_spread_is_median_min_and_max() {
+        assert_eq!(Spread::of([3.0, 1.0, 200.0].into_iter()), Spread { median: 3.0, min: 1.0, max: 200.0 });
+        assert_eq!(Spread::of([4.0, 1.0, 2.0, 3.0].into_iter()), Spread { median: 2.5, min: 1.0, max: 4.0 });
+        assert_eq!(Spread::of(std::iter::empty()), Spread { median: 0.0, min: 0.0, max: 0.0 });
+    }
+
     #[test]
     fn process_cpu_time_grows_with_work() {
         let before = super::process_cpu_s();
