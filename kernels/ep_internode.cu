@@ -449,7 +449,11 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
     const uint8_t* idx = (const uint8_t*)a.idx;
     const bool weighted = (p.flags & IE_FLAG_WEIGHTED) != 0;
     const uint32_t xb = p.hidden * p.comb_elem, NN = ie_nodes(p);
-    for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
+    // With fewer tokens than warps in the block (decode: 2 tokens per block at 64 blocks per
+    // rank), wpt warps share a token, each summing every wpt-th group of 256 columns: the sum
+    // is bound by the latency of each warp's loads, not by bandwidth.
+    const uint32_t nt = t1 - t0, wpt = nt > 0 && nt < nwarps ? nwarps / nt : 1, sub = warp % wpt;
+    for (uint32_t t = t0 + warp / wpt; t < t1; t += nwarps / wpt) {
         // The contributing entries, then compacted by lane 0 (in place): rank e's row, or
         // (V1-LL, e another node's relay for this rank) that node's partial.
         const uint64_t mask = ((const uint64_t*)a.mask)[t];
@@ -488,7 +492,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
         // 8 columns per lane and step. AsyncLL: summed over the ranks in ascending order.
         // V1-LL: per node ascending, a node's sum (this node's rows, or another's partial)
         // first, then added to the total.
-        for (uint32_t h0 = lane * 8; h0 < p.hidden; h0 += 256) {
+        for (uint32_t h0 = (sub * 32 + lane) * 8; h0 < p.hidden; h0 += 256 * wpt) {
             float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             uint32_t cur = 0xffffffffu;
             for (uint32_t j = 0; j < nd; j++) {
@@ -507,7 +511,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
                 for (int i = 0; i < 8; i++) acc[i] += part[i];
             ie_store8(out + (uint64_t)h0 * p.out_elem, p.out_elem, acc);
         }
-        if (a.comb_out_w) {
+        if (a.comb_out_w && sub == 0) {
             for (uint32_t k = lane; k < p.top_k; k += 32) {
                 float sw = 0.0f, sp = 0.0f;
                 uint32_t cur = 0xffffffffu;

@@ -277,7 +277,20 @@ MORI_DEVICE bool ie_last_block(const IeParams& p, const IeRank& a, uint32_t k, I
 // bytes per lane and step where both are 16-aligned.
 MORI_DEVICE void ie_copy_group(uint8_t* dst, const uint8_t* src, uint32_t bytes, uint32_t lane) {
     const uint32_t v16 = ((((uint64_t)dst | (uint64_t)src) & 15) == 0) ? bytes / 16 : 0;
-    for (uint32_t v = lane; v < v16; v += 32) ((mori_vec16_t*)dst)[v] = ((const mori_vec16_t*)src)[v];
+    const mori_vec16_t* s = (const mori_vec16_t*)src;
+    mori_vec16_t* d = (mori_vec16_t*)dst;
+    uint32_t v = lane;
+    // Four loads in flight per lane (the ranges never overlap): a row copy is bound by the
+    // latency of each load (P2P and remote windows), and the compiler may not hoist a load
+    // above the store before it.
+    for (; v + 96 < v16; v += 128) {
+        const mori_vec16_t x0 = s[v], x1 = s[v + 32], x2 = s[v + 64], x3 = s[v + 96];
+        d[v] = x0;
+        d[v + 32] = x1;
+        d[v + 64] = x2;
+        d[v + 96] = x3;
+    }
+    for (; v < v16; v += 32) d[v] = s[v];
     for (uint32_t w = v16 * 4 + lane; w < bytes / 4; w += 32) ((uint32_t*)dst)[w] = ((const uint32_t*)src)[w];
 }
 
