@@ -35,7 +35,9 @@ step() { echo; echo "=== $*"; }
 # at 16, 32 and 64 blocks per rank), and, only when named, spin (scripts/gpu-parts/spin.sh: the
 # proxies polling an idle ring for 200 µs against 100 ms), and, only when named, ordered
 # (scripts/gpu-parts/ordered.sh: the copy pool's ordered-copy kernel against copies, its GPU
-# tests, then the EP kernel types both ways). One run
+# tests, then the EP kernel types both ways), and, only when named, rowcopy
+# (scripts/gpu-parts/rowcopy.sh: this build's inter-node EP kernels against an earlier build's
+# bench_dispatch_combine_prev, alternating). One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
 # PARTS="multi" (for a machine with several GPUs, after the single-GPU parts ran elsewhere):
@@ -105,7 +107,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -24,7 +24,10 @@ use std::sync::Arc;
 // summation order shows (with 2 ranks per node every order is a + b = b + a).
 const W: usize = 9;
 const G: usize = 3;
-const H: usize = 32;
+// Over 256 columns and not a multiple of 256 (the sum's column groups, shared by the warps of a
+// block with fewer tokens than warps), rows past 4 x 32 x 16 bytes (the row copy's unrolled
+// loop) with a remainder.
+const H: usize = 1040;
 const K: usize = 6;
 const E: usize = 18;
 const TMAX: usize = 6;
