@@ -493,34 +493,39 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
         // V1-LL: per node ascending, a node's sum (this node's rows, or another's partial)
         // first, then added to the total.
         // Two groups of 256 columns per pass (every wpt-th group is this warp's): two loads in
-        // flight per row.
+        // flight per row. Named accumulators (no index chosen at run time: registers, not
+        // local memory).
         for (uint32_t h0 = (sub * 32 + lane) * 8; h0 < p.hidden; h0 += 512 * wpt) {
-            const uint32_t hs[2] = {h0, h0 + 256 * wpt};
-            const uint32_t ng = hs[1] < p.hidden ? 2 : 1;
-            float acc[2][8], part[2][8];
-            for (int g = 0; g < 2; g++)
-                for (int i = 0; i < 8; i++) acc[g][i] = 0.0f, part[g][i] = 0.0f;
+            const uint32_t h1 = h0 + 256 * wpt;
+            const bool two = h1 < p.hidden;
+            float a0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, a1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            float q0[8] = {0, 0, 0, 0, 0, 0, 0, 0}, q1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             uint32_t cur = 0xffffffffu;
             for (uint32_t j = 0; j < nd; j++) {
                 const uint32_t node = gs.node[warp][j];
-                if (relay && node != cur) {
+                const uint8_t* src = (const uint8_t*)gs.row[warp][j];
+                if (!relay) {
+                    ie_acc8(a0, src + (uint64_t)h0 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
+                    if (two) ie_acc8(a1, src + (uint64_t)h1 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
+                    continue;
+                }
+                if (node != cur) {
                     if (cur != 0xffffffffu)
-                        for (int g = 0; g < 2; g++)
-                            for (int i = 0; i < 8; i++) acc[g][i] += part[g][i], part[g][i] = 0.0f;
+                        for (int i = 0; i < 8; i++) a0[i] += q0[i], q0[i] = 0.0f, a1[i] += q1[i], q1[i] = 0.0f;
                     cur = node;
                 }
-                const uint8_t* src = (const uint8_t*)gs.row[warp][j];
-                for (uint32_t g = 0; g < ng; g++) {
-                    float* dst = relay ? part[g] : acc[g];
-                    if (relay && node != own) ie_add8(dst, src + (uint64_t)hs[g] * 4);
-                    else ie_acc8(dst, src + (uint64_t)hs[g] * p.comb_elem, p.comb_elem, gs.f[warp][j]);
+                if (node != own) {
+                    ie_add8(q0, src + (uint64_t)h0 * 4);
+                    if (two) ie_add8(q1, src + (uint64_t)h1 * 4);
+                } else {
+                    ie_acc8(q0, src + (uint64_t)h0 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
+                    if (two) ie_acc8(q1, src + (uint64_t)h1 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
                 }
             }
-            for (uint32_t g = 0; g < ng; g++) {
-                if (relay && nd)
-                    for (int i = 0; i < 8; i++) acc[g][i] += part[g][i];
-                ie_store8(out + (uint64_t)hs[g] * p.out_elem, p.out_elem, acc[g]);
-            }
+            if (relay && nd)
+                for (int i = 0; i < 8; i++) a0[i] += q0[i], a1[i] += q1[i];
+            ie_store8(out + (uint64_t)h0 * p.out_elem, p.out_elem, a0);
+            if (two) ie_store8(out + (uint64_t)h1 * p.out_elem, p.out_elem, a1);
         }
         if (a.comb_out_w && sub == 0) {
             for (uint32_t k = lane; k < p.top_k; k += 32) {

@@ -69,13 +69,14 @@
 //           u64 flag (200): device address of a u32 to write flag_value into once every
 //           segment landed, or 0; u32 n (208): segments used, 1..8 (else nothing is copied);
 //           u32 flag_value (212) }.
-//   The whole grid copies segs[0]; each thread fences its stores at system scope, and the
-//   block that arrives last on `arrivals` copies segs[1..n] one after the other (a system
-//   fence and a block barrier between two), puts `arrivals` back to 0, fences, then writes
-//   flag_value into `flag`. So an observer that sees segment i's bytes (or the flag) sees
-//   every earlier segment's. Launch 1-D, no dynamic shared memory, block 64 (any size up to
-//   1024), grid min(128 * multiprocessors, max(1, segs[0].len / 16 KiB)); one launch at a time
-//   per `arrivals` word.
+//   The whole grid copies segs[0]; each block then arrives on `arrivals` (a block barrier,
+//   then thread 0's system-scope fence and atomic add), and the block that arrives last copies
+//   segs[1..n] one after the other (every thread fencing at system scope on both sides of a
+//   block barrier between two), puts `arrivals` back to 0, fences, then writes flag_value into
+//   `flag`. So every byte of a segment is written and fenced at system scope before any byte
+//   of a later segment (or the flag) is written. Launch 1-D, no dynamic shared memory, block 64
+//   (any size up to 1024), grid min(128 * multiprocessors, max(1, ceil(segs[0].len / 16 KiB)));
+//   one launch at a time per `arrivals` word.
 //
 // The copy: threads copy elements of the widest width src and dst share: 16 bytes when
 // (src ^ dst) % 16 == 0, else 8, 4, 2 or 1, with byte copies before the first and after the
@@ -250,27 +251,32 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy_inline(const MORI_GRID
 }
 
 // The first segment by every block, the rest by the block that arrives last (see the ABI
-// above): the last arrival has seen every other block's fenced stores before it writes on.
+// above). The arrival is a grid barrier's: a block barrier (the block's stores before thread
+// 0's next step), thread 0's system-scope fence (releasing them) and atomic; in the last block,
+// thread 0's fence after it (acquiring every block's) and a block barrier before the rest.
+// Between two later segments, every thread fences on both sides of a block barrier.
 MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy(const MORI_GRID_CONSTANT OrderedCopy t) {
     if (t.n == 0 || t.n > MORI_ORDERED_SEGS) return;
     const uint64_t nt = mori_block_dim();
-    mori_copy_range<2>(t.segs[0].src, t.segs[0].dst, t.segs[0].len,
-                       (uint64_t)mori_block_idx() * nt + mori_thread_idx(), (uint64_t)mori_grid_dim() * nt);
-    mori_fence_system();
+    const uint32_t tid = mori_thread_idx();
+    mori_copy_range<2>(t.segs[0].src, t.segs[0].dst, t.segs[0].len, (uint64_t)mori_block_idx() * nt + tid,
+                       (uint64_t)mori_grid_dim() * nt);
     mori_sync_block();
     MORI_SHARED uint32_t last;
-    if (mori_thread_idx() == 0) {
+    if (tid == 0) {
+        mori_fence_system();
         last = mori_atomic_add_system_u32((uint32_t*)t.arrivals, 1) == mori_grid_dim() - 1;
+        if (last) mori_fence_system();
     }
     mori_sync_block();
     if (!last) return;
-    mori_fence_system();
     for (uint32_t i = 1; i < t.n; i++) {
-        mori_copy_range<2>(t.segs[i].src, t.segs[i].dst, t.segs[i].len, mori_thread_idx(), nt);
+        mori_copy_range<2>(t.segs[i].src, t.segs[i].dst, t.segs[i].len, tid, nt);
         mori_fence_system();
         mori_sync_block();
+        mori_fence_system();
     }
-    if (mori_thread_idx() == 0) {
+    if (tid == 0) {
         *(volatile uint32_t*)t.arrivals = 0;
         if (t.flag != 0) {
             mori_fence_system();

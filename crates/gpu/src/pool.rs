@@ -71,8 +71,11 @@ pub struct CopySeg {
 /// completion thread, or a thread inside [`CopyPool::progress`]).
 pub type CopyDone = Box<dyn FnOnce(Result<()>) + Send>;
 
+// Fields drop in declaration order: the slots (each waits for its last submission, or leaks
+// what it may still touch) before the kernels' module and the streams.
 struct DevPool {
     device: Device,
+    slots: Vec<Slot>,
     /// The scatter/gather kernel (none when disabled or when no image loads) and the
     /// multiprocessor count that sizes its grid.
     kernel: Option<Function>,
@@ -87,7 +90,6 @@ struct DevPool {
     /// Submissions in flight per stream.
     busy: Vec<AtomicUsize>,
     next: AtomicUsize,
-    slots: Vec<Slot>,
     /// Indices of the free slots.
     free: Mutex<Vec<usize>>,
     /// Slots retired for good after a failed event record.

@@ -842,7 +842,45 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
             return fail(format!("{what}: batch {k} wrote outside its segments"));
         }
     }
-    let launches = mori_gpu::submit_stats().since(&stats0).ordered_launches;
+    // One, three and eight segments (the kernel's table full): a lone 64 KiB segment; 1 MiB
+    // then 16-byte words at scattered offsets.
+    for n in [1usize, 3, 8] {
+        rt.copy_htod(&a.slice(), &pattern(len, 40 + n as u8))?;
+        rt.memset(&b.slice(), 0)?;
+        let first = if n == 1 { 64 << 10 } else { big as u64 };
+        let mut segs = vec![CopySeg { src: a.ptr() + 8, dst: b.ptr() + 24, len: first }];
+        segs.extend((1..n as u64).map(|i| CopySeg { src: a.ptr() + 1_200_000 + i * 4000, dst: b.ptr() + 1_300_000 + i * 5000, len: 16 }));
+        let want = segs.clone();
+        pool_wait(&pool, &what, |tx| {
+            // SAFETY: as above.
+            unsafe {
+                pool.copy_in_order_with(DEV, segs, move || {
+                    move |r| {
+                        let _ = tx.send(r);
+                    }
+                })
+            }?;
+            Ok(())
+        })?;
+        let mut back = vec![0u8; len];
+        rt.copy_dtoh(&mut back, &b.slice())?;
+        let mut covered = vec![false; len];
+        for g in &want {
+            let (so, d) = ((g.src - a.ptr()) as usize, (g.dst - b.ptr()) as usize);
+            check(&format!("{what}: {n} segments, the one at {d}"), &back[d..d + g.len as usize], |i| pat(i + so, 40 + n as u8))?;
+            covered[d..d + g.len as usize].iter_mut().for_each(|c| *c = true);
+        }
+        if back.iter().zip(&covered).any(|(&x, &c)| !c && x != 0) {
+            return fail(format!("{what}: the batch of {n} segments wrote outside them"));
+        }
+    }
+    let st = mori_gpu::submit_stats().since(&stats0);
+    let launches = st.ordered_launches;
+    // The kernel writes the flag itself: none missed (each would have waited for the
+    // once-a-millisecond event check).
+    if host_flags && std::env::var_os(mori_gpu::FLAGS_ENV).is_none() && st.flag_misses != 0 {
+        return fail(format!("{what}: {} completion flags missed", st.flag_misses));
+    }
     // Nine segments are more than the kernel's table: copies, in order.
     rt.memset(&b.slice(), 0)?;
     let nine: Vec<CopySeg> = (0..9u64).map(|i| CopySeg { src: a.ptr() + i * 4096, dst: b.ptr() + i * 4096, len: 4096 }).collect();
@@ -860,21 +898,23 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
     })?;
     let mut back = vec![0u8; 9 * 4096];
     rt.copy_dtoh(&mut back, &b.sub(0, 9 * 4096)?)?;
-    check(&format!("{what}: 9 segments"), &back, |i| pat(i, 19))?;
+    check(&format!("{what}: 9 segments"), &back, |i| pat(i, 48))?;
     let nine_launches = mori_gpu::submit_stats().since(&before).ordered_launches;
     // The variable, when set, overrides `ordered_kernel`.
     let expect = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
-        Some("1") => 20,
+        Some("1") => 23,
         Some(_) => 0,
         None if kernel == Some(false) => 0,
-        None => 20,
+        None => 23,
     };
     if launches != expect || nine_launches != 0 {
         return fail(format!(
-            "{what}: {launches} of 20 batches through the kernel (expected {expect}), {nine_launches} for 9 segments (expected 0)"
+            "{what}: {launches} of 23 batches through the kernel (expected {expect}), {nine_launches} for 9 segments (expected 0)"
         ));
     }
-    println!("{what}: 20 batches of 1 MiB + 16 B checked, {launches} through the ordered-copy kernel; 9 segments as copies");
+    println!(
+        "{what}: 20 batches of 1 MiB + 16 B and batches of 1, 3 and 8 segments checked, {launches} through the ordered-copy kernel; 9 segments as copies"
+    );
     Ok(())
 }
 

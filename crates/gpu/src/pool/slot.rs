@@ -143,12 +143,14 @@ impl Drop for Slot {
             return leak(self);
         }
         if self.scratch.get_mut().is_none() && self.staging.get_mut().is_none() {
-            // A flag word alone (4 bytes of a shared buffer) is not worth waiting for: leaked
-            // unless the slot's last submission is known to be done.
-            if let Some(f) = self.flag.take() {
-                if !matches!(self.event.query(), Ok(true)) {
+            // A flag word and an arrival word alone (4 bytes each of shared buffers) are not
+            // worth waiting for: leaked unless the slot's last submission is known to be done
+            // (an ordered-copy kernel still running would write both).
+            if !matches!(self.event.query(), Ok(true)) {
+                if let Some(f) = self.flag.take() {
                     f.leak();
                 }
+                std::mem::forget(self.arrivals.take());
             }
             return;
         }
