@@ -822,18 +822,8 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
         let (src, dst) = (a.ptr(), b.ptr());
         let segs =
             [CopySeg { src: src + 3, dst: dst + 5, len: big as u64 }, CopySeg { src: src + 1_500_000, dst: dst + 1_600_000, len: 16 }];
-        pool_wait(&pool, &what, |tx| {
-            // SAFETY: both ranges lie inside `a` and `b`, which outlive the pool's work
-            // (each batch is waited for here).
-            unsafe {
-                pool.copy_in_order_with(DEV, segs, move || {
-                    move |r| {
-                        let _ = tx.send(r);
-                    }
-                })
-            }?;
-            Ok(())
-        })?;
+        // SAFETY: both ranges lie inside `a` and `b`, which outlive the wait.
+        unsafe { ordered_wait(&pool, &what, segs.to_vec()) }?;
         let mut back = vec![0u8; len];
         rt.copy_dtoh(&mut back, &b.slice())?;
         check(&format!("{what}: batch {k}, segment"), &back[5..5 + big], |i| pat(i + 3, k))?;
@@ -851,17 +841,8 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
         let mut segs = vec![CopySeg { src: a.ptr() + 8, dst: b.ptr() + 24, len: first }];
         segs.extend((1..n as u64).map(|i| CopySeg { src: a.ptr() + 1_200_000 + i * 4000, dst: b.ptr() + 1_300_000 + i * 5000, len: 16 }));
         let want = segs.clone();
-        pool_wait(&pool, &what, |tx| {
-            // SAFETY: as above.
-            unsafe {
-                pool.copy_in_order_with(DEV, segs, move || {
-                    move |r| {
-                        let _ = tx.send(r);
-                    }
-                })
-            }?;
-            Ok(())
-        })?;
+        // SAFETY: as above.
+        unsafe { ordered_wait(&pool, &what, segs) }?;
         let mut back = vec![0u8; len];
         rt.copy_dtoh(&mut back, &b.slice())?;
         let mut covered = vec![false; len];
@@ -885,17 +866,8 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
     rt.memset(&b.slice(), 0)?;
     let nine: Vec<CopySeg> = (0..9u64).map(|i| CopySeg { src: a.ptr() + i * 4096, dst: b.ptr() + i * 4096, len: 4096 }).collect();
     let before = mori_gpu::submit_stats();
-    pool_wait(&pool, &what, |tx| {
-        // SAFETY: as above.
-        unsafe {
-            pool.copy_in_order_with(DEV, nine, move || {
-                move |r| {
-                    let _ = tx.send(r);
-                }
-            })
-        }?;
-        Ok(())
-    })?;
+    // SAFETY: as above.
+    unsafe { ordered_wait(&pool, &what, nine) }?;
     let mut back = vec![0u8; 9 * 4096];
     rt.copy_dtoh(&mut back, &b.sub(0, 9 * 4096)?)?;
     check(&format!("{what}: 9 segments"), &back, |i| pat(i, 48))?;
@@ -916,6 +888,24 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
         "{what}: 20 batches of 1 MiB + 16 B and batches of 1, 3 and 8 segments checked, {launches} through the ordered-copy kernel; 9 segments as copies"
     );
     Ok(())
+}
+
+/// Queues `segs` as one ordered batch of `pool` on `DEV` and waits for it (see `pool_wait`).
+///
+/// # Safety
+/// Every segment's ranges must be device memory of `DEV` that stays mapped until this returns.
+unsafe fn ordered_wait(pool: &mori_gpu::CopyPool, what: &str, segs: Vec<mori_gpu::CopySeg>) -> R {
+    pool_wait(pool, what, |tx| {
+        // SAFETY: forwarded contract; the batch is waited for before returning.
+        unsafe {
+            pool.copy_in_order_with(DEV, segs, move || {
+                move |r| {
+                    let _ = tx.send(r);
+                }
+            })
+        }?;
+        Ok(())
+    })
 }
 
 /// Runs `submit` (which queues one pool submission reporting to the sender) and drives the
