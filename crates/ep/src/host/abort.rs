@@ -53,10 +53,8 @@ impl HostEp {
         };
         let end = Instant::now() + CAUSE_GRACE;
         loop {
-            for (rank, failed, reporter, seen_dead) in self.abort_words() {
-                if !self.local.contains(&failed) && (seen_dead || Some(reporter) == saw) {
-                    return EpError::PeerFailed { rank, phase, failed, reporter, seen_dead };
-                }
+            if let Some((rank, failed, reporter, seen_dead)) = earlier(&self.abort_words(), &self.local, saw) {
+                return EpError::PeerFailed { rank, phase, failed, reporter, seen_dead };
             }
             if Instant::now() >= end {
                 return e;
@@ -121,6 +119,18 @@ impl HostEp {
     }
 }
 
+/// Of the abort words `words` ((local rank, failed, reporter, seen_dead)), the first that
+/// explains a failure this process saw itself (`saw`: the rank it names, if any): one naming a
+/// rank its reporter saw fail, or one reported by `saw` itself; never one naming a rank of this
+/// process (`local`) as failed.
+fn earlier(
+    words: &[(usize, usize, usize, bool)],
+    local: &std::ops::Range<usize>,
+    saw: Option<usize>,
+) -> Option<(usize, usize, usize, bool)> {
+    words.iter().copied().find(|&(_, failed, reporter, seen_dead)| !local.contains(&failed) && (seen_dead || Some(reporter) == saw))
+}
+
 /// The abort word: `suspect + 1 | reporter << 32 | timed_out << 63` (never 0).
 fn encode(suspect: usize, reporter: usize, seen_dead: bool) -> u64 {
     (suspect as u64 + 1) & 0xffff_ffff | ((reporter as u64) & 0x7fff_ffff) << 32 | u64::from(!seen_dead) << 63
@@ -133,8 +143,29 @@ fn decode(v: u64) -> (usize, usize, bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{decode, encode};
+    use super::{decode, earlier, encode};
     use crate::error::EpError;
+
+    #[test]
+    fn an_earlier_cause_is_a_rank_seen_dead_or_the_named_rank_own_report() {
+        // This process holds ranks 4..8; it saw rank 2's writes fail.
+        let local = 4..8;
+        // Rank 1 timed out waiting for rank 0: explains nothing here (rank 2 is what was seen).
+        let timed_out_elsewhere = (4, 0, 1, false);
+        assert_eq!(earlier(&[timed_out_elsewhere], &local, Some(2)), None);
+        // Rank 2 itself reported, before exiting, that rank 0 was missing: that is the cause.
+        let from_the_named_rank = (5, 0, 2, false);
+        assert_eq!(earlier(&[timed_out_elsewhere, from_the_named_rank], &local, Some(2)), Some(from_the_named_rank));
+        // Some rank saw rank 3 fail: taken whoever reported it, ahead of later words.
+        let seen_dead = (6, 3, 1, true);
+        assert_eq!(earlier(&[seen_dead, from_the_named_rank], &local, Some(2)), Some(seen_dead));
+        // A word naming one of this process's own ranks as failed (its own exit, as another
+        // process saw it) is never the cause; nor is anything when nothing was named.
+        let names_local = (7, 5, 0, true);
+        assert_eq!(earlier(&[names_local], &local, Some(2)), None);
+        assert_eq!(earlier(&[from_the_named_rank], &local, None), None);
+        assert_eq!(earlier(&[], &local, Some(2)), None);
+    }
 
     #[test]
     fn the_abort_word_says_failed_only_for_a_rank_seen_dead() {

@@ -18,7 +18,8 @@
  *     the copy kernels of kernels/scatter_gather_copy.cu by their ABI (kernels/README.md):
  *     mori_scatter_gather_copy, mori_paged_copy, mori_paged_copy_inline (run table in
  *     the by-value parameter) and mori_ordered_copy (segments in order, then the arrival
- *     word's check and reset and the flag write), run in stream order on the host; a range
+ *     word's check and the flag write), run in stream order on the host: their effect by the
+ *     ABI, not the kernels' code (the fences and the last-block arrival run only on a GPU); a range
  *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
  */
