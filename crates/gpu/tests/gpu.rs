@@ -890,6 +890,81 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
     Ok(())
 }
 
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_ordered_batches_land_in_order_for_a_host_observer() -> R {
+    // Through the ordered-copy kernel, then as copies.
+    ordered_probe(Some(true))?;
+    ordered_probe(Some(false))
+}
+
+/// Six ordered batches of a 32 MiB segment then an 8-byte word, both into mapped pinned host
+/// memory, while a host thread polls the word: once it sees a batch's word, the whole segment
+/// must already be there (the thread reads all of it at once). A new pattern and word each.
+fn ordered_probe(kernel: Option<bool>) -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let rt = rt()?;
+    let cfg = CopyPoolConfig { num_events: 2, ordered_kernel: kernel, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-ordered-probe")?;
+    let what = format!("ordered probe (kernel {kernel:?})");
+    let big = 32usize << 20;
+    let src = rt.alloc(DEV, big + 64)?;
+    let mut host = rt.alloc_mapped(DEV, big + 64)?;
+    let Some(hdev) = host.device_ptr() else { return fail(format!("{what}: the mapped buffer has no device address")) };
+    for k in 1..=6u64 {
+        let mut bytes = pattern(big, k as u8);
+        bytes.extend_from_slice(&k.to_le_bytes());
+        bytes.resize(big + 64, 0);
+        rt.copy_htod(&src.slice(), &bytes)?;
+        host.as_mut_slice().fill(0);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let (hp, seed) = (host.ptr() as usize, k as u8);
+        let segs = vec![
+            CopySeg { src: src.ptr(), dst: hdev, len: big as u64 },
+            CopySeg { src: src.ptr() + big as u64, dst: hdev + big as u64, len: 8 },
+        ];
+        let seen = std::thread::scope(|sc| -> Result<Result<usize, String>, Fail> {
+            let probe = sc.spawn(move || -> Result<usize, String> {
+                // SAFETY: the word lies inside the mapped buffer (alive for the whole scope),
+                // 8-aligned (a page-aligned buffer, 32 MiB in); only the device writes it.
+                let word = unsafe { AtomicU64::from_ptr((hp + big) as *mut u64) };
+                let t = Instant::now();
+                while word.load(Ordering::Acquire) != k {
+                    if t.elapsed() > WAIT_TIMEOUT {
+                        return Err(format!("the word of batch {k} not seen after {WAIT_TIMEOUT:?}"));
+                    }
+                    std::hint::spin_loop();
+                }
+                // The word is seen: every byte of the segment must be there now.
+                let bad = (0..big / 8)
+                    .filter(|&i| {
+                        // SAFETY: inside the buffer, 8-aligned; read as device-written memory.
+                        let v = unsafe { std::ptr::read_volatile((hp + i * 8) as *const u64) };
+                        v.to_le_bytes().iter().enumerate().any(|(j, &b)| b != pat(i * 8 + j, seed))
+                    })
+                    .count();
+                Ok(bad)
+            });
+            // SAFETY: both ranges lie inside `src` and the mapped buffer, alive until the wait ends.
+            unsafe { ordered_wait(&pool, &what, segs) }?;
+            Ok(probe.join().unwrap_or_else(|_| Err("the probe thread panicked".into())))
+        })?;
+        match seen {
+            Ok(0) => {}
+            Ok(bad) => {
+                return fail(format!(
+                    "{what}: batch {k}: the word landed with {bad} of {} 8-byte words of the segment not yet there",
+                    big / 8
+                ))
+            }
+            Err(e) => return fail(format!("{what}: {e}")),
+        }
+    }
+    println!("{what}: 6 batches of 32 MiB + 8 B into mapped host memory, the segment whole whenever its word was seen");
+    Ok(())
+}
+
 /// Queues `segs` as one ordered batch of `pool` on `DEV` and waits for it (see `pool_wait`).
 ///
 /// # Safety
