@@ -898,7 +898,7 @@ fn copy_pool_ordered_batches_land_in_order_for_a_host_observer() -> R {
     ordered_probe(Some(false))
 }
 
-/// Six ordered batches of a 32 MiB segment then an 8-byte word, both into mapped pinned host
+/// Four ordered batches of a 16 MiB segment then an 8-byte word, both into mapped pinned host
 /// memory, while a host thread polls the word: once it sees a batch's word, the whole segment
 /// must already be there (the thread reads all of it at once). A new pattern and word each.
 fn ordered_probe(kernel: Option<bool>) -> R {
@@ -908,11 +908,11 @@ fn ordered_probe(kernel: Option<bool>) -> R {
     let cfg = CopyPoolConfig { num_events: 2, ordered_kernel: kernel, ..CopyPoolConfig::default() };
     let pool = CopyPool::new(rt.clone(), cfg, "test-ordered-probe")?;
     let what = format!("ordered probe (kernel {kernel:?})");
-    let big = 32usize << 20;
+    let big = 16usize << 20;
     let src = rt.alloc(DEV, big + 64)?;
     let mut host = rt.alloc_mapped(DEV, big + 64)?;
     let Some(hdev) = host.device_ptr() else { return fail(format!("{what}: the mapped buffer has no device address")) };
-    for k in 1..=6u64 {
+    for k in 1..=4u64 {
         let mut bytes = pattern(big, k as u8);
         bytes.extend_from_slice(&k.to_le_bytes());
         bytes.resize(big + 64, 0);
@@ -927,7 +927,7 @@ fn ordered_probe(kernel: Option<bool>) -> R {
         let seen = std::thread::scope(|sc| -> Result<Result<usize, String>, Fail> {
             let probe = sc.spawn(move || -> Result<usize, String> {
                 // SAFETY: the word lies inside the mapped buffer (alive for the whole scope),
-                // 8-aligned (a page-aligned buffer, 32 MiB in); only the device writes it.
+                // 8-aligned (a page-aligned buffer, 16 MiB in); only the device writes it.
                 let word = unsafe { AtomicU64::from_ptr((hp + big) as *mut u64) };
                 let t = Instant::now();
                 while word.load(Ordering::Acquire) != k {
@@ -961,7 +961,7 @@ fn ordered_probe(kernel: Option<bool>) -> R {
             Err(e) => return fail(format!("{what}: {e}")),
         }
     }
-    println!("{what}: 6 batches of 32 MiB + 8 B into mapped host memory, the segment whole whenever its word was seen");
+    println!("{what}: 4 batches of 16 MiB + 8 B into mapped host memory, the segment whole whenever its word was seen");
     Ok(())
 }
 
