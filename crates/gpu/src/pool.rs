@@ -304,7 +304,8 @@ impl CopyPool {
         let t2 = Instant::now();
         let flag_seq = match word {
             // The work writes the flag itself; if queueing it failed, the event tells.
-            Some((_, seq)) if flag_taken => seq * u32::from(failed.is_none()),
+            Some((_, seq)) if flag_taken && failed.is_none() => seq,
+            Some(_) if flag_taken => 0,
             Some((w, seq)) => match stream.write_value32(&w, seq) {
                 Ok(()) => seq,
                 Err(e) => {
@@ -409,9 +410,10 @@ impl CopyPool {
                 && n >= s.cfg.kernel_threshold
                 && total / (n as u64).max(1) < s.cfg.kernel_max_mean_bytes
         });
-        if let Some((table, first)) = dp.ordered.as_ref().filter(|_| in_order).and_then(|_| ordered::OrderedCopy::table(segs.clone())) {
+        let ordered_kernel = dp.ordered.as_ref().filter(|_| in_order);
+        if let Some((f, (table, first))) = ordered_kernel.and_then(|f| Some((f, ordered::OrderedCopy::table(segs.clone())?))) {
             // SAFETY: forwarded contract.
-            return unsafe { self.copy_ordered(dp, table, first, make_done) };
+            return unsafe { self.copy_ordered(dp, f, table, first, make_done) };
         }
         if let Some(f) = kernel {
             let n32 = u32::try_from(n)
@@ -460,19 +462,16 @@ impl CopyPool {
         unsafe { self.submit_on(dp, enqueue, make_done) }
     }
 
-    /// One launch of the ordered-copy kernel for `table` (see [`CopyPool::copy_in_order_with`]),
-    /// its first segment `first` bytes long.
+    /// One launch of `f`, `dp`'s ordered-copy kernel, for `table` (see
+    /// [`CopyPool::copy_in_order_with`]), its first segment `first` bytes long.
     ///
     /// # Safety
     /// As [`CopyPool::copy`].
-    unsafe fn copy_ordered<M, D>(&self, dp: &DevPool, table: ordered::OrderedCopy, first: u64, make_done: M) -> Result<()>
+    unsafe fn copy_ordered<M, D>(&self, dp: &DevPool, f: &Function, table: ordered::OrderedCopy, first: u64, make_done: M) -> Result<()>
     where
         M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
-        let Some(f) = dp.ordered.as_ref() else {
-            return Err(GpuError::invalid("copy pool: no ordered-copy kernel"));
-        };
         let rt = &self.shared.rt;
         let grid = ordered::grid(first, dp.sms);
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {

@@ -147,10 +147,7 @@ impl Drop for Slot {
             // worth waiting for: leaked unless the slot's last submission is known to be done
             // (an ordered-copy kernel still running would write both).
             if !matches!(self.event.query(), Ok(true)) {
-                if let Some(f) = self.flag.take() {
-                    f.leak();
-                }
-                std::mem::forget(self.arrivals.take());
+                leak(self);
             }
             return;
         }
