@@ -58,25 +58,35 @@
 //           4 KiB of parameters every CUDA and HIP launch accepts.
 //   Units, addressing, contract and launch exactly as mori_paged_copy's.
 //
-// mori_ordered_copy  (extern "C", unmangled): up to 8 segments copied in order, with the
-// segment table, the arrival counter and the completion word in the parameters, so one launch
-// replaces a copy per segment and a stream write (the copy pool's ordered batches: a segment
-// and the counter pair that tells the peer it landed).
-//   params  0: OrderedCopy t          216 bytes, offset 0, BY VALUE (8-aligned)
+// mori_ordered_copy  (extern "C", unmangled): up to 8 segments in up to 8 groups, each group's
+// segments copied in order, with the segment table, the arrival counters and the completion
+// word in the parameters, so one launch replaces a copy per segment and a stream write (the
+// copy pool's ordered batches: a segment and the counter pair that tells the peer it landed;
+// several such batches, one per group, from one post).
+//   params  0: OrderedCopy t          232 bytes, offset 0, BY VALUE (8-aligned)
 //           (kernelParams = { &t })
-//   OrderedCopy (216 bytes, 8-aligned, no padding): { CopyDesc segs[8] (offset 0);
-//           u64 arrivals (192): device address of a u32 that is 0 before the launch;
-//           u64 flag (200): device address of a u32 to write flag_value into once every
-//           segment landed, or 0; u32 n (208): segments used, 1..8 (else nothing is copied);
-//           u32 flag_value (212) }.
-//   The whole grid copies segs[0]; each block then arrives on `arrivals` (a block barrier,
-//   then thread 0's system-scope fence and atomic add), and the block that arrives last copies
-//   segs[1..n] one after the other (every thread fencing at system scope on both sides of a
-//   block barrier between two), puts `arrivals` back to 0, fences, then writes flag_value into
-//   `flag`. So every byte of a segment is written and fenced at system scope before any byte
-//   of a later segment (or the flag) is written. Launch 1-D, no dynamic shared memory, block 64
-//   (any size up to 1024), grid min(128 * multiprocessors, max(1, ceil(segs[0].len / 16 KiB)));
-//   one launch at a time per `arrivals` word.
+//   OrderedCopy (232 bytes, 8-aligned): { CopyDesc segs[8] (offset 0);
+//           u64 arrivals (192): device address of groups + 1 u32 (one when groups <= 1), all 0
+//           before the launch; u64 flag (200): device address of a u32 to write flag_value
+//           into once every segment of every group landed, or 0; u32 n (208): segments used,
+//           1..8 (else nothing is copied); u32 flag_value (212); u32 groups (216): 0 or 1 for
+//           one group of n segments, else 2..n; u8 first[8] (220): group g's first segment,
+//           first[0] = 0 and ascending (group g ends where g + 1 starts, the last at n);
+//           u32 pad (228) }.
+//   The grid is groups (at least 1) equal runs of blocks, run g for group g. A run copies its
+//   group's first segment; each block then arrives on arrivals[g] (a block barrier, then
+//   thread 0's system-scope fence and atomic add), and the block that arrives last copies the
+//   group's other segments one after the other (every thread fencing at system scope on both
+//   sides of a block barrier between two) and puts arrivals[g] back to 0. With one group it
+//   then fences and writes flag_value into `flag`; with several it fences and arrives on
+//   arrivals[groups], and the group that arrives last puts that back to 0, fences, and writes
+//   the flag. So within a group every byte of a segment is written and fenced at system scope
+//   before any byte of its later segments, and the flag after every group's. Groups are not
+//   ordered among themselves. A table the kernel does not take (n, groups or first out of
+//   range, or a grid that is not a multiple of the group count) copies nothing and writes no
+//   flag. Launch 1-D, no dynamic shared memory, block 64 (any size up to 1024), grid
+//   groups x min(128 * multiprocessors / groups, max(1, ceil(largest first segment / 16 KiB)));
+//   one launch at a time per `arrivals` array.
 //
 // The copy: threads copy elements of the widest width src and dst share: 16 bytes when
 // (src ^ dst) % 16 == 0, else 8, 4, 2 or 1, with byte copies before the first and after the
@@ -145,8 +155,11 @@ struct OrderedCopy {
     uint64_t flag;
     uint32_t n;
     uint32_t flag_value;
+    uint32_t groups;
+    uint8_t first[MORI_ORDERED_SEGS];
+    uint32_t pad;
 };
-static_assert(sizeof(OrderedCopy) == 216, "OrderedCopy is 216 bytes");
+static_assert(sizeof(OrderedCopy) == 232, "OrderedCopy is 232 bytes");
 
 // Copies count elements of T: this thread takes elements lane, lane + stride, ..., U loads in
 // flight at a time.
@@ -250,35 +263,53 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy_inline(const MORI_GRID
     mori_paged_units(t.runs, t.p);
 }
 
-// The first segment by every block, the rest by the block that arrives last (see the ABI
-// above). The arrival is a grid barrier's: a block barrier (the block's stores before thread
-// 0's next step), thread 0's system-scope fence (releasing them) and atomic; in the last block,
-// thread 0's fence after it (acquiring every block's) and a block barrier before the rest.
-// Between two later segments, every thread fences on both sides of a block barrier.
+// Per group, the first segment by its run of blocks, the rest by the block of the run that
+// arrives last (see the ABI above). An arrival is a grid barrier's: a block barrier (the
+// block's stores before thread 0's next step), thread 0's system-scope fence (releasing them)
+// and atomic; in the last block, thread 0's fence after it (acquiring every block's) and a
+// block barrier before the rest. Between two later segments, every thread fences on both sides
+// of a block barrier.
 MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy(const MORI_GRID_CONSTANT OrderedCopy t) {
     if (t.n == 0 || t.n > MORI_ORDERED_SEGS) return;
+    const uint32_t groups = t.groups > 1 ? t.groups : 1;
+    if (groups > t.n || mori_grid_dim() % groups != 0) return;
+    for (uint32_t i = 0; i < groups; i++) {
+        if ((i == 0 && t.first[0] != 0) || (i > 0 && t.first[i] <= t.first[i - 1])
+            || t.first[i] >= t.n) return;
+    }
+    const uint32_t run = mori_grid_dim() / groups;
+    const uint32_t g = mori_block_idx() / run;
+    const uint32_t lo = groups > 1 ? t.first[g] : 0;
+    const uint32_t hi = g + 1 < groups ? t.first[g + 1] : t.n;
+    uint32_t* arrivals = (uint32_t*)t.arrivals;
     const uint64_t nt = mori_block_dim();
     const uint32_t tid = mori_thread_idx();
-    mori_copy_range<2>(t.segs[0].src, t.segs[0].dst, t.segs[0].len, (uint64_t)mori_block_idx() * nt + tid,
-                       (uint64_t)mori_grid_dim() * nt);
+    mori_copy_range<2>(t.segs[lo].src, t.segs[lo].dst, t.segs[lo].len,
+                       (uint64_t)(mori_block_idx() - g * run) * nt + tid, (uint64_t)run * nt);
     mori_sync_block();
     MORI_SHARED uint32_t last;
     if (tid == 0) {
         mori_fence_system();
-        last = mori_atomic_add_system_u32((uint32_t*)t.arrivals, 1) == mori_grid_dim() - 1;
+        last = mori_atomic_add_system_u32(&arrivals[g], 1) == run - 1;
         if (last) mori_fence_system();
     }
     mori_sync_block();
     if (!last) return;
-    for (uint32_t i = 1; i < t.n; i++) {
+    for (uint32_t i = lo + 1; i < hi; i++) {
         mori_copy_range<2>(t.segs[i].src, t.segs[i].dst, t.segs[i].len, tid, nt);
         mori_fence_system();
         mori_sync_block();
         mori_fence_system();
     }
     if (tid == 0) {
-        *(volatile uint32_t*)t.arrivals = 0;
-        if (t.flag != 0) {
+        *(volatile uint32_t*)&arrivals[g] = 0;
+        bool flag = true;
+        if (groups > 1) {
+            mori_fence_system();
+            flag = mori_atomic_add_system_u32(&arrivals[groups], 1) == groups - 1;
+            if (flag) *(volatile uint32_t*)&arrivals[groups] = 0;
+        }
+        if (flag && t.flag != 0) {
             mori_fence_system();
             *(volatile uint32_t*)t.flag = t.flag_value;
         }

@@ -295,7 +295,7 @@ impl CopyPool {
                 scratch: None,
                 slot_staging: &dp.slots[slot].staging,
                 staging: None,
-                arrivals: dp.slots[slot].arrivals.as_ref().map(|(b, i)| b.ptr() + 4 * *i as u64),
+                arrivals: dp.slots[slot].arrivals.as_ref().map(|(b, i)| b.ptr() + ordered::ARRIVAL_BYTES * *i as u64),
                 flag: word.as_ref().map(|(w, seq)| (w.ptr(), *seq)),
                 flag_taken: false,
             };
@@ -413,7 +413,7 @@ impl CopyPool {
         let ordered_kernel = dp.ordered.as_ref().filter(|_| in_order);
         if let Some((f, (table, first))) = ordered_kernel.and_then(|f| Some((f, ordered::OrderedCopy::table(segs.clone())?))) {
             // SAFETY: forwarded contract.
-            return unsafe { self.copy_ordered(dp, f, table, first, make_done) };
+            return unsafe { self.copy_ordered(dp, f, table, 1, first, make_done) };
         }
         if let Some(f) = kernel {
             let n32 = u32::try_from(n)
@@ -463,17 +463,26 @@ impl CopyPool {
     }
 
     /// One launch of `f`, `dp`'s ordered-copy kernel, for `table` (see
-    /// [`CopyPool::copy_in_order_with`]), its first segment `first` bytes long.
+    /// [`CopyPool::copy_in_order_with`]), `groups` groups whose longest first segment is
+    /// `first` bytes long.
     ///
     /// # Safety
     /// As [`CopyPool::copy`].
-    unsafe fn copy_ordered<M, D>(&self, dp: &DevPool, f: &Function, table: ordered::OrderedCopy, first: u64, make_done: M) -> Result<()>
+    unsafe fn copy_ordered<M, D>(
+        &self,
+        dp: &DevPool,
+        f: &Function,
+        table: ordered::OrderedCopy,
+        groups: u32,
+        first: u64,
+        make_done: M,
+    ) -> Result<()>
     where
         M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
         let rt = &self.shared.rt;
-        let grid = ordered::grid(first, dp.sms);
+        let grid = ordered::grid(first, groups, dp.sms);
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
             let arrivals = lane.arrivals.ok_or_else(|| GpuError::invalid("copy pool: the slot has no arrival word"))?;
             let t = table.finish(arrivals, lane.flag);

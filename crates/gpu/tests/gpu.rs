@@ -892,6 +892,91 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
 
 #[test]
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_grouped_batches_share_launches() -> R {
+    copy_pool_grouped(Some(true))?;
+    copy_pool_grouped(Some(false))
+}
+
+/// Seven ordered batches posted together (`copy_groups_in_order_with`): four of a 1 MiB
+/// segment and a 16-byte pair (one launch), one of nine 4 KiB segments (more than the
+/// kernel's table: copies), two more of a segment and a pair (a second launch). Checks every
+/// byte, that nothing else was written, each submission's group range, and the launch count.
+fn copy_pool_grouped(kernel: Option<bool>) -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    let rt = rt()?;
+    let cfg = CopyPoolConfig { num_events: 4, ordered_kernel: kernel, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-grouped")?;
+    let what = format!("grouped batches (kernel {kernel:?})");
+    let len = 8usize << 20;
+    let a = rt.alloc(DEV, len)?;
+    let b = rt.alloc(DEV, len)?;
+    rt.copy_htod(&a.slice(), &pattern(len, 61))?;
+    rt.memset(&b.slice(), 0)?;
+    let (ap, bp) = (a.ptr(), b.ptr());
+    let pair = |g: u64| {
+        vec![
+            CopySeg { src: ap + 3 + g * (1 << 20), dst: bp + 5 + g * (1 << 20) + g, len: (1 << 20) - 64 * g },
+            CopySeg { src: ap + 7_500_000 + g * 32, dst: bp + 7_600_000 + g * 32, len: 16 },
+        ]
+    };
+    let nine: Vec<CopySeg> =
+        (0..9u64).map(|i| CopySeg { src: ap + 7_000_000 + i * 4096, dst: bp + 7_000_000 + i * 4096, len: 4096 }).collect();
+    let groups: Vec<Vec<CopySeg>> = vec![pair(0), pair(1), pair(2), pair(3), nine, pair(4), pair(5)];
+    let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
+    let before = mori_gpu::submit_stats();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // SAFETY: every range lies inside `a` and `b`, which outlive the waits below.
+    unsafe {
+        pool.copy_groups_in_order_with(DEV, &refs, |range| {
+            let tx = tx.clone();
+            move |r| {
+                let _ = tx.send((range, r));
+            }
+        })
+    }
+    .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))?;
+    let on = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
+        Some(v) => v == "1",
+        None => kernel != Some(false),
+    };
+    let (want_ranges, want_launches) = if on { (vec![0..4, 4..5, 5..7], 2) } else { ((0..7).map(|i| i..i + 1).collect(), 0) };
+    let mut ranges = Vec::new();
+    let t = Instant::now();
+    while ranges.len() < want_ranges.len() {
+        pool.progress();
+        if let Ok((range, r)) = rx.try_recv() {
+            r.map_err(|e| Fail(format!("{what}: groups {range:?}: {e}")))?;
+            ranges.push(range);
+        }
+        if t.elapsed() > WAIT_TIMEOUT {
+            return fail(format!("{what}: {} of {} submissions done after {WAIT_TIMEOUT:?}", ranges.len(), want_ranges.len()));
+        }
+        std::thread::yield_now();
+    }
+    ranges.sort_by_key(|r| r.start);
+    let launches = mori_gpu::submit_stats().since(&before).ordered_launches;
+    if ranges != want_ranges || launches != want_launches {
+        return fail(format!("{what}: submissions {ranges:?} with {launches} launches, expected {want_ranges:?} with {want_launches}"));
+    }
+    let mut back = vec![0u8; len];
+    rt.copy_dtoh(&mut back, &b.slice())?;
+    let mut covered = vec![false; len];
+    for (gi, g) in groups.iter().enumerate() {
+        for sg in g {
+            let (so, d) = ((sg.src - ap) as usize, (sg.dst - bp) as usize);
+            check(&format!("{what}: group {gi}, segment at {d}"), &back[d..d + sg.len as usize], |i| pat(i + so, 61))?;
+            covered[d..d + sg.len as usize].iter_mut().for_each(|c| *c = true);
+        }
+    }
+    if back.iter().zip(&covered).any(|(&x, &c)| !c && x != 0) {
+        return fail(format!("{what}: bytes written outside the segments"));
+    }
+    println!("{what}: 7 batches (6 of a segment and a pair, 1 of 9 segments) checked, submissions {ranges:?}, {launches} launches of the ordered-copy kernel");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
 fn copy_pool_ordered_batches_land_in_order_for_a_host_observer() -> R {
     // Through the ordered-copy kernel, then as copies.
     ordered_probe(Some(true))?;

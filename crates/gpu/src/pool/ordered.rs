@@ -14,8 +14,8 @@ use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
 use super::config::env_switch;
-use super::CopySeg;
-use crate::error::Result;
+use super::{CopyPool, CopySeg};
+use crate::error::{GpuError, Result};
 use crate::memory::DeviceBuffer;
 use crate::types::Device;
 use crate::Runtime;
@@ -31,19 +31,28 @@ pub const ORDERED_REST_MAX: u64 = 64 << 10;
 /// The environment variable that overrides [`super::CopyPoolConfig::ordered_kernel`].
 pub const ORDERED_ENV: &str = "MORI_GPU_POOL_ORDERED_KERNEL";
 
-/// `mori_ordered_copy`'s parameter (kernels/README.md): 216 bytes, passed by value.
+/// Bytes of a slot's arrival words: a `u32` per group and one for the launch
+/// ([`ORDERED_SEGS`] + 1 at most), padded.
+pub(super) const ARRIVAL_BYTES: u64 = 64;
+
+/// `mori_ordered_copy`'s parameter (kernels/README.md): 232 bytes, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub(super) struct OrderedCopy {
     segs: [CopySeg; ORDERED_SEGS],
-    /// Device address of the slot's arrival word (0 between launches).
+    /// Device address of the slot's arrival words (0 between launches).
     arrivals: u64,
     /// Device address of the completion flag, or 0.
     flag: u64,
     n: u32,
     flag_value: u32,
+    /// Groups (0: one group of `n` segments).
+    groups: u32,
+    /// Each group's first segment.
+    first: [u8; ORDERED_SEGS],
+    pad: u32,
 }
-const _: () = assert!(std::mem::size_of::<OrderedCopy>() == 216);
+const _: () = assert!(std::mem::size_of::<OrderedCopy>() == 232);
 
 impl OrderedCopy {
     /// The table for `segs` (non-empty ones only), if the kernel takes them: 1 to
@@ -65,6 +74,45 @@ impl OrderedCopy {
         (t.n > 0 && rest <= ORDERED_REST_MAX).then_some((t, t.segs[0].len))
     }
 
+    /// The table for several ordered batches in one launch, one group each (non-empty
+    /// segments only; empty groups are left out), if the kernel takes them: at most
+    /// [`ORDERED_SEGS`] segments in all, each group with at most [`ORDERED_REST_MAX`] bytes
+    /// after its first. Returns the table, its group count (at least 1) and the longest first
+    /// segment.
+    pub(super) fn grouped<'a, I: Iterator<Item = &'a [CopySeg]>>(groups: I) -> Option<(OrderedCopy, u32, u64)> {
+        let mut t = OrderedCopy::zeroed();
+        let (mut n, mut g, mut longest) = (0usize, 0usize, 0u64);
+        for group in groups {
+            let mut rest = 0u64;
+            let start = n;
+            for s in group.iter().filter(|s| s.len > 0) {
+                if n >= ORDERED_SEGS {
+                    return None;
+                }
+                if n > start {
+                    rest = rest.saturating_add(s.len);
+                } else {
+                    longest = longest.max(s.len);
+                }
+                t.segs[n] = *s;
+                n += 1;
+            }
+            if rest > ORDERED_REST_MAX {
+                return None;
+            }
+            if n > start {
+                t.first[g] = start as u8;
+                g += 1;
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+        t.n = n as u32;
+        t.groups = g as u32;
+        Some((t, g as u32, longest))
+    }
+
     /// Sets where the kernel counts arrivals and what it writes once done.
     pub(super) fn finish(mut self, arrivals: u64, flag: Option<(u64, u32)>) -> OrderedCopy {
         self.arrivals = arrivals;
@@ -76,16 +124,84 @@ impl OrderedCopy {
     }
 }
 
-/// The grid of one launch: a block per 16 KiB of the first segment, at least 1, at most 128
-/// per multiprocessor (the scatter/gather kernel's shape).
-pub(super) fn grid(first_len: u64, sms: u32) -> u32 {
-    (128 * sms as u64).min(first_len.div_ceil(16 << 10)).max(1) as u32
+impl CopyPool {
+    /// Several ordered batches (groups) on `dev`, each as [`CopyPool::copy_in_order_with`]
+    /// (its segments land in order; groups are not ordered among themselves), in as few
+    /// submissions as the ordered-copy kernel takes: consecutive groups are packed into one
+    /// launch while they hold at most [`ORDERED_SEGS`] non-empty segments in all and each has
+    /// at most [`ORDERED_REST_MAX`] bytes after its first. A group the kernel does not take (or
+    /// every group, with the kernel off) is a submission of its own. `make_done(range)` is
+    /// called once per submission, after it is queued, with the groups it carries; their
+    /// completion is that submission's.
+    ///
+    /// Why: a post of several batches (a proxy's burst to several peers) then costs one driver
+    /// call, where each call waits for the other threads' under load (docs/PERFORMANCE.md).
+    ///
+    /// Errors: `(i, e)`: groups `..i` are queued (their completions made), groups `i..` are
+    /// not, and `e` is the submission's error.
+    ///
+    /// # Safety
+    /// As [`CopyPool::copy`], for every group's segments.
+    pub unsafe fn copy_groups_in_order_with<M, D>(
+        &self,
+        dev: Device,
+        groups: &[&[CopySeg]],
+        mut make_done: M,
+    ) -> std::result::Result<(), (usize, GpuError)>
+    where
+        M: FnMut(std::ops::Range<usize>) -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        let dp = self.shared.dev_pool(dev).map_err(|e| (0, e))?;
+        let mut i = 0;
+        while i < groups.len() {
+            // The longest run of groups from i that one launch takes.
+            let mut packed = None;
+            let mut j = i;
+            if dp.ordered.is_some() {
+                while j < groups.len() {
+                    match OrderedCopy::grouped(groups[i..=j].iter().copied()) {
+                        Some(t) => {
+                            packed = Some(t);
+                            j += 1;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            match (dp.ordered.as_ref(), packed) {
+                (Some(f), Some((table, n, longest))) => {
+                    let range = i..j;
+                    // SAFETY: forwarded contract.
+                    unsafe { self.copy_ordered(dp, f, table, n, longest, || make_done(range)) }.map_err(|e| (i, e))?;
+                    i = j;
+                }
+                _ => {
+                    let range = i..i + 1;
+                    // SAFETY: forwarded contract.
+                    unsafe { self.copy_in_order_with(dev, groups[i].iter().copied(), || make_done(range)) }.map_err(|e| (i, e))?;
+                    i += 1;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-/// The slots' arrival words on `dev`: one zeroed `u32` per slot in one device buffer (each
-/// slot holds a reference, leaked with the slot's buffers when its last launch may still run).
+/// The grid of one launch of `groups` groups: per group, a block per 16 KiB of the longest
+/// first segment, at least 1, at most 128 per multiprocessor over all groups (the
+/// scatter/gather kernel's shape).
+pub(super) fn grid(first_len: u64, groups: u32, sms: u32) -> u32 {
+    let groups = groups.max(1) as u64;
+    let per = (128 * sms as u64 / groups).min(first_len.div_ceil(16 << 10)).max(1);
+    (per * groups) as u32
+}
+
+/// The slots' arrival words on `dev`: [`ARRIVAL_BYTES`] zeroed per slot in one device buffer
+/// (each slot holds a reference, leaked with the slot's buffers when its last launch may still
+/// run).
 pub(super) fn alloc_arrivals(rt: &Arc<dyn Runtime>, dev: Device, n: usize) -> Result<Arc<DeviceBuffer>> {
-    let buf = rt.alloc(dev, (n * 4).max(4))?;
+    let buf = rt.alloc(dev, (n.max(1) as u64 * ARRIVAL_BYTES) as usize)?;
     rt.memset(&buf.slice(), 0)?;
     Ok(Arc::new(buf))
 }
@@ -124,22 +240,56 @@ mod tests {
         let (t, _) = OrderedCopy::table([seg(100), seg(16)].into_iter()).unwrap();
         let t = t.finish(0xA0, Some((0xF0, 7)));
         let b = bytemuck::bytes_of(&t);
-        assert_eq!(b.len(), 216);
+        assert_eq!(b.len(), 232);
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         assert_eq!((u64_at(0), u64_at(8), u64_at(16)), (0x1000, 0x9000, 100));
         assert_eq!(u64_at(24 + 16), 16);
         assert_eq!((u64_at(192), u64_at(200), u32_at(208), u32_at(212)), (0xA0, 0xF0, 2, 7));
+        assert_eq!((u32_at(216), &b[220..228]), (0, &[0u8; 8][..]), "one group: groups 0");
+        let g = [vec![seg(100), seg(16)], vec![seg(50)], vec![seg(70), seg(16), seg(16)]];
+        let (t, n, longest) = OrderedCopy::grouped(g.iter().map(|v| v.as_slice())).unwrap();
+        let b = bytemuck::bytes_of(&t);
+        assert_eq!((n, longest, u32_at_in(b, 208), u32_at_in(b, 216)), (3, 100, 6, 3));
+        assert_eq!(&b[220..228], &[0, 2, 3, 0, 0, 0, 0, 0]);
+        assert_eq!(u64::from_le_bytes(b[3 * 24 + 16..3 * 24 + 24].try_into().unwrap()), 70, "group 2 starts at segment 3");
         let t0 = OrderedCopy::table(std::iter::once(seg(1))).unwrap().0.finish(0xB0, None);
         assert_eq!(u64::from_le_bytes(bytemuck::bytes_of(&t0)[200..208].try_into().unwrap()), 0, "no flag: 0");
     }
 
+    fn u32_at_in(b: &[u8], o: usize) -> u32 {
+        u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn grouped_tables_hold_eight_segments_in_all_and_a_small_rest_per_group() {
+        let groups = |g: &[Vec<CopySeg>]| OrderedCopy::grouped(g.iter().map(|v| v.as_slice())).map(|(t, n, l)| (t.n, n, l));
+        // Four posts of a segment and its counter pair: eight segments, one launch.
+        let four: Vec<Vec<CopySeg>> = (0..4).map(|i| vec![seg(1000 + i), seg(16)]).collect();
+        assert_eq!(groups(&four), Some((8, 4, 1003)));
+        let mut five = four.clone();
+        five.push(vec![seg(1)]);
+        assert_eq!(groups(&five), None, "nine segments");
+        // Empty segments and groups are left out.
+        assert_eq!(groups(&[vec![], vec![seg(0), seg(5)], vec![seg(0)]]), Some((1, 1, 5)));
+        assert_eq!(groups(&[vec![], vec![seg(0)]]), None, "nothing to copy");
+        // The rest limit is per group: each group's after-first bytes alone.
+        let big = vec![seg(1), seg(ORDERED_REST_MAX)];
+        assert_eq!(groups(&[big.clone(), big.clone()]).map(|g| g.1), Some(2));
+        assert_eq!(groups(&[vec![seg(1), seg(ORDERED_REST_MAX), seg(1)]]), None);
+    }
+
     #[test]
     fn the_grid_is_a_block_per_16_kib_capped_at_128_per_multiprocessor() {
-        assert_eq!(grid(0, 132), 1);
-        assert_eq!(grid(16, 132), 1);
-        assert_eq!(grid(1_835_008, 132), 112);
-        assert_eq!(grid(1 << 40, 132), 128 * 132);
+        assert_eq!(grid(0, 1, 132), 1);
+        assert_eq!(grid(16, 1, 132), 1);
+        assert_eq!(grid(1_835_008, 1, 132), 112);
+        assert_eq!(grid(1 << 40, 1, 132), 128 * 132);
+        // Several groups: equal runs, the cap shared out.
+        assert_eq!(grid(1_835_008, 4, 132), 4 * 112);
+        assert_eq!(grid(0, 3, 132), 3);
+        assert_eq!(grid(1 << 40, 3, 132), 3 * (128 * 132 / 3));
+        assert_eq!(grid(1 << 40, 0, 132), 128 * 132, "no group counts as one");
     }
 
     #[test]

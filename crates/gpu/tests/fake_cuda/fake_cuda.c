@@ -17,8 +17,8 @@
  *   - four kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
  *     the copy kernels of kernels/scatter_gather_copy.cu by their ABI (kernels/README.md):
  *     mori_scatter_gather_copy, mori_paged_copy, mori_paged_copy_inline (run table in
- *     the by-value parameter) and mori_ordered_copy (segments in order, then the arrival
- *     word's check and the flag write), run in stream order on the host: their effect by the
+ *     the by-value parameter) and mori_ordered_copy (its table checked as the kernel does,
+ *     the arrival words' check, segments in order, then the flag write), run in stream order on the host: their effect by the
  *     ABI, not the kernels' code (the fences and the last-block arrival run only on a GPU); a range
  *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
@@ -153,16 +153,29 @@ static void run_paged(const unsigned char *table, const struct paged_params *p) 
     }
 }
 
-/* mori_ordered_copy's by-value parameter (kernels/README.md): 216 bytes. */
-struct ordered_copy { uint64_t segs[8][3]; uint64_t arrivals, flag; uint32_t n, flag_value; };
-_Static_assert(sizeof(struct ordered_copy) == 216, "OrderedCopy is 216 bytes");
-/* The segments in order; the arrival word must be 0 (as the kernel's last block finds it
- * after its grid's arrivals) and is left 0; then the flag, when given. */
+/* mori_ordered_copy's by-value parameter (kernels/README.md): 232 bytes. */
+struct ordered_copy { uint64_t segs[8][3]; uint64_t arrivals, flag; uint32_t n, flag_value, groups; uint8_t first[8]; uint32_t pad; };
+_Static_assert(sizeof(struct ordered_copy) == 232, "OrderedCopy is 232 bytes");
+/* Groups the kernel takes: 0 or 1 (one group), else 2..n starting at first[], first[0] = 0 and
+ * ascending, on a grid of equal runs. */
+static int ordered_table_ok(const struct ordered_copy *t, uint64_t grid) {
+    uint32_t g = t->groups > 1 ? t->groups : 1;
+    if (!t->n || t->n > 8 || g > t->n || grid % g) return 0;
+    for (uint32_t i = 0; i < g; i++)
+        if ((i == 0 && t->first[0]) || (i > 0 && t->first[i] <= t->first[i - 1]) || t->first[i] >= t->n) return 0;
+    return 1;
+}
+/* The segments in order (which keeps every group's order); the arrival words (one per group,
+ * and one for the launch when there are several) must be 0 (as the kernel's last blocks find
+ * them) and are left 0; then the flag, when given. */
 static void run_ordered(const struct ordered_copy *t) {
-    kernel_range("mori_ordered_copy", "arrival word", t->arrivals, 4);
-    if (*(volatile uint32_t *)(uintptr_t)t->arrivals != 0) {
-        fprintf(stderr, "fake libcuda: mori_ordered_copy: arrival word %#llx is not 0 at launch\n", (unsigned long long)t->arrivals);
-        abort();
+    uint32_t words = t->groups > 1 ? t->groups + 1 : 1;
+    kernel_range("mori_ordered_copy", "arrival words", t->arrivals, 4 * words);
+    for (uint32_t w = 0; w < words; w++) {
+        if (((volatile uint32_t *)(uintptr_t)t->arrivals)[w] != 0) {
+            fprintf(stderr, "fake libcuda: mori_ordered_copy: arrival word %u at %#llx is not 0 at launch\n", w, (unsigned long long)t->arrivals);
+            abort();
+        }
     }
     for (uint32_t i = 0; i < t->n; i++) {
         kernel_range("mori_ordered_copy", "source", t->segs[i][0], t->segs[i][2]);
@@ -806,8 +819,8 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
         struct ordered_copy *t = malloc(sizeof *t);
         if (!t) return 2;
         memcpy(t, params[0], sizeof *t);
-        /* The kernel copies nothing for n outside 1..8; no caller of ours should pass one. */
-        if (!t->n || t->n > 8 || !t->arrivals || t->arrivals % 4 || t->flag % 4) { free(t); return INVALID_VALUE; }
+        /* The kernel copies nothing for a table it does not take; no caller of ours should pass one. */
+        if (!ordered_table_ok(t, gx) || !t->arrivals || t->arrivals % 4 || t->flag % 4) { free(t); return INVALID_VALUE; }
         pthread_mutex_lock(&mu);
         CUresult r = submit(s, (struct op){.kind = OP_ORDERED, .blob = t});
         pthread_mutex_unlock(&mu);
