@@ -240,6 +240,16 @@ pub trait Backend: Send + Sync {
     /// connect (with the backend's deadlines) when [`Backend::ready`] said false.
     fn post(&self, req: TransferRequest, status: TransferStatus);
 
+    /// Posts several requests made together (one caller's burst, possibly to several peers),
+    /// each completing its own status as [`Backend::post`]. A backend may queue them with
+    /// fewer calls into its device than one post each (xgmi: ordered requests share kernel
+    /// launches). Default: one [`Backend::post`] each, in order.
+    fn post_many(&self, jobs: Vec<(TransferRequest, TransferStatus)>) {
+        for (req, status) in jobs {
+            self.post(req, status);
+        }
+    }
+
     /// A prepared [`Route`] between `local` and `remote` (owned by `peer`) for a session, or
     /// `None` (the default) to have the session call [`Backend::post`]. Errors: as the first
     /// transfer's would be (the session is then refused).

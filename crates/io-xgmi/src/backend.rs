@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
+#[path = "many.rs"]
+mod many;
+
 /// Settings of the xgmi backend.
 #[derive(Debug, Clone)]
 pub struct XgmiConfig {
@@ -261,10 +264,7 @@ impl Inner {
         // deregistration waits for).
         match work {
             Work::Segs(segs, _) => {
-                let seg = |s: &Seg| {
-                    let (src, dst) = op.endpoints(at.laddr + s.local_off, at.rbase + s.remote_off);
-                    CopySeg { src, dst, len: s.len }
-                };
+                let seg = |s: &Seg| copy_seg(op, &at, s);
                 // Mapped as the pool walks them: nothing is allocated before the copies are queued.
                 if ordered {
                     unsafe { self.pool.copy_in_order_with(at.dev, segs.iter().map(seg), make_done) }
@@ -279,6 +279,12 @@ impl Inner {
         }
         .map_err(|e| IoError::gpu("queue xgmi transfer", e))
     }
+}
+
+/// The copy of segment `s` of a transfer at `at`.
+fn copy_seg(op: Op, at: &Place, s: &Seg) -> CopySeg {
+    let (src, dst) = op.endpoints(at.laddr + s.local_off, at.rbase + s.remote_off);
+    CopySeg { src, dst, len: s.len }
 }
 
 /// What one transfer moves: segments (with the caller's entry map when known), or a paged plan.
@@ -444,6 +450,17 @@ impl Backend for XgmiBackend {
         // After the copy is queued (nobody waits on the status before this returns).
         let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
         status.set_progress(me);
+    }
+
+    /// Ordered requests of plain segments share ordered-copy kernel launches (up to 8
+    /// segments of several requests in one), the rest are posted one by one (`many.rs`).
+    fn post_many(&self, jobs: Vec<(TransferRequest, TransferStatus)>) {
+        let statuses: Vec<TransferStatus> = jobs.iter().map(|(_, s)| s.clone()).collect();
+        self.inner.post_many(jobs);
+        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        for s in statuses {
+            s.set_progress(me.clone());
+        }
     }
 
     fn route(

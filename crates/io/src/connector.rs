@@ -14,6 +14,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// A request and the status its backend completes.
+type Posted = (TransferRequest, TransferStatus);
+
 struct Job {
     backend: Arc<dyn Backend>,
     req: TransferRequest,
@@ -58,6 +61,30 @@ impl Connector {
             for j in self.take_all(&key) {
                 j.status.complete_piece(Err(err.clone()));
             }
+        }
+    }
+
+    /// [`Connector::post`] for jobs made together: when all can go at once (no connector work
+    /// pending, every backend ready for its peer) they are handed to their backends in one
+    /// [`Backend::post_many`] per backend (in order within each); otherwise each goes as
+    /// [`Connector::post`], in order.
+    pub(crate) fn post_many(self: &Arc<Self>, jobs: Vec<(Arc<dyn Backend>, TransferRequest, TransferStatus)>, shutdown: &Arc<AtomicBool>) {
+        if self.busy.load(Ordering::Acquire) != 0 || !jobs.iter().all(|(b, req, _)| b.ready(&req.peer, &req.remote)) {
+            for (b, req, st) in jobs {
+                self.post(b, req, st, shutdown.clone());
+            }
+            return;
+        }
+        let mut now: Vec<(Arc<dyn Backend>, Vec<Posted>)> = Vec::new();
+        for (b, req, st) in jobs {
+            let same = |o: &Arc<dyn Backend>| std::ptr::addr_eq(Arc::as_ptr(o), Arc::as_ptr(&b));
+            match now.iter_mut().find(|(o, _)| same(o)) {
+                Some((_, v)) => v.push((req, st)),
+                None => now.push((b, vec![(req, st)])),
+            }
+        }
+        for (b, v) in now {
+            b.post_many(v);
         }
     }
 

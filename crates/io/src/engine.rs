@@ -3,6 +3,7 @@
 use crate::connector::Connector;
 use crate::control::CtrlPool;
 use crate::inflight::InFlight;
+use crate::notify::RegionBatch;
 use crate::paged::Batch;
 use crate::session::Session;
 use mori_io_core::status::Completion;
@@ -558,6 +559,50 @@ impl IoEngine {
         id: TransferId,
         ordered: bool,
     ) -> TransferStatus {
+        match self.prepare(op, local, remote, batch, id, ordered) {
+            Err(st) => st,
+            Ok((b, req, st)) => {
+                self.inner.connector.post(b, req, st.clone(), self.inner.shutdown.clone());
+                st
+            }
+        }
+    }
+
+    /// Several ordered batches ([`IoEngine::post_ordered`]), each between its own pair of
+    /// regions and with its own id, posted together: one status per batch, in order. Batches
+    /// that go through the same backend are handed to it at once, so it may queue them with
+    /// fewer device calls (xgmi: one kernel launch for up to 8 segments of several batches,
+    /// `mori_gpu::CopyPool::copy_groups_in_order_with`). Each batch is checked and fails on its
+    /// own, with the errors of [`IoEngine::post_ordered`] (`NotSupported` for a backend that
+    /// cannot keep the order).
+    pub fn post_ordered_multi(&self, op: Op, batches: &[RegionBatch<'_>]) -> Vec<TransferStatus> {
+        let mut out = Vec::with_capacity(batches.len());
+        let mut jobs = Vec::with_capacity(batches.len());
+        for b in batches {
+            let batch = Batch::Ranges(b.local_offs, b.remote_offs, b.sizes);
+            match self.prepare(op, b.local, b.remote, batch, b.id, true) {
+                Err(st) => out.push(st),
+                Ok((be, req, st)) => {
+                    out.push(st.clone());
+                    jobs.push((be, req, st));
+                }
+            }
+        }
+        self.inner.connector.post_many(jobs, &self.inner.shutdown);
+        out
+    }
+
+    /// The checks of a post and its request, with the status the backend completes; `Err`:
+    /// the failed status (nothing posted).
+    fn prepare(
+        &self,
+        op: Op,
+        local: &MemoryDesc,
+        remote: &MemoryDesc,
+        batch: Batch<'_>,
+        id: TransferId,
+        ordered: bool,
+    ) -> Result<(Arc<dyn Backend>, TransferRequest, TransferStatus), TransferStatus> {
         let r = (|| {
             self.own(local)?;
             let peer = self.inner.remote(&remote.engine_key)?;
@@ -578,7 +623,7 @@ impl IoEngine {
             Ok((peer, checked, local_region, b, slot))
         })();
         match r {
-            Err(e) => TransferStatus::failed(e),
+            Err(e) => Err(TransferStatus::failed(e)),
             Ok((peer, checked, local_region, b, slot)) => {
                 let st = TransferStatus::new(1);
                 self.inner.inflight.fill(slot, &st);
@@ -603,8 +648,7 @@ impl IoEngine {
                     paged,
                     ordered,
                 };
-                self.inner.connector.post(b, req, st.clone(), self.inner.shutdown.clone());
-                st
+                Ok((b, req, st))
             }
         }
     }

@@ -98,3 +98,37 @@ fn an_ordered_batch_is_refused_by_tcp_before_anything_is_written() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(b.buf, before, "nothing was written");
 }
+
+/// Ordered batches posted together (`post_ordered_multi`) on tcp: one status per batch, each
+/// refused on its own before anything is written (`NotSupported` naming the backend; a batch
+/// out of range with its own `InvalidArgs` naming the entry).
+#[test]
+fn ordered_batches_posted_together_are_refused_each_by_tcp() {
+    let (a, b) = pair(1 << 16, &tcp8);
+    let before = b.buf.clone();
+    let ids: Vec<u64> = (0..3).map(|_| a.eng.allocate_transfer_uid()).collect();
+    let far = (1u64 << 16) - 8;
+    let batches = [
+        mori_io::RegionBatch {
+            local: &a.mem,
+            local_offs: &[0, 4096],
+            remote: &b.mem,
+            remote_offs: &[0, 4096],
+            sizes: &[4096, 16],
+            id: ids[0],
+        },
+        mori_io::RegionBatch { local: &a.mem, local_offs: &[0, 16], remote: &b.mem, remote_offs: &[0, far], sizes: &[64, 16], id: ids[1] },
+        mori_io::RegionBatch { local: &a.mem, local_offs: &[8192], remote: &b.mem, remote_offs: &[8192], sizes: &[100], id: ids[2] },
+    ];
+    let sts = a.eng.post_ordered_multi(mori_io::Op::Write, &batches);
+    assert_eq!(sts.len(), 3, "one status per batch");
+    let errs: Vec<mori_io::IoError> = sts.into_iter().map(|s| s.wait_for(T).unwrap_err()).collect();
+    for i in [0, 2] {
+        assert_eq!(errs[i].code, mori_io::ErrorCode::NotSupported, "batch {i}: {}", errs[i]);
+        assert!(errs[i].msg.contains("the tcp backend") && errs[i].msg.contains("in order"), "batch {i}: {}", errs[i].msg);
+    }
+    assert_eq!(errs[1].code, mori_io::ErrorCode::InvalidArgs, "{}", errs[1]);
+    assert!(errs[1].msg.contains(&format!("entry 1: remote range offset {far} + length 16")), "{}", errs[1].msg);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(b.buf, before, "nothing was written");
+}

@@ -40,6 +40,8 @@ const SG_NAME: &str = "mori_scatter_gather_copy";
 
 #[path = "xgmi_gpu/incarnation.rs"]
 mod incarnation;
+#[path = "xgmi_gpu/ordered_multi.rs"]
+mod ordered_multi;
 #[path = "xgmi_gpu/outcomes.rs"]
 mod outcomes;
 #[path = "xgmi_gpu/paged.rs"]

@@ -19,7 +19,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use mori_io::{ErrorCode, IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
 use mori_io_core::status::Completion;
 use parking_lot::Mutex;
+mod burst;
 mod ring_proxy;
+use burst::ordered_entries;
 use ring_proxy::SharedStats;
 pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -190,10 +192,15 @@ impl State {
 
     /// Posts a burst and empties it: one batch per destination (ascending; each destination's
     /// commands keep their order), at most `MAX_BATCH` commands each.
+    /// When every batch of the burst is an ordered one (data and tail writes, for a backend
+    /// that keeps a batch's order), they go to the engine in one call (`burst.rs`).
     fn post_burst(&mut self, cmds: &mut Vec<Cmd>) {
         cmds.sort_by_key(|c| c.dst);
-        for group in cmds.chunk_by(|a, b| a.dst == b.dst) {
-            for part in group.chunks(MAX_BATCH) {
+        let parts: Vec<&[Cmd]> = cmds.chunk_by(|a, b| a.dst == b.dst).flat_map(|g| g.chunks(MAX_BATCH)).collect();
+        if parts.len() > 1 && parts.iter().all(|p| self.takes_ordered(p)) {
+            self.post_ordered_parts(&parts);
+        } else {
+            for part in parts {
                 self.post(part);
             }
         }
@@ -298,6 +305,11 @@ impl State {
             (None, false, _) => self.post_with_tails((!data.is_empty()).then_some(&b), sigs, tails, peer.data.clone()),
         };
         self.timing.count_call(call);
+        self.track(dst, len, st);
+    }
+
+    /// Keeps a posted batch's status (`len` data bytes to `dst`) and times it.
+    fn track(&mut self, dst: usize, len: u64, st: TransferStatus) {
         let (base, last, taken, timing) = (self.base, self.last_done.clone(), self.taken, self.timing.clone());
         timing.post_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
         st.on_done(move || {
@@ -364,14 +376,7 @@ impl State {
         if self.unordered.get(dst).copied().unwrap_or(true) {
             return None;
         }
-        let mut lo: Vec<u64> = data.iter().map(|c| c.local_off).collect();
-        let mut ro: Vec<u64> = data.iter().map(|c| c.remote_off).collect();
-        let mut sz: Vec<u64> = data.iter().map(|c| c.len).collect();
-        for &(src, off) in tails {
-            lo.push(src);
-            ro.push(off);
-            sz.push(TAIL_WRITE_BYTES);
-        }
+        let (lo, ro, sz) = ordered_entries(data, tails);
         let b = RegionBatch {
             local: &self.local,
             local_offs: &lo,

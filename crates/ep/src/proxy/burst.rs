@@ -1,0 +1,91 @@
+//! A burst whose batches are all ordered ones (each destination's data entries, then its tail
+//! writes, for a backend that lands a batch's entries in order) goes to the engine in one
+//! call, [`mori_io::IoEngine::post_ordered_multi`]: over xgmi the batches then share kernel
+//! launches (up to 8 segments in one), where one post per destination cost one launch each,
+//! and each launch waits for the other proxies' driver calls (docs/PERFORMANCE.md).
+
+use super::{Cmd, State};
+use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
+use mori_io::{ErrorCode, MemoryDesc, RegionBatch};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// The entries of an ordered batch: the data commands' (local offset, remote offset, length),
+/// then each tail write's (its 16 bytes from `src` to the counter's offset).
+pub(super) fn ordered_entries(data: &[&Cmd], tails: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+    let mut lo: Vec<u64> = data.iter().map(|c| c.local_off).collect();
+    let mut ro: Vec<u64> = data.iter().map(|c| c.remote_off).collect();
+    let mut sz: Vec<u64> = data.iter().map(|c| c.len).collect();
+    for &(src, off) in tails {
+        lo.push(src);
+        ro.push(off);
+        sz.push(TAIL_WRITE_BYTES);
+    }
+    (lo, ro, sz)
+}
+
+/// One destination's ordered batch, built.
+struct Part {
+    dst: usize,
+    remote: MemoryDesc,
+    len: u64,
+    lo: Vec<u64>,
+    ro: Vec<u64>,
+    sz: Vec<u64>,
+}
+
+impl State {
+    /// Whether `part` (commands to one destination) goes as an ordered batch: only tail
+    /// writes (no MORI-IO signal), to a known peer whose backend did not refuse one.
+    pub(super) fn takes_ordered(&self, part: &[Cmd]) -> bool {
+        let Some(dst) = part.first().map(|c| c.dst as usize) else { return false };
+        matches!(self.peers.get(dst), Some(Some(_)))
+            && !self.unordered.get(dst).copied().unwrap_or(true)
+            && part.iter().all(|c| matches!(c.op, CmdOp::Tail { .. }))
+    }
+
+    /// Posts `parts` (each passed [`State::takes_ordered`]) as ordered batches in one engine
+    /// call; a batch the backend refuses (`NotSupported`) marks its destination and is posted
+    /// again as [`State::post`] does it.
+    pub(super) fn post_ordered_parts(&mut self, parts: &[&[Cmd]]) {
+        self.first.get_or_insert_with(Instant::now);
+        let mut built: Vec<(&[Cmd], Part)> = Vec::with_capacity(parts.len());
+        for &p in parts {
+            let dst = p[0].dst as usize;
+            let Some(Some(peer)) = self.peers.get(dst) else {
+                self.post(p);
+                continue;
+            };
+            let data: Vec<&Cmd> = p.iter().filter(|c| c.len > 0).collect();
+            let tails: Vec<(u64, u64)> =
+                p.iter().filter_map(|c| if let CmdOp::Tail { src } = c.op { Some((src, c.counter)) } else { None }).collect();
+            let (lo, ro, sz) = ordered_entries(&data, &tails);
+            built.push((p, Part { dst, remote: peer.data.clone(), len: data.iter().map(|c| c.len).sum(), lo, ro, sz }));
+        }
+        let call = Instant::now();
+        let statuses = {
+            let batches: Vec<RegionBatch<'_>> = built
+                .iter()
+                .map(|(_, b)| RegionBatch {
+                    local: &self.local,
+                    local_offs: &b.lo,
+                    remote: &b.remote,
+                    remote_offs: &b.ro,
+                    sizes: &b.sz,
+                    id: self.engine.allocate_transfer_uid(),
+                })
+                .collect();
+            self.engine.post_ordered_multi(mori_io::Op::Write, &batches)
+        };
+        self.timing.count_call(call);
+        for ((part, b), st) in built.into_iter().zip(statuses) {
+            if matches!(st.poll(), Some(Err(ref e)) if e.code == ErrorCode::NotSupported) {
+                self.unordered[b.dst] = true;
+                self.post(part);
+                continue;
+            }
+            self.timing.ordered_batches.fetch_add(1, Ordering::Relaxed);
+            self.track(b.dst, b.len, st);
+        }
+    }
+}
