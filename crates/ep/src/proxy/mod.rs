@@ -23,7 +23,7 @@ mod burst;
 mod ring_proxy;
 use burst::ordered_entries;
 use ring_proxy::SharedStats;
-pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats};
+pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats, GROUPED_ENV};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -85,6 +85,8 @@ struct State {
     /// Per destination: its backend refused an ordered batch (tail writes then follow the
     /// data's completion).
     unordered: Vec<bool>,
+    /// A burst of ordered batches goes to the engine in one call (`burst.rs`).
+    grouped: bool,
     failed: Arc<Mutex<Option<(usize, String)>>>,
     bytes: u64,
     /// When the proxy started: the origin of `last_done`.
@@ -180,6 +182,7 @@ impl State {
             inject: None,
             inflight: Vec::new(),
             unordered,
+            grouped: true,
             failed,
             bytes: 0,
             base: Instant::now(),
@@ -197,7 +200,7 @@ impl State {
     fn post_burst(&mut self, cmds: &mut Vec<Cmd>) {
         cmds.sort_by_key(|c| c.dst);
         let parts: Vec<&[Cmd]> = cmds.chunk_by(|a, b| a.dst == b.dst).flat_map(|g| g.chunks(MAX_BATCH)).collect();
-        if parts.len() > 1 && parts.iter().all(|p| self.takes_ordered(p)) {
+        if self.grouped && parts.len() > 1 && parts.iter().all(|p| self.takes_ordered(p)) {
             self.post_ordered_parts(&parts);
         } else {
             for part in parts {

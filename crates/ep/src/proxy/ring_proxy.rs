@@ -27,18 +27,37 @@ pub struct RingProxyOptions {
     pub spin: Duration,
     /// Longest sleep between two polls of an idle ring (default 50 µs).
     pub max_sleep: Duration,
+    /// Whether a burst whose batches are all ordered ones (one per destination) goes to the
+    /// engine in one call (`IoEngine::post_ordered_multi`: over xgmi, shared kernel
+    /// launches) instead of one call per destination. `None` (the default): on, unless
+    /// [`GROUPED_ENV`] says `0`.
+    pub grouped: Option<bool>,
+}
+
+/// The environment variable that overrides [`RingProxyOptions::grouped`] (`0` or `1`).
+pub const GROUPED_ENV: &str = "MORI_EP_PROXY_GROUPED";
+
+/// [`RingProxyOptions::grouped`] with the environment's value (`env`) applied. Errors: a value
+/// other than `0` or `1`, naming the variable.
+fn grouped(configured: Option<bool>, env: Option<&str>) -> std::io::Result<bool> {
+    match env {
+        None => Ok(configured.unwrap_or(true)),
+        Some("0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{GROUPED_ENV}={v:?}: must be 0 or 1"))),
+    }
 }
 
 impl RingProxyOptions {
     /// 200 µs of polling, then naps: for hosts with fewer cores than busy threads (tests whose
     /// producers are host threads standing in for GPU warps), where a polling proxy takes the
     /// CPU its producers need.
-    pub const SHORT_SPIN: Self = Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50) };
+    pub const SHORT_SPIN: Self = Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), grouped: None };
 }
 
 impl Default for RingProxyOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_millis(20), max_sleep: Duration::from_micros(50) }
+        Self { spin: Duration::from_millis(20), max_sleep: Duration::from_micros(50), grouped: None }
     }
 }
 
@@ -155,7 +174,8 @@ impl std::fmt::Debug for RingProxy {
 impl RingProxy {
     /// Starts the thread (named `mori-ep-ring-{name}`) consuming `ring` from ticket 0.
     /// `peers[r]` is rank `r`'s windows (`None` for ranks this proxy never writes to: a command
-    /// naming one fails the proxy). Errors: the thread could not be spawned.
+    /// naming one fails the proxy). Errors: the thread could not be spawned; [`GROUPED_ENV`]
+    /// set to something other than `0` or `1`.
     pub fn start(
         name: &str,
         engine: Arc<IoEngine>,
@@ -167,6 +187,7 @@ impl RingProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let mut st = State::new(engine, local, peers, failed.clone());
+        st.grouped = grouped(opts.grouped, std::env::var(GROUPED_ENV).ok().as_deref())?;
         let stats = st.timing.clone();
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
@@ -253,7 +274,16 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::RingProxyStats;
+    use super::{grouped, RingProxyStats, GROUPED_ENV};
+
+    #[test]
+    fn grouped_posting_is_on_unless_told() {
+        assert!(grouped(None, None).unwrap());
+        assert!(!grouped(Some(false), None).unwrap());
+        assert!(!grouped(None, Some("0")).unwrap());
+        assert!(grouped(Some(false), Some("1")).unwrap());
+        assert!(grouped(None, Some("yes")).unwrap_err().to_string().contains(GROUPED_ENV));
+    }
 
     #[test]
     fn since_windows_the_counts_and_keeps_the_maximum() {
