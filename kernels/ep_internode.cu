@@ -52,7 +52,8 @@
 //   mori_ie_dispatch_recv copy the records into the outputs; the last block zeroes the
 //                         rank's dispatch counters;
 //   mori_ie_combine_stage the rows for other nodes' sources into the staging (V1-LL: into the
-//                         relays' gather areas), with blocks of its own;
+//                         relays' gather areas), with blocks of its own; AsyncLL with
+//                         IE_FLAG_COMB_ROWS: nothing (the input rows are the staging);
 //   mori_ie_combine_send  hand them over (proxy commands; V1-LL: gather counters), then P2P
 //                         stores of this node's sources' rows, signal; V1-LL: then the relay's
 //                         partial sums, and the last block zeroes the gather counters; then
@@ -304,6 +305,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_recv(IeParams p) {
 
 // Writes received row i (H elements, then K f32 weights or zeros) at `row` with one group.
 MORI_DEVICE void ie_put_row(const IeParams& p, const IeRank& a, uint32_t i, uint8_t* row, uint32_t lane) {
+    if (ie_comb_rows(p)) {
+        ie_copy_group(row, (const uint8_t*)a.comb_x + (uint64_t)i * p.comb_bytes, p.comb_bytes, lane);
+        return;
+    }
     const uint32_t xb = p.hidden * p.comb_elem, kw = p.top_k * 4;
     ie_copy_group(row, (const uint8_t*)a.comb_x + (uint64_t)i * xb, xb, lane);
     if (a.comb_w) ie_copy_group(row + xb, (const uint8_t*)a.comb_w + (uint64_t)i * kw, kw, lane);
@@ -340,7 +345,8 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
         return;
     }
     const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
-    for (uint32_t i = i0 + warp; i < i1; i += nwarps) {
+    // IE_FLAG_COMB_ROWS: other nodes' sources' rows already lie contiguous in the window.
+    for (uint32_t i = i0 + warp; i < i1 && !ie_comb_rows(p); i += nwarps) {
         const uint32_t s = ie_source_of(p, a, i);
         if (ie_same_node(p, r, s)) continue;
         ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, ((const uint32_t*)a.recv_pos)[i]), lane);
@@ -395,8 +401,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
         if (relay) {
             if (rc[s]) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 0, rc[s]);
         } else {
-            ie_hand_over(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, p.lay.out_comb + s * p.lay.seg_comb,
-                         p.lay.comb_in + r * p.lay.seg_comb, deadline);
+            // IE_FLAG_COMB_ROWS: the rows of s from the input itself (rows base[s] on).
+            const uint64_t from = ie_comb_rows(p) ? p.lay.out_comb + (uint64_t)base[s] * p.comb_bytes
+                                                  : p.lay.out_comb + s * p.lay.seg_comb;
+            ie_hand_over(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, from, p.lay.comb_in + r * p.lay.seg_comb, deadline);
         }
     }
     for (uint32_t i = i0 + warp; i < i1; i += nwarps) {

@@ -21,6 +21,11 @@
 #define IE_FLAG_WEIGHTED 2u
 #define IE_FLAG_RELAY 4u        // V1-LL and V1: other nodes through the same-local-index relay
 #define IE_FLAG_DEDUP 8u        // with IE_FLAG_RELAY, V1: one record per (token, node), not per (token, destination)
+#define IE_FLAG_COMB_ROWS 16u   // AsyncLL: the combine input is comb_bytes rows (H elements, K f32
+                                // weights or zeros) in this rank's window at out_comb, row i at
+                                // out_comb + i * comb_bytes (IeRank.comb_x points there); another
+                                // node's source's rows are contiguous there, so the proxy moves
+                                // them from it and combine stages nothing
 
 // Index in IeRank.done (u32) of combine_send's finished-block count (V1-LL: zeroes the gather
 // counters).
@@ -89,8 +94,8 @@ struct IeRank {
     uint64_t out_idx;    // [max_recv, K] of idx_size
     uint64_t out_scales; // [max_recv, scale_bytes] or 0
     uint64_t out_src;    // i32 [max_recv]
-    uint64_t comb_x;     // [N, H] of comb_elem
-    uint64_t comb_w;     // [N, K] f32 or 0
+    uint64_t comb_x;     // [N, H] of comb_elem (IE_FLAG_COMB_ROWS: [N] rows of comb_bytes)
+    uint64_t comb_w;     // [N, K] f32 or 0 (IE_FLAG_COMB_ROWS: unused)
     uint64_t comb_out;   // [T, H] of out_elem
     uint64_t comb_out_w; // [T, K] f32 or 0
     uint64_t status;     // u32 [8]: recv count, error code, details
@@ -163,6 +168,7 @@ MORI_DEVICE int32_t ie_pos(const IeParams& p, const IeRank& a, uint32_t t, uint3
 
 MORI_DEVICE bool ie_relay(const IeParams& p) { return (p.flags & IE_FLAG_RELAY) != 0; }
 MORI_DEVICE bool ie_dedup(const IeParams& p) { return (p.flags & IE_FLAG_DEDUP) != 0; }
+MORI_DEVICE bool ie_comb_rows(const IeParams& p) { return (p.flags & IE_FLAG_COMB_ROWS) != 0; }
 MORI_DEVICE uint32_t ie_nodes(const IeParams& p) { return p.world / p.gpn; }
 // The relay of `src` on `node`: the rank there with src's local index.
 MORI_DEVICE uint32_t ie_relay_of(const IeParams& p, uint32_t src, uint32_t node) { return node * p.gpn + src % p.gpn; }

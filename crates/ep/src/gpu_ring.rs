@@ -157,6 +157,25 @@ impl Window {
         }
     }
 
+    /// Copies `bytes` to byte `off` (synchronous). Errors: a range outside the window
+    /// (`InvalidConfig`), the runtime's copy errors.
+    pub fn write(&mut self, rt: &dyn Runtime, off: usize, bytes: &[u8]) -> GpuResult<()> {
+        if off.checked_add(bytes.len()).is_none_or(|end| end > self.len()) {
+            return Err(EpGpuError::Ep(EpError::InvalidConfig {
+                field: "window write",
+                value: format!("{} bytes at {off}", bytes.len()),
+                reason: format!("the window holds {} bytes", self.len()),
+            }));
+        }
+        match self {
+            Window::Gpu(b) => Ok(rt.copy_htod(&b.sub(off, bytes.len())?, bytes)?),
+            Window::Host(b) => {
+                b.as_mut_slice()[off..off + bytes.len()].copy_from_slice(bytes);
+                Ok(())
+            }
+        }
+    }
+
     /// Copies `out.len()` bytes from byte `off` (synchronous). Errors: a range outside the
     /// window (`InvalidConfig`), the runtime's copy errors.
     pub fn read(&self, rt: &dyn Runtime, off: usize, out: &mut [u8]) -> GpuResult<()> {

@@ -51,6 +51,11 @@ fn inputs(s: &Shape, rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, 
 }
 
 fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) {
+    run_with(s, scheme, path, rounds, timed, true);
+}
+
+/// `run` with [`InterNodeOptions::combine_rows`] as given.
+fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize, combine_rows: bool) {
     // Before the CUDA context exists (every test sets it; the first one creates the context).
     std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
@@ -60,9 +65,12 @@ fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) 
     cfg.max_token_type_size = 2;
     let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
     cfg.set_kernel_type(scheme_kernel_type(scheme));
-    let opts = InterNodeOptions { path, weighted: true, timeout: Duration::from_secs(20), ..InterNodeOptions::default() };
+    let opts = InterNodeOptions { path, weighted: true, timeout: Duration::from_secs(20), combine_rows, ..InterNodeOptions::default() };
     let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
     println!("{}", ep.describe());
+    // The combine input goes into the window for AsyncLL over xgmi unless told otherwise.
+    let in_window = combine_rows && scheme == Scheme::AsyncLL && path == InterPath::Xgmi;
+    assert_eq!(ep.describe().contains("combine input as rows in the window"), in_window, "{}", ep.describe());
     let mut rng = SplitMix64::new(0x5eed_0017);
     for round in 0..rounds + timed {
         let inp = inputs(s, &mut rng, round);
@@ -130,6 +138,12 @@ const DECODE: Shape = Shape { w: 8, g: 4, t: 128, h: 7168, e: 256, k: 8, scales:
 #[ignore = "needs a CUDA device"]
 fn async_ll_2x4_on_one_gpu_over_xgmi_equals_the_reference() {
     run(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, 3, 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_2x4_over_xgmi_with_combine_staging_equals_the_reference() {
+    run_with(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, 3, 0, false);
 }
 
 #[test]

@@ -116,6 +116,10 @@ pub const FLAG_WEIGHTED: u32 = 2;
 pub const FLAG_RELAY: u32 = 4;
 /// `IE_FLAG_DEDUP`: with [`FLAG_RELAY`], V1 (one record per (token, node)).
 pub const FLAG_DEDUP: u32 = 8;
+/// `IE_FLAG_COMB_ROWS`: AsyncLL's combine input as rows of `comb_bytes` in the window's
+/// `out_comb` area ([`super::InterLayout::combine_rows`]); the proxy moves another node's
+/// source's rows from there and combine stages nothing.
+pub const FLAG_COMB_ROWS: u32 = 16;
 
 /// The scheme's flags.
 pub fn scheme_flags(scheme: crate::internode::Scheme) -> u32 {
@@ -144,6 +148,7 @@ mod tests {
             "#define IE_FLAG_WEIGHTED 2u",
             "#define IE_FLAG_RELAY 4u",
             "#define IE_FLAG_DEDUP 8u",
+            "#define IE_FLAG_COMB_ROWS 16u",
             "#define IE_DONE_GATHER(world) (4u + 2u * (world))",
         ] {
             assert!(src.contains(needle), "ep_internode.h lost {needle}");

@@ -7,7 +7,7 @@
 //! rows in the reference's order; combine summed in the scheme's order: over destination ranks
 //! ascending for AsyncLL, per node for V1 and V1-LL).
 
-use super::abi::{scheme_flags, IeParams, IeRank, FLAG_WEIGHTED};
+use super::abi::{scheme_flags, IeParams, IeRank, FLAG_COMB_ROWS, FLAG_WEIGHTED};
 use super::trace::{perfetto, slot, trace_bytes, RankStamps};
 use super::*;
 use crate::emu_support::{launch, Region};
@@ -224,20 +224,27 @@ fn run_node(p: &IeParams, kernel: &str) {
 
 #[test]
 fn async_ll_three_nodes_of_three_through_proxies_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL);
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, false);
+}
+
+/// AsyncLL with its combine input as rows in the window (`IE_FLAG_COMB_ROWS`): the proxy
+/// moves another node's source's rows from the input itself, combine stages nothing.
+#[test]
+fn async_ll_with_combine_rows_in_the_window_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, true);
 }
 
 #[test]
 fn v1_ll_three_nodes_of_three_through_relays_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1LL);
+    three_nodes_of_three_equal_the_reference(Scheme::V1LL, false);
 }
 
 #[test]
 fn v1_three_nodes_of_three_through_relays_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1);
+    three_nodes_of_three_equal_the_reference(Scheme::V1, false);
 }
 
-fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
+fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool) {
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.scale_dim = SCALES;
     cfg.scale_type_size = 4;
@@ -285,12 +292,22 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
         let abi_regions: Vec<Region> = (0..W / G).map(|_| Region::new(G * std::mem::size_of::<IeRank>())).collect();
         for (n, reg) in abi_regions.iter().enumerate() {
             for (j, r) in (n * G..(n + 1) * G).enumerate() {
-                let a = mems[r].abi(r, inp[r].x.rows(), want.ranks[r].num_recv());
+                let mut a = mems[r].abi(r, inp[r].x.rows(), want.ranks[r].num_recv());
+                if comb_rows {
+                    a.comb_x = mems[r].win.addr() + l.lay.out_comb;
+                    a.comb_w = 0;
+                }
                 // SAFETY: the region holds G IeRank structs.
                 unsafe { (reg.ptr as *mut IeRank).add(j).write(a) };
             }
         }
-        let ps: Vec<IeParams> = (0..W / G).map(|n| params(&l, &mems, &abi_regions[n], n)).collect();
+        let flags = if comb_rows { FLAG_COMB_ROWS } else { 0 };
+        let ps: Vec<IeParams> = (0..W / G)
+            .map(|n| {
+                let p = params(&l, &mems, &abi_regions[n], n);
+                IeParams { flags: p.flags | flags, ..p }
+            })
+            .collect();
         // Dispatch: each node's kernels in stream order on a thread of its own.
         std::thread::scope(|s| {
             for p in &ps {
@@ -323,8 +340,13 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme) {
             let src: Vec<u8> = rr.src.iter().flat_map(|s| (s.flat(TMAX) as i32).to_le_bytes()).collect();
             assert_eq!(&o[4].bytes()[..n * 4], &src[..], "rank {r} sources");
             let m = &mems[r];
-            m.write(&m.comb_x, &o[0].bytes()[..n * l.row_bytes]);
-            m.write(&m.comb_w, &le(comb_weights(rr, r).as_slice(), |v: f32| v.to_le_bytes().to_vec()));
+            let wb = le(comb_weights(rr, r).as_slice(), |v: f32| v.to_le_bytes().to_vec());
+            if comb_rows {
+                m.write_at(&m.win, l.lay.out_comb as usize, &l.combine_rows(&o[0].bytes()[..n * l.row_bytes], &wb));
+            } else {
+                m.write(&m.comb_x, &o[0].bytes()[..n * l.row_bytes]);
+                m.write(&m.comb_w, &wb);
+            }
         }
         // Combine.
         std::thread::scope(|s| {

@@ -192,6 +192,23 @@ impl InterLayout {
         4 * (5 + 2 * self.world)
     }
 
+    /// The combine input as the kernels read it with `IE_FLAG_COMB_ROWS` (AsyncLL over xgmi):
+    /// one row of `comb_bytes` per received row, its `H` elements from `x` (`[N, H]` of
+    /// `comb_elem` bytes), then its `K` f32 weights from `w` (`[N, K]`, or zeros when `w` is
+    /// empty), zero-padded. `x` must hold whole rows and `w` none or as many rows.
+    pub fn combine_rows(&self, x: &[u8], w: &[u8]) -> Vec<u8> {
+        let (xb, kw) = (self.hidden * self.comb_elem, self.top_k * 4);
+        let n = x.len() / xb.max(1);
+        let mut out = vec![0u8; n * self.comb_bytes];
+        for (i, row) in out.chunks_exact_mut(self.comb_bytes).enumerate() {
+            row[..xb].copy_from_slice(&x[i * xb..(i + 1) * xb]);
+            if let Some(wr) = w.get(i * kw..(i + 1) * kw) {
+                row[xb..xb + kw].copy_from_slice(wr);
+            }
+        }
+        out
+    }
+
     /// Nodes (`world / gpn`).
     pub fn nodes(&self) -> usize {
         self.world / self.gpn

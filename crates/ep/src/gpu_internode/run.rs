@@ -70,6 +70,9 @@ pub struct InterNodeGpu {
     id: u64,
     /// Kernel runs so far (dispatch tickets carry the number).
     calls: u64,
+    /// The combine input goes into the window as rows (`IE_FLAG_COMB_ROWS`: AsyncLL over
+    /// xgmi with [`InterNodeOptions::combine_rows`]).
+    in_window: bool,
 }
 
 fn bad(field: &'static str, value: impl ToString, reason: impl Into<String>) -> EpGpuError {
@@ -196,6 +199,7 @@ impl InterNodeGpu {
         let module = KernelImages { cubin: CUBIN, ptx: PTX, hsaco: GFX942 }.load(rt.as_ref(), dev)?;
         let funcs = KERNELS.iter().map(|(k, _)| module.function(k)).collect::<Result<Vec<_>, _>>()?;
         let (t, k, r_max) = (layout.max_tokens, layout.top_k, layout.max_recv);
+        let in_window = opts.combine_rows && scheme == Scheme::AsyncLL && opts.path == InterPath::Xgmi;
         let zeroed = |len: usize| -> GpuResult<DeviceBuffer> {
             let b = rt.alloc(dev, len.max(16))?;
             rt.memset(&b.slice(), 0)?;
@@ -231,10 +235,16 @@ impl InterNodeGpu {
                     .iter()
                     .map(|&n| zeroed(n))
                     .collect::<Result<_, _>>()?,
-                comb: [r_max * layout.hidden * comb_elem, r_max * k * 4, t * layout.hidden * out_elem, t * k * 4]
-                    .iter()
-                    .map(|&n| zeroed(n))
-                    .collect::<Result<_, _>>()?,
+                // With the combine input in the window, its own buffers stay empty.
+                comb: [
+                    if in_window { 0 } else { r_max * layout.hidden * comb_elem },
+                    if in_window { 0 } else { r_max * k * 4 },
+                    t * layout.hidden * out_elem,
+                    t * k * 4,
+                ]
+                .iter()
+                .map(|&n| zeroed(n))
+                .collect::<Result<_, _>>()?,
                 tokens: 0,
                 comb_rows: 0,
             });
@@ -305,7 +315,7 @@ impl InterNodeGpu {
         let marks =
             (0..nodes).map(|_| (0..MARKS).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
-            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), each node's launches on a stream of its own, {} blocks x {} warps per rank ({} for the stagings, the copy-out and the sum, which wait for nothing); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; window {:.1} MB per rank",
+            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), each node's launches on a stream of its own, {} blocks x {} warps per rank ({} for the stagings, the copy-out and the sum, which wait for nothing); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; {}; window {:.1} MB per rank",
             match scheme {
                 Scheme::V1LL => "V1-LL (one record per token and destination to the same-local-index relay of each other node, forwarded there by P2P stores; partial sums per node back)",
                 Scheme::V1 => "V1 (one record per token and node to the same-local-index relay there, stored by it to each destination; partial sums per node back)",
@@ -320,6 +330,11 @@ impl InterNodeGpu {
                 InterPath::Tcp { lanes } => format!("MORI-IO tcp, {lanes} lanes (windows in pinned host memory: the kernels stage into it)"),
             },
             opts.ring_slots,
+            if in_window {
+                "combine input as rows in the window, moved as they are (combine stages nothing)"
+            } else {
+                "combine stages the rows for other nodes"
+            },
             layout.window_bytes as f64 / 1e6
         );
         Ok(Self {
@@ -341,6 +356,7 @@ impl InterNodeGpu {
             dispatched: None,
             id: super::types::next_ticket_owner(),
             calls: 0,
+            in_window,
             describe,
         })
     }
@@ -556,10 +572,18 @@ impl InterNodeGpu {
             let row = l.hidden * l.comb_elem;
             let gr = &mut self.ranks[r];
             gr.comb_rows = xr.len() / row;
+            let wr = w.map(|w| w[r]).unwrap_or(&[]);
+            if self.in_window {
+                // The kernels read at most the received rows, at most world x max_tokens
+                // (what the out_comb area holds).
+                let n = gr.comb_rows.min(l.world * l.max_tokens);
+                let rows = l.combine_rows(&xr[..n * row], wr.get(..n * l.top_k * 4).unwrap_or(&[]));
+                gr.win.write(self.rt.as_ref(), l.lay.out_comb as usize, &rows)?;
+                continue;
+            }
             if !xr.is_empty() {
                 self.rt.copy_htod(&gr.comb[0].sub(0, xr.len())?, xr)?;
             }
-            let wr = w.map(|w| w[r]).unwrap_or(&[]);
             if !wr.is_empty() {
                 self.rt.copy_htod(&gr.comb[1].sub(0, wr.len())?, wr)?;
             } else {

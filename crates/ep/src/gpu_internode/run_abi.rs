@@ -1,7 +1,7 @@
 //! [`InterNodeGpu`]'s side of the kernel ABI: the parameters of a node's launches, the per-rank
 //! structs it uploads, and the status words it reads back.
 
-use super::super::abi::{scheme_flags, IeLayout, IeParams, IeRank, FLAG_WEIGHTED};
+use super::super::abi::{scheme_flags, IeLayout, IeParams, IeRank, FLAG_COMB_ROWS, FLAG_WEIGHTED};
 use super::super::MAX_WORLD;
 use super::InterNodeGpu;
 use crate::error::EpError;
@@ -39,7 +39,9 @@ impl InterNodeGpu {
             comb_bytes: l.comb_bytes as u32,
             comb_elem: l.comb_elem as u32,
             out_elem: self.out_elem as u32,
-            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 } | scheme_flags(l.scheme),
+            flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 }
+                | scheme_flags(l.scheme)
+                | if self.in_window { FLAG_COMB_ROWS } else { 0 },
             trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
             part_bytes: l.part_bytes as u32,
         }
@@ -74,8 +76,8 @@ impl InterNodeGpu {
                     out_idx: gr.out[2].ptr(),
                     out_scales: if self.layout.scale_bytes > 0 { gr.out[3].ptr() } else { 0 },
                     out_src: gr.out[4].ptr(),
-                    comb_x: gr.comb[0].ptr(),
-                    comb_w: gr.comb[1].ptr(),
+                    comb_x: if self.in_window { gr.win.dev_ptr() + self.layout.lay.out_comb } else { gr.comb[0].ptr() },
+                    comb_w: if self.in_window { 0 } else { gr.comb[1].ptr() },
                     comb_out: gr.comb[2].ptr(),
                     comb_out_w: gr.comb[3].ptr(),
                     status: s[7].ptr(),

@@ -43,6 +43,12 @@ pub struct InterNodeOptions {
     pub trace: bool,
     /// How each rank's proxy thread polls its ring.
     pub proxy: RingProxyOptions,
+    /// AsyncLL over xgmi: the combine input goes into the window as rows of `comb_bytes`
+    /// (`InterLayout::combine_rows`), and the proxy moves another node's source's rows from
+    /// there as they are, so combine stages nothing (default true). Ignored by V1 and V1-LL
+    /// (their relays sum before sending) and over tcp (the window is host memory there: the
+    /// kernels would read this node's rows through the host).
+    pub combine_rows: bool,
 }
 
 impl InterNodeOptions {
@@ -64,6 +70,7 @@ impl Default for InterNodeOptions {
             copy_blocks: 64,
             trace: false,
             proxy: RingProxyOptions::default(),
+            combine_rows: true,
         }
     }
 }

@@ -104,6 +104,11 @@ pub struct Args {
     /// before it starts sleeping, µs. Default 20000.
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
+    /// GPU async_ll over xgmi: stage the rows for other nodes in a kernel before the proxy
+    /// moves them, instead of putting the combine input into the window as rows the proxy
+    /// moves as they are (the default).
+    #[arg(long = "combine-staging")]
+    pub combine_staging: bool,
     /// GPU v1/v1_ll/async_ll: blocks per rank of the kernels that wait for nothing (dispatch's
     /// staging and copy-out, combine's staging and sum), so they are not bound by the
     /// co-resident grid. Default 64.
@@ -423,9 +428,9 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some()) {
+    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging) {
         return Err(err(
-            "--proxy-spin-us/--copy-blocks tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
+            "--proxy-spin-us/--copy-blocks/--combine-staging tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
         ));
     }
     if let Some(v) = a.proxy_spin_us.filter(|&v| v > 10_000_000) {

@@ -74,6 +74,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             spin: a.proxy_spin_us.map_or(RingProxyOptions::default().spin, Duration::from_micros),
             ..RingProxyOptions::default()
         },
+        combine_rows: !a.combine_staging,
     };
     let mut ep = InterNodeGpu::new(rt, Device(0), cfg, sz, opts)?;
     println!("{}", ep.describe());

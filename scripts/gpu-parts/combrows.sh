@@ -1,0 +1,31 @@
+# AsyncLL's combine input put into the window as rows the proxy moves as they are (the
+# default over xgmi) against staging the rows for other nodes in a kernel first
+# (--combine-staging), 2 nodes x 4 ranks on one GPU over xgmi. A fragment, sourced by
+# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/combrows.txt and prints, per run,
+# rank 0's row, the proxies' and copy pools' lines and the kernels' split.
+#
+# - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, AsyncLL both ways,
+#   bit-exact);
+# - AsyncLL decode, staged then in the window, three rounds, then traced once each;
+# - AsyncLL at the DeepSeek-V3 shape (T=4096, fp8 dispatch, bf16 combine), both ways.
+cr_log="$OUT/combrows.txt"
+crl() { logged "$cr_log" 300 22 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU" "$@"; }
+dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+step "combrows: inter-node EP GPU tests"
+logged "$cr_log" 300 16 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+cr_ab() { # NAME ARGS...: staged, then in the window
+  local name=$1
+  shift
+  crl "$name, staged" "$@" --combine-staging
+  crl "$name, in the window" "$@"
+}
+for round in 1 2 3; do
+  step "combrows: round $round: AsyncLL decode over xgmi"
+  cr_ab "async_ll decode xgmi ($round)" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
+done
+step "combrows: AsyncLL decode over xgmi, traced"
+cr_tr=$(mktemp -d)
+cr_ab "async_ll decode xgmi traced" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --trace "$cr_tr/al.json"
+rm -rf "$cr_tr"
+step "combrows: AsyncLL at the DeepSeek-V3 shape over xgmi"
+cr_ab "async_ll V3 xgmi" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2
