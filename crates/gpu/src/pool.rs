@@ -483,6 +483,11 @@ impl CopyPool {
     {
         let rt = &self.shared.rt;
         let grid = ordered::grid(first, groups, dp.sms);
+        if !table.takes(grid) {
+            return Err(GpuError::invalid(format!(
+                "copy pool: an ordered-copy table the kernel would refuse ({groups} groups on a grid of {grid}): nothing was queued"
+            )));
+        }
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
             let arrivals = lane.arrivals.ok_or_else(|| GpuError::invalid("copy pool: the slot has no arrival word"))?;
             let t = table.finish(arrivals, lane.flag);

@@ -978,9 +978,104 @@ fn copy_pool_grouped(kernel: Option<bool>) -> R {
 #[test]
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
 fn copy_pool_ordered_batches_land_in_order_for_a_host_observer() -> R {
-    // Through the ordered-copy kernel, then as copies.
+    // Through the ordered-copy kernel, then as copies; then two batches sharing a launch.
     ordered_probe(Some(true))?;
-    ordered_probe(Some(false))
+    ordered_probe(Some(false))?;
+    grouped_probe(Some(true))
+}
+
+/// Two ordered batches posted together (`copy_groups_in_order_with`: one launch, a run of
+/// blocks each), each an 8 MiB segment then an 8-byte word into mapped pinned host memory,
+/// while a host thread polls both words: once it sees a batch's word, that batch's whole
+/// segment must be there. Three rounds, a new pattern and word each.
+fn grouped_probe(kernel: Option<bool>) -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let rt = rt()?;
+    let cfg = CopyPoolConfig { num_events: 2, ordered_kernel: kernel, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-grouped-probe")?;
+    let what = format!("grouped probe (kernel {kernel:?})");
+    let seg = 8usize << 20;
+    let stride = seg + 64;
+    let src = rt.alloc(DEV, 2 * stride)?;
+    let mut host = rt.alloc_mapped(DEV, 2 * stride)?;
+    let Some(hdev) = host.device_ptr() else { return fail(format!("{what}: the mapped buffer has no device address")) };
+    for k in 1..=3u64 {
+        let mut bytes = Vec::with_capacity(2 * stride);
+        for g in 0..2u64 {
+            let mut part = pattern(seg, (k * 2 + g) as u8);
+            part.extend_from_slice(&(k * 10 + g).to_le_bytes());
+            part.resize(stride, 0);
+            bytes.extend_from_slice(&part);
+        }
+        rt.copy_htod(&src.slice(), &bytes)?;
+        host.as_mut_slice().fill(0);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let hp = host.ptr() as usize;
+        let groups: Vec<Vec<CopySeg>> = (0..2u64)
+            .map(|g| {
+                let at = g * stride as u64;
+                vec![
+                    CopySeg { src: src.ptr() + at, dst: hdev + at, len: seg as u64 },
+                    CopySeg { src: src.ptr() + at + seg as u64, dst: hdev + at + seg as u64, len: 8 },
+                ]
+            })
+            .collect();
+        let seen = std::thread::scope(|sc| -> Result<Result<[usize; 2], String>, Fail> {
+            let probe = sc.spawn(move || -> Result<[usize; 2], String> {
+                let mut bad = [usize::MAX; 2];
+                let t = Instant::now();
+                while bad.contains(&usize::MAX) {
+                    for (g, bad_g) in bad.iter_mut().enumerate() {
+                        if *bad_g != usize::MAX {
+                            continue;
+                        }
+                        // SAFETY: the word lies inside the mapped buffer (alive for the whole
+                        // scope), 8-aligned; only the device writes it.
+                        let word = unsafe { AtomicU64::from_ptr((hp + g * stride + seg) as *mut u64) };
+                        if word.load(Ordering::Acquire) != k * 10 + g as u64 {
+                            continue;
+                        }
+                        // The word is seen: every byte of its segment must be there now.
+                        *bad_g = (0..seg / 8)
+                            .filter(|&i| {
+                                // SAFETY: inside the buffer, 8-aligned; device-written memory.
+                                let v = unsafe { std::ptr::read_volatile((hp + g * stride + i * 8) as *const u64) };
+                                v.to_le_bytes().iter().enumerate().any(|(j, &b)| b != pat(i * 8 + j, (k * 2 + g as u64) as u8))
+                            })
+                            .count();
+                    }
+                    if t.elapsed() > WAIT_TIMEOUT {
+                        return Err(format!("the words of round {k} not both seen after {WAIT_TIMEOUT:?}"));
+                    }
+                    std::hint::spin_loop();
+                }
+                Ok(bad)
+            });
+            let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
+            pool_wait(&pool, &what, |tx| {
+                // SAFETY: every range lies inside `src` and the mapped buffer, alive until the
+                // wait ends; one submission (both groups in one launch).
+                unsafe {
+                    pool.copy_groups_in_order_with(DEV, &refs, |_| {
+                        let tx = tx.clone();
+                        move |r| {
+                            let _ = tx.send(r);
+                        }
+                    })
+                }
+                .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))
+            })?;
+            Ok(probe.join().unwrap_or_else(|_| Err("the probe thread panicked".into())))
+        })?;
+        match seen {
+            Ok([0, 0]) => {}
+            Ok(bad) => return fail(format!("{what}: round {k}: words landed with {bad:?} 8-byte words of their segments not yet there")),
+            Err(e) => return fail(format!("{what}: {e}")),
+        }
+    }
+    println!("{what}: 3 rounds of 2 batches (8 MiB + 8 B each) in one launch into mapped host memory, each segment whole whenever its word was seen");
+    Ok(())
 }
 
 /// Four ordered batches of a 16 MiB segment then an 8-byte word, both into mapped pinned host

@@ -453,7 +453,8 @@ impl Backend for XgmiBackend {
     }
 
     /// Ordered requests of plain segments share ordered-copy kernel launches (up to 8
-    /// segments of several requests in one), the rest are posted one by one (`many.rs`).
+    /// segments of several requests in one); the others are posted one by one, ahead of them
+    /// (the engine hands over only ordered ones) (`many.rs`).
     fn post_many(&self, jobs: Vec<(TransferRequest, TransferStatus)>) {
         let statuses: Vec<TransferStatus> = jobs.iter().map(|(_, s)| s.clone()).collect();
         self.inner.post_many(jobs);

@@ -3,7 +3,10 @@
 //! `mori_ordered_copy` (kernels/scatter_gather_copy.cu), so a batch such as a segment and the
 //! counter pair that tells its peer it landed costs one driver call instead of one copy per
 //! segment and a flag write. The whole grid copies the first segment; the block that arrives
-//! last copies the others one after the other, then writes the flag.
+//! last copies the others one after the other, then writes the flag. Several ordered batches
+//! posted together ([`super::CopyPool::copy_groups_in_order_with`]) share a launch: the grid
+//! is then one run of blocks per batch (a group), each run with its own arrival word, and the
+//! last group to finish writes the flag.
 //!
 //! Why: under the inter-node EP load (8 proxies posting at once, docs/PERFORMANCE.md) each
 //! driver call that queues work waits for the others' (40-77 µs to queue the two copies of
@@ -113,6 +116,20 @@ impl OrderedCopy {
         Some((t, g as u32, longest))
     }
 
+    /// Whether the kernel takes this table on a grid of `grid` blocks (its own checks, which
+    /// copy nothing and write no flag when they fail: a table the host built wrong would
+    /// otherwise look like a completed copy).
+    pub(super) fn takes(&self, grid: u32) -> bool {
+        let n = self.n as usize;
+        let g = self.groups.max(1) as usize;
+        (1..=ORDERED_SEGS).contains(&n)
+            && g <= n
+            && grid.is_multiple_of(g as u32)
+            && self.first[0] == 0
+            && self.first[..g].windows(2).all(|w| w[0] < w[1])
+            && (self.first[g - 1] as usize) < n
+    }
+
     /// Sets where the kernel counts arrivals and what it writes once done.
     pub(super) fn finish(mut self, arrivals: u64, flag: Option<(u64, u32)>) -> OrderedCopy {
         self.arrivals = arrivals;
@@ -137,8 +154,11 @@ impl CopyPool {
     /// Why: a post of several batches (a proxy's burst to several peers) then costs one driver
     /// call, where each call waits for the other threads' under load (docs/PERFORMANCE.md).
     ///
-    /// Errors: `(i, e)`: groups `..i` are queued (their completions made), groups `i..` are
-    /// not, and `e` is the submission's error.
+    /// Errors: `(i, e)`: groups `..i` are queued (their completions made); groups `i..` have
+    /// no completion made, and `e` is the error of the submission that carried group `i`. Its
+    /// copies were not queued, except when the pool could not record the submission's event
+    /// after queueing it (a driver failure that retires the slot): then they may still run,
+    /// as with [`CopyPool::copy`].
     ///
     /// # Safety
     /// As [`CopyPool::copy`], for every group's segments.
@@ -259,6 +279,23 @@ mod tests {
 
     fn u32_at_in(b: &[u8], o: usize) -> u32 {
         u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn the_host_checks_a_table_as_the_kernel_does() {
+        let g = [vec![seg(100), seg(16)], vec![seg(50)], vec![seg(70), seg(16)]];
+        let (t, n, _) = OrderedCopy::grouped(g.iter().map(|v| v.as_slice())).unwrap();
+        assert_eq!(n, 3);
+        assert!(t.takes(3) && t.takes(99));
+        assert!(!t.takes(4), "a grid that is not a multiple of the group count");
+        let mut bad = t;
+        bad.first[2] = 1;
+        assert!(!bad.takes(3), "groups not ascending");
+        bad.first[2] = 5;
+        assert!(!bad.takes(3), "a group starting past the last segment");
+        let (one, _) = OrderedCopy::table([seg(1), seg(2)].into_iter()).unwrap();
+        assert!(one.takes(1) && one.takes(7), "one group: any grid");
+        assert!(!OrderedCopy::zeroed().takes(1), "no segment");
     }
 
     #[test]

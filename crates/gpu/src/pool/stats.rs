@@ -34,8 +34,9 @@ pub struct SubmitStats {
     /// Submissions of pools using completion flags whose event was seen fired before their
     /// flag (each waited for the once-a-millisecond event check): flags that do not arrive.
     pub flag_misses: u64,
-    /// Submissions that were ordered batches queued as one launch of the ordered-copy kernel
-    /// ([`super::CopyPoolConfig::ordered_kernel`]).
+    /// Submissions queued as one launch of the ordered-copy kernel
+    /// ([`super::CopyPoolConfig::ordered_kernel`]): an ordered batch, or up to 8 segments of
+    /// several posted together.
     pub ordered_launches: u64,
 }
 
@@ -125,7 +126,7 @@ pub(super) fn count_submit(t: [Instant; 4]) {
     SUBMITS.max_ns.fetch_max(ns(t[0], t[3]), Ordering::Relaxed);
 }
 
-/// Counts one ordered batch queued as a launch of the ordered-copy kernel.
+/// Counts one launch of the ordered-copy kernel (one or several ordered batches).
 pub(super) fn count_ordered() {
     SUBMITS.ordered.fetch_add(1, Ordering::Relaxed);
 }

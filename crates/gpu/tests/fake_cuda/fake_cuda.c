@@ -820,7 +820,7 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
         if (!t) return 2;
         memcpy(t, params[0], sizeof *t);
         /* The kernel copies nothing for a table it does not take; no caller of ours should pass one. */
-        if (!ordered_table_ok(t, gx) || !t->arrivals || t->arrivals % 4 || t->flag % 4) { free(t); return INVALID_VALUE; }
+        if (!ordered_table_ok(t, gx) || !t->arrivals || t->arrivals % 64 || t->flag % 4) { free(t); return INVALID_VALUE; }
         pthread_mutex_lock(&mu);
         CUresult r = submit(s, (struct op){.kind = OP_ORDERED, .blob = t});
         pthread_mutex_unlock(&mu);
