@@ -53,7 +53,8 @@
 //                         rank's dispatch counters;
 //   mori_ie_combine_stage the rows for other nodes' sources into the staging (V1-LL: into the
 //                         relays' gather areas), with blocks of its own; AsyncLL with
-//                         IE_FLAG_COMB_ROWS: nothing (the input rows are the staging);
+//                         IE_FLAG_COMB_ROWS: nothing (the input rows are the staging): the host
+//                         does not launch it, and mori_ie_combine_send checks the row count;
 //   mori_ie_combine_send  hand them over (proxy commands; V1-LL: gather counters), then P2P
 //                         stores of this node's sources' rows, signal; V1-LL: then the relay's
 //                         partial sums, and the last block zeroes the gather counters; then
@@ -378,6 +379,11 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     // mori_ie_combine_stage refused more rows than the input holds.
     if (ie_failed(status)) return;
     const uint32_t N = status[0];
+    // IE_FLAG_COMB_ROWS: no staging kernel ran to check the rows given (every block returns).
+    if (ie_comb_rows(p) && N > a.comb_rows) {
+        if (tid == 0 && b == 0) ie_error(status, IE_ERR_COMBINE_ROWS, a.comb_rows, N, 0);
+        return;
+    }
     const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
     const uint32_t* base = (const uint32_t*)a.recv_base;
     const uint32_t* rc = (const uint32_t*)a.recv_cnt;

@@ -239,3 +239,51 @@ fn async_ll_back_to_back_calls_over_xgmi() {
         );
     }
 }
+
+/// A combine input one row short of what a rank received is refused naming the rank and both
+/// counts, whether the rows are staged by a kernel or moved from the window as they are (where
+/// no staging kernel runs and combine's send checks the count).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_combine_rows_short_of_the_received_are_refused() {
+    std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    for combine_rows in [true, false] {
+        let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
+        let s = SMALL;
+        let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
+        cfg.scale_dim = s.scales;
+        cfg.scale_type_size = 4;
+        cfg.max_token_type_size = 2;
+        cfg.set_kernel_type(KernelType::AsyncLL);
+        let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
+        let opts = InterNodeOptions { combine_rows, timeout: Duration::from_secs(5), ..InterNodeOptions::default() };
+        let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
+        let mut rng = SplitMix64::new(11);
+        let inp = inputs(&s, &mut rng, 0);
+        let owned: Vec<[Vec<u8>; 4]> = inp
+            .iter()
+            .map(|i| {
+                [
+                    bytes(i.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()),
+                    bytes(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()),
+                    bytes(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()),
+                    i.scales.as_ref().map(|t| bytes(t.as_slice(), |v: f32| v.to_le_bytes().to_vec())).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        let rb: Vec<RankBytes<'_>> = inp
+            .iter()
+            .zip(&owned)
+            .map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] })
+            .collect();
+        let (got, ticket) = ep.dispatch(&rb).unwrap();
+        let n2 = got[2].src.len() / 4;
+        assert!(n2 > 0, "rank 2 received rows");
+        let row = s.h * 2;
+        let xs: Vec<&[u8]> = got.iter().enumerate().map(|(r, g)| if r == 2 { &g.x[..(n2 - 1) * row] } else { &g.x[..] }).collect();
+        let e = ep.combine(ticket, &xs, None).unwrap_err().to_string();
+        let want = format!("the combine input holds {} rows, {n2} were received", n2 - 1);
+        assert!(e.contains("rank 2") && e.contains(&want), "combine_rows {combine_rows}: {e}");
+        println!("combine_rows {combine_rows}: refused: {e}");
+    }
+}
