@@ -7,8 +7,7 @@
 # - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, AsyncLL both ways,
 #   bit-exact);
 # - AsyncLL decode, staged then in the window, three rounds, then traced once each;
-# - AsyncLL at the DeepSeek-V3 shape (T=4096, fp8 dispatch, bf16 combine), both ways;
-# - AsyncLL and V1 decode with an event after every launch against events around the phase.
+# - AsyncLL at the DeepSeek-V3 shape (T=4096, fp8 dispatch, bf16 combine), both ways.
 cr_log="$OUT/combrows.txt"
 crl() { logged "$cr_log" 300 22 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
@@ -30,12 +29,3 @@ cr_ab "async_ll decode xgmi traced" "$B/bench_dispatch_combine" --kernel-type as
 rm -rf "$cr_tr"
 step "combrows: AsyncLL at the DeepSeek-V3 shape over xgmi"
 cr_ab "async_ll V3 xgmi" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2
-# The driver calls that queue a phase: an event after every launch (per-kernel times, the
-# default) against events around the phase only (--no-kernel-times), alternating.
-for round in 1 2; do
-  for kt in async_ll v1; do
-    step "combrows: round $round: $kt decode, per-kernel events then phase events only"
-    crl "$kt decode xgmi, kernel events ($round)" "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec
-    crl "$kt decode xgmi, phase events ($round)" "$B/bench_dispatch_combine" --kernel-type $kt --num-nodes 2 $dec --no-kernel-times
-  done
-done

@@ -386,7 +386,6 @@ impl InterNodeGpu {
         }
         self.calls += 1;
         let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
-        let n = ks.len();
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {
@@ -401,14 +400,12 @@ impl InterNodeGpu {
                 // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
                 // address in it belongs to buffers of self, which outlive the synchronization below.
                 unsafe { self.funcs[k].launch(s, &cfg, &args.params())? };
-                // Without per-kernel times, only the phase's end.
-                if self.opts.kernel_times || i + 1 == n {
-                    marks[i + 1].record(s)?;
-                }
+                marks[i + 1].record(s)?;
             }
         }
         // Each kernel may run until its own in-kernel deadline.
         let deadline = Instant::now() + self.opts.timeout * ks.len() as u32 + Duration::from_secs(5);
+        let n = ks.len();
         for marks in &self.marks {
             while !marks[n].query()? {
                 if Instant::now() > deadline {
@@ -423,9 +420,6 @@ impl InterNodeGpu {
         }
         for marks in &self.marks {
             worst = worst.max(marks[0].elapsed_ms(&marks[n])? as f64 * 1e3);
-            if !self.opts.kernel_times {
-                continue;
-            }
             for (i, &k) in ks.iter().enumerate() {
                 let us = marks[i].elapsed_ms(&marks[i + 1])? as f64 * 1e3;
                 self.times.kernel_us[k] = self.times.kernel_us[k].max(us);

@@ -49,10 +49,6 @@ pub struct InterNodeOptions {
     /// (their relays sum before sending) and over tcp (the window is host memory there: the
     /// kernels would read this node's rows through the host).
     pub combine_rows: bool,
-    /// Time each kernel (a GPU event after each launch, [`PhaseTimes::kernel_us`]); off, only
-    /// the phase is timed (an event before the first launch and after the last), which
-    /// halves the driver calls that queue a phase (default true).
-    pub kernel_times: bool,
 }
 
 impl InterNodeOptions {
@@ -75,7 +71,6 @@ impl Default for InterNodeOptions {
             trace: false,
             proxy: RingProxyOptions::default(),
             combine_rows: true,
-            kernel_times: true,
         }
     }
 }
@@ -135,8 +130,7 @@ pub struct PhaseTimes {
     /// Per kernel, the slowest node's time, µs: layout, dispatch staging (records for other
     /// nodes), dispatch (with block 0's wait for every source), dispatch receive (copy-out),
     /// combine staging (rows for other nodes), combine send (with block 0's wait for every
-    /// rank's rows), combine sum (events between the launches of a node's stream); 0 for a
-    /// kernel not launched, and for every kernel without [`InterNodeOptions::kernel_times`].
+    /// rank's rows), combine sum (events between the launches of a node's stream).
     pub kernel_us: [f64; 7],
 }
 

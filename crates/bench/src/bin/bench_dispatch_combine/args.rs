@@ -109,10 +109,6 @@ pub struct Args {
     /// moves as they are (the default).
     #[arg(long = "combine-staging")]
     pub combine_staging: bool,
-    /// GPU v1/v1_ll/async_ll: time only each phase, not each kernel (an event before the first
-    /// launch and after the last instead of one after every launch).
-    #[arg(long = "no-kernel-times")]
-    pub no_kernel_times: bool,
     /// GPU v1/v1_ll/async_ll: blocks per rank of the kernels that wait for nothing (dispatch's
     /// staging and copy-out, combine's staging and sum), so they are not bound by the
     /// co-resident grid. Default 64.
@@ -432,9 +428,9 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging || a.no_kernel_times) {
+    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging) {
         return Err(err(
-            "--proxy-spin-us/--copy-blocks/--combine-staging/--no-kernel-times tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
+            "--proxy-spin-us/--copy-blocks/--combine-staging tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
         ));
     }
     if let Some(v) = a.proxy_spin_us.filter(|&v| v > 10_000_000) {

@@ -75,7 +75,6 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             ..RingProxyOptions::default()
         },
         combine_rows: !a.combine_staging,
-        kernel_times: !a.no_kernel_times,
     };
     let mut ep = InterNodeGpu::new(rt, Device(0), cfg, sz, opts)?;
     println!("{}", ep.describe());
@@ -243,14 +242,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         );
     }
     let pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
-    if a.no_kernel_times {
-        println!("per kernel µs: not timed (--no-kernel-times: events around each phase only)");
-    } else {
-        println!(
+    println!(
         "per kernel µs (slowest node, mean): layout {}, dispatch staging {}, dispatch (with its wait) {}, copy-out {}, combine staging {}, combine send (with its wait) {}, combine sum {}",
         pk[0], pk[1], pk[2], pk[3], pk[4], pk[5], pk[6]
-        );
-    }
+    );
     println!(
         "check: {}",
         if ok { "OK (dispatch rows, weights, indices, scales, sources; combine output and weights)" } else { "MISMATCH" }
