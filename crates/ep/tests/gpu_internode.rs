@@ -54,6 +54,25 @@ fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) 
     run_with(s, scheme, path, rounds, timed, true);
 }
 
+/// Each rank's inputs as little-endian bytes: x, weights, ids, scales (empty without).
+fn owned_bytes(inp: &[RankInput<bf16, i64>]) -> Vec<[Vec<u8>; 4]> {
+    inp.iter()
+        .map(|i| {
+            [
+                bytes(i.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()),
+                bytes(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()),
+                bytes(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()),
+                i.scales.as_ref().map(|t| bytes(t.as_slice(), |v: f32| v.to_le_bytes().to_vec())).unwrap_or_default(),
+            ]
+        })
+        .collect()
+}
+
+/// `owned`'s bytes as `InterNodeGpu::dispatch` takes them.
+fn rank_bytes<'a>(inp: &[RankInput<bf16, i64>], owned: &'a [[Vec<u8>; 4]]) -> Vec<RankBytes<'a>> {
+    inp.iter().zip(owned).map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] }).collect()
+}
+
 /// `run` with [`InterNodeOptions::combine_rows`] as given.
 fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize, combine_rows: bool) {
     // Before the CUDA context exists (every test sets it; the first one creates the context).
@@ -74,22 +93,8 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
     let mut rng = SplitMix64::new(0x5eed_0017);
     for round in 0..rounds + timed {
         let inp = inputs(s, &mut rng, round);
-        let owned: Vec<[Vec<u8>; 4]> = inp
-            .iter()
-            .map(|i| {
-                [
-                    bytes(i.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()),
-                    bytes(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()),
-                    bytes(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()),
-                    i.scales.as_ref().map(|t| bytes(t.as_slice(), |v: f32| v.to_le_bytes().to_vec())).unwrap_or_default(),
-                ]
-            })
-            .collect();
-        let rb: Vec<RankBytes<'_>> = inp
-            .iter()
-            .zip(&owned)
-            .map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] })
-            .collect();
+        let owned = owned_bytes(&inp);
+        let rb = rank_bytes(&inp, &owned);
         let (got, ticket) = ep.dispatch(&rb).unwrap();
         let want = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
         for (r, (g, w)) in got.iter().zip(&want.ranks).enumerate() {
@@ -260,22 +265,8 @@ fn async_ll_combine_rows_short_of_the_received_are_refused() {
         let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
         let mut rng = SplitMix64::new(11);
         let inp = inputs(&s, &mut rng, 0);
-        let owned: Vec<[Vec<u8>; 4]> = inp
-            .iter()
-            .map(|i| {
-                [
-                    bytes(i.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()),
-                    bytes(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()),
-                    bytes(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()),
-                    i.scales.as_ref().map(|t| bytes(t.as_slice(), |v: f32| v.to_le_bytes().to_vec())).unwrap_or_default(),
-                ]
-            })
-            .collect();
-        let rb: Vec<RankBytes<'_>> = inp
-            .iter()
-            .zip(&owned)
-            .map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] })
-            .collect();
+        let owned = owned_bytes(&inp);
+        let rb = rank_bytes(&inp, &owned);
         let (got, ticket) = ep.dispatch(&rb).unwrap();
         let n2 = got[2].src.len() / 4;
         assert!(n2 > 0, "rank 2 received rows");
