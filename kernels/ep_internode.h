@@ -168,7 +168,9 @@ MORI_DEVICE int32_t ie_pos(const IeParams& p, const IeRank& a, uint32_t t, uint3
 
 MORI_DEVICE bool ie_relay(const IeParams& p) { return (p.flags & IE_FLAG_RELAY) != 0; }
 MORI_DEVICE bool ie_dedup(const IeParams& p) { return (p.flags & IE_FLAG_DEDUP) != 0; }
-MORI_DEVICE bool ie_comb_rows(const IeParams& p) { return (p.flags & IE_FLAG_COMB_ROWS) != 0; }
+// (Never with the relay schemes, whose staging the flag would skip: the host sets it for
+// AsyncLL only.)
+MORI_DEVICE bool ie_comb_rows(const IeParams& p) { return (p.flags & IE_FLAG_COMB_ROWS) != 0 && !ie_relay(p); }
 MORI_DEVICE uint32_t ie_nodes(const IeParams& p) { return p.world / p.gpn; }
 // The relay of `src` on `node`: the rank there with src's local index.
 MORI_DEVICE uint32_t ie_relay_of(const IeParams& p, uint32_t src, uint32_t node) { return node * p.gpn + src % p.gpn; }

@@ -6,7 +6,8 @@
 #
 # - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, AsyncLL both ways,
 #   bit-exact);
-# - AsyncLL decode, staged then in the window, three rounds, then traced once each;
+# - AsyncLL decode, staged and in the window, four rounds in alternating order, then traced
+#   once each;
 # - AsyncLL at the DeepSeek-V3 shape (T=4096, fp8 dispatch, bf16 combine), both ways;
 # - V1 and V1-LL decode, AsyncLL at 2 x 1 and 2 x 2, and the targets' baselines (bench_proxy
 #   round trip at 1.2 MB, the intranode kernels at 8 ranks).
@@ -21,9 +22,16 @@ cr_ab() { # NAME ARGS...: staged, then in the window
   crl "$name, staged" "$@" --combine-staging
   crl "$name, in the window" "$@"
 }
-for round in 1 2 3; do
+cr_ba() { # NAME ARGS...: in the window, then staged (the other order)
+  local name=$1
+  shift
+  crl "$name, in the window" "$@"
+  crl "$name, staged" "$@" --combine-staging
+}
+for round in 1 2 3 4; do
   step "combrows: round $round: AsyncLL decode over xgmi"
-  cr_ab "async_ll decode xgmi ($round)" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
+  if [ $((round % 2)) = 1 ]; then ab=cr_ab; else ab=cr_ba; fi
+  $ab "async_ll decode xgmi ($round)" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
 done
 step "combrows: AsyncLL decode over xgmi, traced"
 cr_tr=$(mktemp -d)

@@ -63,6 +63,14 @@ fn node_refusals_name_the_users_flags() {
         (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks/--combine-staging tune the GPU inter-node kernels"]),
         (&["--combine-staging"], &["--proxy-spin-us/--copy-blocks/--combine-staging tune the GPU inter-node kernels"]),
         (
+            &["--kernel-type", "v1", "--num-nodes", "2", "--combine-staging"],
+            &["--combine-staging chooses how AsyncLL over xgmi hands its combine rows to the proxy; --kernel-type v1 always stages them"],
+        ),
+        (
+            &["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "tcp", "--combine-staging"],
+            &["--kernel-type async_ll with --transport always stages them"],
+        ),
+        (
             &["--kernel-type", "v1_ll", "--world-size", "32", "--num-nodes", "2"],
             &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
         ),

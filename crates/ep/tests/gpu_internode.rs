@@ -125,6 +125,10 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
         }
         let recv: usize = got.iter().map(|g| g.src.len() / 4).sum();
         let t = ep.times();
+        assert_eq!(ep.combine_in_window(), in_window);
+        if in_window {
+            assert_eq!(t.kernel_us[4], 0.0, "combine's staging kernel is not launched with the input in the window");
+        }
         println!(
             "round {round}: check OK; {recv} rows received in all; kernels: dispatch {:.1} us, combine {:.1} us; per kernel {:.1?} us{}",
             t.dispatch_us,
@@ -246,8 +250,9 @@ fn async_ll_back_to_back_calls_over_xgmi() {
 }
 
 /// A combine input one row short of what a rank received is refused naming the rank and both
-/// counts, whether the rows are staged by a kernel or moved from the window as they are (where
-/// no staging kernel runs and combine's send checks the count).
+/// counts before anything runs, whether the rows are staged by a kernel or moved from the
+/// window as they are; the object stays usable. (The kernels' own check of the count runs in
+/// the emulated tests.)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn async_ll_combine_rows_short_of_the_received_are_refused() {
@@ -272,9 +277,15 @@ fn async_ll_combine_rows_short_of_the_received_are_refused() {
         assert!(n2 > 0, "rank 2 received rows");
         let row = s.h * 2;
         let xs: Vec<&[u8]> = got.iter().enumerate().map(|(r, g)| if r == 2 { &g.x[..(n2 - 1) * row] } else { &g.x[..] }).collect();
+        let t0 = std::time::Instant::now();
         let e = ep.combine(ticket, &xs, None).unwrap_err().to_string();
         let want = format!("the combine input holds {} rows, {n2} were received", n2 - 1);
         assert!(e.contains("rank 2") && e.contains(&want), "combine_rows {combine_rows}: {e}");
-        println!("combine_rows {combine_rows}: refused: {e}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "refused before any kernel waited: {:?}", t0.elapsed());
+        // The object stays usable: the next dispatch and a whole combine input go through.
+        let (got, ticket) = ep.dispatch(&rb).unwrap_or_else(|e| panic!("combine_rows {combine_rows}: dispatch after the refusal: {e}"));
+        let whole: Vec<&[u8]> = got.iter().map(|g| &g.x[..]).collect();
+        ep.combine(ticket, &whole, None).unwrap_or_else(|e| panic!("combine_rows {combine_rows}: combine after the refusal: {e}"));
+        println!("combine_rows {combine_rows}: refused: {e}; the next dispatch and combine went through");
     }
 }

@@ -224,27 +224,36 @@ fn run_node(p: &IeParams, kernel: &str) {
 
 #[test]
 fn async_ll_three_nodes_of_three_through_proxies_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, false);
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, false, None);
 }
 
 /// AsyncLL with its combine input as rows in the window (`IE_FLAG_COMB_ROWS`): the proxy
 /// moves another node's source's rows from the input itself, combine stages nothing.
 #[test]
 fn async_ll_with_combine_rows_in_the_window_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, true);
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, true, None);
+}
+
+/// The same with rank 4's combine input one row short: with no staging kernel, combine's
+/// send refuses it (`IE_ERR_COMBINE_ROWS` in rank 4's status, with both counts).
+#[test]
+fn async_ll_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, true, Some(4));
 }
 
 #[test]
 fn v1_ll_three_nodes_of_three_through_relays_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1LL, false);
+    three_nodes_of_three_equal_the_reference(Scheme::V1LL, false, None);
 }
 
 #[test]
 fn v1_three_nodes_of_three_through_relays_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1, false);
+    three_nodes_of_three_equal_the_reference(Scheme::V1, false, None);
 }
 
-fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool) {
+/// `short`: that rank's combine input is one row short (one round; the run ends once the
+/// kernel refused it).
+fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool, short: Option<usize>) {
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.scale_dim = SCALES;
     cfg.scale_type_size = 4;
@@ -274,7 +283,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool) {
     let mut rng = SplitMix64::new(0x1e_2024);
     // Bytes each rank's proxy moves: the scheme's inter-node segments, summed over the rounds.
     let mut leg_bytes = [0u64; W];
-    for round in 0..2 {
+    for round in 0..if short.is_some() { 1 } else { 2 } {
         let inp = inputs(&mut rng, round);
         for (r, b) in leg_bytes.iter_mut().enumerate() {
             *b += expected_leg_bytes(&l, &inp, r);
@@ -292,7 +301,8 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool) {
         let abi_regions: Vec<Region> = (0..W / G).map(|_| Region::new(G * std::mem::size_of::<IeRank>())).collect();
         for (n, reg) in abi_regions.iter().enumerate() {
             for (j, r) in (n * G..(n + 1) * G).enumerate() {
-                let mut a = mems[r].abi(r, inp[r].x.rows(), want.ranks[r].num_recv());
+                let given = want.ranks[r].num_recv() - usize::from(short == Some(r));
+                let mut a = mems[r].abi(r, inp[r].x.rows(), given);
                 if comb_rows {
                     a.comb_x = mems[r].win.addr() + l.lay.out_comb;
                     a.comb_w = 0;
@@ -348,9 +358,11 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool) {
                 m.write(&m.comb_w, &wb);
             }
         }
-        // Combine.
+        // Combine. A refused rank's peers wait for its rows until their deadline: a short one.
+        let ps_comb: Vec<IeParams> =
+            ps.iter().map(|p| IeParams { timeout_ns: if short.is_some() { 1_000_000_000 } else { p.timeout_ns }, ..*p }).collect();
         std::thread::scope(|s| {
-            for p in &ps {
+            for p in &ps_comb {
                 s.spawn(move || {
                     // With the input rows in the window there is nothing to stage: the
                     // kernel is not launched (as InterNodeGpu does).
@@ -361,6 +373,18 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool) {
                 });
             }
         });
+        if let Some(sr) = short {
+            let n = want.ranks[sr].num_recv() as u32;
+            let st = mems[sr].status();
+            assert_eq!((st[1], st[2], st[3]), (5, n - 1, n), "rank {sr}: IE_ERR_COMBINE_ROWS with the rows given and received {st:?}");
+            for (r, s) in stats_of(&proxies).into_iter().enumerate() {
+                assert!(s.is_none(), "rank {r}: proxy failed {s:?}");
+            }
+            for (r, wm) in regs.iter().enumerate() {
+                engines[r].deregister_memory(wm).unwrap();
+            }
+            return;
+        }
         let xs: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
         let ws: Vec<Tensor2<f32>> = want.ranks.iter().enumerate().map(|(r, rr)| comb_weights(rr, r)).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
@@ -396,6 +420,11 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool) {
     for (r, wm) in regs.iter().enumerate() {
         engines[r].deregister_memory(wm).unwrap();
     }
+}
+
+/// Each proxy's failure, if any.
+fn stats_of(proxies: &[RingProxy]) -> Vec<Option<String>> {
+    proxies.iter().map(|p| p.failure()).collect()
 }
 
 /// Rank `r`'s combine weights: its received weights times a factor of its own, so that every

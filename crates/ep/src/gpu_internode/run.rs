@@ -40,6 +40,8 @@ struct GpuRank {
     comb: Vec<DeviceBuffer>,
     tokens: usize,
     comb_rows: usize,
+    /// Rows this rank received in the last dispatch (what its combine input must hold).
+    recv: usize,
 }
 
 /// Inter-node dispatch/combine (AsyncLL, V1-LL or V1: the configuration's `kernel_type`) for every rank
@@ -247,6 +249,7 @@ impl InterNodeGpu {
                 .collect::<Result<_, _>>()?,
                 tokens: 0,
                 comb_rows: 0,
+                recv: 0,
             });
         }
         // Engines, registrations, descriptors, proxies.
@@ -371,6 +374,13 @@ impl InterNodeGpu {
         &self.layout
     }
 
+    /// Whether the combine input goes into the window as rows the proxy moves as they are
+    /// (AsyncLL over xgmi with [`InterNodeOptions::combine_rows`]): combine's staging kernel
+    /// is then not launched.
+    pub fn combine_in_window(&self) -> bool {
+        self.in_window
+    }
+
     /// The kernels' times of the last dispatch and combine.
     pub fn times(&self) -> PhaseTimes {
         self.times
@@ -485,6 +495,7 @@ impl InterNodeGpu {
         for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
             let n = n as usize;
             gr.comb_rows = 0;
+            gr.recv = n;
             let sizes = [n * l.row_bytes, n * l.top_k * 4, n * l.top_k * l.idx_size, n * l.scale_bytes, n * 4];
             let mut got: Vec<Vec<u8>> = Vec::new();
             for (buf, len) in gr.out.iter().zip(sizes) {
@@ -523,6 +534,8 @@ impl InterNodeGpu {
     /// `w[r]` `[N_r, K]` f32 in rank r's received order; returns each rank's `[T, H]` output
     /// (output element bytes) and `[T, K]` f32 weight sums (zeros without weights).
     /// Errors: a ticket of another object or of a superseded dispatch; shapes as `dispatch`;
+    /// a rank given fewer rows than it received (`InvalidConfig` naming the rank and both
+    /// counts, before anything runs: the object stays usable);
     /// kernel faults naming the rank.
     pub fn combine(&mut self, ticket: InterTicket, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
         self.usable()?;
@@ -547,6 +560,16 @@ impl InterNodeGpu {
                     "combine rows",
                     format!("rank {r}: {} bytes", xr.len()),
                     format!("whole rows of {row} B, at most {}", l.max_recv),
+                ));
+            }
+            // Refused here, before anything runs (the kernels would check it too, but then
+            // the other ranks wait for this one's rows until their deadline).
+            let (given, received) = (xr.len() / row, self.ranks[r].recv);
+            if given < received {
+                return Err(bad(
+                    "combine rows",
+                    format!("rank {r}: {given}"),
+                    format!("the combine input holds {given} rows, {received} were received"),
                 ));
             }
             let wr = w.map(|w| w[r]).unwrap_or(&[]);
@@ -577,8 +600,12 @@ impl InterNodeGpu {
                 // The kernels read at most the received rows, at most world x max_tokens
                 // (what the out_comb area holds).
                 let n = gr.comb_rows.min(l.world * l.max_tokens);
-                let rows = l.combine_rows(&xr[..n * row], wr.get(..n * l.top_k * 4).unwrap_or(&[]));
-                gr.win.write(self.rt.as_ref(), l.lay.out_comb as usize, &rows)?;
+                if n > 0 {
+                    // The host interleaves the rows (outside the GPU time; a caller whose expert
+                    // output is on the GPU would write them there directly).
+                    let rows = l.combine_rows(&xr[..n * row], wr.get(..n * l.top_k * 4).unwrap_or(&[]));
+                    gr.win.write(self.rt.as_ref(), l.lay.out_comb as usize, &rows)?;
+                }
                 continue;
             }
             if !xr.is_empty() {

@@ -125,12 +125,14 @@ pub struct RecvBytes {
 pub struct PhaseTimes {
     /// Slowest node's dispatch (layout, staging, dispatch, copy-out), µs.
     pub dispatch_us: f64,
-    /// Slowest node's combine (staging, send, sum), µs.
+    /// Slowest node's combine (staging, unless the input is in the window
+    /// ([`InterNodeOptions::combine_rows`]); send; sum), µs.
     pub combine_us: f64,
     /// Per kernel, the slowest node's time, µs: layout, dispatch staging (records for other
     /// nodes), dispatch (with block 0's wait for every source), dispatch receive (copy-out),
     /// combine staging (rows for other nodes), combine send (with block 0's wait for every
-    /// rank's rows), combine sum (events between the launches of a node's stream).
+    /// rank's rows), combine sum (events between the launches of a node's stream); 0 for
+    /// combine staging when it is not launched (AsyncLL's input in the window).
     pub kernel_us: [f64; 7],
 }
 

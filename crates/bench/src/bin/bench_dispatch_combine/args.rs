@@ -433,6 +433,13 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             "--proxy-spin-us/--copy-blocks/--combine-staging tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
         ));
     }
+    if a.combine_staging && (kt != KernelTypeArg::AsyncLl || a.transport.is_some()) {
+        return Err(err(format!(
+            "--combine-staging chooses how AsyncLL over xgmi hands its combine rows to the proxy; --kernel-type {}{} always stages them",
+            kt.name(),
+            if a.transport.is_some() { " with --transport" } else { "" }
+        )));
+    }
     if let Some(v) = a.proxy_spin_us.filter(|&v| v > 10_000_000) {
         return Err(err(format!("--proxy-spin-us {v}: at most 10000000 µs")));
     }
