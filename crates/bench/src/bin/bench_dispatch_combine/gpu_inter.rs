@@ -104,6 +104,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     // moves the mean.
     let mut each: Vec<(f64, f64)> = Vec::with_capacity(a.iters);
     let mut per_kernel = [0.0f64; 7];
+    // Host time of each whole call (uploads, launches, waits, read-back), summed over the
+    // timed iterations: what the GPU events leave out.
+    let (mut host_disp, mut host_comb) = (0.0f64, 0.0f64);
     let mut pool0 = mori_gpu::submit_stats();
     let mut proxies0 = ep.proxy_stats();
     let mut cpu0 = (process_cpu_s(), std::time::Instant::now());
@@ -116,10 +119,14 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             proxies0 = ep.proxy_stats();
             cpu0 = (process_cpu_s(), std::time::Instant::now());
         }
+        let t0 = std::time::Instant::now();
         let (got, ticket) = ep.dispatch(&rb)?;
+        let t1 = std::time::Instant::now();
         let cw: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
         let cxr: Vec<&[u8]> = cx.iter().map(|v| &v[..]).collect();
+        let t2 = std::time::Instant::now();
         let out = ep.combine(ticket, &cxr, Some(&cw))?;
+        let t3 = std::time::Instant::now();
         if it == 0 {
             first = Some((got, out));
         }
@@ -128,6 +135,8 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             disp += t.dispatch_us;
             comb += t.combine_us;
             each.push((t.dispatch_us, t.combine_us));
+            host_disp += (t1 - t0).as_secs_f64() * 1e6;
+            host_comb += (t3 - t2).as_secs_f64() * 1e6;
             for (acc, k) in per_kernel.iter_mut().zip(t.kernel_us) {
                 *acc += k;
             }
@@ -135,6 +144,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         }
     }
     let (disp, comb) = (disp / timed.max(1) as f64, comb / timed.max(1) as f64);
+    let (host_disp, host_comb) = (host_disp / timed.max(1) as f64, host_comb / timed.max(1) as f64);
     let pool = mori_gpu::submit_stats().since(&pool0);
     let busy_cores = (process_cpu_s() - cpu0.0) / cpu0.1.elapsed().as_secs_f64().max(1e-9);
     let ps: Vec<_> = ep.proxy_stats().iter().zip(&proxies0).map(|(now, then)| now.since(then)).collect();
@@ -198,6 +208,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     println!(
         "spread over the timed iterations, µs: dispatch median {:.1} (min {:.1}, max {:.1}), combine median {:.1} (min {:.1}, max {:.1})",
         ds.median, ds.min, ds.max, cs.median, cs.min, cs.max
+    );
+    println!(
+        "host time of each whole call (uploading the inputs, the kernels, reading the outputs back; host clock, mean), µs: dispatch {host_disp:.1}, combine {host_comb:.1}"
     );
     let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
     let (batches, data_batches) = (sum(|s| s.batches), sum(|s| s.data_batches));
@@ -270,6 +283,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "spread_us": { "dispatch": ds.json(), "combine": cs.json() },
             "inter_node_leg": match path { InterPath::Xgmi => "xgmi".to_string(), InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes") },
             "dispatch_us": disp, "combine_us": comb, "combine_input_in_window": in_window,
+            "host_call_us": { "dispatch": host_disp, "combine": host_comb },
             "kernel_us": { "layout": per_kernel[0] / timed.max(1) as f64, "dispatch_stage": per_kernel[1] / timed.max(1) as f64,
                 "dispatch": per_kernel[2] / timed.max(1) as f64, "receive": per_kernel[3] / timed.max(1) as f64,
                 "combine_stage": (!in_window).then(|| per_kernel[4] / timed.max(1) as f64), "combine_send": per_kernel[5] / timed.max(1) as f64,
