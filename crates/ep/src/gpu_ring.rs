@@ -157,16 +157,22 @@ impl Window {
         }
     }
 
-    /// Copies `bytes` to byte `off` (synchronous). Errors: a range outside the window
-    /// (`InvalidConfig`), the runtime's copy errors.
-    pub fn write(&mut self, rt: &dyn Runtime, off: usize, bytes: &[u8]) -> GpuResult<()> {
-        if off.checked_add(bytes.len()).is_none_or(|end| end > self.len()) {
+    /// `InvalidConfig` (naming `what`) unless `len` bytes at `off` lie inside the window.
+    fn check_range(&self, what: &'static str, off: usize, len: usize) -> GpuResult<()> {
+        if off.checked_add(len).is_none_or(|end| end > self.len()) {
             return Err(EpGpuError::Ep(EpError::InvalidConfig {
-                field: "window write",
-                value: format!("{} bytes at {off}", bytes.len()),
+                field: what,
+                value: format!("{len} bytes at {off}"),
                 reason: format!("the window holds {} bytes", self.len()),
             }));
         }
+        Ok(())
+    }
+
+    /// Copies `bytes` to byte `off` (synchronous). Errors: a range outside the window
+    /// (`InvalidConfig`), the runtime's copy errors.
+    pub fn write(&mut self, rt: &dyn Runtime, off: usize, bytes: &[u8]) -> GpuResult<()> {
+        self.check_range("window write", off, bytes.len())?;
         match self {
             Window::Gpu(b) => Ok(rt.copy_htod(&b.sub(off, bytes.len())?, bytes)?),
             Window::Host(b) => {
@@ -179,13 +185,7 @@ impl Window {
     /// Copies `out.len()` bytes from byte `off` (synchronous). Errors: a range outside the
     /// window (`InvalidConfig`), the runtime's copy errors.
     pub fn read(&self, rt: &dyn Runtime, off: usize, out: &mut [u8]) -> GpuResult<()> {
-        if off.checked_add(out.len()).is_none_or(|end| end > self.len()) {
-            return Err(EpGpuError::Ep(EpError::InvalidConfig {
-                field: "window read",
-                value: format!("{} bytes at {off}", out.len()),
-                reason: format!("the window holds {} bytes", self.len()),
-            }));
-        }
+        self.check_range("window read", off, out.len())?;
         match self {
             Window::Gpu(b) => Ok(rt.copy_dtoh(out, &b.sub(off, out.len())?)?),
             Window::Host(b) => {

@@ -1037,13 +1037,8 @@ fn grouped_probe(kernel: Option<bool>) -> R {
                             continue;
                         }
                         // The word is seen: every byte of its segment must be there now.
-                        *bad_g = (0..seg / 8)
-                            .filter(|&i| {
-                                // SAFETY: inside the buffer, 8-aligned; device-written memory.
-                                let v = unsafe { std::ptr::read_volatile((hp + g * stride + i * 8) as *const u64) };
-                                v.to_le_bytes().iter().enumerate().any(|(j, &b)| b != pat(i * 8 + j, (k * 2 + g as u64) as u8))
-                            })
-                            .count();
+                        // SAFETY: the segment lies inside the mapped buffer, alive for the scope.
+                        *bad_g = unsafe { words_not_there(hp + g * stride, seg, (k * 2 + g as u64) as u8) };
                     }
                     if t.elapsed() > WAIT_TIMEOUT {
                         return Err(format!("the words of round {k} not both seen after {WAIT_TIMEOUT:?}"));
@@ -1117,14 +1112,8 @@ fn ordered_probe(kernel: Option<bool>) -> R {
                     std::hint::spin_loop();
                 }
                 // The word is seen: every byte of the segment must be there now.
-                let bad = (0..big / 8)
-                    .filter(|&i| {
-                        // SAFETY: inside the buffer, 8-aligned; read as device-written memory.
-                        let v = unsafe { std::ptr::read_volatile((hp + i * 8) as *const u64) };
-                        v.to_le_bytes().iter().enumerate().any(|(j, &b)| b != pat(i * 8 + j, seed))
-                    })
-                    .count();
-                Ok(bad)
+                // SAFETY: the segment lies inside the mapped buffer, alive for the whole scope.
+                Ok(unsafe { words_not_there(hp, big, seed) })
             });
             // SAFETY: both ranges lie inside `src` and the mapped buffer, alive until the wait ends.
             unsafe { ordered_wait(&pool, &what, segs) }?;
@@ -1143,6 +1132,21 @@ fn ordered_probe(kernel: Option<bool>) -> R {
     }
     println!("{what}: 4 batches of 16 MiB + 8 B into mapped host memory, the segment whole whenever its word was seen");
     Ok(())
+}
+
+/// The 8-byte words of the `len` bytes at host address `at` that do not yet hold
+/// `pattern(len, seed)`, read once each as device-written memory.
+///
+/// # Safety
+/// `at..at + len` must be mapped, readable and 8-aligned for the whole call.
+unsafe fn words_not_there(at: usize, len: usize, seed: u8) -> usize {
+    (0..len / 8)
+        .filter(|&i| {
+            // SAFETY: inside the range (forwarded contract), 8-aligned.
+            let v = unsafe { std::ptr::read_volatile((at + i * 8) as *const u64) };
+            v.to_le_bytes().iter().enumerate().any(|(j, &b)| b != pat(i * 8 + j, seed))
+        })
+        .count()
 }
 
 /// Queues `segs` as one ordered batch of `pool` on `DEV` and waits for it (see `pool_wait`).

@@ -247,16 +247,9 @@ impl Inner {
         // The completion, made once the copies are queued: sets the status, queues the
         // target's notification, and drops the remote mapping's reference only then.
         let make_done = || {
-            let st = status.get_or_insert_with(|| TransferStatus::new(1)).clone();
-            let (peer, notifier) = (peer.clone(), self.notifier.clone());
-            move |r: mori_gpu::Result<()>| {
-                let ok = r.is_ok();
-                st.complete_piece(r.map_err(|e| IoError::gpu("xgmi copy", e)));
-                if ok {
-                    notifier.push_done(peer, id);
-                }
-                drop(keep);
-            }
+            let status = status.get_or_insert_with(|| TransferStatus::new(1)).clone();
+            let (done, notifier) = (Done { status, peer: peer.clone(), id, keep }, self.notifier.clone());
+            move |r: mori_gpu::Result<()>| done.finish(&r, &notifier)
         };
         // SAFETY: every segment (every block of a paged plan) lies inside the local
         // registration and the remote region (owner-confirmed length), both mapped for as long
@@ -278,6 +271,27 @@ impl Inner {
             }
         }
         .map_err(|e| IoError::gpu("queue xgmi transfer", e))
+    }
+}
+
+/// What completes one request once its copies landed.
+struct Done {
+    status: TransferStatus,
+    peer: Arc<EngineDesc>,
+    id: u64,
+    keep: Keep,
+}
+
+impl Done {
+    /// Sets the status, queues the target's notification (on success) and only then drops
+    /// the request's holds (the remote mapping's reference among them).
+    fn finish(self, r: &mori_gpu::Result<()>, notifier: &Notifier<XgmiCtrl>) {
+        let ok = r.is_ok();
+        self.status.complete_piece(r.as_ref().map(|_| ()).map_err(|e| IoError::gpu("xgmi copy", e)));
+        if ok {
+            notifier.push_done(self.peer, self.id);
+        }
+        drop(self.keep);
     }
 }
 
@@ -367,6 +381,14 @@ impl mori_io_core::Progress for Inner {
     }
 }
 
+impl XgmiBackend {
+    /// Lets a thread waiting on `status` drive the pool's completions (`Progress`).
+    fn drive(&self, status: &TransferStatus) {
+        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
+        status.set_progress(me);
+    }
+}
+
 impl Backend for XgmiBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Xgmi
@@ -448,8 +470,7 @@ impl Backend for XgmiBackend {
             status.complete_piece(Err(e));
         }
         // After the copy is queued (nobody waits on the status before this returns).
-        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
-        status.set_progress(me);
+        self.drive(&status);
     }
 
     /// Ordered requests of plain segments share ordered-copy kernel launches (up to 8
@@ -458,9 +479,8 @@ impl Backend for XgmiBackend {
     fn post_many(&self, jobs: Vec<(TransferRequest, TransferStatus)>) {
         let statuses: Vec<TransferStatus> = jobs.iter().map(|(_, s)| s.clone()).collect();
         self.inner.post_many(jobs);
-        let me: std::sync::Weak<dyn mori_io_core::Progress> = Arc::downgrade(&self.inner) as _;
-        for s in statuses {
-            s.set_progress(me.clone());
+        for s in &statuses {
+            self.drive(s);
         }
     }
 

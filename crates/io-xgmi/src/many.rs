@@ -7,35 +7,11 @@
 //! counter pair behind it), and under load each launch waits for the other threads' driver
 //! calls (docs/PERFORMANCE.md), so a burst to four peers cost four such waits.
 
-use super::{copy_seg, Inner, Keep};
+use super::{copy_seg, Done, Inner, Keep};
 use mori_gpu::{CopySeg, Device};
 use mori_io_core::plan::check_segs_mapped;
 use mori_io_core::status::Completion;
-use mori_io_core::{EngineDesc, IoError, IoResult, Notifier, TransferRequest, TransferStatus};
-use std::sync::Arc;
-
-use super::XgmiCtrl;
-
-/// What completes one request once its copies landed.
-struct Done {
-    status: TransferStatus,
-    peer: Arc<EngineDesc>,
-    id: u64,
-    keep: Keep,
-}
-
-impl Done {
-    /// Sets the status, queues the target's notification (on success) and only then drops
-    /// the request's holds (as the one-by-one post's completion).
-    fn finish(self, r: &mori_gpu::Result<()>, notifier: &Notifier<XgmiCtrl>) {
-        let ok = r.is_ok();
-        self.status.complete_piece(r.as_ref().map(|_| ()).map_err(|e| IoError::gpu("xgmi copy", e)));
-        if ok {
-            notifier.push_done(self.peer, self.id);
-        }
-        drop(self.keep);
-    }
-}
+use mori_io_core::{IoError, IoResult, TransferRequest, TransferStatus};
 
 impl Inner {
     /// Posts `jobs`: ordered requests of plain segments grouped per device (in order), the

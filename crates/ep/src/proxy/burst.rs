@@ -1,8 +1,11 @@
-//! A burst whose batches are all ordered ones (each destination's data entries, then its tail
-//! writes, for a backend that lands a batch's entries in order) goes to the engine in one
-//! call, [`mori_io::IoEngine::post_ordered_multi`]: over xgmi the batches then share kernel
-//! launches (up to 8 segments in one), where one post per destination cost one launch each,
-//! and each launch waits for the other proxies' driver calls (docs/PERFORMANCE.md).
+//! Ordered batches: a destination's data entries, then its tail writes, as one batch that the
+//! backend lands in order (one call, no wait for the data's completion), where the backend
+//! keeps a batch's order; a backend that does not refuses it and the destination is then
+//! posted as [`State::post`] does (the tail writes after the data's completion). A burst whose
+//! batches are all ordered ones goes to the engine in one call,
+//! [`mori_io::IoEngine::post_ordered_multi`]: over xgmi the batches then share kernel launches
+//! (up to 8 segments in one), where one post per destination cost one launch each, and each
+//! launch waits for the other proxies' driver calls (docs/PERFORMANCE.md).
 
 use super::{Cmd, State};
 use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
@@ -12,7 +15,7 @@ use std::time::Instant;
 
 /// The entries of an ordered batch: the data commands' (local offset, remote offset, length),
 /// then each tail write's (its 16 bytes from `src` to the counter's offset).
-pub(super) fn ordered_entries(data: &[&Cmd], tails: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+fn ordered_entries(data: &[&Cmd], tails: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
     let mut lo: Vec<u64> = data.iter().map(|c| c.local_off).collect();
     let mut ro: Vec<u64> = data.iter().map(|c| c.remote_off).collect();
     let mut sz: Vec<u64> = data.iter().map(|c| c.len).collect();
@@ -77,9 +80,13 @@ impl State {
                 .collect();
             self.engine.post_ordered_multi(mori_io::Op::Write, &batches)
         };
-        self.timing.count_call(call);
+        let refused = |st: &mori_io::TransferStatus| matches!(st.poll(), Some(Err(ref e)) if e.code == ErrorCode::NotSupported);
+        // A call whose every batch the backend refused posted nothing.
+        if !statuses.iter().all(refused) {
+            self.timing.count_call(call);
+        }
         for ((part, b), st) in built.into_iter().zip(statuses) {
-            if matches!(st.poll(), Some(Err(ref e)) if e.code == ErrorCode::NotSupported) {
+            if refused(&st) {
                 self.unordered[b.dst] = true;
                 self.post(part);
                 continue;

@@ -16,12 +16,11 @@ use crate::host::ProxyInjection;
 use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
 use crate::routing::SplitMix64;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use mori_io::{ErrorCode, IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
+use mori_io::{IoEngine, IoError, MemoryDesc, RegionBatch, Signal, TransferStatus};
 use mori_io_core::status::Completion;
 use parking_lot::Mutex;
 mod burst;
 mod ring_proxy;
-use burst::ordered_entries;
 use ring_proxy::SharedStats;
 pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats, GROUPED_ENV};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -194,17 +193,22 @@ impl State {
     }
 
     /// Posts a burst and empties it: one batch per destination (ascending; each destination's
-    /// commands keep their order), at most `MAX_BATCH` commands each.
-    /// When every batch of the burst is an ordered one (data and tail writes, for a backend
-    /// that keeps a batch's order), they go to the engine in one call (`burst.rs`).
+    /// commands keep their order), at most `MAX_BATCH` commands each. A batch of data and
+    /// tail writes goes as an ordered batch where the backend keeps a batch's order
+    /// (`burst.rs`); when every batch of the burst is one, they go to the engine in one call
+    /// (unless `grouped` is off).
     fn post_burst(&mut self, cmds: &mut Vec<Cmd>) {
         cmds.sort_by_key(|c| c.dst);
         let parts: Vec<&[Cmd]> = cmds.chunk_by(|a, b| a.dst == b.dst).flat_map(|g| g.chunks(MAX_BATCH)).collect();
-        if self.grouped && parts.len() > 1 && parts.iter().all(|p| self.takes_ordered(p)) {
+        if self.grouped && parts.iter().all(|p| self.takes_ordered(p)) {
             self.post_ordered_parts(&parts);
         } else {
             for part in parts {
-                self.post(part);
+                if self.takes_ordered(part) {
+                    self.post_ordered_parts(&[part]);
+                } else {
+                    self.post(part);
+                }
             }
         }
         cmds.clear();
@@ -261,7 +265,8 @@ impl State {
 
     /// Posts `cmds` (all to one destination) as one signalled write: every data entry in one
     /// batch; once all of them landed, every counter operation (one MORI-IO signal request)
-    /// and every tail write ([`CmdOp::Tail`], one write batch posted by this thread).
+    /// and every tail write ([`CmdOp::Tail`], one write batch posted by this thread). (Tail
+    /// writes that can ride in the data's ordered batch go through `burst.rs` instead.)
     fn post(&mut self, cmds: &[Cmd]) {
         let Some(dst) = cmds.first().map(|c| c.dst as usize) else { return };
         let Some(peer) = self.peers.get(dst).cloned().flatten() else {
@@ -286,11 +291,8 @@ impl State {
         let data: Vec<&Cmd> = cmds.iter().filter(|c| c.len > 0).collect();
         let len: u64 = data.iter().map(|c| c.len).sum();
         // Signals alone go through MORI-IO's signalled write (which checks every counter
-        // before anything is posted). Tail writes ride in the data's batch, after it, where the
-        // backend lands a batch's segments in order (one call, no wait for the data's
-        // completion); elsewhere they are this proxy's own second step.
+        // before anything is posted); tail writes here are this proxy's own second step.
         let call = Instant::now();
-        let ordered = if !tails.is_empty() && sigs.is_empty() { self.post_ordered_tails(dst, &data, &tails, &peer.data) } else { None };
         let (lo, ro, sz): (Vec<u64>, Vec<u64>, Vec<u64>) =
             (data.iter().map(|c| c.local_off).collect(), data.iter().map(|c| c.remote_off).collect(), data.iter().map(|c| c.len).collect());
         let b = RegionBatch {
@@ -301,11 +303,10 @@ impl State {
             sizes: &sz,
             id: self.engine.allocate_transfer_uid(),
         };
-        let st = match (ordered, tails.is_empty(), data.is_empty()) {
-            (Some(st), _, _) => st,
-            (None, true, true) => self.engine.signal(&sigs),
-            (None, true, false) => self.engine.post_signalled(&b, &sigs),
-            (None, false, _) => self.post_with_tails((!data.is_empty()).then_some(&b), sigs, tails, peer.data.clone()),
+        let st = match (tails.is_empty(), data.is_empty()) {
+            (true, true) => self.engine.signal(&sigs),
+            (true, false) => self.engine.post_signalled(&b, &sigs),
+            (false, _) => self.post_with_tails((!data.is_empty()).then_some(&b), sigs, tails, peer.data.clone()),
         };
         self.timing.count_call(call);
         self.track(dst, len, st);
@@ -370,31 +371,6 @@ impl State {
             }
         }
         outer
-    }
-
-    /// The data entries then the tail writes as one ordered batch to `dst`, when its backend
-    /// keeps a batch's order; `None` (nothing posted) when it does not, which is remembered
-    /// per destination. Counted in [`RingProxyStats::ordered_batches`].
-    fn post_ordered_tails(&mut self, dst: usize, data: &[&Cmd], tails: &[(u64, u64)], remote: &MemoryDesc) -> Option<TransferStatus> {
-        if self.unordered.get(dst).copied().unwrap_or(true) {
-            return None;
-        }
-        let (lo, ro, sz) = ordered_entries(data, tails);
-        let b = RegionBatch {
-            local: &self.local,
-            local_offs: &lo,
-            remote,
-            remote_offs: &ro,
-            sizes: &sz,
-            id: self.engine.allocate_transfer_uid(),
-        };
-        let st = self.engine.post_ordered(mori_io::Op::Write, &b);
-        if matches!(st.poll(), Some(Err(ref e)) if e.code == ErrorCode::NotSupported) {
-            self.unordered[dst] = true;
-            return None;
-        }
-        self.timing.ordered_batches.fetch_add(1, Ordering::Relaxed);
-        Some(st)
     }
 
     /// Posts the tail writes whose bytes landed (handed over by completion hooks); each ends

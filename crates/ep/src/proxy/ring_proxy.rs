@@ -37,15 +37,11 @@ pub struct RingProxyOptions {
 /// The environment variable that overrides [`RingProxyOptions::grouped`] (`0` or `1`).
 pub const GROUPED_ENV: &str = "MORI_EP_PROXY_GROUPED";
 
-/// [`RingProxyOptions::grouped`] with the environment's value (`env`) applied. Errors: a value
-/// other than `0` or `1`, naming the variable.
+/// [`RingProxyOptions::grouped`] with the environment's value (`env`) applied
+/// ([`mori_gpu::env_switch`]). Errors: a value other than `0` or `1`, naming the variable.
 fn grouped(configured: Option<bool>, env: Option<&str>) -> std::io::Result<bool> {
-    match env {
-        None => Ok(configured.unwrap_or(true)),
-        Some("0") => Ok(false),
-        Some("1") => Ok(true),
-        Some(v) => Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{GROUPED_ENV}={v:?}: must be 0 or 1"))),
-    }
+    mori_gpu::env_switch(GROUPED_ENV, configured.unwrap_or(true), env)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
 }
 
 impl RingProxyOptions {
@@ -175,7 +171,7 @@ impl RingProxy {
     /// Starts the thread (named `mori-ep-ring-{name}`) consuming `ring` from ticket 0.
     /// `peers[r]` is rank `r`'s windows (`None` for ranks this proxy never writes to: a command
     /// naming one fails the proxy). Errors: the thread could not be spawned; [`GROUPED_ENV`]
-    /// set to something other than `0` or `1`.
+    /// set to something other than `0` or `1`, or not UTF-8.
     pub fn start(
         name: &str,
         engine: Arc<IoEngine>,
@@ -187,7 +183,8 @@ impl RingProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let mut st = State::new(engine, local, peers, failed.clone());
-        st.grouped = grouped(opts.grouped, std::env::var(GROUPED_ENV).ok().as_deref())?;
+        let env = mori_gpu::env_text(GROUPED_ENV).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        st.grouped = grouped(opts.grouped, env.as_deref())?;
         let stats = st.timing.clone();
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()

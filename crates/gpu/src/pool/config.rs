@@ -92,7 +92,7 @@ impl Default for CopyPoolConfig {
 }
 
 /// The value of environment variable `name`, if set; `InvalidArgument` when it is not UTF-8.
-pub(super) fn env_text(name: &str) -> Result<Option<String>> {
+pub fn env_text(name: &str) -> Result<Option<String>> {
     match std::env::var(name) {
         Ok(v) => Ok(Some(v)),
         Err(std::env::VarError::NotPresent) => Ok(None),
@@ -100,8 +100,10 @@ pub(super) fn env_text(name: &str) -> Result<Option<String>> {
     }
 }
 
-/// `configured`, unless the value `env` of variable `name` says otherwise (`1` on, `0` off).
-pub(super) fn env_switch(name: &str, configured: bool, env: Option<&str>) -> Result<bool> {
+/// `configured`, unless the value `env` of variable `name` says otherwise (`1` on, `0` off;
+/// surrounding blanks ignored). Errors: `InvalidArgument` for any other value, naming the
+/// variable.
+pub fn env_switch(name: &str, configured: bool, env: Option<&str>) -> Result<bool> {
     match env.map(str::trim) {
         None => Ok(configured),
         Some("1") => Ok(true),

@@ -62,19 +62,16 @@ impl OrderedCopy {
     /// [`ORDERED_SEGS`] segments with at most [`ORDERED_REST_MAX`] bytes after the first.
     /// Returns the table and the first segment's length (it sizes the grid).
     pub(super) fn table<I: Iterator<Item = CopySeg>>(segs: I) -> Option<(OrderedCopy, u64)> {
-        let mut t = OrderedCopy::zeroed();
-        let mut rest = 0u64;
-        for (i, s) in segs.enumerate() {
-            if i >= ORDERED_SEGS {
-                return None;
-            }
-            if i > 0 {
-                rest = rest.saturating_add(s.len);
-            }
-            t.segs[i] = s;
-            t.n = i as u32 + 1;
+        let mut buf = [CopySeg::zeroed(); ORDERED_SEGS];
+        let mut n = 0;
+        for s in segs {
+            *buf.get_mut(n)? = s;
+            n += 1;
         }
-        (t.n > 0 && rest <= ORDERED_REST_MAX).then_some((t, t.segs[0].len))
+        // One group: `groups` stays 0, the kernel's one-group form.
+        let (mut t, _, first) = Self::grouped(std::iter::once(&buf[..n]))?;
+        t.groups = 0;
+        Some((t, first))
     }
 
     /// The table for several ordered batches in one launch, one group each (non-empty
