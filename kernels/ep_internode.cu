@@ -50,7 +50,9 @@
 //                         forwarding; then block 0 waits for every source and writes the
 //                         received count and the first output row per source;
 //   mori_ie_dispatch_recv copy the records into the outputs; the last block zeroes the
-//                         rank's dispatch counters;
+//                         rank's dispatch counters (with IE_FLAG_RECV_WIN not launched: the
+//                         records are the output, and mori_ie_dispatch's last block zeroes
+//                         them);
 //   mori_ie_combine_stage the rows for other nodes' sources into the staging (V1-LL: into the
 //                         relays' gather areas), with blocks of its own; AsyncLL with
 //                         IE_FLAG_COMB_ROWS: nothing (the input rows are the staging): the host
@@ -178,9 +180,16 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_stage(IeParams p) {
     ie_stamp(p, a, b, IE_T_STAGED);
 }
 
+// With IE_FLAG_RECV_WIN, the last block of the rank to finish zeroes its dispatch counters
+// (block 0 read them in its wait; V1-LL's relay blocks theirs in the forwarding).
+MORI_DEVICE void ie_dispatch_done(const IeParams& p, const IeRank& a, IeLast& last) {
+    if (ie_recv_win(p) && ie_last_block(p, a, 2, last) && !ie_failed((const uint32_t*)a.status)) ie_zero_phase(p, a, 0);
+}
+
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     MORI_SHARED_STRUCT(IeSpan, sh);
     MORI_SHARED_STRUCT(IeFwd, fw);
+    MORI_SHARED_STRUCT(IeLast, last);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, W = p.world, tid = mori_thread_idx(), nthreads = mori_block_dim();
@@ -236,7 +245,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         ie_forward(p, a, b, deadline, fw, lane, warp, nwarps);
         ie_stamp(p, a, b, IE_T_FWD1);
     }
-    if (b != 0) return;
+    if (b != 0) {
+        ie_dispatch_done(p, a, last);
+        return;
+    }
     // Block 0 receives: every source's segment complete, then the first output row of each.
     // (V1-LL: another node's records come forwarded by a relay of this node.)
     uint32_t* rc = (uint32_t*)a.recv_cnt;
@@ -260,6 +272,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         }
     }
     ie_stamp(p, a, b, IE_T_RECVD);
+    ie_dispatch_done(p, a, last);
 }
 
 // The source of output row i (recv_base ascending).
@@ -295,10 +308,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_recv(IeParams p) {
         ie_copy_group((uint8_t*)a.out_idx + (uint64_t)i * ki, m + kw, ki, lane);
         if (a.out_scales && p.scale_bytes)
             ie_copy_group((uint8_t*)a.out_scales + (uint64_t)i * p.scale_bytes, m + kw + ki, p.scale_bytes, lane);
-        if (lane == 0) {
-            ((int32_t*)a.out_src)[i] = *(const int32_t*)(m + kw + ki + p.scale_bytes);
-            ((uint32_t*)a.recv_pos)[i] = q;
-        }
+        if (lane == 0) ((int32_t*)a.out_src)[i] = *(const int32_t*)(m + kw + ki + p.scale_bytes);
     }
     if (ie_last_block(p, a, 0, sh) && ok) ie_zero_phase(p, a, 0);
     ie_stamp(p, a, b, IE_T_COPY1);
@@ -350,7 +360,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
     for (uint32_t i = i0 + warp; i < i1 && !ie_comb_rows(p); i += nwarps) {
         const uint32_t s = ie_source_of(p, a, i);
         if (ie_same_node(p, r, s)) continue;
-        ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, ((const uint32_t*)a.recv_pos)[i]), lane);
+        ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, i - ((const uint32_t*)a.recv_base)[s]), lane);
     }
     // Visible system-wide (the proxy reads the staging through the host) before the counters
     // move in the next kernel.
@@ -415,7 +425,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     }
     for (uint32_t i = i0 + warp; i < i1; i += nwarps) {
         const uint32_t s = ie_source_of(p, a, i);
-        if (ie_same_node(p, r, s)) ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, ((const uint32_t*)a.recv_pos)[i]), lane);
+        if (ie_same_node(p, r, s)) ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, i - base[s]), lane);
     }
     mori_fence_system();
     mori_sync_block();

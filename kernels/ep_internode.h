@@ -26,6 +26,10 @@
                                 // out_comb + i * comb_bytes (IeRank.comb_x points there); another
                                 // node's source's rows are contiguous there, so the proxy moves
                                 // them from it and combine stages nothing
+#define IE_FLAG_RECV_WIN 32u    // the received records stay in the window (disp_in, source s's
+                                // recv_cnt[s] records at disp_in + s * seg_rec, recv_base[s] its
+                                // first output row): no copy-out kernel runs, and the last block
+                                // of mori_ie_dispatch zeroes the dispatch counters
 
 // Index in IeRank.done (u32) of combine_send's finished-block count (V1-LL: zeroes the gather
 // counters).
@@ -85,9 +89,9 @@ struct IeRank {
     uint64_t cnt;        // u32 [W] tokens sent to each rank
     uint64_t recv_cnt;   // u32 [W] records received from each rank
     uint64_t recv_base;  // u32 [W] first output row of each source
-    uint64_t recv_pos;   // u32 [max_recv] index of output row i in its source's segment
-    uint64_t done;       // u32 [5 + 2W]: blocks finished per zeroing kernel [0], [1]; [2], [3]
-                         // unused; then blocks that staged for each remote destination
+    uint64_t done;       // u32 [5 + 2W]: blocks finished per zeroing kernel: [0] copy-out, [1]
+                         // combine sum, [2] dispatch (IE_FLAG_RECV_WIN); [3] unused; then blocks
+                         // that staged for each remote destination
                          // (dispatch [W], combine [W]); then IE_DONE_GATHER
     uint64_t out_x;      // [max_recv, row_bytes]
     uint64_t out_w;      // [max_recv, K] f32 or 0
@@ -171,6 +175,7 @@ MORI_DEVICE bool ie_dedup(const IeParams& p) { return (p.flags & IE_FLAG_DEDUP) 
 // (Never with the relay schemes, whose staging the flag would skip: the host sets it for
 // AsyncLL only.)
 MORI_DEVICE bool ie_comb_rows(const IeParams& p) { return (p.flags & IE_FLAG_COMB_ROWS) != 0 && !ie_relay(p); }
+MORI_DEVICE bool ie_recv_win(const IeParams& p) { return (p.flags & IE_FLAG_RECV_WIN) != 0; }
 MORI_DEVICE uint32_t ie_nodes(const IeParams& p) { return p.world / p.gpn; }
 // The relay of `src` on `node`: the rank there with src's local index.
 MORI_DEVICE uint32_t ie_relay_of(const IeParams& p, uint32_t src, uint32_t node) { return node * p.gpn + src % p.gpn; }

@@ -40,7 +40,9 @@ step() { echo; echo "=== $*"; }
 # bench_dispatch_combine_prev, alternating), and, only when named, grouped
 # (scripts/gpu-parts/grouped.sh: a proxy's burst of ordered batches in one MORI-IO call against
 # one post per destination, with the GPU tests), and, only when named, combrows
-# (scripts/gpu-parts/combrows.sh: AsyncLL's combine input in the window against staging it).
+# (scripts/gpu-parts/combrows.sh: AsyncLL's combine input in the window against staging it),
+# and, only when named, recvwin (scripts/gpu-parts/recvwin.sh: the received records read from
+# the window against a copy-out kernel).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -111,7 +113,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -51,7 +51,7 @@ fn inputs(s: &Shape, rng: &mut SplitMix64, round: usize) -> Vec<RankInput<bf16, 
 }
 
 fn run(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize) {
-    run_with(s, scheme, path, rounds, timed, true);
+    run_with(s, scheme, path, rounds, timed, true, true);
 }
 
 /// Each rank's inputs as little-endian bytes: x, weights, ids, scales (empty without).
@@ -73,8 +73,9 @@ fn rank_bytes<'a>(inp: &[RankInput<bf16, i64>], owned: &'a [[Vec<u8>; 4]]) -> Ve
     inp.iter().zip(owned).map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] }).collect()
 }
 
-/// `run` with [`InterNodeOptions::combine_rows`] as given.
-fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize, combine_rows: bool) {
+/// `run` with [`InterNodeOptions::combine_rows`] and [`InterNodeOptions::recv_in_window`] as
+/// given.
+fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize, combine_rows: bool, recv_in_window: bool) {
     // Before the CUDA context exists (every test sets it; the first one creates the context).
     std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
@@ -84,12 +85,20 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
     cfg.max_token_type_size = 2;
     let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
     cfg.set_kernel_type(scheme_kernel_type(scheme));
-    let opts = InterNodeOptions { path, weighted: true, timeout: Duration::from_secs(20), combine_rows, ..InterNodeOptions::default() };
+    let opts = InterNodeOptions {
+        path,
+        weighted: true,
+        timeout: Duration::from_secs(20),
+        combine_rows,
+        recv_in_window,
+        ..InterNodeOptions::default()
+    };
     let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
     println!("{}", ep.describe());
     // The combine input goes into the window for AsyncLL over xgmi unless told otherwise.
     let in_window = combine_rows && scheme == Scheme::AsyncLL && path == InterPath::Xgmi;
     assert_eq!(ep.describe().contains("combine input as rows in the window"), in_window, "{}", ep.describe());
+    assert_eq!(ep.describe().contains("the received records stay in the window"), recv_in_window, "{}", ep.describe());
     let mut rng = SplitMix64::new(0x5eed_0017);
     for round in 0..rounds + timed {
         let inp = inputs(s, &mut rng, round);
@@ -129,6 +138,8 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
         if in_window {
             assert_eq!(t.kernel_us[4], 0.0, "combine's staging kernel is not launched with the input in the window");
         }
+        assert_eq!(ep.recv_in_window(), recv_in_window);
+        assert_eq!(t.kernel_us[3] == 0.0, recv_in_window, "the copy-out runs unless the records stay in the window: {:?}", t.kernel_us);
         println!(
             "round {round}: check OK; {recv} rows received in all; kernels: dispatch {:.1} us, combine {:.1} us; per kernel {:.1?} us{}",
             t.dispatch_us,
@@ -152,7 +163,20 @@ fn async_ll_2x4_on_one_gpu_over_xgmi_equals_the_reference() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn async_ll_2x4_over_xgmi_with_combine_staging_equals_the_reference() {
-    run_with(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, 3, 0, false);
+    run_with(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, 3, 0, false, true);
+}
+
+/// The received records copied out of the window by a kernel (`recv_in_window` false).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn async_ll_2x4_over_xgmi_with_the_copy_out_equals_the_reference() {
+    run_with(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, 3, 0, true, false);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn v1_ll_2x4_over_xgmi_with_the_copy_out_equals_the_reference() {
+    run_with(&SMALL, Scheme::V1LL, InterPath::Xgmi, 3, 0, true, false);
 }
 
 #[test]

@@ -58,7 +58,6 @@ pub(crate) struct IeRank {
     pub cnt: u64,
     pub recv_cnt: u64,
     pub recv_base: u64,
-    pub recv_pos: u64,
     pub done: u64,
     pub out_x: u64,
     pub out_w: u64,
@@ -120,6 +119,11 @@ pub const FLAG_DEDUP: u32 = 8;
 /// `out_comb` area ([`super::InterLayout::combine_rows`]); the proxy moves another node's
 /// source's rows from there and combine stages nothing.
 pub const FLAG_COMB_ROWS: u32 = 16;
+/// `IE_FLAG_RECV_WIN`: the received records stay in the window (source `s`'s at
+/// `disp_in + s * seg_rec`, read by the host: [`super::InterLayout::split_records`]); the
+/// copy-out kernel is not launched and the dispatch kernel's last block zeroes the dispatch
+/// counters.
+pub const FLAG_RECV_WIN: u32 = 32;
 
 /// The scheme's flags.
 pub fn scheme_flags(scheme: crate::internode::Scheme) -> u32 {
@@ -138,7 +142,7 @@ mod tests {
     #[test]
     fn sizes_match_the_kernel() {
         assert_eq!(std::mem::size_of::<IeLayout>(), 112);
-        assert_eq!(std::mem::size_of::<IeRank>(), 16 + 23 * 8 + 24);
+        assert_eq!(std::mem::size_of::<IeRank>(), 16 + 22 * 8 + 24);
         // 19 u32 fields, then padding to the struct's 8-byte alignment.
         assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 112 + 16 + 19 * 4 + 4);
         let src = include_str!("../../../../kernels/ep_internode.h");
@@ -149,6 +153,7 @@ mod tests {
             "#define IE_FLAG_RELAY 4u",
             "#define IE_FLAG_DEDUP 8u",
             "#define IE_FLAG_COMB_ROWS 16u",
+            "#define IE_FLAG_RECV_WIN 32u",
             "#define IE_DONE_GATHER(world) (4u + 2u * (world))",
         ] {
             assert!(src.contains(needle), "ep_internode.h lost {needle}");

@@ -7,7 +7,7 @@
 //! rows in the reference's order; combine summed in the scheme's order: over destination ranks
 //! ascending for AsyncLL, per node for V1 and V1-LL).
 
-use super::abi::{scheme_flags, IeParams, IeRank, FLAG_COMB_ROWS, FLAG_WEIGHTED};
+use super::abi::{scheme_flags, IeParams, IeRank, FLAG_COMB_ROWS, FLAG_RECV_WIN, FLAG_WEIGHTED};
 use super::trace::{perfetto, slot, trace_bytes, RankStamps};
 use super::*;
 use crate::emu_support::{launch, Region};
@@ -46,7 +46,7 @@ struct RankMem {
     dev_ctr: Region,
     ring_region: Region,
     head: Region,
-    scratch: Vec<Region>, // mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, trace, npre
+    scratch: Vec<Region>, // mask, pre, cnt, recv_cnt, recv_base, done, trace, npre
     x: Region,
     w: Region,
     idx: Region,
@@ -74,7 +74,6 @@ impl RankMem {
                 r(W * 4),
                 r(W * 4),
                 r(W * 4),
-                r(l.max_recv * 4),
                 r(l.done_bytes()),
                 r(trace_bytes(W, TRACE_BLOCKS)),
                 r((TMAX + 1) * l.nodes() * 4),
@@ -121,12 +120,11 @@ impl RankMem {
             scales: self.scales.addr(),
             mask: s[0].addr(),
             pre: s[1].addr(),
-            npre: s[8].addr(),
+            npre: s[7].addr(),
             cnt: s[2].addr(),
             recv_cnt: s[3].addr(),
             recv_base: s[4].addr(),
-            recv_pos: s[5].addr(),
-            done: s[6].addr(),
+            done: s[5].addr(),
             out_x: self.out[0].addr(),
             out_w: self.out[1].addr(),
             out_idx: self.out[2].addr(),
@@ -137,7 +135,7 @@ impl RankMem {
             comb_out: self.comb_out.addr(),
             comb_out_w: self.comb_out_w.addr(),
             status: self.status.addr(),
-            trace: s[7].addr(),
+            trace: s[6].addr(),
             ring: RingDev { head: self.head.addr(), region: self.ring_region.addr(), slots: 16, pad: 0 },
         }
     }
@@ -222,38 +220,62 @@ fn run_node(p: &IeParams, kernel: &str) {
     launch("ep_internode", kernel, G as u32 * per_rank, THREADS, &p);
 }
 
+/// How a run keeps its data: the combine input as rows in the window (`IE_FLAG_COMB_ROWS`),
+/// the received records left in the window (`IE_FLAG_RECV_WIN`: no copy-out kernel).
+#[derive(Clone, Copy)]
+struct InWindow {
+    comb_rows: bool,
+    recv: bool,
+}
+const COPIES: InWindow = InWindow { comb_rows: false, recv: false };
+
 #[test]
 fn async_ll_three_nodes_of_three_through_proxies_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, false, None);
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, COPIES, None);
+}
+
+/// AsyncLL as `InterNodeGpu` runs it by default over xgmi: the received records read from the
+/// window (no copy-out kernel; the dispatch kernel zeroes the counters), the combine input
+/// written there as rows.
+#[test]
+fn async_ll_with_records_and_combine_rows_in_the_window_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, InWindow { comb_rows: true, recv: true }, None);
+}
+
+/// V1-LL with the received records read from the window: the relays' forwarded records too.
+#[test]
+fn v1_ll_with_the_records_in_the_window_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1LL, InWindow { comb_rows: false, recv: true }, None);
 }
 
 /// AsyncLL with its combine input as rows in the window (`IE_FLAG_COMB_ROWS`): the proxy
 /// moves another node's source's rows from the input itself, combine stages nothing.
 #[test]
 fn async_ll_with_combine_rows_in_the_window_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, true, None);
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, InWindow { comb_rows: true, recv: false }, None);
 }
 
 /// The same with rank 4's combine input one row short: with no staging kernel, combine's
 /// send refuses it (`IE_ERR_COMBINE_ROWS` in rank 4's status, with both counts).
 #[test]
 fn async_ll_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
-    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, true, Some(4));
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, InWindow { comb_rows: true, recv: true }, Some(4));
 }
 
 #[test]
 fn v1_ll_three_nodes_of_three_through_relays_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1LL, false, None);
+    three_nodes_of_three_equal_the_reference(Scheme::V1LL, COPIES, None);
 }
 
 #[test]
 fn v1_three_nodes_of_three_through_relays_equals_the_reference() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1, false, None);
+    three_nodes_of_three_equal_the_reference(Scheme::V1, COPIES, None);
 }
 
 /// `short`: that rank's combine input is one row short (one round; the run ends once the
 /// kernel refused it).
-fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool, short: Option<usize>) {
+fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short: Option<usize>) {
+    let comb_rows = win.comb_rows;
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.scale_dim = SCALES;
     cfg.scale_type_size = 4;
@@ -311,7 +333,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool, sho
                 unsafe { (reg.ptr as *mut IeRank).add(j).write(a) };
             }
         }
-        let flags = if comb_rows { FLAG_COMB_ROWS } else { 0 };
+        let flags = if comb_rows { FLAG_COMB_ROWS } else { 0 } | if win.recv { FLAG_RECV_WIN } else { 0 };
         let ps: Vec<IeParams> = (0..W / G)
             .map(|n| {
                 let p = params(&l, &mems, &abi_regions[n], n);
@@ -322,7 +344,9 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool, sho
         std::thread::scope(|s| {
             for p in &ps {
                 s.spawn(move || {
-                    for k in ["mori_ie_layout", "mori_ie_dispatch_stage", "mori_ie_dispatch", "mori_ie_dispatch_recv"] {
+                    // With the records in the window, no copy-out (as InterNodeGpu does).
+                    let copy_out = ["mori_ie_dispatch_recv"].into_iter().filter(|_| !win.recv);
+                    for k in ["mori_ie_layout", "mori_ie_dispatch_stage", "mori_ie_dispatch"].into_iter().chain(copy_out) {
                         run_node(p, k);
                     }
                 });
@@ -334,27 +358,23 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool, sho
             let n = rr.num_recv();
             assert_eq!(st[1], 0, "round {round} rank {r}: fault {st:?}; proxy {:?}", proxies[r].failure());
             assert_eq!(st[0] as usize, n, "round {round} rank {r}: received count");
-            let o = &mems[r].out;
-            assert_eq!(
-                &o[0].bytes()[..n * l.row_bytes],
-                &le(rr.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec())[..],
-                "rank {r} rows"
-            );
-            assert_eq!(&o[1].bytes()[..n * K * 4], &le(rr.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec())[..], "rank {r} weights");
-            assert_eq!(&o[2].bytes()[..n * K * 8], &le(rr.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec())[..], "rank {r} ids");
-            assert_eq!(
-                &o[3].bytes()[..n * SCALES * 4],
-                &le(rr.scales.as_ref().unwrap().as_slice(), |v: f32| v.to_le_bytes().to_vec())[..],
-                "rank {r} scales"
-            );
+            let got = if win.recv { records_in_window(&l, &mems[r], n) } else { copied_out(&l, &mems[r], n) };
+            assert_eq!(got.x, le(rr.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()), "rank {r} rows");
+            assert_eq!(got.weights, le(rr.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "rank {r} weights");
+            assert_eq!(got.idx, le(rr.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()), "rank {r} ids");
+            assert_eq!(got.scales, le(rr.scales.as_ref().unwrap().as_slice(), |v: f32| v.to_le_bytes().to_vec()), "rank {r} scales");
             let src: Vec<u8> = rr.src.iter().flat_map(|s| (s.flat(TMAX) as i32).to_le_bytes()).collect();
-            assert_eq!(&o[4].bytes()[..n * 4], &src[..], "rank {r} sources");
+            assert_eq!(got.src, src, "rank {r} sources");
+            if win.recv {
+                // The copy-out's buffers stay untouched.
+                assert!(mems[r].out.iter().all(|o| o.bytes().iter().all(|&b| b == 0)), "rank {r}: copy-out buffers written");
+            }
             let m = &mems[r];
             let wb = le(comb_weights(rr, r).as_slice(), |v: f32| v.to_le_bytes().to_vec());
             if comb_rows {
-                m.write_at(&m.win, l.lay.out_comb as usize, &l.combine_rows(&o[0].bytes()[..n * l.row_bytes], &wb));
+                m.write_at(&m.win, l.lay.out_comb as usize, &l.combine_rows(&got.x, &wb));
             } else {
-                m.write(&m.comb_x, &o[0].bytes()[..n * l.row_bytes]);
+                m.write(&m.comb_x, &got.x);
                 m.write(&m.comb_w, &wb);
             }
         }
@@ -408,7 +428,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool, sho
             assert!(mems[r].win.bytes()[pairs].iter().all(|&b| b == 0), "rank {r}: window counter pairs left set");
         }
     }
-    check_trace(&mems, scheme, !comb_rows);
+    check_trace(&mems, scheme, !comb_rows, !win.recv);
     let stats: Vec<_> = proxies.into_iter().map(|p| p.stop().unwrap()).collect();
     // One command per inter-node peer and phase in each of the two rounds: every rank of the
     // other node (AsyncLL), or only the relay there (V1-LL, V1); and the scheme's bytes.
@@ -420,6 +440,28 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, comb_rows: bool, sho
     for (r, wm) in regs.iter().enumerate() {
         engines[r].deregister_memory(wm).unwrap();
     }
+}
+
+/// Rank `m`'s `n` received records as the copy-out kernel wrote them.
+fn copied_out(l: &InterLayout, m: &RankMem, n: usize) -> RecvBytes {
+    let o = &m.out;
+    let part = |i: usize, len: usize| o[i].bytes()[..n * len].to_vec();
+    RecvBytes { x: part(0, l.row_bytes), weights: part(1, K * 4), idx: part(2, K * 8), scales: part(3, l.scale_bytes), src: part(4, 4) }
+}
+
+/// Rank `m`'s received records read from its window as `InterNodeGpu` reads them: each
+/// source's `recv_cnt[s]` records from its segment, in source order (`n` in all).
+fn records_in_window(l: &InterLayout, m: &RankMem, n: usize) -> RecvBytes {
+    let cnt = m.scratch[3].bytes();
+    let win = m.win.bytes();
+    let mut recs = Vec::new();
+    for s in 0..W {
+        let c = u32::from_le_bytes(cnt[4 * s..4 * s + 4].try_into().unwrap()) as usize;
+        let at = l.lay.disp_in as usize + s * l.lay.seg_rec as usize;
+        recs.extend_from_slice(&win[at..at + c * l.rec_bytes]);
+    }
+    assert_eq!(recs.len(), n * l.rec_bytes, "the sources' counts add up to the received count");
+    l.split_records(&recs)
 }
 
 /// Each proxy's failure, if any.
@@ -471,10 +513,11 @@ fn expected_leg_bytes(l: &InterLayout, inp: &[RankInput<bf16, i64>], r: usize) -
 
 /// The last round's trace stamps: every phase stamped in order on every block, every command
 /// to another node pushed before its receiver saw the segment, and the Perfetto form with
-/// each span's begin and end.
-fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool) {
+/// each span's begin and end. `staged`: combine's staging kernel ran; `copied`: dispatch's
+/// copy-out kernel ran.
+fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
     let stamps: Vec<RankStamps> = (0..W)
-        .map(|r| RankStamps::parse(r, W, TRACE_BLOCKS, &mems[r].scratch[7].bytes()[..trace_bytes(W, TRACE_BLOCKS)]).unwrap())
+        .map(|r| RankStamps::parse(r, W, TRACE_BLOCKS, &mems[r].scratch[6].bytes()[..trace_bytes(W, TRACE_BLOCKS)]).unwrap())
         .collect();
     use slot::*;
     for s in &stamps {
@@ -490,41 +533,29 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool) {
         for (b, t) in s.blocks.iter().enumerate() {
             // The blocks past BLOCKS run only the stagings, the copy-out and the sum.
             let waits_for_nothing = b >= BLOCKS as usize;
-            let pairs: &[(usize, usize)] = match (waits_for_nothing, staged) {
-                (true, true) => {
-                    &[(DISP0, STAGED), (STAGED, COPY0), (COPY0, COPY1), (COPY1, COMB0), (COMB0, CSTAGED), (CSTAGED, CRECVD), (CRECVD, RED1)]
-                }
-                (true, false) => &[(DISP0, STAGED), (STAGED, COPY0), (COPY0, COPY1), (COPY1, CRECVD), (CRECVD, RED1)],
-                (false, true) => &[
-                    (DISP0, STAGED),
-                    (STAGED, DISP1),
-                    (DISP1, INTRA),
-                    (INTRA, COPY0),
-                    (COPY0, COPY1),
-                    (COPY1, COMB0),
-                    (COMB0, CSTAGED),
-                    (CSTAGED, COMB1),
-                    (COMB1, CINTRA),
-                    (CINTRA, CRECVD),
-                    (CRECVD, RED1),
-                ],
-                (false, false) => &[
-                    (DISP0, STAGED),
-                    (STAGED, DISP1),
-                    (DISP1, INTRA),
-                    (INTRA, COPY0),
-                    (COPY0, COPY1),
-                    (COPY1, COMB1),
-                    (COMB1, CINTRA),
-                    (CINTRA, CRECVD),
-                    (CRECVD, RED1),
-                ],
-            };
+            // The slots a block stamps, in time order: the kernels it ran in stream order.
+            let mut chain = vec![DISP0, STAGED];
+            if !waits_for_nothing {
+                chain.extend([DISP1, INTRA]);
+            }
+            if copied {
+                chain.extend([COPY0, COPY1]);
+            }
+            if staged {
+                chain.extend([COMB0, CSTAGED]);
+            }
+            if !waits_for_nothing {
+                chain.extend([COMB1, CINTRA]);
+            }
+            chain.extend([CRECVD, RED1]);
+            for x in chain.windows(2) {
+                assert!(t[x[0]] > 0 && t[x[0]] <= t[x[1]], "rank {r} block {b}: slot {} then {}: {t:?}", x[0], x[1]);
+            }
+            if !copied {
+                assert_eq!((t[COPY0], t[COPY1]), (0, 0), "rank {r} block {b}: the records stayed in the window, no copy-out ran {t:?}");
+            }
             if !staged {
                 assert_eq!((t[COMB0], t[CSTAGED]), (0, 0), "rank {r} block {b}: combine staged nothing, no kernel ran {t:?}");
-            }
-            for &(x, y) in pairs {
-                assert!(t[x] > 0 && t[x] <= t[y], "rank {r} block {b}: slot {x} then {y}: {t:?}");
             }
             if waits_for_nothing {
                 assert_eq!(
@@ -540,7 +571,9 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool) {
             if scheme == Scheme::AsyncLL {
                 assert_eq!((t[FWD1], t[RRED1]), (0, 0), "rank {r} block {b}: AsyncLL has no relay steps: {t:?}");
             } else {
-                assert!(t[INTRA] <= t[FWD1] && t[FWD1] <= t[COPY0], "rank {r} block {b}: relay forwarding out of place {t:?}");
+                // The slot after dispatch's in the chain: the copy-out's or combine's start.
+                let next = chain[chain.iter().position(|&x| x == INTRA).unwrap() + 1];
+                assert!(t[INTRA] <= t[FWD1] && t[FWD1] <= t[next], "rank {r} block {b}: relay forwarding out of place {t:?}");
                 assert!(t[CINTRA] <= t[RRED1] && t[RRED1] <= t[CRECVD], "rank {r} block {b}: relay reduce out of place {t:?}");
                 assert!(b != 0 || t[RRED1] <= t[RED0], "rank {r}: block 0 waits after its relay reduce {t:?}");
             }
@@ -568,7 +601,7 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool) {
             ("dispatch_inter_node_recv", peers),
             ("combine_inter_node", peers),
             ("ep_combine_all", COPY_BLOCKS as usize),
-            ("dispatch_copy_out", COPY_BLOCKS as usize),
+            ("dispatch_copy_out", if copied { COPY_BLOCKS as usize } else { 0 }),
             ("combine_copy_to_staging", if staged { COPY_BLOCKS as usize } else { 0 }),
             ("combine_intra_node", BLOCKS as usize),
             ("combine_sync", 1),

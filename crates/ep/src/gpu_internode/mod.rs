@@ -209,6 +209,26 @@ impl InterLayout {
         out
     }
 
+    /// Splits whole dispatch records (`recs`: `n` records of `rec_bytes`, as a source's segment
+    /// holds them) into what a rank received: for each record its row, `K` f32 weights, `K`
+    /// ids, scales and i32 flat source, each field's records concatenated (the tail of V1 and
+    /// V1-LL records, their routing, is dropped). A partial record at the end is ignored.
+    pub fn split_records(&self, recs: &[u8]) -> RecvBytes {
+        let (kw, ki) = (self.top_k * 4, self.top_k * self.idx_size);
+        let fields = [self.row_bytes, kw, ki, self.scale_bytes, 4];
+        let n = recs.len() / self.rec_bytes.max(1);
+        let mut out: [Vec<u8>; 5] = std::array::from_fn(|f| Vec::with_capacity(n * fields[f]));
+        for rec in recs.chunks_exact(self.rec_bytes) {
+            let mut at = 0;
+            for (o, &len) in out.iter_mut().zip(&fields) {
+                o.extend_from_slice(&rec[at..at + len]);
+                at += len;
+            }
+        }
+        let [x, weights, idx, scales, src] = out;
+        RecvBytes { x, weights, idx, scales, src }
+    }
+
     /// Nodes (`world / gpn`).
     pub fn nodes(&self) -> usize {
         self.world / self.gpn

@@ -30,11 +30,11 @@ struct GpuRank {
     win: Window,
     dev_ctr: DeviceBuffer,
     ring: DeviceRing,
-    /// mask, pre, cnt, recv_cnt, recv_base, recv_pos, done, status, trace, npre.
+    /// mask, pre, cnt, recv_cnt, recv_base, done, status, trace, npre.
     scratch: Vec<DeviceBuffer>,
     /// x, weights, idx, scales.
     inp: Vec<DeviceBuffer>,
-    /// x, weights, idx, scales, src.
+    /// x, weights, idx, scales, src (empty with the records in the window).
     out: Vec<DeviceBuffer>,
     /// comb_x, comb_w, comb_out, comb_out_w.
     comb: Vec<DeviceBuffer>,
@@ -220,7 +220,6 @@ impl InterNodeGpu {
                     w * 4,
                     w * 4,
                     w * 4,
-                    r_max * 4,
                     layout.done_bytes(),
                     64,
                     if opts.trace { trace_bytes(w, opts.trace_blocks()) } else { 0 },
@@ -233,9 +232,10 @@ impl InterNodeGpu {
                     .iter()
                     .map(|&n| zeroed(n))
                     .collect::<Result<_, _>>()?,
+                // With the records in the window, the copy-out's buffers stay empty.
                 out: [r_max * layout.row_bytes, r_max * k * 4, r_max * k * idx_size, r_max * layout.scale_bytes, r_max * 4]
                     .iter()
-                    .map(|&n| zeroed(n))
+                    .map(|&n| zeroed(if opts.recv_in_window { 0 } else { n }))
                     .collect::<Result<_, _>>()?,
                 // With the combine input in the window, its own buffers stay empty.
                 comb: [
@@ -339,7 +339,7 @@ impl InterNodeGpu {
                 "combine stages the rows for other nodes"
             },
             layout.window_bytes as f64 / 1e6
-        );
+        ) + if opts.recv_in_window { "; the received records stay in the window (no copy-out kernel)" } else { "; a copy-out kernel writes the received records into output buffers" };
         Ok(Self {
             rt,
             layout,
@@ -486,16 +486,22 @@ impl InterNodeGpu {
         self.upload_abi()?;
         if self.opts.trace {
             for gr in &self.ranks {
-                self.rt.memset(&gr.scratch[8].slice(), 0)?;
+                self.rt.memset(&gr.scratch[7].slice(), 0)?;
             }
         }
-        self.times.dispatch_us = self.run(&DISPATCH_KERNELS)?;
+        // With the records in the window, the copy-out kernel is not launched (its time reads 0).
+        let ks = if self.opts.recv_in_window { &DISPATCH_KERNELS[..3] } else { &DISPATCH_KERNELS[..] };
+        self.times.dispatch_us = self.run(ks)?;
         let counts = self.check_status("dispatch")?;
         let mut out = Vec::with_capacity(l.world);
         for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
             let n = n as usize;
             gr.comb_rows = 0;
             gr.recv = n;
+            if self.opts.recv_in_window {
+                out.push(read_records(self.rt.as_ref(), &l, gr, n)?);
+                continue;
+            }
             let sizes = [n * l.row_bytes, n * l.top_k * 4, n * l.top_k * l.idx_size, n * l.scale_bytes, n * 4];
             let mut got: Vec<Vec<u8>> = Vec::new();
             for (buf, len) in gr.out.iter().zip(sizes) {
@@ -511,6 +517,12 @@ impl InterNodeGpu {
         }
         self.dispatched = Some(self.calls);
         Ok((out, InterTicket { seq: self.calls, owner: self.id }))
+    }
+
+    /// Whether the received records stay in the window ([`InterNodeOptions::recv_in_window`]):
+    /// dispatch's copy-out kernel is then not launched.
+    pub fn recv_in_window(&self) -> bool {
+        self.opts.recv_in_window
     }
 
     fn usable(&self) -> GpuResult<()> {
@@ -648,7 +660,7 @@ impl InterNodeGpu {
         for (r, gr) in self.ranks.iter().enumerate() {
             let n = trace_bytes(w, tb);
             let mut b = vec![0u8; n];
-            self.rt.copy_dtoh(&mut b, &gr.scratch[8].sub(0, n)?)?;
+            self.rt.copy_dtoh(&mut b, &gr.scratch[7].sub(0, n)?)?;
             out.push(RankStamps::parse(r, w, tb, &b).ok_or_else(|| host_err("trace", "buffer of the wrong length"))?);
         }
         Ok(Some(out))
@@ -658,6 +670,30 @@ impl InterNodeGpu {
     pub fn proxy_stats(&self) -> Vec<crate::proxy::RingProxyStats> {
         self.proxies.iter().map(|p| p.stats()).collect()
     }
+}
+
+/// What rank `gr` received (`n` records in all), read from its window: each source's segment
+/// holds its `recv_cnt[s]` records in the received order.
+fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &GpuRank, n: usize) -> GpuResult<RecvBytes> {
+    let mut cnt = vec![0u8; l.world * 4];
+    rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
+    let mut recs = vec![0u8; n * l.rec_bytes];
+    let mut at = 0usize;
+    for (s, c) in cnt.chunks_exact(4).enumerate() {
+        let bytes = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize * l.rec_bytes;
+        // The kernels checked every count against max_tokens and their sum against status[0].
+        let Some(dst) = recs.get_mut(at..at + bytes) else {
+            return Err(host_err("received records", format!("source {s}'s count passes the {n} records received")));
+        };
+        if bytes > 0 {
+            gr.win.read(rt, l.lay.disp_in as usize + s * l.lay.seg_rec as usize, dst)?;
+        }
+        at += bytes;
+    }
+    if at != recs.len() {
+        return Err(host_err("received records", format!("the sources' counts add up to {} of {n} records", at / l.rec_bytes.max(1))));
+    }
+    Ok(l.split_records(&recs))
 }
 
 impl Drop for InterNodeGpu {

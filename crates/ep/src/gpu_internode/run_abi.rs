@@ -1,7 +1,7 @@
 //! [`InterNodeGpu`]'s side of the kernel ABI: the parameters of a node's launches, the per-rank
 //! structs it uploads, and the status words it reads back.
 
-use super::super::abi::{scheme_flags, IeLayout, IeParams, IeRank, FLAG_COMB_ROWS, FLAG_WEIGHTED};
+use super::super::abi::{scheme_flags, IeLayout, IeParams, IeRank, FLAG_COMB_ROWS, FLAG_RECV_WIN, FLAG_WEIGHTED};
 use super::super::MAX_WORLD;
 use super::InterNodeGpu;
 use crate::error::EpError;
@@ -41,7 +41,8 @@ impl InterNodeGpu {
             out_elem: self.out_elem as u32,
             flags: if self.opts.weighted { FLAG_WEIGHTED } else { 0 }
                 | scheme_flags(l.scheme)
-                | if self.in_window { FLAG_COMB_ROWS } else { 0 },
+                | if self.in_window { FLAG_COMB_ROWS } else { 0 }
+                | if self.opts.recv_in_window { FLAG_RECV_WIN } else { 0 },
             trace_blocks: if self.opts.trace { self.opts.trace_blocks() } else { 0 },
             part_bytes: l.part_bytes as u32,
         }
@@ -65,12 +66,11 @@ impl InterNodeGpu {
                     scales: if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
                     mask: s[0].ptr(),
                     pre: s[1].ptr(),
-                    npre: s[9].ptr(),
+                    npre: s[8].ptr(),
                     cnt: s[2].ptr(),
                     recv_cnt: s[3].ptr(),
                     recv_base: s[4].ptr(),
-                    recv_pos: s[5].ptr(),
-                    done: s[6].ptr(),
+                    done: s[5].ptr(),
                     out_x: gr.out[0].ptr(),
                     out_w: gr.out[1].ptr(),
                     out_idx: gr.out[2].ptr(),
@@ -80,8 +80,8 @@ impl InterNodeGpu {
                     comb_w: if self.in_window { 0 } else { gr.comb[1].ptr() },
                     comb_out: gr.comb[2].ptr(),
                     comb_out_w: gr.comb[3].ptr(),
-                    status: s[7].ptr(),
-                    trace: if self.opts.trace { s[8].ptr() } else { 0 },
+                    status: s[6].ptr(),
+                    trace: if self.opts.trace { s[7].ptr() } else { 0 },
                     ring: gr.ring.dev_args()?,
                 };
                 // SAFETY: IeRank is plain old data (integers), read as its bytes.
@@ -102,7 +102,7 @@ impl InterNodeGpu {
         let mut faults: Vec<(usize, u32, String)> = Vec::new();
         for (r, gr) in self.ranks.iter().enumerate() {
             let mut b = [0u8; 32];
-            self.rt.copy_dtoh(&mut b, &gr.scratch[7].sub(0, 32)?)?;
+            self.rt.copy_dtoh(&mut b, &gr.scratch[6].sub(0, 32)?)?;
             let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
             let what = match w(1) {
                 0 => None,

@@ -49,6 +49,12 @@ pub struct InterNodeOptions {
     /// (their relays sum before sending) and over tcp (the window is host memory there: the
     /// kernels would read this node's rows through the host).
     pub combine_rows: bool,
+    /// The received records stay in the window, where the host reads them
+    /// ([`super::InterLayout::split_records`]), as DeepEP's low-latency mode leaves its output
+    /// in the receive buffer: dispatch's copy-out kernel is not launched (default true; every
+    /// scheme and path). False: the copy-out kernel writes them into contiguous output buffers
+    /// first (the layout `IntranodeEp` hands out).
+    pub recv_in_window: bool,
 }
 
 impl InterNodeOptions {
@@ -71,6 +77,7 @@ impl Default for InterNodeOptions {
             trace: false,
             proxy: RingProxyOptions::default(),
             combine_rows: true,
+            recv_in_window: true,
         }
     }
 }
@@ -123,7 +130,8 @@ pub struct RecvBytes {
 /// The kernels' timings of the last call, µs (GPU events around each node's launches).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PhaseTimes {
-    /// Slowest node's dispatch (layout, staging, dispatch, copy-out), µs.
+    /// Slowest node's dispatch (layout, staging, dispatch, copy-out unless the records stay in
+    /// the window ([`InterNodeOptions::recv_in_window`])), µs.
     pub dispatch_us: f64,
     /// Slowest node's combine (staging, unless the input is in the window
     /// ([`InterNodeOptions::combine_rows`]); send; sum), µs.
@@ -132,7 +140,8 @@ pub struct PhaseTimes {
     /// nodes), dispatch (with block 0's wait for every source), dispatch receive (copy-out),
     /// combine staging (rows for other nodes), combine send (with block 0's wait for every
     /// rank's rows), combine sum (events between the launches of a node's stream); 0 for
-    /// combine staging when it is not launched (AsyncLL's input in the window).
+    /// combine staging when it is not launched (AsyncLL's input in the window) and for the
+    /// copy-out when the records stay in the window.
     pub kernel_us: [f64; 7],
 }
 

@@ -109,6 +109,11 @@ pub struct Args {
     /// moves as they are (the default).
     #[arg(long = "combine-staging")]
     pub combine_staging: bool,
+    /// GPU v1/v1_ll/async_ll: copy the received records out of the window into contiguous
+    /// output buffers with a kernel (the copy-out), instead of reading them from the window
+    /// where they landed (the default).
+    #[arg(long = "recv-copy-out")]
+    pub recv_copy_out: bool,
     /// GPU v1/v1_ll/async_ll: blocks per rank of the kernels that wait for nothing (dispatch's
     /// staging and copy-out, combine's staging and sum), so they are not bound by the
     /// co-resident grid. Default 64.
@@ -428,9 +433,9 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging) {
+    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging || a.recv_copy_out) {
         return Err(err(
-            "--proxy-spin-us/--copy-blocks/--combine-staging tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
+            "--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
         ));
     }
     if a.combine_staging && (kt != KernelTypeArg::AsyncLl || a.transport.is_some()) {

@@ -75,6 +75,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             ..RingProxyOptions::default()
         },
         combine_rows: !a.combine_staging,
+        recv_in_window: !a.recv_copy_out,
     };
     let mut ep = InterNodeGpu::new(rt, Device(0), cfg, sz, opts)?;
     println!("{}", ep.describe());
@@ -259,6 +260,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if in_window {
         pk[4] = "not launched (input in the window)".to_string();
     }
+    let recv_in_window = ep.recv_in_window();
+    if recv_in_window {
+        pk[3] = "not launched (records read from the window)".to_string();
+    }
     println!(
         "per kernel µs (slowest node, mean): layout {}, dispatch staging {}, dispatch (with its wait) {}, copy-out {}, combine staging {}, combine send (with its wait) {}, combine sum {}",
         pk[0], pk[1], pk[2], pk[3], pk[4], pk[5], pk[6]
@@ -282,10 +287,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "copy_blocks": opts_copy_blocks(a), "weighted": a.weighted, "iters": timed, "warmup": a.warmup,
             "spread_us": { "dispatch": ds.json(), "combine": cs.json() },
             "inter_node_leg": match path { InterPath::Xgmi => "xgmi".to_string(), InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes") },
-            "dispatch_us": disp, "combine_us": comb, "combine_input_in_window": in_window,
+            "dispatch_us": disp, "combine_us": comb, "combine_input_in_window": in_window, "records_in_window": recv_in_window,
             "host_call_us": { "dispatch": host_disp, "combine": host_comb },
             "kernel_us": { "layout": per_kernel[0] / timed.max(1) as f64, "dispatch_stage": per_kernel[1] / timed.max(1) as f64,
-                "dispatch": per_kernel[2] / timed.max(1) as f64, "receive": per_kernel[3] / timed.max(1) as f64,
+                "dispatch": per_kernel[2] / timed.max(1) as f64, "receive": (!recv_in_window).then(|| per_kernel[3] / timed.max(1) as f64),
                 "combine_stage": (!in_window).then(|| per_kernel[4] / timed.max(1) as f64), "combine_send": per_kernel[5] / timed.max(1) as f64,
                 "combine_reduce": per_kernel[6] / timed.max(1) as f64 },
             "proxies": { "writes": batches, "to_posted_us": mean(sum(|s| s.post_ns), batches),
