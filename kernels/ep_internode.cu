@@ -58,7 +58,8 @@
 //                         IE_FLAG_COMB_ROWS: nothing (the input rows are the staging): the host
 //                         does not launch it, and mori_ie_combine_send checks the row count;
 //   mori_ie_combine_send  hand them over (proxy commands; V1-LL: gather counters), then P2P
-//                         stores of this node's sources' rows, signal; V1-LL: then the relay's
+//                         stores of this node's sources' rows (IE_FLAG_COMB_ROWS: none, the
+//                         sources' sums read them in the window), signal; V1-LL: then the relay's
 //                         partial sums, and the last block zeroes the gather counters; then
 //                         block 0 waits for every rank's rows;
 //   mori_ie_combine_recv  sum per token in f32 (AsyncLL: over destination ranks ascending;
@@ -263,6 +264,8 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         uint64_t base = 0;
         for (uint32_t s = 0; s < W; s++) {
             ((uint32_t*)a.recv_base)[s] = (uint32_t)base;
+            // The window's copy, for same-node sources' combine (IE_FLAG_COMB_ROWS).
+            ((uint32_t*)(p.win[r] + p.lay.rbase))[s] = (uint32_t)base;
             if (rc[s] > p.max_tokens) ie_error(status, IE_ERR_SEG_COUNT, s, rc[s], p.max_tokens);
             base += rc[s];
         }
@@ -404,8 +407,11 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     const uint32_t own = r / G;
     for (uint32_t s = tid; s < W; s += nthreads) {
         const uint32_t lo = base[s] > i0 ? base[s] : i0, hi = base[s] + rc[s] < i1 ? base[s] + rc[s] : i1;
-        sh.n[s] = hi > lo ? hi - lo : 0;
+        // IE_FLAG_COMB_ROWS: the same-node source reads its rows in place; block 0 signals all
+        // of them (they lie in the window since before the launch), no block stores any.
+        sh.n[s] = hi > lo && !ie_comb_rows(p) ? hi - lo : 0;
         sh.first[s] = hi > lo ? lo - base[s] : 0;
+        if (b == 0 && ie_same_node(p, r, s) && ie_comb_rows(p) && rc[s]) ie_signal(p, a, s, 1, 0, rc[s]);
         if (b == 0 && ie_same_node(p, r, s)) ie_signal(p, a, s, 1, 1, (uint64_t)rc[s] + 1);
         else if (b == 0 && relay) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 1, (uint64_t)rc[s] + 1);
     }
@@ -423,7 +429,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
             ie_hand_over(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, from, p.lay.comb_in + r * p.lay.seg_comb, deadline);
         }
     }
-    for (uint32_t i = i0 + warp; i < i1; i += nwarps) {
+    for (uint32_t i = i0 + warp; i < i1 && !ie_comb_rows(p); i += nwarps) {
         const uint32_t s = ie_source_of(p, a, i);
         if (ie_same_node(p, r, s)) ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, i - base[s]), lane);
     }
@@ -486,8 +492,14 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
             float f = 1.0f;
             if (!relay || ie_same_node(p, r, e)) {
                 const int32_t q = ie_pos(p, a, t, e);
-                if (q >= 0) {
+                if (q >= 0 && ie_comb_rows(p) && ie_same_node(p, r, e)) {
+                    // In place in e's window: e's row for this token, among e's rows from r.
+                    const uint32_t rb = ((const uint32_t*)(p.win[e] + p.lay.rbase))[r];
+                    row = p.win[e] + p.lay.out_comb + ((uint64_t)rb + (uint64_t)q) * p.comb_bytes;
+                } else if (q >= 0) {
                     row = p.win[r] + p.lay.comb_in + e * p.lay.seg_comb + (uint64_t)q * p.comb_bytes;
+                }
+                if (q >= 0) {
                     if (weighted) f = ie_factor(p, idx, (uint64_t)t * p.top_k, (const float*)(row + xb), e);
                 }
             } else if (e == ie_relay_of(p, r, e / G) && ie_col_bit(p, mask, W + e / G)) {

@@ -25,7 +25,9 @@
                                 // weights or zeros) in this rank's window at out_comb, row i at
                                 // out_comb + i * comb_bytes (IeRank.comb_x points there); another
                                 // node's source's rows are contiguous there, so the proxy moves
-                                // them from it and combine stages nothing
+                                // them from it and combine stages nothing; a same-node source's
+                                // sum reads its rows there in place (through rbase), so nothing
+                                // is stored for it either: the rank only signals them ready
 #define IE_FLAG_RECV_WIN 32u    // the received records stay in the window (disp_in, source s's
                                 // recv_cnt[s] records at disp_in + s * seg_rec, recv_base[s] its
                                 // first output row): no copy-out kernel runs, and the last block
@@ -72,6 +74,9 @@ struct IeLayout {
     uint64_t relay_hdr; // bytes of a relay segment's header: u32 [gpn] records per destination, then u32 records
     uint64_t gather;    // V1-LL: rows for origin node m from local rank l at gather + (m * gpn + l) * seg_gather
     uint64_t seg_gather; // max_tokens * comb_bytes (0 under AsyncLL)
+    uint64_t rbase;     // u32 [W]: this rank's first received row per source (recv_base), written
+                        // by its dispatch; with IE_FLAG_COMB_ROWS a same-node source reads its
+                        // rows here in place: at out_comb + (rbase[s] + index) * comb_bytes
 };
 
 struct IeRank {

@@ -42,7 +42,8 @@ step() { echo; echo "=== $*"; }
 # one post per destination, with the GPU tests), and, only when named, combrows
 # (scripts/gpu-parts/combrows.sh: AsyncLL's combine input in the window against staging it),
 # and, only when named, recvwin (scripts/gpu-parts/recvwin.sh: the received records read from
-# the window against a copy-out kernel).
+# the window against a copy-out kernel, and both against an earlier build carried as
+# .gpu-bundle/bench_dispatch_combine_prev).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".

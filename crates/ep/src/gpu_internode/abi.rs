@@ -38,6 +38,10 @@ pub struct IeLayout {
     pub gather: u64,
     /// `max_tokens * comb_bytes` (0 under AsyncLL).
     pub seg_gather: u64,
+    /// u32 `[W]`: the rank's first received row per source (its `recv_base`), written by its
+    /// dispatch; with [`FLAG_COMB_ROWS`] a same-node source's sum reads its rows in place, at
+    /// `out_comb + (rbase[s] + index) * comb_bytes`.
+    pub rbase: u64,
 }
 
 /// `IeRank`: one local rank's buffers (device addresses).
@@ -117,7 +121,8 @@ pub const FLAG_RELAY: u32 = 4;
 pub const FLAG_DEDUP: u32 = 8;
 /// `IE_FLAG_COMB_ROWS`: AsyncLL's combine input as rows of `comb_bytes` in the window's
 /// `out_comb` area ([`super::InterLayout::combine_rows`]); the proxy moves another node's
-/// source's rows from there and combine stages nothing.
+/// source's rows from there and combine stages nothing, and a same-node source's sum reads
+/// its rows there in place (nothing is stored for it).
 pub const FLAG_COMB_ROWS: u32 = 16;
 /// `IE_FLAG_RECV_WIN`: the received records stay in the window (source `s`'s at
 /// `disp_in + s * seg_rec`, read by the host: [`super::InterLayout::split_records`]); the
@@ -141,10 +146,10 @@ mod tests {
 
     #[test]
     fn sizes_match_the_kernel() {
-        assert_eq!(std::mem::size_of::<IeLayout>(), 112);
+        assert_eq!(std::mem::size_of::<IeLayout>(), 120);
         assert_eq!(std::mem::size_of::<IeRank>(), 16 + 22 * 8 + 24);
         // 19 u32 fields, then padding to the struct's 8-byte alignment.
-        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 112 + 16 + 19 * 4 + 4);
+        assert_eq!(std::mem::size_of::<IeParams>(), 2 * 64 * 8 + 120 + 16 + 19 * 4 + 4);
         let src = include_str!("../../../../kernels/ep_internode.h");
         for needle in [
             "#define IE_MAX_WORLD 64",

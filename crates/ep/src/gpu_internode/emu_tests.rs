@@ -735,7 +735,9 @@ fn window_sizes_per_scheme_at_four_ranks_per_node() {
     for l in [&a, &ll, &v1] {
         let end = l.lay.gather + 8 * l.lay.seg_gather;
         assert_eq!(l.lay.ctr, end, "{:?}: the pairs follow the gather area", l.scheme);
-        assert_eq!(l.window_bytes as u64, l.lay.sig + l.pair_bytes() as u64);
+        // Then the outgoing pairs, then rbase (u32 per rank, 8 ranks here).
+        assert_eq!(l.lay.rbase, l.lay.sig + l.pair_bytes() as u64);
+        assert_eq!(l.window_bytes as u64, l.lay.rbase + 32);
         assert!(l.lay.out_relay + 2 * l.lay.seg_relay == l.lay.gather);
     }
 }

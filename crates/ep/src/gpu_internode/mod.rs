@@ -153,8 +153,9 @@ impl InterLayout {
             relay_hdr,
             gather: relay_in + 2 * relays,
             seg_gather,
+            rbase: top + 2 * pairs,
         };
-        let window = top.checked_add(2 * pairs).ok_or_else(ov)?;
+        let window = top.checked_add(2 * pairs + round16(4 * cfg.world_size) as u64).ok_or_else(ov)?;
         Ok(Self {
             world: cfg.world_size,
             gpn: cfg.gpus_per_node,
