@@ -6,7 +6,8 @@
 # to $OUT/recvwin.txt and prints, per run, rank 0's row, the spread, the proxies' and copy
 # pools' lines and the kernels' split. About 5 minutes on one H100/H200.
 #
-# - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, both ways, bit-exact);
+# - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, bit-exact; the copy-out
+#   for AsyncLL and V1-LL over xgmi);
 # - AsyncLL decode three ways (earlier build, --recv-copy-out, default), three rounds in
 #   rotating order, then traced (rank 0's Perfetto file kept as
 #   $OUT/recvwin-asyncll.rank0.json);

@@ -242,6 +242,13 @@ fn async_ll_with_records_and_combine_rows_in_the_window_equals_the_reference() {
     three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, InWindow { comb_rows: true, recv: true }, None);
 }
 
+/// V1 with the received records read from the window: one record per (token, node) stored by
+/// the relay to each destination.
+#[test]
+fn v1_with_the_records_in_the_window_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: false, recv: true }, None);
+}
+
 /// V1-LL with the received records read from the window: the relays' forwarded records too.
 #[test]
 fn v1_ll_with_the_records_in_the_window_equals_the_reference() {
@@ -452,16 +459,20 @@ fn copied_out(l: &InterLayout, m: &RankMem, n: usize) -> RecvBytes {
 /// Rank `m`'s received records read from its window as `InterNodeGpu` reads them: each
 /// source's `recv_cnt[s]` records from its segment, in source order (`n` in all).
 fn records_in_window(l: &InterLayout, m: &RankMem, n: usize) -> RecvBytes {
-    let cnt = m.scratch[3].bytes();
     let win = m.win.bytes();
-    let mut recs = Vec::new();
-    for s in 0..W {
-        let c = u32::from_le_bytes(cnt[4 * s..4 * s + 4].try_into().unwrap()) as usize;
-        let at = l.lay.disp_in as usize + s * l.lay.seg_rec as usize;
-        recs.extend_from_slice(&win[at..at + c * l.rec_bytes]);
+    let read = |off: usize, buf: &mut [u8]| -> Result<(), EpError> {
+        buf.copy_from_slice(&win[off..off + buf.len()]);
+        Ok(())
+    };
+    let got = l.gather_records(&m.scratch[3].bytes()[..W * 4], n, read).unwrap();
+    // Counts that do not add up to the received count are refused.
+    let e = l.gather_records(&m.scratch[3].bytes()[..W * 4], n + 1, read).unwrap_err().to_string();
+    assert!(e.contains(&format!("the sources' counts add up to {n}")), "{e}");
+    if n > 0 {
+        let e = l.gather_records(&m.scratch[3].bytes()[..W * 4], n - 1, read).unwrap_err().to_string();
+        assert!(e.contains("count passes them"), "{e}");
     }
-    assert_eq!(recs.len(), n * l.rec_bytes, "the sources' counts add up to the received count");
-    l.split_records(&recs)
+    got
 }
 
 /// Each proxy's failure, if any.

@@ -230,6 +230,37 @@ impl InterLayout {
         RecvBytes { x, weights, idx, scales, src }
     }
 
+    /// What a rank received (`n` records in all), gathered from its window's dispatch segments
+    /// as [`InterNodeOptions::recv_in_window`] leaves them: `recv_cnt` is the rank's u32
+    /// `[W]` records per source (little-endian), and `read(off, buf)` fills `buf` from window
+    /// byte `off` (source `s`'s segment at `disp_in + s * seg_rec`), then
+    /// [`InterLayout::split_records`]. Errors: `InvalidConfig` when a count runs past `n` or
+    /// the counts do not add up to `n`; `read`'s.
+    pub fn gather_records<E: From<EpError>>(
+        &self,
+        recv_cnt: &[u8],
+        n: usize,
+        mut read: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
+    ) -> Result<RecvBytes, E> {
+        let bad = |value: String| EpError::InvalidConfig { field: "received records", value, reason: format!("{n} records received") };
+        let mut recs = vec![0u8; n * self.rec_bytes];
+        let mut at = 0usize;
+        for (s, c) in recv_cnt.chunks_exact(4).take(self.world).enumerate() {
+            let bytes = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize * self.rec_bytes;
+            let Some(dst) = recs.get_mut(at..at + bytes) else {
+                return Err(bad(format!("source {s}'s count passes them")).into());
+            };
+            if bytes > 0 {
+                read(self.lay.disp_in as usize + s * self.lay.seg_rec as usize, dst)?;
+            }
+            at += bytes;
+        }
+        if at != recs.len() {
+            return Err(bad(format!("the sources' counts add up to {}", at / self.rec_bytes.max(1))).into());
+        }
+        Ok(self.split_records(&recs))
+    }
+
     /// Nodes (`world / gpn`).
     pub fn nodes(&self) -> usize {
         self.world / self.gpn

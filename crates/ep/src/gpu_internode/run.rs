@@ -318,7 +318,7 @@ impl InterNodeGpu {
         let marks =
             (0..nodes).map(|_| (0..MARKS).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
-            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), each node's launches on a stream of its own, {} blocks x {} warps per rank ({} for the stagings, the copy-out and the sum, which wait for nothing); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; {}; window {:.1} MB per rank",
+            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), each node's launches on a stream of its own, {} blocks x {} warps per rank ({} for the kernels that wait for nothing: the stagings, the copy-out when it runs, the sum); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; {}; window {:.1} MB per rank",
             match scheme {
                 Scheme::V1LL => "V1-LL (one record per token and destination to the same-local-index relay of each other node, forwarded there by P2P stores; partial sums per node back)",
                 Scheme::V1 => "V1 (one record per token and node to the same-local-index relay there, stored by it to each destination; partial sums per node back)",
@@ -677,23 +677,8 @@ impl InterNodeGpu {
 fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &GpuRank, n: usize) -> GpuResult<RecvBytes> {
     let mut cnt = vec![0u8; l.world * 4];
     rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
-    let mut recs = vec![0u8; n * l.rec_bytes];
-    let mut at = 0usize;
-    for (s, c) in cnt.chunks_exact(4).enumerate() {
-        let bytes = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize * l.rec_bytes;
-        // The kernels checked every count against max_tokens and their sum against status[0].
-        let Some(dst) = recs.get_mut(at..at + bytes) else {
-            return Err(host_err("received records", format!("source {s}'s count passes the {n} records received")));
-        };
-        if bytes > 0 {
-            gr.win.read(rt, l.lay.disp_in as usize + s * l.lay.seg_rec as usize, dst)?;
-        }
-        at += bytes;
-    }
-    if at != recs.len() {
-        return Err(host_err("received records", format!("the sources' counts add up to {} of {n} records", at / l.rec_bytes.max(1))));
-    }
-    Ok(l.split_records(&recs))
+    // The kernels checked every count against max_tokens and their sum against status[0].
+    l.gather_records(&cnt, n, |off, buf| gr.win.read(rt, off, buf))
 }
 
 impl Drop for InterNodeGpu {
