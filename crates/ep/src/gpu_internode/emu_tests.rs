@@ -464,12 +464,13 @@ fn records_in_window(l: &InterLayout, m: &RankMem, n: usize) -> RecvBytes {
         buf.copy_from_slice(&win[off..off + buf.len()]);
         Ok(())
     };
-    let got = l.gather_records(&m.scratch[3].bytes()[..W * 4], n, read).unwrap();
+    let cnt = &m.scratch[3].bytes()[..W * 4];
+    let got = l.gather_records(cnt, &mut vec![0u8; n * l.rec_bytes], read).unwrap();
     // Counts that do not add up to the received count are refused.
-    let e = l.gather_records(&m.scratch[3].bytes()[..W * 4], n + 1, read).unwrap_err().to_string();
+    let e = l.gather_records(cnt, &mut vec![0u8; (n + 1) * l.rec_bytes], read).unwrap_err().to_string();
     assert!(e.contains(&format!("the sources' counts add up to {n}")), "{e}");
     if n > 0 {
-        let e = l.gather_records(&m.scratch[3].bytes()[..W * 4], n - 1, read).unwrap_err().to_string();
+        let e = l.gather_records(cnt, &mut vec![0u8; (n - 1) * l.rec_bytes], read).unwrap_err().to_string();
         assert!(e.contains("count passes them"), "{e}");
     }
     got

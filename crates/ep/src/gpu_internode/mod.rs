@@ -230,20 +230,22 @@ impl InterLayout {
         RecvBytes { x, weights, idx, scales, src }
     }
 
-    /// What a rank received (`n` records in all), gathered from its window's dispatch segments
-    /// as [`InterNodeOptions::recv_in_window`] leaves them: `recv_cnt` is the rank's u32
-    /// `[W]` records per source (little-endian), and `read(off, buf)` fills `buf` from window
-    /// byte `off` (source `s`'s segment at `disp_in + s * seg_rec`), then
-    /// [`InterLayout::split_records`]. Errors: `InvalidConfig` when a count runs past `n` or
-    /// the counts do not add up to `n`; `read`'s.
+    /// What a rank received (`recs.len() / rec_bytes` records in all, `n`), gathered from its
+    /// window's dispatch segments as [`InterNodeOptions::recv_in_window`] leaves them into
+    /// `recs` (the caller's buffer, e.g. pinned memory), then split
+    /// ([`InterLayout::split_records`]): `recv_cnt` is the rank's u32 `[W]` records per source
+    /// (little-endian), and `read(off, buf)` fills `buf` from window byte `off` (source `s`'s
+    /// segment at `disp_in + s * seg_rec`). Errors: `InvalidConfig` when a count runs past
+    /// `n` or the counts do not add up to `n`; `read`'s.
     pub fn gather_records<E: From<EpError>>(
         &self,
         recv_cnt: &[u8],
-        n: usize,
+        recs: &mut [u8],
         mut read: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
     ) -> Result<RecvBytes, E> {
+        let n = recs.len() / self.rec_bytes.max(1);
         let bad = |value: String| EpError::InvalidConfig { field: "received records", value, reason: format!("{n} records received") };
-        let mut recs = vec![0u8; n * self.rec_bytes];
+        let recs = &mut recs[..n * self.rec_bytes];
         let mut at = 0usize;
         for (s, c) in recv_cnt.chunks_exact(4).take(self.world).enumerate() {
             let bytes = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize * self.rec_bytes;
@@ -258,7 +260,7 @@ impl InterLayout {
         if at != recs.len() {
             return Err(bad(format!("the sources' counts add up to {}", at / self.rec_bytes.max(1))).into());
         }
-        Ok(self.split_records(&recs))
+        Ok(self.split_records(recs))
     }
 
     /// Nodes (`world / gpn`).

@@ -14,7 +14,7 @@ use crate::gpu::{EpGpuError, GpuResult};
 use crate::gpu_ring::{DeviceRing, Window};
 use crate::internode::Scheme;
 use crate::proxy::{PeerWindow, RingProxy};
-use mori_gpu::{Device, DeviceBuffer, Event, Function, KernelArgs, KernelImages, LaunchConfig, Module, Runtime, Stream};
+use mori_gpu::{Device, DeviceBuffer, Event, Function, KernelArgs, KernelImages, LaunchConfig, Module, PinnedBuffer, Runtime, Stream};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemoryDesc, TcpConfig, XgmiConfig};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +36,11 @@ struct GpuRank {
     inp: Vec<DeviceBuffer>,
     /// x, weights, idx, scales, src (empty with the records in the window).
     out: Vec<DeviceBuffer>,
+    /// With the records in a GPU window: pinned host memory where the host gathers them (a
+    /// copy into pinned memory runs at the link's rate; into pageable memory, source by
+    /// source, it took four times as long as the copy-out's five copies), grown to the
+    /// largest dispatch so far.
+    recv_host: Option<PinnedBuffer>,
     /// comb_x, comb_w, comb_out, comb_out_w.
     comb: Vec<DeviceBuffer>,
     tokens: usize,
@@ -48,6 +53,7 @@ struct GpuRank {
 /// of the job, in this process, on one GPU.
 pub struct InterNodeGpu {
     rt: Arc<dyn Runtime>,
+    dev: Device,
     layout: InterLayout,
     opts: InterNodeOptions,
     out_elem: usize,
@@ -247,6 +253,7 @@ impl InterNodeGpu {
                 .iter()
                 .map(|&n| zeroed(n))
                 .collect::<Result<_, _>>()?,
+                recv_host: None,
                 tokens: 0,
                 comb_rows: 0,
                 recv: 0,
@@ -342,6 +349,7 @@ impl InterNodeGpu {
         ) + if opts.recv_in_window { "; the received records stay in the window (no copy-out kernel)" } else { "; a copy-out kernel writes the received records into output buffers" };
         Ok(Self {
             rt,
+            dev,
             layout,
             opts,
             out_elem,
@@ -499,7 +507,7 @@ impl InterNodeGpu {
             gr.comb_rows = 0;
             gr.recv = n;
             if self.opts.recv_in_window {
-                out.push(read_records(self.rt.as_ref(), &l, gr, n)?);
+                out.push(read_records(self.rt.as_ref(), self.dev, &l, gr, n)?);
                 continue;
             }
             let sizes = [n * l.row_bytes, n * l.top_k * 4, n * l.top_k * l.idx_size, n * l.scale_bytes, n * 4];
@@ -674,11 +682,23 @@ impl InterNodeGpu {
 
 /// What rank `gr` received (`n` records in all), read from its window: each source's segment
 /// holds its `recv_cnt[s]` records in the received order.
-fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &GpuRank, n: usize) -> GpuResult<RecvBytes> {
+fn read_records(rt: &dyn Runtime, dev: Device, l: &InterLayout, gr: &mut GpuRank, n: usize) -> GpuResult<RecvBytes> {
     let mut cnt = vec![0u8; l.world * 4];
     rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
-    // The kernels checked every count against max_tokens and their sum against status[0].
-    l.gather_records(&cnt, n, |off, buf| gr.win.read(rt, off, buf))
+    // The kernels checked every count against max_tokens and their sum against status[0]
+    // (at most max_recv records: what recv_host holds).
+    let len = n * l.rec_bytes;
+    let win = &gr.win;
+    if let Window::Host(_) = win {
+        // Host memory already: read in place.
+        return l.gather_records(&cnt, &mut vec![0u8; len], |off, buf| win.read(rt, off, buf));
+    }
+    let p = match gr.recv_host.take() {
+        Some(p) if p.len() >= len => p,
+        _ => rt.alloc_pinned(dev, len.max(1))?,
+    };
+    let p = gr.recv_host.insert(p);
+    l.gather_records(&cnt, &mut p.as_mut_slice()[..len], |off, buf| win.read(rt, off, buf))
 }
 
 impl Drop for InterNodeGpu {

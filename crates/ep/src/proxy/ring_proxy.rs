@@ -17,13 +17,15 @@ const RING_BURST: usize = 4 * super::MAX_BATCH;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingProxyOptions {
     /// How long the thread keeps spinning on an empty ring after the last command before it
-    /// starts sleeping (default 20 ms): a producer's next command is then picked up within
+    /// starts sleeping (default 200 ms): a producer's next command is then picked up within
     /// a poll, not a sleep. The default spans the gap between one dispatch and the next
-    /// combine, and between the layers of a forward pass; a proxy asleep when a command comes
-    /// takes it up to a nap (`max_sleep`) plus the timer's slack late. Measured on an H100
-    /// (docs/PERFORMANCE.md, proxy polling): V1 decode at 2 x 4 ranks took 350-355 µs to
-    /// dispatch and 521-538 µs to combine with the proxies polling through the run, against
-    /// 434-558 / 674-786 µs with 200 µs of polling.
+    /// combine, and between the layers of a forward pass, also when the host reads the
+    /// outputs back in between (`InterNodeGpu`'s host API: 20-80 ms at the decode shape on
+    /// 8 ranks); a proxy asleep when a command comes takes it up to a nap (`max_sleep`) plus
+    /// the timer's slack late. Measured on an H100 (docs/PERFORMANCE.md): V1 decode at 2 x 4
+    /// ranks took 350-355 µs to dispatch and 521-538 µs to combine with the proxies polling
+    /// through the run, against 434-558 / 674-786 µs with 200 µs of polling; AsyncLL decode
+    /// 190-201 / 218-230 µs with 200 ms against 199-212 / 277-298 µs with 20 ms.
     pub spin: Duration,
     /// Longest sleep between two polls of an idle ring (default 50 µs).
     pub max_sleep: Duration,
@@ -53,7 +55,7 @@ impl RingProxyOptions {
 
 impl Default for RingProxyOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_millis(20), max_sleep: Duration::from_micros(50), grouped: None }
+        Self { spin: Duration::from_millis(200), max_sleep: Duration::from_micros(50), grouped: None }
     }
 }
 

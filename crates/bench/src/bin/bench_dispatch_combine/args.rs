@@ -101,7 +101,7 @@ pub struct Args {
     #[arg(long)]
     pub lanes: Option<usize>,
     /// GPU v1/v1_ll/async_ll: how long each rank's proxy thread keeps polling an idle command ring
-    /// before it starts sleeping, µs. Default 20000.
+    /// before it starts sleeping, µs. Default 200000.
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
     /// GPU async_ll over xgmi: stage the rows for other nodes in a kernel before the proxy
