@@ -1,6 +1,7 @@
 # The inter-node EP table's figures in one short call (about 3 minutes on one H100/H200): the
 # inter-node GPU tests, V1, V1-LL and AsyncLL decode over xgmi (AsyncLL traced, and at 2 x 1,
-# 2 x 2, over tcp and at the DeepSeek-V3 shape), and the targets' baselines in the same run
+# 2 x 2, over tcp and at the DeepSeek-V3 shape; rank 0's trace kept as
+# $OUT/figures-asyncll.rank0.json), and the targets' baselines in the same run
 # (bench_proxy round trips over xgmi and tcp, bench_engine batch-1 xgmi writes at the legs'
 # sizes, the intranode kernels at 8 ranks). A fragment, sourced by scripts/gpu-machine.sh (B,
 # OUT, step, rc); appends to $OUT/figures.txt. scripts/gpu-parts/asyncll.sh is the longer set

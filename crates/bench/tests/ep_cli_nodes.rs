@@ -60,9 +60,13 @@ fn node_refusals_name_the_users_flags() {
             &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
         ),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
-        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels"]),
-        (&["--combine-staging"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels"]),
-        (&["--recv-copy-out"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels"]),
+        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them (--kernel-type intranode)"]),
+        (&["--combine-staging"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them (--kernel-type intranode)"]),
+        (&["--recv-copy-out"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them (--kernel-type intranode)"]),
+        (
+            &["--device", "cpu", "--local", "--kernel-type", "async_ll", "--num-nodes", "2", "--recv-copy-out"],
+            &["this run is not one of them (--device cpu: the host executor)"],
+        ),
         (
             &["--kernel-type", "v1", "--num-nodes", "2", "--combine-staging"],
             &["--combine-staging chooses how AsyncLL over xgmi hands its combine rows to the proxy; --kernel-type v1 always stages them"],

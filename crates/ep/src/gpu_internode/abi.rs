@@ -125,7 +125,7 @@ pub const FLAG_DEDUP: u32 = 8;
 /// its rows there in place (nothing is stored for it).
 pub const FLAG_COMB_ROWS: u32 = 16;
 /// `IE_FLAG_RECV_WIN`: the received records stay in the window (source `s`'s at
-/// `disp_in + s * seg_rec`, read by the host: [`super::InterLayout::split_records`]); the
+/// `disp_in + s * seg_rec`, read by the host: [`super::InterLayout::gather_records`]); the
 /// copy-out kernel is not launched and the dispatch kernel's last block zeroes the dispatch
 /// counters.
 pub const FLAG_RECV_WIN: u32 = 32;

@@ -50,7 +50,7 @@ pub struct InterNodeOptions {
     /// kernels would read this node's rows through the host).
     pub combine_rows: bool,
     /// The received records stay in the window, where the host reads them
-    /// ([`super::InterLayout::split_records`]), as DeepEP's low-latency mode leaves its output
+    /// ([`super::InterLayout::gather_records`]), as DeepEP's low-latency mode leaves its output
     /// in the receive buffer: dispatch's copy-out kernel is not launched (default true; every
     /// scheme and path). False: the copy-out kernel writes them into contiguous output buffers
     /// first (the layout `IntranodeEp` hands out).

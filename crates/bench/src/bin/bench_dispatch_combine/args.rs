@@ -434,9 +434,10 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
         )));
     }
     if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging || a.recv_copy_out) {
-        return Err(err(
-            "--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll) and proxies; this run is not one of them",
-        ));
+        return Err(err(format!(
+            "--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them ({})",
+            if gpu { format!("--kernel-type {}", kt.name()) } else { "--device cpu: the host executor".to_string() }
+        )));
     }
     if a.combine_staging && (kt != KernelTypeArg::AsyncLl || a.transport.is_some()) {
         return Err(err(format!(
