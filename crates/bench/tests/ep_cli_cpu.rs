@@ -106,6 +106,6 @@ fn launcher_environment() {
     refused(
         &["--device", "cpu", "--kernel-type", "intranode"],
         &two,
-        &["--kernel-type intranode with --world-size 4 (2 ranks per node from the launcher) (2 nodes)"],
+        &["--kernel-type intranode with --world-size 4 (2 ranks per node: LOCAL_WORLD_SIZE=2 processes per node x --ranks-per-proc 1) (2 nodes)"],
     );
 }

@@ -51,7 +51,13 @@ fn node_refusals_name_the_users_flags() {
             &["--block-num 1 with --kernel-type v1 leaves no XGMI block", "though the GPU kernels here do not use it"],
         ),
         (&["--kernel-type", "v1_ll"], &["--kernel-type v1_ll on GPUs runs across nodes", "one node"]),
-        (&["--kernel-type", "async_ll"], &["--kernel-type async_ll on GPUs runs across nodes", "one node"]),
+        (
+            &["--kernel-type", "async_ll"],
+            &[
+                "--kernel-type async_ll on GPUs runs across nodes",
+                "(8 ranks per node: none of --num-nodes, --gpus-per-node or a launcher gave a count) is one node",
+            ],
+        ),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "rdma"], &["--transport rdma on GPUs: not built"]),
         (&["--lanes", "2"], &["--transport/--lanes on GPUs choose the inter-node leg of --kernel-type v1, v1_ll or async_ll"]),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--lanes", "8"], &["--lanes on GPUs sets the TCP lanes of --transport tcp"]),

@@ -74,6 +74,10 @@ pub struct Args {
     /// GPUs (ranks) per node, resolved.
     #[arg(skip)]
     pub gpn: usize,
+    /// Where `gpn` came from when neither --num-nodes nor --gpus-per-node gave it (the
+    /// launcher's processes per node, or one node without a launcher), for messages.
+    #[arg(skip)]
+    pub gpn_from: String,
     /// Kernel family. Default: intranode on one node, v1 on several. On GPUs across nodes v1,
     /// v1_ll and async_ll run every rank on GPU 0 (the nodes as groups of ranks).
     #[arg(long = "kernel-type", value_enum)]
@@ -342,9 +346,13 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
                         "{var}={n} processes per node x --ranks-per-proc {rpp} = {g} ranks per node must divide the {w} ranks (give --num-nodes)"
                     )));
                 }
+                a.gpn_from = format!("{var}={n} processes per node x --ranks-per-proc {rpp}");
                 g
             }
-            None => w,
+            None => {
+                a.gpn_from = "none of --num-nodes, --gpus-per-node or a launcher gave a count".to_string();
+                w
+            }
         },
     };
     if a.gpn == 0 || !w.is_multiple_of(a.gpn) {
@@ -416,7 +424,7 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
     let nodes_flags = || match (a.num_nodes, a.gpus_per_node) {
         (Some(n), _) => format!("--world-size {w} and --num-nodes {n}"),
         (None, Some(g)) => format!("--world-size {w} and --gpus-per-node {g}"),
-        (None, None) => format!("--world-size {w} ({gpn} ranks per node from the launcher)"),
+        (None, None) => format!("--world-size {w} ({gpn} ranks per node: {})", a.gpn_from),
     };
     if kt == KernelTypeArg::Intranode && nodes > 1 {
         return Err(err(format!(
