@@ -53,7 +53,6 @@ struct GpuRank {
 /// of the job, in this process, on one GPU.
 pub struct InterNodeGpu {
     rt: Arc<dyn Runtime>,
-    dev: Device,
     layout: InterLayout,
     opts: InterNodeOptions,
     out_elem: usize,
@@ -349,7 +348,6 @@ impl InterNodeGpu {
         ) + if opts.recv_in_window { "; the received records stay in the window (no copy-out kernel)" } else { "; a copy-out kernel writes the received records into output buffers" };
         Ok(Self {
             rt,
-            dev,
             layout,
             opts,
             out_elem,
@@ -507,7 +505,7 @@ impl InterNodeGpu {
             gr.comb_rows = 0;
             gr.recv = n;
             if self.opts.recv_in_window {
-                out.push(read_records(self.rt.as_ref(), self.dev, &l, gr, n)?);
+                out.push(read_records(self.rt.as_ref(), &l, gr, n)?);
                 continue;
             }
             let sizes = [n * l.row_bytes, n * l.top_k * 4, n * l.top_k * l.idx_size, n * l.scale_bytes, n * 4];
@@ -682,7 +680,7 @@ impl InterNodeGpu {
 
 /// What rank `gr` received (`n` records in all), read from its window: each source's segment
 /// holds its `recv_cnt[s]` records in the received order.
-fn read_records(rt: &dyn Runtime, dev: Device, l: &InterLayout, gr: &mut GpuRank, n: usize) -> GpuResult<RecvBytes> {
+fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &mut GpuRank, n: usize) -> GpuResult<RecvBytes> {
     let mut cnt = vec![0u8; l.world * 4];
     rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
     // The kernels checked every count against max_tokens and their sum against status[0]
@@ -690,12 +688,12 @@ fn read_records(rt: &dyn Runtime, dev: Device, l: &InterLayout, gr: &mut GpuRank
     let len = n * l.rec_bytes;
     let win = &gr.win;
     if let Window::Host(_) = win {
-        // Host memory already: read in place.
+        // Host memory already: plain copies, no pinned staging needed.
         return l.gather_records(&cnt, &mut vec![0u8; len], |off, buf| win.read(rt, off, buf));
     }
     let p = match gr.recv_host.take() {
         Some(p) if p.len() >= len => p,
-        _ => rt.alloc_pinned(dev, len.max(1))?,
+        _ => rt.alloc_pinned(gr.dev_ctr.device(), len.max(1))?,
     };
     let p = gr.recv_host.insert(p);
     l.gather_records(&cnt, &mut p.as_mut_slice()[..len], |off, buf| win.read(rt, off, buf))
