@@ -44,10 +44,7 @@ step() { echo; echo "=== $*"; }
 # and, only when named, recvwin (scripts/gpu-parts/recvwin.sh: the received records read from
 # the window against a copy-out kernel, and both against an earlier build carried as
 # .gpu-bundle/bench_dispatch_combine_prev), and, only when named, figures
-# (scripts/gpu-parts/figures.sh: the inter-node EP table's figures and baselines, short), and,
-# only when named, launches (scripts/gpu-parts/launches.sh: one engine per node whose copy pool
-# shares launches among its proxies, against the earlier build carried as
-# .gpu-bundle/bench_dispatch_combine_prev and bench_engine_prev).
+# (scripts/gpu-parts/figures.sh: the inter-node EP table's figures and baselines, short).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -118,7 +115,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures launches rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"
