@@ -1,7 +1,6 @@
 //! [`InterNodeGpu`]: every rank of an inter-node job (AsyncLL, V1-LL or V1) in this process on one GPU, nodes as groups
 //! of ranks (the single-GPU stand-in for several nodes): windows, counter blocks, command rings,
-//! a [`RingProxy`] per rank (over xgmi posting through one MORI-IO engine per node, over tcp
-//! through one per rank), and the kernels of
+//! one MORI-IO engine and [`RingProxy`] per rank, and the kernels of
 //! `kernels/ep_internode.cu` launched per node on a stream of its own (both nodes' blocks
 //! resident at once). Inputs and outputs travel as little-endian bytes.
 
@@ -259,56 +258,42 @@ impl InterNodeGpu {
                 recv: 0,
             });
         }
-        // Engines, registrations, descriptors, proxies. Over xgmi one engine per node: its
-        // ranks' proxies post through one copy pool, which sends the batches they queue at the
-        // same time out in one kernel launch (`mori_gpu::CopyPool::copy_jobs_in_order`). Over
-        // tcp one per rank, each with its own lanes.
-        let per_node = matches!(opts.path, InterPath::Xgmi);
-        let eng_of = |r: usize| if per_node { r / g } else { r };
-        let mut engines: Vec<Arc<IoEngine>> = Vec::new();
+        // Engines, registrations, descriptors, proxies.
+        let mut engines = Vec::with_capacity(w);
         let mut descs = Vec::with_capacity(w);
         let mut regs = Vec::new();
         for (r, gr) in ranks.iter().enumerate() {
-            if eng_of(r) == engines.len() {
-                let name =
-                    if per_node { format!("ie-n{}-{}", r / g, std::process::id()) } else { format!("ie-r{r}-{}", std::process::id()) };
-                let eng = IoEngine::new(&name, EngineConfig::new("127.0.0.1", 0).map_err(|e| host_err("engine config", e))?)
-                    .map_err(|e| host_err("MORI-IO engine", e))?;
-                let bc = match opts.path {
-                    InterPath::Xgmi => BackendConfig::Xgmi(XgmiConfig { num_streams: XGMI_STREAMS * g, ..XgmiConfig::default() }),
-                    InterPath::Tcp { lanes } => {
-                        let mut t = TcpConfig::from_env().map_err(|e| host_err("tcp settings", e))?;
-                        t.lanes = lanes;
-                        BackendConfig::Tcp(t)
-                    }
-                };
-                eng.create_backend(bc).map_err(|e| host_err("MORI-IO backend", e))?;
-                engines.push(Arc::new(eng));
-            }
-            let eng = &engines[eng_of(r)];
+            let eng = IoEngine::new(
+                &format!("ie-r{r}-{}", std::process::id()),
+                EngineConfig::new("127.0.0.1", 0).map_err(|e| host_err("engine config", e))?,
+            )
+            .map_err(|e| host_err("MORI-IO engine", e))?;
+            let bc = match opts.path {
+                InterPath::Xgmi => BackendConfig::Xgmi(XgmiConfig { num_streams: XGMI_STREAMS, ..XgmiConfig::default() }),
+                InterPath::Tcp { lanes } => {
+                    let mut t = TcpConfig::from_env().map_err(|e| host_err("tcp settings", e))?;
+                    t.lanes = lanes;
+                    BackendConfig::Tcp(t)
+                }
+            };
+            eng.create_backend(bc).map_err(|e| host_err("MORI-IO backend", e))?;
             // SAFETY: the window lives in `ranks`, which outlives the registration
             // (deregistered in Drop before the buffers are freed).
             let wm = unsafe {
                 eng.register_memory(gr.win.host_ptr() as usize as *mut u8, layout.window_bytes, gr.win.loc(dev))
                     .map_err(|e| host_err("registering a window", e))?
             };
+            let eng = Arc::new(eng);
             regs.push((eng.clone(), wm.clone()));
             descs.push(wm);
-        }
-        // Every engine knows the engines of the other nodes' ranks.
-        for (i, e) in engines.iter().enumerate() {
-            for (j, peer) in engines.iter().enumerate() {
-                let (ri, rj) = if per_node { (i * g, j * g) } else { (i, j) };
-                if ri / g != rj / g {
-                    e.register_remote_engine(peer.desc().clone()).map_err(|e| host_err("peer engine", e))?;
-                }
-            }
+            engines.push(eng);
         }
         let mut proxies = Vec::with_capacity(w);
         for r in 0..w {
             let mut peers = vec![None; w];
             for (d, peer) in peers.iter_mut().enumerate() {
                 if d / g != r / g {
+                    engines[r].register_remote_engine(engines[d].desc().clone()).map_err(|e| host_err("peer engine", e))?;
                     // Counter pairs travel as tail writes into the window.
                     *peer = Some(PeerWindow::single(descs[d].clone()));
                 }
@@ -321,15 +306,15 @@ impl InterNodeGpu {
                     remote: &descs[d],
                     remote_offs: &[layout.lay.out_disp],
                     sizes: &[layout.rec_bytes as u64],
-                    id: engines[eng_of(r)].allocate_transfer_uid(),
+                    id: engines[r].allocate_transfer_uid(),
                 };
-                engines[eng_of(r)]
+                engines[r]
                     .post(mori_io::Op::Write, &b, None)
                     .wait_for(opts.timeout)
                     .map_err(|e| host_err("warming the inter-node path", e))?;
             }
             proxies.push(
-                RingProxy::start(&format!("ie{r}"), engines[eng_of(r)].clone(), descs[r].clone(), peers, ranks[r].ring.mem(), opts.proxy)
+                RingProxy::start(&format!("ie{r}"), engines[r].clone(), descs[r].clone(), peers, ranks[r].ring.mem(), opts.proxy)
                     .map_err(|e| host_err("proxy thread", e))?,
             );
         }
@@ -350,8 +335,8 @@ impl InterNodeGpu {
             opts.warps_per_block,
             opts.copy_blocks,
             match opts.path {
-                InterPath::Xgmi => "MORI-IO xgmi (windows in GPU memory; one engine per node: its ranks' proxies share a copy pool, whose launches carry the batches they post meanwhile)".to_string(),
-                InterPath::Tcp { lanes } => format!("MORI-IO tcp, {lanes} lanes (windows in pinned host memory: the kernels stage into it; one engine per rank)"),
+                InterPath::Xgmi => "MORI-IO xgmi (windows in GPU memory)".to_string(),
+                InterPath::Tcp { lanes } => format!("MORI-IO tcp, {lanes} lanes (windows in pinned host memory: the kernels stage into it)"),
             },
             opts.ring_slots,
             if in_window {
