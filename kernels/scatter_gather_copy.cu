@@ -58,23 +58,21 @@
 //           4 KiB of parameters every CUDA and HIP launch accepts.
 //   Units, addressing, contract and launch exactly as mori_paged_copy's.
 //
-// mori_ordered_copy  (extern "C", unmangled): up to 64 segments in up to 64 groups, each group's
+// mori_ordered_copy  (extern "C", unmangled): up to 8 segments in up to 8 groups, each group's
 // segments copied in order, with the segment table, the arrival counters and the completion
 // word in the parameters, so one launch replaces a copy per segment and a stream write (the
 // copy pool's ordered batches: a segment and the counter pair that tells the peer it landed;
-// several such batches, one per group, from one post or from several threads' posts that the
-// pool combined).
-//   params  0: OrderedCopy t          1632 bytes, offset 0, BY VALUE (8-aligned)
+// several such batches, one per group, from one post).
+//   params  0: OrderedCopy t          232 bytes, offset 0, BY VALUE (8-aligned)
 //           (kernelParams = { &t })
-//   OrderedCopy (1632 bytes, 8-aligned): { CopyDesc segs[64] (offset 0);
-//           u64 arrivals (1536): device address of groups + 1 u32 (one when groups <= 1), all
-//           0 before the launch; u64 flag (1544): device address of a u32 to write flag_value
-//           into once every segment of every group landed, or 0; u32 n (1552): segments used,
-//           1..64 (else nothing is copied); u32 flag_value (1556); u32 groups (1560): 0 or 1
-//           for one group of n segments, else 2..n; u8 first[64] (1564): group g's first
-//           segment, first[0] = 0 and ascending (group g ends where g + 1 starts, the last at
-//           n); u32 pad (1628) }. 1632 bytes stay under the 4 KiB of parameters every CUDA
-//           and HIP launch accepts (HIP's 256 hidden bytes included).
+//   OrderedCopy (232 bytes, 8-aligned): { CopyDesc segs[8] (offset 0);
+//           u64 arrivals (192): device address of groups + 1 u32 (one when groups <= 1), all 0
+//           before the launch; u64 flag (200): device address of a u32 to write flag_value
+//           into once every segment of every group landed, or 0; u32 n (208): segments used,
+//           1..8 (else nothing is copied); u32 flag_value (212); u32 groups (216): 0 or 1 for
+//           one group of n segments, else 2..n; u8 first[8] (220): group g's first segment,
+//           first[0] = 0 and ascending (group g ends where g + 1 starts, the last at n);
+//           u32 pad (228) }.
 //   The grid is groups (at least 1) equal runs of blocks, run g for group g. A run copies its
 //   group's first segment; each block then arrives on arrivals[g] (a block barrier, then
 //   thread 0's system-scope fence and atomic add), and the block that arrives last copies the
@@ -149,7 +147,7 @@ struct PagedInline {
 static_assert(sizeof(PagedInline) == 3928, "PagedInline is 3928 bytes");
 
 // Capacity of mori_ordered_copy's segment table.
-#define MORI_ORDERED_SEGS 64
+#define MORI_ORDERED_SEGS 8
 
 struct OrderedCopy {
     CopyDesc segs[MORI_ORDERED_SEGS];
@@ -161,7 +159,7 @@ struct OrderedCopy {
     uint8_t first[MORI_ORDERED_SEGS];
     uint32_t pad;
 };
-static_assert(sizeof(OrderedCopy) == 1632, "OrderedCopy is 1632 bytes");
+static_assert(sizeof(OrderedCopy) == 232, "OrderedCopy is 232 bytes");
 
 // Copies count elements of T: this thread takes elements lane, lane + stride, ..., U loads in
 // flight at a time.

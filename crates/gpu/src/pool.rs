@@ -37,14 +37,12 @@ static SG_CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gathe
 static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
-mod combine;
 mod config;
 mod flags;
 mod ordered;
 mod paged;
 mod slot;
 mod stats;
-pub use combine::{JobDone, OrderedJob};
 pub use config::{env_switch, env_text, CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
 pub use ordered::{ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS};
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
@@ -98,12 +96,6 @@ struct DevPool {
     /// A completion-flag write failed on this device: its later submissions are told complete
     /// by their events, without trying the write again.
     flags_failed: AtomicBool,
-    /// Ordered batches queued by [`CopyPool::copy_jobs_in_order`], not yet taken by a launcher.
-    queued: Mutex<Vec<combine::Queued>>,
-    /// Held by the thread launching queued batches.
-    launcher: Mutex<()>,
-    /// Numbers the calls that queue batches (which call a launch carried batches of).
-    calls: AtomicU64,
 }
 
 struct Pending {
@@ -602,9 +594,6 @@ impl Shared {
             free: Mutex::new((0..slots.len()).rev().collect()),
             retired: AtomicUsize::new(0),
             flags_failed: AtomicBool::new(false),
-            queued: Mutex::new(Vec::new()),
-            launcher: Mutex::new(()),
-            calls: AtomicU64::new(0),
             slots,
         }))
     }

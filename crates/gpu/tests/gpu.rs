@@ -797,14 +797,14 @@ fn copy_pool_twelve_copies(host_flags: bool) -> R {
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
 fn copy_pool_ordered_batches_land_through_one_launch() -> R {
     // Completion told by the flag the kernel writes, then by events; then the same batches
-    // with the kernel off, and a batch the kernel does not take (65 segments).
+    // with the kernel off, and a batch the kernel does not take (9 segments).
     copy_pool_ordered(true, Some(true))?;
     copy_pool_ordered(false, Some(true))?;
     copy_pool_ordered(true, Some(false))
 }
 
 /// Twenty ordered batches of a 1 MiB segment (at an odd offset: byte copies at its ends)
-/// then a 16-byte pair, each checked once done, then one of 65 segments; counts the batches
+/// then a 16-byte pair, each checked once done, then one of 9 segments; counts the batches
 /// that went through the ordered-copy kernel.
 fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
@@ -832,9 +832,9 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
             return fail(format!("{what}: batch {k} wrote outside its segments"));
         }
     }
-    // One, three and 64 segments (the kernel's table full): a lone 64 KiB segment; 1 MiB
+    // One, three and eight segments (the kernel's table full): a lone 64 KiB segment; 1 MiB
     // then 16-byte words at scattered offsets.
-    for n in [1usize, 3, 64] {
+    for n in [1usize, 3, 8] {
         rt.copy_htod(&a.slice(), &pattern(len, 40 + n as u8))?;
         rt.memset(&b.slice(), 0)?;
         let first = if n == 1 { 64 << 10 } else { big as u64 };
@@ -862,16 +862,16 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
     if host_flags && std::env::var_os(mori_gpu::FLAGS_ENV).is_none() && st.flag_misses != 0 {
         return fail(format!("{what}: {} completion flags missed", st.flag_misses));
     }
-    // 65 segments are more than the kernel's table: copies, in order.
+    // Nine segments are more than the kernel's table: copies, in order.
     rt.memset(&b.slice(), 0)?;
-    let over: Vec<CopySeg> = (0..65u64).map(|i| CopySeg { src: a.ptr() + i * 256, dst: b.ptr() + i * 256, len: 256 }).collect();
+    let nine: Vec<CopySeg> = (0..9u64).map(|i| CopySeg { src: a.ptr() + i * 4096, dst: b.ptr() + i * 4096, len: 4096 }).collect();
     let before = mori_gpu::submit_stats();
     // SAFETY: as above.
-    unsafe { ordered_wait(&pool, &what, over) }?;
-    let mut back = vec![0u8; 65 * 256];
-    rt.copy_dtoh(&mut back, &b.sub(0, 65 * 256)?)?;
-    check(&format!("{what}: 65 segments"), &back, |i| pat(i, 104))?;
-    let over_launches = mori_gpu::submit_stats().since(&before).ordered_launches;
+    unsafe { ordered_wait(&pool, &what, nine) }?;
+    let mut back = vec![0u8; 9 * 4096];
+    rt.copy_dtoh(&mut back, &b.sub(0, 9 * 4096)?)?;
+    check(&format!("{what}: 9 segments"), &back, |i| pat(i, 48))?;
+    let nine_launches = mori_gpu::submit_stats().since(&before).ordered_launches;
     // The variable, when set, overrides `ordered_kernel`.
     let expect = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
         Some("1") => 23,
@@ -879,13 +879,13 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
         None if kernel == Some(false) => 0,
         None => 23,
     };
-    if launches != expect || over_launches != 0 {
+    if launches != expect || nine_launches != 0 {
         return fail(format!(
-            "{what}: {launches} of 23 batches through the kernel (expected {expect}), {over_launches} for 65 segments (expected 0)"
+            "{what}: {launches} of 23 batches through the kernel (expected {expect}), {nine_launches} for 9 segments (expected 0)"
         ));
     }
     println!(
-        "{what}: 20 batches of 1 MiB + 16 B and batches of 1, 3 and 64 segments checked, {launches} through the ordered-copy kernel; 65 segments as copies"
+        "{what}: 20 batches of 1 MiB + 16 B and batches of 1, 3 and 8 segments checked, {launches} through the ordered-copy kernel; 9 segments as copies"
     );
     Ok(())
 }
@@ -897,20 +897,17 @@ fn copy_pool_grouped_batches_share_launches() -> R {
     copy_pool_grouped(Some(false))
 }
 
-/// Seven ordered batches posted together (`copy_jobs_in_order`): four of a 1 MiB segment and a
-/// 16-byte pair (one launch), one of a 1 MiB segment and 128 KiB after it (more than the
-/// kernel's one-block rest: copies), two more of a segment and a pair (a second launch). Then
-/// three threads post two such batches each while the test holds the launcher (as a thread
-/// inside the driver would): none returns having launched anything, and the six go out in one
-/// launch afterwards. Checks every byte, that nothing else was written, every batch's
-/// completion, and the launch counts.
+/// Seven ordered batches posted together (`copy_groups_in_order_with`): four of a 1 MiB
+/// segment and a 16-byte pair (one launch), one of nine 4 KiB segments (more than the
+/// kernel's table: copies), two more of a segment and a pair (a second launch). Checks every
+/// byte, that nothing else was written, each submission's group range, and the launch count.
 fn copy_pool_grouped(kernel: Option<bool>) -> R {
-    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, OrderedJob};
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     let rt = rt()?;
     let cfg = CopyPoolConfig { num_events: 4, ordered_kernel: kernel, ..CopyPoolConfig::default() };
     let pool = CopyPool::new(rt.clone(), cfg, "test-grouped")?;
     let what = format!("grouped batches (kernel {kernel:?})");
-    let len = 16usize << 20;
+    let len = 8usize << 20;
     let a = rt.alloc(DEV, len)?;
     let b = rt.alloc(DEV, len)?;
     rt.copy_htod(&a.slice(), &pattern(len, 61))?;
@@ -919,105 +916,62 @@ fn copy_pool_grouped(kernel: Option<bool>) -> R {
     let pair = |g: u64| {
         vec![
             CopySeg { src: ap + 3 + g * (1 << 20), dst: bp + 5 + g * (1 << 20) + g, len: (1 << 20) - 64 * g },
-            CopySeg { src: ap + 15_500_000 + g * 32, dst: bp + 15_600_000 + g * 32, len: 16 },
+            CopySeg { src: ap + 7_500_000 + g * 32, dst: bp + 7_600_000 + g * 32, len: 16 },
         ]
     };
-    let long_rest = vec![
-        CopySeg { src: ap + 13_000_000, dst: bp + 13_000_000, len: 1 << 20 },
-        CopySeg { src: ap + 14_200_000, dst: bp + 14_200_000, len: 128 << 10 },
-    ];
+    let nine: Vec<CopySeg> =
+        (0..9u64).map(|i| CopySeg { src: ap + 7_000_000 + i * 4096, dst: bp + 7_000_000 + i * 4096, len: 4096 }).collect();
+    let groups: Vec<Vec<CopySeg>> = vec![pair(0), pair(1), pair(2), pair(3), nine, pair(4), pair(5)];
+    let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
+    let before = mori_gpu::submit_stats();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // SAFETY: every range lies inside `a` and `b`, which outlive the waits below.
+    unsafe {
+        pool.copy_groups_in_order_with(DEV, &refs, |range| {
+            let tx = tx.clone();
+            move |r| {
+                let _ = tx.send((range, r));
+            }
+        })
+    }
+    .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))?;
     let on = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
         Some(v) => v == "1",
         None => kernel != Some(false),
     };
-    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<(), String>)>();
-    let job = |i: usize, segs: Vec<CopySeg>| {
-        let tx = tx.clone();
-        OrderedJob {
-            segs,
-            done: Box::new(move |r: &mori_gpu::Result<()>| drop(tx.send((i, r.as_ref().map(|_| ()).map_err(|e| e.to_string()))))),
+    let (want_ranges, want_launches) = if on { (vec![0..4, 4..5, 5..7], 2) } else { ((0..7).map(|i| i..i + 1).collect(), 0) };
+    let mut ranges = Vec::new();
+    let t = Instant::now();
+    while ranges.len() < want_ranges.len() {
+        pool.progress();
+        if let Ok((range, r)) = rx.try_recv() {
+            r.map_err(|e| Fail(format!("{what}: groups {range:?}: {e}")))?;
+            ranges.push(range);
         }
-    };
-    let wait_all = |n: usize, stage: &str| -> Result<Vec<usize>, Fail> {
-        let mut got = Vec::new();
-        let t = Instant::now();
-        while got.len() < n {
-            pool.progress();
-            if let Ok((i, r)) = rx.try_recv() {
-                r.map_err(|e| Fail(format!("{what}: {stage}: batch {i}: {e}")))?;
-                got.push(i);
-            }
-            if t.elapsed() > WAIT_TIMEOUT {
-                return fail(format!("{what}: {stage}: {} of {n} batches done after {WAIT_TIMEOUT:?}", got.len()));
-            }
-            std::thread::yield_now();
+        if t.elapsed() > WAIT_TIMEOUT {
+            return fail(format!("{what}: {} of {} submissions done after {WAIT_TIMEOUT:?}", ranges.len(), want_ranges.len()));
         }
-        got.sort_unstable();
-        Ok(got)
-    };
-    // One call, seven batches.
-    let mut all: Vec<Vec<CopySeg>> = vec![pair(0), pair(1), pair(2), pair(3), long_rest, pair(4), pair(5)];
-    let before = mori_gpu::submit_stats();
-    // SAFETY: every range lies inside `a` and `b`, which outlive the waits below.
-    unsafe { pool.copy_jobs_in_order(DEV, all.iter().cloned().enumerate().map(|(i, s)| job(i, s)).collect()) };
-    let done = wait_all(7, "one call")?;
-    let st = mori_gpu::submit_stats().since(&before);
-    let want = if on { (2, 3) } else { (0, 7) };
-    if done != (0..7).collect::<Vec<_>>() || (st.ordered_launches, st.submissions) != want {
-        return fail(format!(
-            "{what}: one call: batches {done:?} done, {} launches in {} submissions, expected {} in {}",
-            st.ordered_launches, st.submissions, want.0, want.1
-        ));
+        std::thread::yield_now();
     }
-    // Three threads, two batches each, while the launcher is held.
-    let before = mori_gpu::submit_stats();
-    let threads: Vec<Vec<Vec<CopySeg>>> = (0..3u64).map(|t| vec![pair(6 + 2 * t), pair(7 + 2 * t)]).collect();
-    let early = pool.with_launcher_held_for_tests(DEV, || {
-        std::thread::scope(|sc| {
-            for (t, segs) in threads.iter().enumerate() {
-                let jobs: Vec<OrderedJob> = segs.iter().cloned().enumerate().map(|(k, s)| job(7 + 2 * t + k, s)).collect();
-                let pool = &pool;
-                // SAFETY: as above.
-                sc.spawn(move || unsafe { pool.copy_jobs_in_order(DEV, jobs) });
-            }
-        });
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_millis(20) {
-            pool.progress();
-        }
-        (mori_gpu::submit_stats().since(&before).submissions, rx.try_iter().count())
-    })?;
-    if early != (0, 0) {
-        return fail(format!("{what}: with the launcher held, {} submissions and {} completions (expected none)", early.0, early.1));
+    ranges.sort_by_key(|r| r.start);
+    let launches = mori_gpu::submit_stats().since(&before).ordered_launches;
+    if ranges != want_ranges || launches != want_launches {
+        return fail(format!("{what}: submissions {ranges:?} with {launches} launches, expected {want_ranges:?} with {want_launches}"));
     }
-    let done = wait_all(6, "three threads")?;
-    let st = mori_gpu::submit_stats().since(&before);
-    let want = if on { (1, 1, 1, 6) } else { (0, 6, 0, 6) };
-    let got = (st.ordered_launches, st.submissions, st.combined_launches, st.jobs_handed_over);
-    if done != (7..13).collect::<Vec<_>>() || got != want {
-        return fail(format!(
-            "{what}: three threads: batches {done:?} done; (launches, submissions, combined launches, batches handed over) {got:?}, expected {want:?}"
-        ));
-    }
-    all.extend(threads.into_iter().flatten());
     let mut back = vec![0u8; len];
     rt.copy_dtoh(&mut back, &b.slice())?;
     let mut covered = vec![false; len];
-    for (gi, g) in all.iter().enumerate() {
+    for (gi, g) in groups.iter().enumerate() {
         for sg in g {
             let (so, d) = ((sg.src - ap) as usize, (sg.dst - bp) as usize);
-            check(&format!("{what}: batch {gi}, segment at {d}"), &back[d..d + sg.len as usize], |i| pat(i + so, 61))?;
+            check(&format!("{what}: group {gi}, segment at {d}"), &back[d..d + sg.len as usize], |i| pat(i + so, 61))?;
             covered[d..d + sg.len as usize].iter_mut().for_each(|c| *c = true);
         }
     }
     if back.iter().zip(&covered).any(|(&x, &c)| !c && x != 0) {
         return fail(format!("{what}: bytes written outside the segments"));
     }
-    println!(
-        "{what}: 7 batches of one call ({} launches) and 6 of three threads queued behind a held launcher ({} launches, every batch handed over) checked",
-        if on { 2 } else { 0 },
-        want.0
-    );
+    println!("{what}: 7 batches (6 of a segment and a pair, 1 of 9 segments) checked, submissions {ranges:?}, {launches} launches of the ordered-copy kernel");
     Ok(())
 }
 
@@ -1030,7 +984,7 @@ fn copy_pool_ordered_batches_land_in_order_for_a_host_observer() -> R {
     grouped_probe(Some(true))
 }
 
-/// Two ordered batches posted together (`copy_jobs_in_order`: one launch, a run of
+/// Two ordered batches posted together (`copy_groups_in_order_with`: one launch, a run of
 /// blocks each), each an 8 MiB segment then an 8-byte word into mapped pinned host memory,
 /// while a host thread polls both words: once it sees a batch's word, that batch's whole
 /// segment must be there. Three rounds, a new pattern and word each.
@@ -1093,25 +1047,19 @@ fn grouped_probe(kernel: Option<bool>) -> R {
                 }
                 Ok(bad)
             });
+            let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
             pool_wait(&pool, &what, |tx| {
-                // Both groups in one launch: one completion for the second is enough.
-                let jobs = groups
-                    .iter()
-                    .enumerate()
-                    .map(|(g, segs)| {
-                        let tx = tx.clone();
-                        let done: mori_gpu::JobDone = Box::new(move |r: &mori_gpu::Result<()>| {
-                            if g == 1 || r.is_err() {
-                                let _ = tx.send(r.as_ref().map(|_| ()).map_err(|e| mori_gpu::GpuError::InvalidArgument(e.to_string())));
-                            }
-                        });
-                        mori_gpu::OrderedJob { segs: segs.clone(), done }
-                    })
-                    .collect();
                 // SAFETY: every range lies inside `src` and the mapped buffer, alive until the
-                // wait ends.
-                unsafe { pool.copy_jobs_in_order(DEV, jobs) };
-                Ok(())
+                // wait ends; one submission (both groups in one launch).
+                unsafe {
+                    pool.copy_groups_in_order_with(DEV, &refs, |_| {
+                        let tx = tx.clone();
+                        move |r| {
+                            let _ = tx.send(r);
+                        }
+                    })
+                }
+                .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))
             })?;
             Ok(probe.join().unwrap_or_else(|_| Err("the probe thread panicked".into())))
         })?;

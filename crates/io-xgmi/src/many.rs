@@ -1,17 +1,17 @@
 //! Several requests posted together ([`mori_io_core::Backend::post_many`]): the ordered ones
 //! on one device share ordered-copy kernel launches
-//! ([`mori_gpu::CopyPool::copy_jobs_in_order`]), one group per request, with those other
-//! threads queue on the same pool meanwhile; the others are posted one by one.
+//! ([`mori_gpu::CopyPool::copy_groups_in_order_with`]), one group per request; the others are
+//! posted one by one.
 //!
 //! Why: the inter-node EP proxy posts one ordered batch per peer in a burst (a segment and the
 //! counter pair behind it), and under load each launch waits for the other threads' driver
 //! calls (docs/PERFORMANCE.md), so a burst to four peers cost four such waits.
 
 use super::{copy_seg, Done, Inner, Keep};
-use mori_gpu::{CopySeg, Device, JobDone, OrderedJob};
+use mori_gpu::{CopySeg, Device};
 use mori_io_core::plan::check_segs_mapped;
 use mori_io_core::status::Completion;
-use mori_io_core::{IoResult, TransferRequest, TransferStatus};
+use mori_io_core::{IoError, IoResult, TransferRequest, TransferStatus};
 
 impl Inner {
     /// Posts `jobs`: ordered requests of plain segments grouped per device (in order), the
@@ -45,20 +45,30 @@ impl Inner {
         Ok((at.dev, req.segs.iter().map(|s| copy_seg(req.op, &at, s)).collect(), keep))
     }
 
-    /// Queues one device's requests as ordered jobs of the pool (launched with whatever other
-    /// threads queue meanwhile).
+    /// Queues one device's requests as groups of one grouped ordered submission.
     fn queue_groups(&self, dev: Device, mine: Vec<(Device, Vec<CopySeg>, Done)>) {
-        let jobs = mine
-            .into_iter()
-            .map(|(_, segs, d)| {
-                let notifier = self.notifier.clone();
-                let done: JobDone = Box::new(move |r: &mori_gpu::Result<()>| d.finish(r, &notifier));
-                OrderedJob { segs, done }
-            })
-            .collect();
+        let (segs, dones): (Vec<Vec<CopySeg>>, Vec<Done>) = mine.into_iter().map(|(_, s, d)| (s, d)).unzip();
+        let groups: Vec<&[CopySeg]> = segs.iter().map(|s| s.as_slice()).collect();
+        let mut dones: Vec<Option<Done>> = dones.into_iter().map(Some).collect();
+        let notifier = self.notifier.clone();
         // SAFETY: every segment lies inside its request's local registration and remote region
         // (checked above), both mapped for as long as its completion lives (it holds the remote
         // mapping, and the registry handle that deregistration waits for).
-        unsafe { self.pool.copy_jobs_in_order(dev, jobs) };
+        let r = unsafe {
+            self.pool.copy_groups_in_order_with(dev, &groups, |range| {
+                let these: Vec<Done> = dones[range].iter_mut().filter_map(Option::take).collect();
+                let notifier = notifier.clone();
+                move |r: mori_gpu::Result<()>| {
+                    for d in these {
+                        d.finish(&r, &notifier);
+                    }
+                }
+            })
+        };
+        if let Err((i, e)) = r {
+            for d in dones[i..].iter_mut().filter_map(Option::take) {
+                d.status.complete_piece(Err(IoError::gpu("queue xgmi transfer", &e)));
+            }
+        }
     }
 }

@@ -572,13 +572,12 @@ impl IoEngine {
     /// regions and with its own id, posted together: one status per batch, in order. When
     /// every batch's backend is ready for its peer (and no connection is being made), batches
     /// that go through the same backend are handed to it at once, so it may queue them with
-    /// fewer device calls (xgmi: one kernel launch for up to 64 segments of several batches,
-    /// with those other threads posted on the same engine meanwhile:
-    /// `mori_gpu::CopyPool::copy_jobs_in_order`); otherwise each is posted on its own, in
-    /// order. Each batch is checked on its own, with the errors of [`IoEngine::post_ordered`]
-    /// (`NotSupported` for a backend that cannot keep the order); a device failure fails every
-    /// batch that shares the failed launch. On xgmi the statuses may still be pending when
-    /// this returns even for batches not yet on a stream (another thread launches them).
+    /// fewer device calls (xgmi: one kernel launch for up to 8 segments of several batches,
+    /// `mori_gpu::CopyPool::copy_groups_in_order_with`); otherwise each is posted on its own,
+    /// in order. Each batch is checked on its own, with the errors of
+    /// [`IoEngine::post_ordered`] (`NotSupported` for a backend that cannot keep the order);
+    /// a device failure fails every batch that shares the failed launch (and, on xgmi, the
+    /// batches after it, which are then not queued).
     pub fn post_ordered_multi(&self, op: Op, batches: &[RegionBatch<'_>]) -> Vec<TransferStatus> {
         let mut out = Vec::with_capacity(batches.len());
         let mut jobs = Vec::with_capacity(batches.len());

@@ -4,9 +4,9 @@
 //! counter pair that tells its peer it landed costs one driver call instead of one copy per
 //! segment and a flag write. The whole grid copies the first segment; the block that arrives
 //! last copies the others one after the other, then writes the flag. Several ordered batches
-//! queued together ([`super::CopyPool::copy_jobs_in_order`]: one post's, and those other
-//! threads queued meanwhile) share a launch: the grid is then one run of blocks per batch (a
-//! group), each run with its own arrival word, and the last group to finish writes the flag.
+//! posted together ([`super::CopyPool::copy_groups_in_order_with`]) share a launch: the grid
+//! is then one run of blocks per batch (a group), each run with its own arrival word, and the
+//! last group to finish writes the flag.
 //!
 //! Why: under the inter-node EP load (8 proxies posting at once, docs/PERFORMANCE.md) each
 //! driver call that queues work waits for the others' (40-77 µs to queue the two copies of
@@ -17,14 +17,14 @@ use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
 use super::config::env_switch;
-use super::CopySeg;
-use crate::error::Result;
+use super::{CopyPool, CopySeg};
+use crate::error::{GpuError, Result};
 use crate::memory::DeviceBuffer;
 use crate::types::Device;
 use crate::Runtime;
 
 /// Most segments of an ordered batch that goes through the kernel (its table's capacity).
-pub const ORDERED_SEGS: usize = 64;
+pub const ORDERED_SEGS: usize = 8;
 
 /// Most bytes after the first segment of an ordered batch that goes through the kernel: one
 /// block copies them (counter pairs and signals: 16 bytes each). Larger batches are queued as
@@ -36,10 +36,9 @@ pub const ORDERED_ENV: &str = "MORI_GPU_POOL_ORDERED_KERNEL";
 
 /// Bytes of a slot's arrival words: a `u32` per group and one for the launch
 /// ([`ORDERED_SEGS`] + 1 at most), padded.
-pub(super) const ARRIVAL_BYTES: u64 = 512;
-const _: () = assert!((ORDERED_SEGS as u64 + 1) * 4 <= ARRIVAL_BYTES);
+pub(super) const ARRIVAL_BYTES: u64 = 64;
 
-/// `mori_ordered_copy`'s parameter (kernels/README.md): 1632 bytes, passed by value.
+/// `mori_ordered_copy`'s parameter (kernels/README.md): 232 bytes, passed by value.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub(super) struct OrderedCopy {
@@ -56,7 +55,7 @@ pub(super) struct OrderedCopy {
     first: [u8; ORDERED_SEGS],
     pad: u32,
 }
-const _: () = assert!(std::mem::size_of::<OrderedCopy>() == 1632);
+const _: () = assert!(std::mem::size_of::<OrderedCopy>() == 232);
 
 impl OrderedCopy {
     /// The table for `segs` (non-empty ones only), if the kernel takes them: 1 to
@@ -139,6 +138,73 @@ impl OrderedCopy {
     }
 }
 
+impl CopyPool {
+    /// Several ordered batches (groups) on `dev`, each as [`CopyPool::copy_in_order_with`]
+    /// (its segments land in order; groups are not ordered among themselves), in as few
+    /// submissions as the ordered-copy kernel takes: consecutive groups are packed into one
+    /// launch while they hold at most [`ORDERED_SEGS`] non-empty segments in all and each has
+    /// at most [`ORDERED_REST_MAX`] bytes after its first. A group the kernel does not take (or
+    /// every group, with the kernel off) is a submission of its own. `make_done(range)` is
+    /// called once per submission, after it is queued, with the groups it carries; their
+    /// completion is that submission's.
+    ///
+    /// Why: a post of several batches (a proxy's burst to several peers) then costs one driver
+    /// call, where each call waits for the other threads' under load (docs/PERFORMANCE.md).
+    ///
+    /// Errors: `(i, e)`: groups `..i` are queued (their completions made); groups `i..` have
+    /// no completion made, and `e` is the error of the submission that carried group `i`. Its
+    /// copies were not queued, except when the pool could not record the submission's event
+    /// after queueing it (a driver failure that retires the slot): then they may still run,
+    /// as with [`CopyPool::copy`].
+    ///
+    /// # Safety
+    /// As [`CopyPool::copy`], for every group's segments.
+    pub unsafe fn copy_groups_in_order_with<M, D>(
+        &self,
+        dev: Device,
+        groups: &[&[CopySeg]],
+        mut make_done: M,
+    ) -> std::result::Result<(), (usize, GpuError)>
+    where
+        M: FnMut(std::ops::Range<usize>) -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        let dp = self.shared.dev_pool(dev).map_err(|e| (0, e))?;
+        let mut i = 0;
+        while i < groups.len() {
+            // The longest run of groups from i that one launch takes.
+            let mut packed = None;
+            let mut j = i;
+            if dp.ordered.is_some() {
+                while j < groups.len() {
+                    match OrderedCopy::grouped(groups[i..=j].iter().copied()) {
+                        Some(t) => {
+                            packed = Some(t);
+                            j += 1;
+                        }
+                        None => break,
+                    }
+                }
+            }
+            match (dp.ordered.as_ref(), packed) {
+                (Some(f), Some((table, n, longest))) => {
+                    let range = i..j;
+                    // SAFETY: forwarded contract.
+                    unsafe { self.copy_ordered(dp, f, table, n, longest, || make_done(range)) }.map_err(|e| (i, e))?;
+                    i = j;
+                }
+                _ => {
+                    let range = i..i + 1;
+                    // SAFETY: forwarded contract.
+                    unsafe { self.copy_in_order_with(dev, groups[i].iter().copied(), || make_done(range)) }.map_err(|e| (i, e))?;
+                    i += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The grid of one launch of `groups` groups: per group, a block per 16 KiB of the longest
 /// first segment, at least 1, at most 128 per multiprocessor over all groups (the
 /// scatter/gather kernel's shape).
@@ -172,15 +238,15 @@ mod tests {
     }
 
     #[test]
-    fn the_kernel_takes_one_to_sixty_four_segments_with_a_small_rest() {
+    fn the_kernel_takes_one_to_eight_segments_with_a_small_rest() {
         let (t, first) = OrderedCopy::table([seg(1 << 20), seg(16)].into_iter()).unwrap();
         assert_eq!((t.n, first, t.segs[1].len), (2, 1 << 20, 16));
         let (t, _) = OrderedCopy::table(std::iter::once(seg(8))).unwrap();
         assert_eq!(t.n, 1);
         assert!(OrderedCopy::table(std::iter::empty()).is_none());
-        assert!(OrderedCopy::table((0..65).map(|_| seg(16))).is_none());
-        let (t, _) = OrderedCopy::table((0..64).map(|_| seg(16))).unwrap();
-        assert_eq!(t.n, 64);
+        assert!(OrderedCopy::table((0..9).map(|_| seg(16))).is_none());
+        let (t, _) = OrderedCopy::table((0..8).map(|_| seg(16))).unwrap();
+        assert_eq!(t.n, 8);
         // The rest is one block's work: 64 KiB after the first segment at most.
         assert!(OrderedCopy::table([seg(16), seg(ORDERED_REST_MAX)].into_iter()).is_some());
         assert!(OrderedCopy::table([seg(16), seg(ORDERED_REST_MAX), seg(1)].into_iter()).is_none());
@@ -191,21 +257,21 @@ mod tests {
         let (t, _) = OrderedCopy::table([seg(100), seg(16)].into_iter()).unwrap();
         let t = t.finish(0xA0, Some((0xF0, 7)));
         let b = bytemuck::bytes_of(&t);
-        assert_eq!(b.len(), 1632);
+        assert_eq!(b.len(), 232);
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
         assert_eq!((u64_at(0), u64_at(8), u64_at(16)), (0x1000, 0x9000, 100));
         assert_eq!(u64_at(24 + 16), 16);
-        assert_eq!((u64_at(1536), u64_at(1544), u32_at(1552), u32_at(1556)), (0xA0, 0xF0, 2, 7));
-        assert_eq!((u32_at(1560), &b[1564..1632]), (0, &[0u8; 68][..]), "one group: groups 0");
+        assert_eq!((u64_at(192), u64_at(200), u32_at(208), u32_at(212)), (0xA0, 0xF0, 2, 7));
+        assert_eq!((u32_at(216), &b[220..228]), (0, &[0u8; 8][..]), "one group: groups 0");
         let g = [vec![seg(100), seg(16)], vec![seg(50)], vec![seg(70), seg(16), seg(16)]];
         let (t, n, longest) = OrderedCopy::grouped(g.iter().map(|v| v.as_slice())).unwrap();
         let b = bytemuck::bytes_of(&t);
-        assert_eq!((n, longest, u32_at_in(b, 1552), u32_at_in(b, 1560)), (3, 100, 6, 3));
-        assert_eq!(&b[1564..1572], &[0, 2, 3, 0, 0, 0, 0, 0]);
+        assert_eq!((n, longest, u32_at_in(b, 208), u32_at_in(b, 216)), (3, 100, 6, 3));
+        assert_eq!(&b[220..228], &[0, 2, 3, 0, 0, 0, 0, 0]);
         assert_eq!(u64::from_le_bytes(b[3 * 24 + 16..3 * 24 + 24].try_into().unwrap()), 70, "group 2 starts at segment 3");
         let t0 = OrderedCopy::table(std::iter::once(seg(1))).unwrap().0.finish(0xB0, None);
-        assert_eq!(u64::from_le_bytes(bytemuck::bytes_of(&t0)[1544..1552].try_into().unwrap()), 0, "no flag: 0");
+        assert_eq!(u64::from_le_bytes(bytemuck::bytes_of(&t0)[200..208].try_into().unwrap()), 0, "no flag: 0");
     }
 
     fn u32_at_in(b: &[u8], o: usize) -> u32 {
@@ -230,15 +296,14 @@ mod tests {
     }
 
     #[test]
-    fn grouped_tables_hold_sixty_four_segments_in_all_and_a_small_rest_per_group() {
+    fn grouped_tables_hold_eight_segments_in_all_and_a_small_rest_per_group() {
         let groups = |g: &[Vec<CopySeg>]| OrderedCopy::grouped(g.iter().map(|v| v.as_slice())).map(|(t, n, l)| (t.n, n, l));
-        // 32 posts of a segment and its counter pair (8 proxies' bursts to 4 peers each):
-        // 64 segments, one launch.
-        let all: Vec<Vec<CopySeg>> = (0..32).map(|i| vec![seg(1000 + i), seg(16)]).collect();
-        assert_eq!(groups(&all), Some((64, 32, 1031)));
-        let mut more = all.clone();
-        more.push(vec![seg(1)]);
-        assert_eq!(groups(&more), None, "65 segments");
+        // Four posts of a segment and its counter pair: eight segments, one launch.
+        let four: Vec<Vec<CopySeg>> = (0..4).map(|i| vec![seg(1000 + i), seg(16)]).collect();
+        assert_eq!(groups(&four), Some((8, 4, 1003)));
+        let mut five = four.clone();
+        five.push(vec![seg(1)]);
+        assert_eq!(groups(&five), None, "nine segments");
         // Empty segments and groups are left out.
         assert_eq!(groups(&[vec![], vec![seg(0), seg(5)], vec![seg(0)]]), Some((1, 1, 5)));
         assert_eq!(groups(&[vec![], vec![seg(0)]]), None, "nothing to copy");

@@ -35,15 +35,9 @@ pub struct SubmitStats {
     /// flag (each waited for the once-a-millisecond event check): flags that do not arrive.
     pub flag_misses: u64,
     /// Submissions queued as one launch of the ordered-copy kernel
-    /// ([`super::CopyPoolConfig::ordered_kernel`]): an ordered batch, or up to 64 segments of
+    /// ([`super::CopyPoolConfig::ordered_kernel`]): an ordered batch, or up to 8 segments of
     /// several posted together.
     pub ordered_launches: u64,
-    /// Those of the ordered launches that carried batches of more than one posting call
-    /// ([`super::CopyPool::copy_jobs_in_order`]: batches other threads queued while one
-    /// launched).
-    pub combined_launches: u64,
-    /// Ordered batches launched by another thread's call than the one that queued them.
-    pub jobs_handed_over: u64,
 }
 
 impl SubmitStats {
@@ -60,8 +54,6 @@ impl SubmitStats {
             event_query_ns: self.event_query_ns.saturating_sub(earlier.event_query_ns),
             flag_misses: self.flag_misses.saturating_sub(earlier.flag_misses),
             ordered_launches: self.ordered_launches.saturating_sub(earlier.ordered_launches),
-            combined_launches: self.combined_launches.saturating_sub(earlier.combined_launches),
-            jobs_handed_over: self.jobs_handed_over.saturating_sub(earlier.jobs_handed_over),
         }
     }
 
@@ -86,8 +78,6 @@ struct Submits {
     record_ns: AtomicU64,
     max_ns: AtomicU64,
     ordered: AtomicU64,
-    combined: AtomicU64,
-    handed_over: AtomicU64,
 }
 
 /// The completion steps' counters, on a cache line apart from the submitters'.
@@ -105,8 +95,6 @@ static SUBMITS: Submits = Submits {
     record_ns: AtomicU64::new(0),
     max_ns: AtomicU64::new(0),
     ordered: AtomicU64::new(0),
-    combined: AtomicU64::new(0),
-    handed_over: AtomicU64::new(0),
 };
 static QUERIES: Queries = Queries { n: AtomicU64::new(0), ns: AtomicU64::new(0), flag_misses: AtomicU64::new(0) };
 
@@ -122,8 +110,6 @@ pub fn submit_stats() -> SubmitStats {
         event_query_ns: QUERIES.ns.load(Ordering::Relaxed),
         flag_misses: QUERIES.flag_misses.load(Ordering::Relaxed),
         ordered_launches: SUBMITS.ordered.load(Ordering::Relaxed),
-        combined_launches: SUBMITS.combined.load(Ordering::Relaxed),
-        jobs_handed_over: SUBMITS.handed_over.load(Ordering::Relaxed),
     }
 }
 
@@ -143,15 +129,6 @@ pub(super) fn count_submit(t: [Instant; 4]) {
 /// Counts one launch of the ordered-copy kernel (one or several ordered batches).
 pub(super) fn count_ordered() {
     SUBMITS.ordered.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Counts one submission of ordered batches queued by `calls` posting calls, `handed_over` of
-/// them by another call than the launching one's.
-pub(super) fn count_combined(calls: usize, handed_over: usize) {
-    if calls > 1 {
-        SUBMITS.combined.fetch_add(1, Ordering::Relaxed);
-    }
-    SUBMITS.handed_over.fetch_add(handed_over as u64, Ordering::Relaxed);
 }
 
 /// One completion step's tally, added to the totals once when dropped.
@@ -204,8 +181,6 @@ mod tests {
             event_query_ns: 50,
             flag_misses: 1,
             ordered_launches: 1,
-            combined_launches: 1,
-            jobs_handed_over: 2,
         };
         let b = SubmitStats {
             submissions: 6,
@@ -217,8 +192,6 @@ mod tests {
             event_query_ns: 90,
             flag_misses: 3,
             ordered_launches: 4,
-            combined_launches: 3,
-            jobs_handed_over: 7,
         };
         let d = b.since(&a);
         assert_eq!(
@@ -232,9 +205,7 @@ mod tests {
                 event_queries: 4,
                 event_query_ns: 40,
                 flag_misses: 2,
-                ordered_launches: 3,
-                combined_launches: 2,
-                jobs_handed_over: 5
+                ordered_launches: 3
             }
         );
         assert_eq!(d.mean_us(), (0.1, 2.0, 0.2));

@@ -153,14 +153,14 @@ static void run_paged(const unsigned char *table, const struct paged_params *p) 
     }
 }
 
-/* mori_ordered_copy's by-value parameter (kernels/README.md): 1632 bytes. */
-struct ordered_copy { uint64_t segs[64][3]; uint64_t arrivals, flag; uint32_t n, flag_value, groups; uint8_t first[64]; uint32_t pad; };
-_Static_assert(sizeof(struct ordered_copy) == 1632, "OrderedCopy is 1632 bytes");
+/* mori_ordered_copy's by-value parameter (kernels/README.md): 232 bytes. */
+struct ordered_copy { uint64_t segs[8][3]; uint64_t arrivals, flag; uint32_t n, flag_value, groups; uint8_t first[8]; uint32_t pad; };
+_Static_assert(sizeof(struct ordered_copy) == 232, "OrderedCopy is 232 bytes");
 /* Groups the kernel takes: 0 or 1 (one group), else 2..n starting at first[], first[0] = 0 and
  * ascending, on a grid of equal runs. */
 static int ordered_table_ok(const struct ordered_copy *t, uint64_t grid) {
     uint32_t g = t->groups > 1 ? t->groups : 1;
-    if (!t->n || t->n > 64 || g > t->n || grid % g) return 0;
+    if (!t->n || t->n > 8 || g > t->n || grid % g) return 0;
     for (uint32_t i = 0; i < g; i++)
         if ((i == 0 && t->first[0]) || (i > 0 && t->first[i] <= t->first[i - 1]) || t->first[i] >= t->n) return 0;
     return 1;
