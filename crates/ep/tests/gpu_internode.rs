@@ -313,3 +313,142 @@ fn async_ll_combine_rows_short_of_the_received_are_refused() {
         println!("combine_rows {combine_rows}: refused: {e}; the next dispatch and combine went through");
     }
 }
+
+/// The device calls (`dispatch_device`, `combine_input`, `combine_device`) equal the host
+/// reference bit for bit over two rounds: AsyncLL over xgmi (records and combine rows in the
+/// window) and V1 over xgmi (combine input in two buffers). The inputs live in device buffers of
+/// the test's; the records are read where `DeviceRecv` says (one record per source through its
+/// address, all of them through `read_recv`); the combine rows are written by the test at the
+/// addresses `combine_input` gives, row by row; the outputs read through `read_combined` and at
+/// the `DeviceCombined` addresses. Also: inputs short of their shape and a combine short of the
+/// received rows are refused before anything runs, the object staying usable.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_calls_equal_the_reference() {
+    use mori_ep::gpu_internode::DeviceRankInputs;
+    use mori_gpu::DeviceSlice;
+    std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    for scheme in [Scheme::AsyncLL, Scheme::V1] {
+        let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
+        let s = SMALL;
+        let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
+        cfg.scale_dim = s.scales;
+        cfg.scale_type_size = 4;
+        cfg.max_token_type_size = 2;
+        cfg.set_kernel_type(scheme_kernel_type(scheme));
+        let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
+        let opts = InterNodeOptions { weighted: true, timeout: Duration::from_secs(20), ..InterNodeOptions::default() };
+        let mut ep = InterNodeGpu::new(rt.clone(), Device(0), &cfg, sz, opts).unwrap();
+        assert_eq!(ep.combine_in_window(), scheme == Scheme::AsyncLL);
+        let mut rng = SplitMix64::new(0xde71ce);
+        for round in 0..2 {
+            let inp = inputs(&s, &mut rng, round);
+            let owned = owned_bytes(&inp);
+            // Each rank's inputs in device buffers (at least one byte each).
+            let bufs: Vec<Vec<mori_gpu::DeviceBuffer>> = owned
+                .iter()
+                .map(|o| {
+                    o.iter()
+                        .map(|b| {
+                            let d = rt.alloc(Device(0), b.len().max(1)).unwrap();
+                            if !b.is_empty() {
+                                rt.copy_htod(&d.sub(0, b.len()).unwrap(), b).unwrap();
+                            }
+                            d
+                        })
+                        .collect()
+                })
+                .collect();
+            let dev_in: Vec<DeviceRankInputs<'_>> = inp
+                .iter()
+                .zip(&bufs)
+                .zip(&owned)
+                .map(|((i, b), o)| DeviceRankInputs {
+                    tokens: i.x.rows(),
+                    x: b[0].sub(0, o[0].len()).unwrap(),
+                    weights: b[1].sub(0, o[1].len()).unwrap(),
+                    idx: b[2].sub(0, o[2].len()).unwrap(),
+                    scales: (s.scales > 0).then(|| b[3].sub(0, o[3].len()).unwrap()),
+                })
+                .collect();
+            if round == 0 {
+                // Rank 1's x one byte short: refused, nothing runs.
+                let mut short = dev_in.clone();
+                short[1].x = bufs[1][0].sub(0, owned[1][0].len() - 1).unwrap();
+                let e = ep.dispatch_device(&short).unwrap_err().to_string();
+                assert!(e.contains("rank 1: x of") && e.contains("bytes for"), "{e}");
+            }
+            let (recv, ticket) = ep.dispatch_device(&dev_in).unwrap();
+            let want = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+            let mut rows_given = Vec::new();
+            for (r, (d, w)) in recv.iter().zip(&want.ranks).enumerate() {
+                assert_eq!(d.total(), w.src.len(), "{scheme:?} round {round} rank {r}: received");
+                let g = ep.read_recv(r).unwrap();
+                assert_eq!(g.x, bytes(w.x.as_slice(), |v: bf16| v.to_bits().to_le_bytes().to_vec()), "round {round} rank {r}: rows");
+                assert_eq!(g.weights, bytes(w.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "round {round} rank {r}: weights");
+                assert_eq!(g.idx, bytes(w.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()), "round {round} rank {r}: ids");
+                let src: Vec<u8> = w.src.iter().flat_map(|p| (p.flat(s.t) as i32).to_le_bytes()).collect();
+                assert_eq!(g.src, src, "round {round} rank {r}: sources");
+                // Each source's first record through its address: its x row and its source.
+                for src_rank in 0..s.w {
+                    let Some(addr) = d.record(src_rank, 0) else { continue };
+                    let i = d.row_of(src_rank, 0).unwrap();
+                    let mut rec = vec![0u8; d.rec_bytes];
+                    // SAFETY: the record lies in rank r's window, alive while `ep` is.
+                    rt.copy_dtoh(&mut rec, &unsafe { DeviceSlice::from_raw(addr, d.rec_bytes, Device(0)) }).unwrap();
+                    let row = s.h * 2;
+                    assert_eq!(&rec[..row], &g.x[i * row..(i + 1) * row], "rank {r}: source {src_rank}'s first record at its address");
+                    assert_eq!(&rec[d.offsets[4]..d.offsets[4] + 4], &g.src[i * 4..i * 4 + 4], "rank {r}: its source field");
+                }
+                // The experts' output: the received rows and weights, written row by row where
+                // combine_input says.
+                let buf = ep.combine_input(r).unwrap();
+                let (row, kw) = (s.h * 2, s.k * 4);
+                for i in 0..d.total() {
+                    // SAFETY: row i < buf.rows of rank r's combine input, alive while `ep` is.
+                    unsafe {
+                        rt.copy_htod(
+                            &DeviceSlice::from_raw(buf.x + (i * buf.x_stride) as u64, row, Device(0)),
+                            &g.x[i * row..(i + 1) * row],
+                        )
+                        .unwrap();
+                        rt.copy_htod(
+                            &DeviceSlice::from_raw(buf.w + (i * buf.w_stride) as u64, kw, Device(0)),
+                            &g.weights[i * kw..(i + 1) * kw],
+                        )
+                        .unwrap();
+                    }
+                }
+                rows_given.push(d.total());
+            }
+            if round == 0 {
+                // Rank 3 one row short: refused naming it, before anything runs; the ticket is
+                // gone, so this round's combine is skipped and the next round dispatches again.
+                let mut short = rows_given.clone();
+                short[3] -= 1;
+                let e = ep.combine_device(ticket, &short).unwrap_err().to_string();
+                assert!(e.contains("rank 3") && e.contains("were received"), "{e}");
+                continue;
+            }
+            let out = ep.combine_device(ticket, &rows_given).unwrap();
+            let rx: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
+            let rw: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
+            let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
+            let o = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
+            let reference = combine::<bf16, f32, i64>(&cfg, &want.handle, &rx, Some(&rw), &idx, o).unwrap();
+            for (r, (d, w)) in out.iter().zip(&reference).enumerate() {
+                let (gx, gw) = ep.read_combined(r).unwrap();
+                assert_eq!(gx, bytes(w.x.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "{scheme:?} rank {r}: combined rows");
+                assert_eq!(gw, bytes(w.weights.as_ref().unwrap().as_slice(), |v: f32| v.to_le_bytes().to_vec()), "rank {r}: weight sums");
+                assert_eq!(d.tokens, inp[r].x.rows());
+                if d.tokens > 0 {
+                    let mut first = vec![0u8; s.h * 4];
+                    // SAFETY: the first output row of rank r, alive while `ep` is.
+                    rt.copy_dtoh(&mut first, &unsafe { DeviceSlice::from_raw(d.x, s.h * 4, Device(0)) }).unwrap();
+                    assert_eq!(first, gx[..s.h * 4], "rank {r}: the output at its address");
+                }
+            }
+            println!("{scheme:?}: device calls, round {round}: check OK ({} rows received in all)", rows_given.iter().sum::<usize>());
+        }
+    }
+}

@@ -25,7 +25,7 @@ mod run;
 pub mod trace;
 mod types;
 
-pub use run::{needed_connections, InterNodeGpu};
+pub use run::{needed_connections, CombineInputBuf, DeviceCombined, DeviceRankInputs, DeviceRecv, DeviceTicket, InterNodeGpu};
 pub use types::{ElemSizes, InterNodeOptions, InterPath, InterTicket, PhaseTimes, RankBytes, RecvBytes};
 
 use crate::config::EpConfig;

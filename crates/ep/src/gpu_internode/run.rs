@@ -2,11 +2,14 @@
 //! of ranks (the single-GPU stand-in for several nodes): windows, counter blocks, command rings,
 //! one MORI-IO engine and [`RingProxy`] per rank, and the kernels of
 //! `kernels/ep_internode.cu` launched per node on a stream of its own (both nodes' blocks
-//! resident at once). Inputs and outputs travel as little-endian bytes.
+//! resident at once). Two ways to call it: host bytes in and out (`host_api.rs`:
+//! [`InterNodeGpu::dispatch`], [`InterNodeGpu::combine`]) or device-resident (`device_api.rs`:
+//! [`InterNodeGpu::dispatch_device`], [`InterNodeGpu::combine_device`]: GPU inputs, outputs
+//! left where the kernels wrote them).
 
 use super::abi::{IeParams, IeRank};
 use super::trace::{trace_bytes, RankStamps};
-use super::types::{ElemSizes, InterNodeOptions, InterPath, InterTicket, PhaseTimes, RankBytes, RecvBytes};
+use super::types::{ElemSizes, InterNodeOptions, InterPath, PhaseTimes};
 use super::InterLayout;
 use crate::config::EpConfig;
 use crate::error::EpError;
@@ -19,8 +22,13 @@ use mori_io::{BackendConfig, EngineConfig, IoEngine, MemoryDesc, TcpConfig, Xgmi
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "device_api.rs"]
+mod device_api;
+#[path = "host_api.rs"]
+mod host_api;
 #[path = "run_abi.rs"]
 mod run_abi;
+pub use device_api::{CombineInputBuf, DeviceCombined, DeviceRankInputs, DeviceRecv, DeviceTicket};
 
 static CUBIN: &[u8] = include_bytes!("../../../../kernels/prebuilt/ep_internode.sm_90.cubin");
 static PTX: &str = include_str!("../../../../kernels/prebuilt/ep_internode.sm_90.ptx");
@@ -34,6 +42,9 @@ struct GpuRank {
     scratch: Vec<DeviceBuffer>,
     /// x, weights, idx, scales.
     inp: Vec<DeviceBuffer>,
+    /// The caller's inputs of a device dispatch (x, weights, idx, scales device addresses; 0:
+    /// none), which the kernels read instead of `inp` until the next dispatch.
+    ext_inp: Option<[u64; 4]>,
     /// x, weights, idx, scales, src (empty with the records in the window).
     out: Vec<DeviceBuffer>,
     /// With the records in a GPU window: pinned host memory where the host gathers them (a
@@ -253,6 +264,7 @@ impl InterNodeGpu {
                 .map(|&n| zeroed(n))
                 .collect::<Result<_, _>>()?,
                 recv_host: None,
+                ext_inp: None,
                 tokens: 0,
                 comb_rows: 0,
                 recv: 0,
@@ -444,51 +456,9 @@ impl InterNodeGpu {
         Ok(worst)
     }
 
-    /// Dispatches `inputs[r]` of every rank; returns what each received, in the reference's
-    /// order, and the ticket the matching [`InterNodeGpu::combine`] takes. A dispatch whose
-    /// ticket was not combined is superseded by the next one (its ticket then refused).
-    /// Errors: `RankCount`-like `InvalidConfig` for a wrong number of inputs, a token count
-    /// above the maximum or byte lengths that do not match; `ExpertOutOfRange` (checked before
-    /// any kernel runs); kernel faults naming the rank, after which the object refuses further
-    /// calls.
-    pub fn dispatch(&mut self, inputs: &[RankBytes<'_>]) -> GpuResult<(Vec<RecvBytes>, InterTicket)> {
-        self.usable()?;
-        let l = self.layout.clone();
-        if inputs.len() != l.world {
-            return Err(bad("inputs", inputs.len(), format!("one per rank: {}", l.world)));
-        }
-        for (r, i) in inputs.iter().enumerate() {
-            let want = [i.tokens * l.row_bytes, i.tokens * l.top_k * 4, i.tokens * l.top_k * l.idx_size, i.tokens * l.scale_bytes];
-            let got = [i.x.len(), i.weights.len(), i.idx.len(), i.scales.len()];
-            if i.tokens > l.max_tokens || want != got {
-                return Err(bad(
-                    "rank inputs",
-                    format!("rank {r}: {} tokens, bytes {got:?}", i.tokens),
-                    format!("at most {} tokens and bytes {want:?}", l.max_tokens),
-                ));
-            }
-            // Expert ids are checked here, before any kernel runs (a fault in the kernels would
-            // leave the object unusable).
-            run_abi::check_ids(i.idx, l.idx_size, l.top_k, self.experts_per_rank * l.world, r)?;
-        }
-        // From here a failure may leave counters half-updated (a faulted rank does not zero its
-        // own): the object is then unusable.
-        let r = self.dispatch_inner(inputs);
-        self.poison_on(r)
-    }
-
-    /// `dispatch` after its checks: uploads, runs, reads back.
-    fn dispatch_inner(&mut self, inputs: &[RankBytes<'_>]) -> GpuResult<(Vec<RecvBytes>, InterTicket)> {
-        let l = self.layout.clone();
-        for (r, i) in inputs.iter().enumerate() {
-            let gr = &mut self.ranks[r];
-            gr.tokens = i.tokens;
-            for (buf, bytes) in gr.inp.iter().zip([i.x, i.weights, i.idx, i.scales]) {
-                if !bytes.is_empty() {
-                    self.rt.copy_htod(&buf.sub(0, bytes.len())?, bytes)?;
-                }
-            }
-        }
+    /// The dispatch kernels on the inputs the ranks point at: uploads the per-rank structs,
+    /// runs, and returns each rank's received count.
+    fn run_dispatch(&mut self) -> GpuResult<Vec<u32>> {
         self.upload_abi()?;
         if self.opts.trace {
             for gr in &self.ranks {
@@ -498,31 +468,17 @@ impl InterNodeGpu {
         // With the records in the window, the copy-out kernel is not launched (its time reads 0).
         let ks = if self.opts.recv_in_window { &DISPATCH_KERNELS[..3] } else { &DISPATCH_KERNELS[..] };
         self.times.dispatch_us = self.run(ks)?;
-        let counts = self.check_status("dispatch")?;
-        let mut out = Vec::with_capacity(l.world);
-        for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
-            let n = n as usize;
-            gr.comb_rows = 0;
-            gr.recv = n;
-            if self.opts.recv_in_window {
-                out.push(read_records(self.rt.as_ref(), &l, gr, n)?);
-                continue;
-            }
-            let sizes = [n * l.row_bytes, n * l.top_k * 4, n * l.top_k * l.idx_size, n * l.scale_bytes, n * 4];
-            let mut got: Vec<Vec<u8>> = Vec::new();
-            for (buf, len) in gr.out.iter().zip(sizes) {
-                let mut v = vec![0u8; len];
-                if len > 0 {
-                    self.rt.copy_dtoh(&mut v, &buf.sub(0, len)?)?;
-                }
-                got.push(v);
-            }
-            let mut it = got.into_iter();
-            let mut next = || it.next().unwrap_or_default();
-            out.push(RecvBytes { x: next(), weights: next(), idx: next(), scales: next(), src: next() });
-        }
-        self.dispatched = Some(self.calls);
-        Ok((out, InterTicket { seq: self.calls, owner: self.id }))
+        self.check_status("dispatch")
+    }
+
+    /// The combine kernels on the rows the ranks' combine inputs hold (`comb_rows` each).
+    fn run_combine(&mut self) -> GpuResult<()> {
+        self.upload_abi()?;
+        // With the input rows in the window, combine stages nothing: its staging kernel is
+        // not launched (its time reads 0).
+        let ks = if self.in_window { &COMBINE_KERNELS[1..] } else { &COMBINE_KERNELS[..] };
+        self.times.combine_us = self.run(ks)?;
+        self.check_status("combine").map(|_| ())
     }
 
     /// Whether the received records stay in the window ([`InterNodeOptions::recv_in_window`]):
@@ -548,113 +504,6 @@ impl InterNodeGpu {
         r
     }
 
-    /// Combines the dispatch of `ticket`: `x[r]` `[N_r, H]` (combine element bytes) and optional
-    /// `w[r]` `[N_r, K]` f32 in rank r's received order; returns each rank's `[T, H]` output
-    /// (output element bytes) and `[T, K]` f32 weight sums (zeros without weights).
-    /// Errors: a ticket of another object or of a superseded dispatch; shapes as `dispatch`;
-    /// a rank given fewer rows than it received (`InvalidConfig` naming the rank and both
-    /// counts, before anything runs: the object stays usable);
-    /// kernel faults naming the rank.
-    pub fn combine(&mut self, ticket: InterTicket, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        self.usable()?;
-        if ticket.owner != self.id || self.dispatched != Some(ticket.seq) {
-            return Err(host_err(
-                "InterNodeGpu::combine",
-                format!(
-                    "the ticket (dispatch {}) is not this object's latest uncombined dispatch ({})",
-                    ticket.seq,
-                    self.dispatched.map_or("none".to_string(), |s| s.to_string())
-                ),
-            ));
-        }
-        let l = &self.layout;
-        if x.len() != l.world || w.is_some_and(|w| w.len() != l.world) {
-            return Err(bad("combine inputs", x.len(), format!("one per rank: {}", l.world)));
-        }
-        let row = l.hidden * l.comb_elem;
-        for (r, xr) in x.iter().enumerate() {
-            if xr.len() % row != 0 || xr.len() / row > l.max_recv {
-                return Err(bad(
-                    "combine rows",
-                    format!("rank {r}: {} bytes", xr.len()),
-                    format!("whole rows of {row} B, at most {}", l.max_recv),
-                ));
-            }
-            // Refused here, before anything runs (the kernels would check it too, but then
-            // the other ranks wait for this one's rows until their deadline).
-            let (given, received) = (xr.len() / row, self.ranks[r].recv);
-            if given < received {
-                return Err(bad(
-                    "combine rows",
-                    format!("rank {r}: {given}"),
-                    format!("the combine input holds {given} rows, {received} were received"),
-                ));
-            }
-            let wr = w.map(|w| w[r]).unwrap_or(&[]);
-            if !wr.is_empty() && wr.len() != xr.len() / row * l.top_k * 4 {
-                return Err(bad(
-                    "combine weights",
-                    format!("rank {r}: {} bytes", wr.len()),
-                    format!("{} rows of {} f32", xr.len() / row, l.top_k),
-                ));
-            }
-        }
-        let r = self.combine_inner(x, w);
-        if r.is_ok() {
-            self.dispatched = None;
-        }
-        self.poison_on(r)
-    }
-
-    /// `combine` after its checks: uploads, runs, reads back.
-    fn combine_inner(&mut self, x: &[&[u8]], w: Option<&[&[u8]]>) -> GpuResult<Vec<(Vec<u8>, Vec<u8>)>> {
-        let l = self.layout.clone();
-        for (r, xr) in x.iter().enumerate() {
-            let row = l.hidden * l.comb_elem;
-            let gr = &mut self.ranks[r];
-            gr.comb_rows = xr.len() / row;
-            let wr = w.map(|w| w[r]).unwrap_or(&[]);
-            if self.in_window {
-                // The kernels read at most the received rows, at most world x max_tokens
-                // (what the out_comb area holds).
-                let n = gr.comb_rows.min(l.world * l.max_tokens);
-                if n > 0 {
-                    // The host interleaves the rows (outside the GPU time; a caller whose expert
-                    // output is on the GPU would write them there directly).
-                    let rows = l.combine_rows(&xr[..n * row], wr.get(..n * l.top_k * 4).unwrap_or(&[]));
-                    gr.win.write(self.rt.as_ref(), l.lay.out_comb as usize, &rows)?;
-                }
-                continue;
-            }
-            if !xr.is_empty() {
-                self.rt.copy_htod(&gr.comb[0].sub(0, xr.len())?, xr)?;
-            }
-            if !wr.is_empty() {
-                self.rt.copy_htod(&gr.comb[1].sub(0, wr.len())?, wr)?;
-            } else {
-                self.rt.memset(&gr.comb[1].slice(), 0)?;
-            }
-        }
-        self.upload_abi()?;
-        // With the input rows in the window, combine stages nothing: its staging kernel is
-        // not launched (its time reads 0).
-        let ks = if self.in_window { &COMBINE_KERNELS[1..] } else { &COMBINE_KERNELS[..] };
-        self.times.combine_us = self.run(ks)?;
-        self.check_status("combine")?;
-        let mut out = Vec::with_capacity(l.world);
-        for gr in &self.ranks {
-            let mut ox = vec![0u8; gr.tokens * l.hidden * self.out_elem];
-            let mut ow = vec![0u8; gr.tokens * l.top_k * 4];
-            if !ox.is_empty() {
-                let (nx, nw) = (ox.len(), ow.len());
-                self.rt.copy_dtoh(&mut ox, &gr.comb[2].sub(0, nx)?)?;
-                self.rt.copy_dtoh(&mut ow, &gr.comb[3].sub(0, nw)?)?;
-            }
-            out.push((ox, ow));
-        }
-        Ok(out)
-    }
-
     /// Every rank's trace stamps of the last dispatch and combine ([`super::trace`]), or
     /// `None` when the options did not ask for tracing.
     pub fn trace(&self) -> GpuResult<Option<Vec<RankStamps>>> {
@@ -676,27 +525,6 @@ impl InterNodeGpu {
     pub fn proxy_stats(&self) -> Vec<crate::proxy::RingProxyStats> {
         self.proxies.iter().map(|p| p.stats()).collect()
     }
-}
-
-/// What rank `gr` received (`n` records in all), read from its window: each source's segment
-/// holds its `recv_cnt[s]` records in the received order.
-fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &mut GpuRank, n: usize) -> GpuResult<RecvBytes> {
-    let mut cnt = vec![0u8; l.world * 4];
-    rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
-    // The kernels checked every count against max_tokens and their sum against status[0]
-    // (at most max_recv records: what recv_host holds).
-    let len = n * l.rec_bytes;
-    let win = &gr.win;
-    if let Window::Host(_) = win {
-        // Host memory already: plain copies, no pinned staging needed.
-        return l.gather_records(&cnt, &mut vec![0u8; len], |off, buf| win.read(rt, off, buf));
-    }
-    let p = match gr.recv_host.take() {
-        Some(p) if p.len() >= len => p,
-        _ => rt.alloc_pinned(gr.dev_ctr.device(), len.max(1))?,
-    };
-    let p = gr.recv_host.insert(p);
-    l.gather_records(&cnt, &mut p.as_mut_slice()[..len], |off, buf| win.read(rt, off, buf))
 }
 
 impl Drop for InterNodeGpu {

@@ -55,15 +55,22 @@ impl InterNodeGpu {
             for r in node * g..(node + 1) * g {
                 let gr = &self.ranks[r];
                 let s = &gr.scratch;
+                // A device dispatch's inputs are the caller's buffers.
+                let inp = gr.ext_inp.unwrap_or([
+                    gr.inp[0].ptr(),
+                    gr.inp[1].ptr(),
+                    gr.inp[2].ptr(),
+                    if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
+                ]);
                 let a = IeRank {
                     rank: r as u32,
                     num_tokens: gr.tokens as u32,
                     comb_rows: gr.comb_rows as u32,
                     pad: 0,
-                    x: gr.inp[0].ptr(),
-                    weights: gr.inp[1].ptr(),
-                    idx: gr.inp[2].ptr(),
-                    scales: if self.layout.scale_bytes > 0 { gr.inp[3].ptr() } else { 0 },
+                    x: inp[0],
+                    weights: inp[1],
+                    idx: inp[2],
+                    scales: inp[3],
                     mask: s[0].ptr(),
                     pre: s[1].ptr(),
                     npre: s[8].ptr(),
