@@ -66,9 +66,14 @@ fn node_refusals_name_the_users_flags() {
             &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
         ),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
-        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them (--kernel-type intranode)"]),
-        (&["--combine-staging"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them (--kernel-type intranode)"]),
-        (&["--recv-copy-out"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them (--kernel-type intranode)"]),
+        (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out/--device-api apply to the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and their proxies; this run is not one of them (--kernel-type intranode)"]),
+        (&["--combine-staging"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out/--device-api apply to the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and their proxies; this run is not one of them (--kernel-type intranode)"]),
+        (&["--recv-copy-out"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out/--device-api apply to the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and their proxies; this run is not one of them (--kernel-type intranode)"]),
+        (&["--device-api"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out/--device-api apply to the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and their proxies; this run is not one of them (--kernel-type intranode)"]),
+        (
+            &["--kernel-type", "async_ll", "--num-nodes", "2", "--device-api", "--recv-copy-out"],
+            &["--device-api leaves the received records in the window; --recv-copy-out copies them out: give one of them"],
+        ),
         (
             &["--device", "cpu", "--local", "--kernel-type", "async_ll", "--num-nodes", "2", "--recv-copy-out"],
             &["this run is not one of them (--device cpu: the host executor)"],

@@ -118,6 +118,12 @@ pub struct Args {
     /// where they landed (the default).
     #[arg(long = "recv-copy-out")]
     pub recv_copy_out: bool,
+    /// GPU v1/v1_ll/async_ll: call the device-resident API (`dispatch_device`,
+    /// `combine_device`: inputs in GPU buffers, the records and the combine input where the
+    /// kernels use them) instead of the host-bytes one; the host time per call then shows what
+    /// the device calls cost the host. Not with --recv-copy-out.
+    #[arg(long = "device-api")]
+    pub device_api: bool,
     /// GPU v1/v1_ll/async_ll: blocks per rank of the kernels that wait for nothing (dispatch's
     /// staging and copy-out, combine's staging and sum), so they are not bound by the
     /// co-resident grid. Default 64.
@@ -441,9 +447,14 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging || a.recv_copy_out) {
+    if a.device_api && a.recv_copy_out {
+        return Err(err(
+            "--device-api leaves the received records in the window; --recv-copy-out copies them out: give one of them".to_string()
+        ));
+    }
+    if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging || a.recv_copy_out || a.device_api) {
         return Err(err(format!(
-            "--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out tune the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and proxies; this run is not one of them ({})",
+            "--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out/--device-api apply to the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and their proxies; this run is not one of them ({})",
             if gpu { format!("--kernel-type {}", kt.name()) } else { "--device cpu: the host executor".to_string() }
         )));
     }

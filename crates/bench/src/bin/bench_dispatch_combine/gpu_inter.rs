@@ -9,9 +9,10 @@
 
 use crate::args::{err, AnyResult, Args, CombDType, KernelTypeArg, TransportArg};
 use crate::gpu::host_images_and_oracle;
+use crate::gpu_device_api::{device_inputs, upload_inputs};
 use crate::inputs::{comb_value, gen_inputs};
 use crate::table::print_ranks;
-use mori_ep::gpu_internode::{trace, ElemSizes, InterNodeGpu, InterNodeOptions, InterPath, RankBytes, RecvBytes};
+use mori_ep::gpu_internode::{trace, DeviceRankInputs, ElemSizes, InterNodeGpu, InterNodeOptions, InterPath, RankBytes, RecvBytes};
 use mori_ep::internode::Scheme;
 use mori_ep::proxy::RingProxyOptions;
 use mori_ep::{accounting, bf16, combine, CombineOptions, EpConfig, OutOfRange, Tensor2, Weighting};
@@ -77,7 +78,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         combine_rows: !a.combine_staging,
         recv_in_window: !a.recv_copy_out,
     };
-    let mut ep = InterNodeGpu::new(rt, Device(0), cfg, sz, opts)?;
+    let mut ep = InterNodeGpu::new(rt.clone(), Device(0), cfg, sz, opts)?;
     println!("{}", ep.describe());
     let w = cfg.world_size;
     let rb: Vec<RankBytes<'_>> = (0..w)
@@ -99,6 +100,17 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         v
     };
     let cx: Vec<Vec<u8>> = (0..w).map(comb_rows).collect();
+    // --device-api: every rank's inputs in device buffers, uploaded once.
+    let dev_bufs = if a.device_api { Some(upload_inputs(&rt, &rb)?) } else { None };
+    let dev_in: Option<Vec<DeviceRankInputs<'_>>> = dev_bufs.as_ref().map(|b| device_inputs(&rb, b, cfg.scale_dim > 0)).transpose()?;
+    println!(
+        "calls: {}",
+        if a.device_api {
+            "device-resident (dispatch_device / combine_device: inputs in GPU buffers, records and combine rows left where the kernels use them)"
+        } else {
+            "host bytes (dispatch / combine: inputs uploaded, records and combined rows read back)"
+        }
+    );
     let mut ok = true;
     let (mut disp, mut comb, mut timed) = (0.0, 0.0, 0usize);
     // Every timed iteration's (dispatch, combine) µs, for the spread: one stalled iteration
@@ -120,16 +132,40 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             proxies0 = ep.proxy_stats();
             cpu0 = (process_cpu_s(), std::time::Instant::now());
         }
-        let t0 = std::time::Instant::now();
-        let (got, ticket) = ep.dispatch(&rb)?;
-        let t1 = std::time::Instant::now();
-        let cw: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
-        let cxr: Vec<&[u8]> = cx.iter().map(|v| &v[..]).collect();
-        let t2 = std::time::Instant::now();
-        let out = ep.combine(ticket, &cxr, Some(&cw))?;
-        let t3 = std::time::Instant::now();
-        if it == 0 {
-            first = Some((got, out));
+        let (t0, t1, t2, t3);
+        if let Some(dev_in) = &dev_in {
+            t0 = std::time::Instant::now();
+            let (recv, ticket) = ep.dispatch_device(dev_in)?;
+            t1 = std::time::Instant::now();
+            let rows: Vec<usize> = recv.iter().map(|d| d.total()).collect();
+            if it == 0 {
+                // The first iteration's records come back for the check, and the combine
+                // input is written once: the inputs are the same every iteration, so the rows
+                // stay valid where the kernels read them.
+                let got = (0..w).map(|r| ep.read_recv(r)).collect::<Result<Vec<_>, _>>()?;
+                for (r, g) in got.iter().enumerate() {
+                    ep.write_combine_input(r, &cx[r], &g.weights)?;
+                }
+                first = Some((got, Vec::new()));
+            }
+            t2 = std::time::Instant::now();
+            ep.combine_device(ticket, &rows)?;
+            t3 = std::time::Instant::now();
+            if let Some((_, out)) = first.as_mut().filter(|_| it == 0) {
+                *out = (0..w).map(|r| ep.read_combined(r)).collect::<Result<Vec<_>, _>>()?;
+            }
+        } else {
+            t0 = std::time::Instant::now();
+            let (got, ticket) = ep.dispatch(&rb)?;
+            t1 = std::time::Instant::now();
+            let cw: Vec<&[u8]> = got.iter().map(|g| &g.weights[..]).collect();
+            let cxr: Vec<&[u8]> = cx.iter().map(|v| &v[..]).collect();
+            t2 = std::time::Instant::now();
+            let out = ep.combine(ticket, &cxr, Some(&cw))?;
+            t3 = std::time::Instant::now();
+            if it == 0 {
+                first = Some((got, out));
+            }
         }
         if it >= a.warmup {
             let t = ep.times();
@@ -211,7 +247,12 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         ds.median, ds.min, ds.max, cs.median, cs.min, cs.max
     );
     println!(
-        "host time of each whole call (uploading the inputs, the kernels, reading the outputs back; host clock, mean), µs: dispatch {host_disp:.1}, combine {host_comb:.1}"
+        "host time of each whole call ({}; host clock, mean), µs: dispatch {host_disp:.1}, combine {host_comb:.1}",
+        if a.device_api {
+            "the device calls: the launches, the wait, the status words and counts read back"
+        } else {
+            "uploading the inputs, the kernels, reading the outputs back"
+        }
     );
     let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
     let (batches, data_batches) = (sum(|s| s.batches), sum(|s| s.data_batches));
@@ -288,7 +329,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "spread_us": { "dispatch": ds.json(), "combine": cs.json() },
             "inter_node_leg": match path { InterPath::Xgmi => "xgmi".to_string(), InterPath::Tcp { lanes } => format!("tcp, {lanes} lanes") },
             "dispatch_us": disp, "combine_us": comb, "combine_input_in_window": in_window, "records_in_window": recv_in_window,
-            "host_call_us": { "dispatch": host_disp, "combine": host_comb },
+            "host_call_us": { "dispatch": host_disp, "combine": host_comb }, "device_api": a.device_api,
             "kernel_us": { "layout": per_kernel[0] / timed.max(1) as f64, "dispatch_stage": per_kernel[1] / timed.max(1) as f64,
                 "dispatch": per_kernel[2] / timed.max(1) as f64, "receive": (!recv_in_window).then(|| per_kernel[3] / timed.max(1) as f64),
                 "combine_stage": (!in_window).then(|| per_kernel[4] / timed.max(1) as f64), "combine_send": per_kernel[5] / timed.max(1) as f64,

@@ -24,6 +24,7 @@ mod cpu;
 mod cpu_supervisor;
 mod gpu;
 mod gpu_check;
+mod gpu_device_api;
 mod gpu_inter;
 mod inputs;
 mod table;
