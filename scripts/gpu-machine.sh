@@ -44,7 +44,9 @@ step() { echo; echo "=== $*"; }
 # and, only when named, recvwin (scripts/gpu-parts/recvwin.sh: the received records read from
 # the window against a copy-out kernel, and both against an earlier build carried as
 # .gpu-bundle/bench_dispatch_combine_prev), and, only when named, figures
-# (scripts/gpu-parts/figures.sh: the inter-node EP table's figures and baselines, short).
+# (scripts/gpu-parts/figures.sh: the inter-node EP table's figures and baselines, short), and,
+# only when named, devapi (scripts/gpu-parts/devapi.sh: InterNodeGpu's device-resident calls
+# against its host-bytes calls, with the GPU tests).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -115,7 +117,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"
