@@ -39,12 +39,11 @@
 // (part_bytes): H f32, K f32.
 //
 // Kernels, in stream order per call:
-//   mori_ie_layout        one block per rank: destination masks mask[t] and pre[t][d] (tokens
-//                         before t sent to d: the token's index in its segment at d when its
-//                         mask bit d is set; pre[T][d] = cnt[d]), for V1-LL also npre[t][m]
-//                         (tokens before t sent to node m), a tile of block-size tokens at a
-//                         time, one 32-thread group per column;
-//   mori_ie_dispatch_stage the records for other nodes staged, with blocks of its own;
+//   mori_ie_dispatch_stage with blocks of its own, each for a share of the tokens: the layout
+//                         of its share (destination masks mask[t] and pre[t][d], tokens before
+//                         t sent to d: the token's index in its segment at d when its mask bit d
+//                         is set; pre[T][d] = cnt[d]; for V1-LL also npre[t][m], tokens before t
+//                         sent to node m), then the share's records for other nodes staged;
 //   mori_ie_dispatch      first one command per peer or relay for the staged records, then P2P
 //                         stores to same-node ranks while the proxy moves the staged ones; V1-LL: then the relay
 //                         forwarding; then block 0 waits for every source and writes the
@@ -66,8 +65,8 @@
 //                         V1-LL: per node); the last block zeroes the combine counters.
 // Counters are zeroed by their reader once read; the next writes to them follow causally
 // (every rank's next phase needs this rank's current one).
-// Faults land in the rank's status words as in ep_intranode.cu (first wins); a kernel whose
-// rank already failed skips its work.
+// Faults land in the rank's status words as in ep_intranode.cu (first wins; the host zeroes
+// them before each dispatch); a kernel whose rank already failed skips its work.
 // Tracing (IeRank.trace != 0): u64 GPU-clock stamps (ns), [2 phases][2][W] per peer (0: when
 // this rank's command for peer d was pushed, 1: when this rank saw source s's segment
 // complete; V1-LL: only the relay pairs, the rank of each other node with this local index),
@@ -82,9 +81,16 @@ struct IeLayoutSh {
 };
 
 
-MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_layout(IeParams p) {
-    MORI_SHARED_STRUCT(IeLayoutSh, sh);
-    const IeRank a = ((const IeRank*)p.ranks)[mori_block_idx()];
+// The layout of this block's share of the tokens, [t0, t1): each token's destination mask
+// mask[t], pre[t][d] (tokens before t sent to d: the token's index in its segment at d when its
+// mask bit d is set) and for V1-LL npre[t][m] (tokens before t sent to node m). Each column's
+// count over the tokens before t0 first (one thread per token, a block-scope atomic per set
+// bit), then the share a tile of block-size tokens at a time, one 32-thread group per column.
+// The rank's last block (its share ends at T) writes the totals: pre[T][d] = cnt[d] and
+// npre[T][m]. An expert id out of range in the share lands in the status word (the host zeroes
+// the status words before a dispatch); ids before t0 are skipped silently (their own block
+// reports them).
+MORI_DEVICE void ie_layout_share(const IeParams& p, const IeRank& a, uint32_t b, uint32_t t0, uint32_t t1, IeLayoutSh& sh) {
     uint32_t* status = (uint32_t*)a.status;
     const uint32_t T = a.num_tokens, W = p.world, tid = mori_thread_idx(), nthreads = mori_block_dim();
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
@@ -94,20 +100,27 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_layout(IeParams p) {
     uint32_t* npre = (uint32_t*)a.npre;
     const uint8_t* idx = (const uint8_t*)a.idx;
     const uint32_t N = ie_nodes(p), cols = W + (ie_relay(p) ? N : 0);
-    ie_stamp(p, a, 0, IE_T_LAYOUT0);
-    if (tid == 0) {
-        status[0] = 0;
-        status[1] = IE_OK;
-    }
+    const uint64_t gmask = p.gpn >= 64 ? ~0ull : (1ull << p.gpn) - 1;
     for (uint32_t c = tid; c < cols; c += nthreads) sh.run[c] = 0;
+    mori_sync_block();
+    for (uint32_t u = tid; u < t0; u += nthreads) {
+        uint64_t m = 0;
+        for (uint32_t k = 0; k < p.top_k; k++) {
+            const int64_t e = ie_load_idx(p, idx, (uint64_t)u * p.top_k + k);
+            if (e >= 0 && e < num_experts) m |= 1ull << (uint32_t)(e / p.experts_per_rank);
+        }
+        for (uint64_t v = m; v; v &= v - 1) mori_atomic_add_block_u32(&sh.run[mori_ctz64(v)], 1);
+        for (uint32_t n = 0; cols > W && n < N; n++)
+            if ((m >> (n * p.gpn)) & gmask) mori_atomic_add_block_u32(&sh.run[W + n], 1);
+    }
     mori_sync_block();
     // A tile of `nthreads` tokens at a time: masks by one thread per token, then per column
     // (destination rank, or V1-LL's destination node) one group, each lane counting `nwarps`
     // consecutive tokens of the tile.
-    for (uint32_t tile = 0; tile < T; tile += nthreads) {
+    for (uint32_t tile = t0; tile < t1; tile += nthreads) {
         const uint32_t t = tile + tid;
         uint64_t m = 0;
-        if (t < T) {
+        if (t < t1) {
             for (uint32_t k = 0; k < p.top_k; k++) {
                 const int64_t e = ie_load_idx(p, idx, (uint64_t)t * p.top_k + k);
                 if (e == -1) continue;
@@ -131,7 +144,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_layout(IeParams p) {
             for (uint32_t j = 0; j < lane; j++) before += sh.c[warp][j];
             for (uint32_t i = 0; i < nwarps; i++) {
                 const uint32_t tt = tile + first + i;
-                if (tt < T) {
+                if (tt < t1) {
                     if (d < W) pre[(uint64_t)tt * W + d] = before;
                     else npre[(uint64_t)tt * N + (d - W)] = before;
                 }
@@ -143,29 +156,37 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_layout(IeParams p) {
         }
         mori_sync_block();
     }
-    for (uint32_t d = tid; d < W; d += nthreads) {
-        pre[(uint64_t)T * W + d] = sh.run[d];
-        ((uint32_t*)a.cnt)[d] = sh.run[d];
+    if (b + 1 == p.blocks_per_rank) {
+        for (uint32_t d = tid; d < W; d += nthreads) {
+            pre[(uint64_t)T * W + d] = sh.run[d];
+            ((uint32_t*)a.cnt)[d] = sh.run[d];
+        }
+        for (uint32_t c = W + tid; c < cols; c += nthreads) npre[(uint64_t)T * N + (c - W)] = sh.run[c];
     }
-    for (uint32_t c = W + tid; c < cols; c += nthreads) npre[(uint64_t)T * N + (c - W)] = sh.run[c];
-    ie_stamp(p, a, 0, IE_T_LAYOUT1);
+    // The share's rows, written by this block's threads, before any of them stages from them.
+    mori_sync_block();
 }
 
-// Stages the records for other nodes in this rank's window (the proxy reads them there), one
-// 32-thread group per token, each block a share of the tokens. Spins on nothing, so the host
-// may launch it with more blocks per rank than the co-resident kernels (its own
-// blocks_per_rank); mori_ie_dispatch, next in stream order, hands them to the proxy.
+// Lays out this block's share of the tokens (ie_layout_share), then stages its records for
+// other nodes in this rank's window (the proxy reads them there), one 32-thread group per
+// token. Spins on nothing, so the host may launch it with more blocks per rank than the
+// co-resident kernels (its own blocks_per_rank); mori_ie_dispatch, next in stream order, reads
+// the whole layout and hands the staged records to the proxy.
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_stage(IeParams p) {
+    MORI_SHARED_STRUCT(IeLayoutSh, sh);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, W = p.world, tid = mori_thread_idx();
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
-    ie_stamp(p, a, b, IE_T_DISP0);
-    // (An out-of-range id recorded by the layout does not stop the dispatch: it was skipped.)
     const uint32_t T = a.num_tokens;
     const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank), t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
+    ie_stamp(p, a, b, IE_T_LAYOUT0);
+    ie_layout_share(p, a, b, t0, t1, sh);
+    ie_stamp(p, a, b, IE_T_LAYOUT1);
+    ie_stamp(p, a, b, IE_T_DISP0);
+    // (An out-of-range id recorded by the layout does not stop the dispatch: it was skipped.)
     if (ie_relay(p)) {
-        ie_stage_relay(p, a, b, t0, t1, lane, warp, nwarps);
+        ie_stage_relay(p, a, t0, t1, lane, warp, nwarps);
     } else {
         for (uint32_t t = t0 + warp; t < t1; t += nwarps)
             for (uint32_t d = 0; d < W; d++) {
@@ -216,6 +237,12 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         for (uint32_t m = tid; m < ie_nodes(p); m += nthreads) {
             if (m == own) continue;
             const uint32_t n = ie_relay_count(p, a, m);
+            // The segment's header (every staging block's share is laid out by now): per local
+            // index of node m the records for that rank, then the record count.
+            uint32_t* hdr = (uint32_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay);
+            for (uint32_t c = 0; c < p.gpn; c++) hdr[c] = ((const uint32_t*)a.cnt)[m * p.gpn + c];
+            hdr[p.gpn] = n;
+            mori_fence_system();
             ie_hand_over(p, a, ie_relay_of(p, r, m), 0, n, p.lay.relay_hdr + (uint64_t)n * p.rec_bytes, p.lay.out_relay + m * p.lay.seg_relay,
                          p.lay.relay_in + own * p.lay.seg_relay, deadline);
         }
@@ -587,7 +614,6 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
 }
 
 #ifdef MORI_HOST_EMU
-MORI_EMU_EXPORT(mori_ie_layout, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch_stage, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch_recv, IeParams)

@@ -38,8 +38,8 @@
 #define IE_DONE_GATHER(world) (4u + 2u * (world))
 
 // Per-block trace slots.
-#define IE_T_LAYOUT0 0   // layout start (block 0)
-#define IE_T_LAYOUT1 1   // layout end
+#define IE_T_LAYOUT0 0   // layout of the block's share start (dispatch staging kernel)
+#define IE_T_LAYOUT1 1   // layout of the block's share end
 #define IE_T_DISP0 2     // dispatch staging start
 #define IE_T_STAGED 3    // dispatch staging end: records for other nodes staged
 #define IE_T_INTRA 4     // records for this node stored, signalled

@@ -22,25 +22,20 @@ MORI_DEVICE uint32_t ie_relay_count(const IeParams& p, const IeRank& a, uint32_t
 }
 
 // Stages this block's tokens [t0, t1) for other nodes, one relay segment per node m: a header
-// (u32 [gpn] records per destination, then u32 records; written by block 0) and the records.
+// (u32 [gpn] records per destination, then u32 records; written by mori_ie_dispatch's block 0
+// before it hands the segment over, once every share is laid out) and the records.
 // V1-LL: in (token, destination) order; record j of token t for destination d is the records of
 // t's predecessors for m (the sum of pre[t][d'] over m's ranks) plus t's destinations in m below
 // d, and its tail carries d, its index in d's segment (pre[t][d]) and the token's index among
 // those sent to m (npre[t][m], its partial's row in combine). V1: record j = npre[t][m] of a
 // token with a destination on m, its tail carrying j and per local index the index in that
 // rank's segment (or 0xffffffff).
-MORI_DEVICE void ie_stage_relay(const IeParams& p, const IeRank& a, uint32_t b, uint32_t t0, uint32_t t1, uint32_t lane, uint32_t warp,
+MORI_DEVICE void ie_stage_relay(const IeParams& p, const IeRank& a, uint32_t t0, uint32_t t1, uint32_t lane, uint32_t warp,
                                 uint32_t nwarps) {
     const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p);
     const bool dedup = ie_dedup(p);
     const uint32_t* pre = (const uint32_t*)a.pre;
     const uint32_t* npre = (const uint32_t*)a.npre;
-    if (b == 0)
-        for (uint32_t i = mori_thread_idx(); i < N * (G + 1); i += mori_block_dim()) {
-            const uint32_t m = i / (G + 1), c = i % (G + 1);
-            if (m == own) continue;
-            ((uint32_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay))[c] = c < G ? ((const uint32_t*)a.cnt)[m * G + c] : ie_relay_count(p, a, m);
-        }
     for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
         const uint64_t mask = ((const uint64_t*)a.mask)[t];
         for (uint32_t m = 0; m < N; m++) {

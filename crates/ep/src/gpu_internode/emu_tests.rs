@@ -212,7 +212,6 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> Ie
 
 fn run_node(p: &IeParams, kernel: &str) {
     let per_rank = match kernel {
-        "mori_ie_layout" => 1,
         "mori_ie_dispatch_stage" | "mori_ie_dispatch_recv" | "mori_ie_combine_stage" | "mori_ie_combine_recv" => COPY_BLOCKS,
         _ => BLOCKS,
     };
@@ -324,6 +323,8 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
             m.write(&m.w, &le(i.weights.as_slice(), |v: f32| v.to_le_bytes().to_vec()));
             m.write(&m.idx, &le(i.indices.as_slice(), |v: i64| v.to_le_bytes().to_vec()));
             m.write(&m.scales, &le(i.scales.as_ref().unwrap().as_slice(), |v: f32| v.to_le_bytes().to_vec()));
+            // The status words zeroed before each dispatch, as InterNodeGpu's upload does.
+            m.write(&m.status, &[0u8; 64]);
         }
         // Combine inputs: each rank returns its received rows as they are (bf16) with their
         // received weights; the reference gets the same.
@@ -353,7 +354,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
                 s.spawn(move || {
                     // With the records in the window, no copy-out (as InterNodeGpu does).
                     let copy_out = ["mori_ie_dispatch_recv"].into_iter().filter(|_| !win.recv);
-                    for k in ["mori_ie_layout", "mori_ie_dispatch_stage", "mori_ie_dispatch"].into_iter().chain(copy_out) {
+                    for k in ["mori_ie_dispatch_stage", "mori_ie_dispatch"].into_iter().chain(copy_out) {
                         run_node(p, k);
                     }
                 });
@@ -535,7 +536,6 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
     for s in &stamps {
         let r = s.rank;
         let b0 = &s.blocks[0];
-        assert!(0 < b0[LAYOUT0] && b0[LAYOUT0] <= b0[LAYOUT1] && b0[LAYOUT1] <= b0[DISP0], "rank {r}: layout {b0:?}");
         assert!(b0[INTRA] <= b0[RECVD], "rank {r}: block 0 received before its own sends {b0:?}");
         if scheme != Scheme::AsyncLL {
             assert!(b0[FWD1] <= b0[RECVD], "rank {r}: block 0 received before its relay forwarding ended {b0:?}");
@@ -545,8 +545,9 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
         for (b, t) in s.blocks.iter().enumerate() {
             // The blocks past BLOCKS run only the stagings, the copy-out and the sum.
             let waits_for_nothing = b >= BLOCKS as usize;
-            // The slots a block stamps, in time order: the kernels it ran in stream order.
-            let mut chain = vec![DISP0, STAGED];
+            // The slots a block stamps, in time order: the kernels it ran in stream order (its
+            // share's layout first, in the staging kernel).
+            let mut chain = vec![LAYOUT0, LAYOUT1, DISP0, STAGED];
             if !waits_for_nothing {
                 chain.extend([DISP1, INTRA]);
             }
@@ -605,7 +606,7 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
     for (r, t) in &traces {
         let count = |name: &str, ph: &str| t.trace_events.iter().filter(|e| e.name == name && e.ph == ph).count();
         for (name, n) in [
-            ("dispatch_layout", 1),
+            ("dispatch_layout", COPY_BLOCKS as usize),
             ("ep_dispatch_copy_to_staging", COPY_BLOCKS as usize),
             ("dispatch_intra", BLOCKS as usize),
             ("dispatch_sync", 1),
@@ -633,50 +634,99 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
     }
 }
 
-/// The layout kernel alone over several tiles (150 tokens, 64 threads a tile): masks, the
-/// exclusive per-destination and (V1-LL) per-node prefixes and the counts equal a sequential
-/// walk.
+/// The layout of the dispatch staging kernel over several tiles (150 tokens, 64 threads a
+/// tile), on one block (its share spans three tiles) and on four (each block's share starts
+/// with the counts of the tokens before it): masks, the exclusive per-destination and (V1-LL)
+/// per-node prefixes and the counts equal a sequential walk, whichever block wrote them.
 #[test]
-fn layout_over_several_tiles_equals_a_sequential_walk() {
+fn layout_over_several_tiles_and_blocks_equals_a_sequential_walk() {
     const T: usize = 150;
-    let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
-    cfg.max_recv_tokens = TMAX * W;
+    let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, T).unwrap();
+    cfg.max_recv_tokens = T * W;
     let l = InterLayout::new(&cfg, Scheme::V1LL, 2, 8, 2).unwrap();
+    for blocks in [1u32, 4] {
+        let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
+        let m = &mems[0];
+        let mut rng = SplitMix64::new(0x1a_7041 + blocks as u64);
+        let ids: Vec<i64> = (0..T * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
+        let (idx, mask, pre) = (Region::new(T * K * 8), Region::new(T * 8), Region::new((T + 1) * W * 4));
+        let npre = Region::new((T + 1) * (W / G) * 4);
+        // The staging that follows the layout reads T tokens' rows, weights and scales.
+        let (x, w, sc) = (Region::new(T * l.row_bytes), Region::new(T * K * 4), Region::new(T * l.scale_bytes.max(1)));
+        m.write(&idx, &le(&ids, |v: i64| v.to_le_bytes().to_vec()));
+        let a = IeRank {
+            num_tokens: T as u32,
+            idx: idx.addr(),
+            mask: mask.addr(),
+            pre: pre.addr(),
+            npre: npre.addr(),
+            x: x.addr(),
+            weights: w.addr(),
+            scales: sc.addr(),
+            ..m.abi(0, T, 0)
+        };
+        let abi = Region::new(std::mem::size_of::<IeRank>());
+        // SAFETY: the region holds one IeRank.
+        unsafe { (abi.ptr as *mut IeRank).write(a) };
+        let p = IeParams { num_local: 1, blocks_per_rank: blocks, ..params(&l, &mems, &abi, 0) };
+        launch("ep_internode", "mori_ie_dispatch_stage", blocks, THREADS, &p);
+        let u64s: Vec<u64> = mask.bytes()[..T * 8].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        let u32s = |b: &[u8]| -> Vec<u32> { b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
+        let (got_pre, got_cnt) = (u32s(&pre.bytes()[..(T + 1) * W * 4]), u32s(&m.scratch[2].bytes()[..W * 4]));
+        let got_npre = u32s(&npre.bytes()[..(T + 1) * (W / G) * 4]);
+        let mut run = [0u32; W];
+        let mut nrun = [0u32; W / G];
+        for t in 0..T {
+            let want: u64 = ids[t * K..(t + 1) * K].iter().filter(|&&e| e >= 0).fold(0, |m, &e| m | 1 << (e as usize / (E / W)));
+            assert_eq!(u64s[t], want, "{blocks} blocks, token {t}: mask");
+            for d in 0..W {
+                assert_eq!(got_pre[t * W + d], run[d], "{blocks} blocks, token {t}, rank {d}: tokens before it");
+                run[d] += ((want >> d) & 1) as u32;
+            }
+            for n in 0..W / G {
+                assert_eq!(got_npre[t * (W / G) + n], nrun[n], "{blocks} blocks, token {t}, node {n}: tokens before it");
+                nrun[n] += u32::from((want >> (n * G)) & ((1 << G) - 1) != 0);
+            }
+        }
+        assert_eq!(&got_pre[T * W..], &run[..], "{blocks} blocks");
+        assert_eq!(&got_npre[T * (W / G)..], &nrun[..], "{blocks} blocks");
+        assert_eq!(got_cnt, run.to_vec(), "{blocks} blocks");
+        assert_eq!(m.status()[1], 0, "{blocks} blocks");
+    }
+}
+
+/// An expert id out of range is reported once, by the block whose share holds its token,
+/// naming the token, slot and id (the blocks before it skip it in their counts): 4 blocks, 20
+/// tokens, token 13's slot 2 out of range.
+#[test]
+fn an_out_of_range_id_is_reported_by_the_block_of_its_share() {
+    const T: usize = 20;
+    let cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, T).unwrap();
+    let l = InterLayout::new(&cfg, Scheme::AsyncLL, 2, 8, 2).unwrap();
     let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
     let m = &mems[0];
-    let mut rng = SplitMix64::new(0x1a_7041);
-    let ids: Vec<i64> = (0..T * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
+    let mut ids: Vec<i64> = (0..T * K).map(|i| (i % E) as i64).collect();
+    ids[13 * K + 2] = E as i64 + 5;
     let (idx, mask, pre) = (Region::new(T * K * 8), Region::new(T * 8), Region::new((T + 1) * W * 4));
-    let npre = Region::new((T + 1) * (W / G) * 4);
+    let (x, w, sc) = (Region::new(T * l.row_bytes), Region::new(T * K * 4), Region::new(T * l.scale_bytes.max(1)));
     m.write(&idx, &le(&ids, |v: i64| v.to_le_bytes().to_vec()));
-    let a = IeRank { num_tokens: T as u32, idx: idx.addr(), mask: mask.addr(), pre: pre.addr(), npre: npre.addr(), ..m.abi(0, T, 0) };
+    let a = IeRank {
+        num_tokens: T as u32,
+        idx: idx.addr(),
+        mask: mask.addr(),
+        pre: pre.addr(),
+        x: x.addr(),
+        weights: w.addr(),
+        scales: sc.addr(),
+        ..m.abi(0, T, 0)
+    };
     let abi = Region::new(std::mem::size_of::<IeRank>());
     // SAFETY: the region holds one IeRank.
     unsafe { (abi.ptr as *mut IeRank).write(a) };
-    let p = IeParams { num_local: 1, ..params(&l, &mems, &abi, 0) };
-    launch("ep_internode", "mori_ie_layout", 1, THREADS, &p);
-    let u64s: Vec<u64> = mask.bytes()[..T * 8].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
-    let u32s = |b: &[u8]| -> Vec<u32> { b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
-    let (got_pre, got_cnt) = (u32s(&pre.bytes()[..(T + 1) * W * 4]), u32s(&m.scratch[2].bytes()[..W * 4]));
-    let got_npre = u32s(&npre.bytes()[..(T + 1) * (W / G) * 4]);
-    let mut run = [0u32; W];
-    let mut nrun = [0u32; W / G];
-    for t in 0..T {
-        let want: u64 = ids[t * K..(t + 1) * K].iter().filter(|&&e| e >= 0).fold(0, |m, &e| m | 1 << (e as usize / (E / W)));
-        assert_eq!(u64s[t], want, "token {t}: mask");
-        for d in 0..W {
-            assert_eq!(got_pre[t * W + d], run[d], "token {t}, rank {d}: tokens before it");
-            run[d] += ((want >> d) & 1) as u32;
-        }
-        for n in 0..W / G {
-            assert_eq!(got_npre[t * (W / G) + n], nrun[n], "token {t}, node {n}: tokens before it");
-            nrun[n] += u32::from((want >> (n * G)) & ((1 << G) - 1) != 0);
-        }
-    }
-    assert_eq!(&got_pre[T * W..], &run[..]);
-    assert_eq!(&got_npre[T * (W / G)..], &nrun[..]);
-    assert_eq!(got_cnt, run.to_vec());
-    assert_eq!(m.status()[1], 0);
+    let p = IeParams { num_local: 1, blocks_per_rank: 4, ..params(&l, &mems, &abi, 0) };
+    launch("ep_internode", "mori_ie_dispatch_stage", 4, THREADS, &p);
+    let st = m.status();
+    assert_eq!((st[1], st[2], st[3], st[4] as i32), (1, 13, 2, E as i32 + 5), "status {st:?}");
 }
 
 /// A relay segment from another node that is malformed is refused at the relay naming the
@@ -718,7 +768,7 @@ fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
             unsafe { (abi.ptr as *mut IeRank).add(r).write(mem.abi(r, 0, 0)) };
         }
         let p = IeParams { timeout_ns: 300_000_000, ..params(&l, &mems, &abi, 0) };
-        run_node(&p, "mori_ie_layout");
+        run_node(&p, "mori_ie_dispatch_stage");
         run_node(&p, "mori_ie_dispatch");
         let st = m.status();
         assert_eq!((st[1], [st[2], st[3], st[4]]), want, "case {case}: status {st:?}");

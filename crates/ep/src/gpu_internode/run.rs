@@ -38,7 +38,8 @@ struct GpuRank {
     win: Window,
     dev_ctr: DeviceBuffer,
     ring: DeviceRing,
-    /// mask, pre, cnt, recv_cnt, recv_base, done, status, trace, npre.
+    /// mask, pre, cnt, recv_cnt, recv_base, done, trace, npre (the status words are in the
+    /// node's `abi` buffer).
     scratch: Vec<DeviceBuffer>,
     /// x, weights, idx, scales.
     inp: Vec<DeviceBuffer>,
@@ -114,8 +115,8 @@ pub fn needed_connections(world: usize, nodes: usize) -> usize {
 }
 
 /// The kernels of each phase, as indices into [`KERNELS`], in launch order.
-const DISPATCH_KERNELS: [usize; 4] = [0, 1, 2, 3];
-const COMBINE_KERNELS: [usize; 3] = [4, 5, 6];
+const DISPATCH_KERNELS: [usize; 3] = [0, 1, 2];
+const COMBINE_KERNELS: [usize; 3] = [3, 4, 5];
 
 /// Events per node's stream: one before a phase's first kernel and one after each of its
 /// kernels, for the longer phase.
@@ -124,17 +125,15 @@ const MARKS: usize = 1 + if DISPATCH_KERNELS.len() > COMBINE_KERNELS.len() { DIS
 /// How a kernel's grid is sized.
 #[derive(Clone, Copy)]
 enum Grid {
-    /// One block per rank (the layout).
-    PerRank,
     /// `blocks_per_rank`: kernels that wait, their whole grid resident at once.
     CoResident,
     /// `copy_blocks`: kernels that wait for nothing (the stagings, the copy-out, the sum).
     Own,
 }
 
-/// The kernels in launch order (dispatch 0..=3; combine 4..=6) and their grids.
-const KERNELS: [(&str, Grid); 7] = [
-    ("mori_ie_layout", Grid::PerRank),
+/// The kernels in launch order (dispatch 0..=2; combine 3..=5) and their grids. (The layout is
+/// part of the dispatch staging kernel: each of its blocks lays out its share of the tokens.)
+const KERNELS: [(&str, Grid); 6] = [
     ("mori_ie_dispatch_stage", Grid::Own),
     ("mori_ie_dispatch", Grid::CoResident),
     ("mori_ie_dispatch_recv", Grid::Own),
@@ -237,7 +236,6 @@ impl InterNodeGpu {
                     w * 4,
                     w * 4,
                     layout.done_bytes(),
-                    64,
                     if opts.trace { trace_bytes(w, opts.trace_blocks()) } else { 0 },
                     (t + 1) * layout.nodes() * 4,
                 ]
@@ -331,7 +329,8 @@ impl InterNodeGpu {
             );
         }
         let nodes = w / g;
-        let abi = (0..nodes).map(|_| zeroed(g * std::mem::size_of::<IeRank>())).collect::<Result<Vec<_>, _>>()?;
+        // Per node: its ranks' structs, then their status words.
+        let abi = (0..nodes).map(|_| zeroed(g * (std::mem::size_of::<IeRank>() + run_abi::STATUS_BYTES))).collect::<Result<Vec<_>, _>>()?;
         let streams = (0..nodes).map(|_| rt.stream(dev)).collect::<Result<Vec<_>, _>>()?;
         let marks =
             (0..nodes).map(|_| (0..MARKS).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
@@ -418,7 +417,6 @@ impl InterNodeGpu {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {
                 let per_rank = match KERNELS[k].1 {
-                    Grid::PerRank => 1,
                     Grid::CoResident => b,
                     Grid::Own => self.opts.copy_blocks,
                 };
@@ -459,21 +457,21 @@ impl InterNodeGpu {
     /// The dispatch kernels on the inputs the ranks point at: uploads the per-rank structs,
     /// runs, and returns each rank's received count.
     fn run_dispatch(&mut self) -> GpuResult<Vec<u32>> {
-        self.upload_abi()?;
+        self.upload_abi(true)?;
         if self.opts.trace {
             for gr in &self.ranks {
-                self.rt.memset(&gr.scratch[7].slice(), 0)?;
+                self.rt.memset(&gr.scratch[6].slice(), 0)?;
             }
         }
         // With the records in the window, the copy-out kernel is not launched (its time reads 0).
-        let ks = if self.opts.recv_in_window { &DISPATCH_KERNELS[..3] } else { &DISPATCH_KERNELS[..] };
+        let ks = if self.opts.recv_in_window { &DISPATCH_KERNELS[..2] } else { &DISPATCH_KERNELS[..] };
         self.times.dispatch_us = self.run(ks)?;
         self.check_status("dispatch")
     }
 
     /// The combine kernels on the rows the ranks' combine inputs hold (`comb_rows` each).
     fn run_combine(&mut self) -> GpuResult<()> {
-        self.upload_abi()?;
+        self.upload_abi(false)?;
         // With the input rows in the window, combine stages nothing: its staging kernel is
         // not launched (its time reads 0).
         let ks = if self.in_window { &COMBINE_KERNELS[1..] } else { &COMBINE_KERNELS[..] };
@@ -515,7 +513,7 @@ impl InterNodeGpu {
         for (r, gr) in self.ranks.iter().enumerate() {
             let n = trace_bytes(w, tb);
             let mut b = vec![0u8; n];
-            self.rt.copy_dtoh(&mut b, &gr.scratch[7].sub(0, n)?)?;
+            self.rt.copy_dtoh(&mut b, &gr.scratch[6].sub(0, n)?)?;
             out.push(RankStamps::parse(r, w, tb, &b).ok_or_else(|| host_err("trace", "buffer of the wrong length"))?);
         }
         Ok(Some(out))

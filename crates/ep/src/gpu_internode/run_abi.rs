@@ -7,6 +7,9 @@ use super::InterNodeGpu;
 use crate::error::EpError;
 use crate::gpu::{EpGpuError, GpuResult};
 
+/// Bytes of a rank's status words (the kernels use the first 32).
+pub(super) const STATUS_BYTES: usize = 64;
+
 impl InterNodeGpu {
     pub(super) fn params(&self, node: usize) -> IeParams {
         let (w, g) = (self.layout.world, self.layout.gpn);
@@ -48,10 +51,13 @@ impl InterNodeGpu {
         }
     }
 
-    pub(super) fn upload_abi(&self) -> GpuResult<()> {
+    /// Uploads every node's per-rank structs; with `reset_status` (before a dispatch) also
+    /// zeroes the ranks' status words, which follow the structs in the same buffer (one copy
+    /// per node; the kernels only set them, first fault wins).
+    pub(super) fn upload_abi(&self, reset_status: bool) -> GpuResult<()> {
         let g = self.layout.gpn;
         for (node, buf) in self.abi.iter().enumerate() {
-            let mut bytes = Vec::with_capacity(g * std::mem::size_of::<IeRank>());
+            let mut bytes = Vec::with_capacity(g * (std::mem::size_of::<IeRank>() + STATUS_BYTES));
             for r in node * g..(node + 1) * g {
                 let gr = &self.ranks[r];
                 let s = &gr.scratch;
@@ -73,7 +79,7 @@ impl InterNodeGpu {
                     scales: inp[3],
                     mask: s[0].ptr(),
                     pre: s[1].ptr(),
-                    npre: s[8].ptr(),
+                    npre: s[7].ptr(),
                     cnt: s[2].ptr(),
                     recv_cnt: s[3].ptr(),
                     recv_base: s[4].ptr(),
@@ -87,8 +93,8 @@ impl InterNodeGpu {
                     comb_w: if self.in_window { 0 } else { gr.comb[1].ptr() },
                     comb_out: gr.comb[2].ptr(),
                     comb_out_w: gr.comb[3].ptr(),
-                    status: s[6].ptr(),
-                    trace: if self.opts.trace { s[7].ptr() } else { 0 },
+                    status: self.status_ptr(r),
+                    trace: if self.opts.trace { s[6].ptr() } else { 0 },
                     ring: gr.ring.dev_args()?,
                 };
                 // SAFETY: IeRank is plain old data (integers), read as its bytes.
@@ -96,9 +102,19 @@ impl InterNodeGpu {
                     std::slice::from_raw_parts(&a as *const IeRank as *const u8, std::mem::size_of::<IeRank>())
                 });
             }
-            self.rt.copy_htod(&buf.slice(), &bytes)?;
+            if reset_status {
+                bytes.resize(g * (std::mem::size_of::<IeRank>() + STATUS_BYTES), 0);
+            }
+            self.rt.copy_htod(&buf.sub(0, bytes.len())?, &bytes)?;
         }
         Ok(())
+    }
+
+    /// Device address of rank `r`'s status words: after its node's structs in the node's
+    /// per-rank buffer.
+    fn status_ptr(&self, r: usize) -> u64 {
+        let g = self.layout.gpn;
+        self.abi[r / g].ptr() + (g * std::mem::size_of::<IeRank>() + (r % g) * STATUS_BYTES) as u64
     }
 
     /// The status words of every rank: a fault becomes `Kernel { rank, what }`.
@@ -107,9 +123,13 @@ impl InterNodeGpu {
     pub(super) fn check_status(&self, phase: &str) -> GpuResult<Vec<u32>> {
         let mut counts = Vec::with_capacity(self.ranks.len());
         let mut faults: Vec<(usize, u32, String)> = Vec::new();
-        for (r, gr) in self.ranks.iter().enumerate() {
-            let mut b = [0u8; 32];
-            self.rt.copy_dtoh(&mut b, &gr.scratch[6].sub(0, 32)?)?;
+        let g = self.layout.gpn;
+        let mut words = vec![0u8; g * STATUS_BYTES];
+        for r in 0..self.ranks.len() {
+            if r % g == 0 {
+                self.rt.copy_dtoh(&mut words, &self.abi[r / g].sub(g * std::mem::size_of::<IeRank>(), g * STATUS_BYTES)?)?;
+            }
+            let b = &words[(r % g) * STATUS_BYTES..(r % g + 1) * STATUS_BYTES];
             let w = |i: usize| u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
             let what = match w(1) {
                 0 => None,

@@ -6,7 +6,7 @@
 //!
 //! [`perfetto`] turns the stamps of every rank into one trace per rank, in the seed's lane
 //! names where a phase is one of them (so `mori trace analyze` puts them in its lanes):
-//! - per block (tid = block): `dispatch_layout` (block 0), `ep_dispatch_copy_to_staging`
+//! - per block (tid = block): `dispatch_layout` (each block's share), `ep_dispatch_copy_to_staging`
 //!   (the staging kernel: records for other nodes staged), `dispatch_intra` (the dispatch
 //!   kernel's start to its P2P stores to this node's ranks done: the staged segments handed
 //!   to the proxy, then the stores), `dispatch_relay_forward` (V1, V1-LL: this rank as the relay,
@@ -30,9 +30,9 @@ use crate::gpu::{PerfettoTrace, TraceEvent};
 
 /// Per-block slots (`IE_T_*` in the kernel).
 pub mod slot {
-    /// Layout start (block 0).
+    /// Layout of the block's share of the tokens start (in the dispatch staging kernel).
     pub const LAYOUT0: usize = 0;
-    /// Layout end.
+    /// Layout of the block's share end.
     pub const LAYOUT1: usize = 1;
     /// Dispatch staging start.
     pub const DISP0: usize = 2;
@@ -113,7 +113,7 @@ impl RankStamps {
 
 /// Per-block spans: (name, start slot, end slot, block 0 only).
 const BLOCK_SPANS: [(&str, usize, usize, bool); 11] = [
-    ("dispatch_layout", slot::LAYOUT0, slot::LAYOUT1, true),
+    ("dispatch_layout", slot::LAYOUT0, slot::LAYOUT1, false),
     ("ep_dispatch_copy_to_staging", slot::DISP0, slot::STAGED, false),
     ("dispatch_intra", slot::DISP1, slot::INTRA, false),
     ("dispatch_relay_forward", slot::INTRA, slot::FWD1, false),
