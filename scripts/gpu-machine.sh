@@ -46,7 +46,10 @@ step() { echo; echo "=== $*"; }
 # .gpu-bundle/bench_dispatch_combine_prev), and, only when named, figures
 # (scripts/gpu-parts/figures.sh: the inter-node EP table's figures and baselines, short), and,
 # only when named, devapi (scripts/gpu-parts/devapi.sh: InterNodeGpu's device-resident calls
-# against its host-bytes calls, with the GPU tests).
+# against its host-bytes calls, with the GPU tests), and, only when named, fused
+# (scripts/gpu-parts/fused.sh: the layout in the dispatch staging kernel against the earlier
+# build carried as .gpu-bundle/bench_dispatch_combine_prev, then the inter-node EP table's
+# figures and baselines).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -117,7 +120,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -1,0 +1,57 @@
+# The layout in the dispatch staging kernel (each staging block lays out its share of the
+# tokens; no layout kernel), against the earlier build ($B/bench_dispatch_combine_prev, carried
+# beside the bundle: a layout kernel of one block per rank first), both through the
+# device-resident calls (--device-api), 2 nodes x 4 ranks on one GPU; then the inter-node EP
+# table's figures with this build and their baselines, in the same run. A fragment, sourced by
+# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/fused.txt. About 6 minutes on
+# one H100/H200.
+#
+# - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, bit-exact, the device
+#   calls);
+# - AsyncLL decode over xgmi, earlier build and this one, three rounds in rotating order; V1,
+#   V1-LL and the DeepSeek-V3 shape both ways;
+# - this build: AsyncLL decode traced (rank 0's Perfetto file kept as
+#   $OUT/fused-asyncll.rank0.json), through the host calls, at 2 x 1 and 2 x 2, over tcp;
+# - the targets' baselines (bench_proxy round trips over xgmi and tcp, bench_engine batch-1
+#   xgmi writes at the legs' sizes, the intranode kernels at 8 ranks).
+fu_log="$OUT/fused.txt"
+ful() { logged "$fu_log" 300 12 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU|^copy pools|^calls: " "$@"; }
+dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
+step "fused: inter-node EP GPU tests"
+logged "$fu_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+prev="$B/bench_dispatch_combine_prev"
+[ -x "$prev" ] || { echo "FAILED: $prev is missing (carry the earlier build's binary)" | tee -a "$fu_log"; rc=1; prev=""; }
+fu2() { # NAME ORDER ARGS...: p the earlier build, n this one, in ORDER (device calls both)
+  local name=$1 order=$2 x
+  shift 2
+  for x in $(echo "$order" | grep -o .); do
+    case $x in
+      p) [ -n "$prev" ] && ful "$name, earlier build" "$prev" "$@" --device-api ;;
+      n) ful "$name, this build" "$B/bench_dispatch_combine" "$@" --device-api ;;
+    esac
+  done
+}
+for round in 1 2 3; do
+  step "fused: round $round: AsyncLL decode over xgmi"
+  order=$(echo "pn np pn" | cut -d' ' -f"$round")
+  fu2 "async_ll decode xgmi ($round)" "$order" --kernel-type async_ll --num-nodes 2 $dec
+done
+step "fused: V1, V1-LL and the DeepSeek-V3 shape"
+fu2 "v1 decode xgmi" np --kernel-type v1 --num-nodes 2 $dec
+fu2 "v1_ll decode xgmi" pn --kernel-type v1_ll --num-nodes 2 $dec
+fu2 "async_ll V3 xgmi" np --kernel-type async_ll --num-nodes 2 $v3
+step "fused: this build traced, through the host calls, at 2 x 1 and 2 x 2, over tcp"
+fu_tr=$(mktemp -d)
+ful "async_ll decode xgmi traced, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --device-api --trace "$fu_tr/al.json"
+cp "$fu_tr/al.rank0.json" "$OUT/fused-asyncll.rank0.json" 2>/dev/null || true
+rm -rf "$fu_tr"
+ful "async_ll decode xgmi, host calls, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
+ful "async_ll decode xgmi W=2, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --world-size 2 $dec --device-api
+ful "async_ll decode xgmi W=4, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --world-size 4 $dec --device-api
+ful "async_ll decode tcp, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --transport tcp --iters 5 --warmup 2 --device-api
+step "fused: the targets' baselines"
+logged "$fu_log" 120 8 "^$" "bench_proxy xgmi" "$B/bench_proxy" --transport xgmi --sizes 8,1213632 --iters 100 --flood-bytes 0
+logged "$fu_log" 120 8 "^$" "bench_proxy tcp" "$B/bench_proxy" --transport tcp --sizes 8,1213632 --iters 50 --flood-bytes 0
+logged "$fu_log" 120 12 "^[0-9T:.-]+Z |^note:" "bench_engine xgmi write, leg sizes" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 262144 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
+logged "$fu_log" 120 8 "^$" "intranode decode, 8 ranks on one GPU" "$B/bench_dispatch_combine" $dec
