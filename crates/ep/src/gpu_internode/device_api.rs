@@ -48,7 +48,8 @@ pub struct DeviceTicket<'a> {
 /// (device addresses, valid until the next dispatch of the object). Source `s`'s
 /// `counts[s]` records start at `base + s * seg_stride`, one every `rec_bytes`; a record is the
 /// x row (`row_bytes`), `top_k` f32 weights, `top_k` ids of `idx_size` bytes, `scale_bytes` of
-/// scales and the i32 flat source token (`s * max_tokens + t`), at the offsets below. The
+/// scales and the i32 flat source token (`s * max_tokens + t`), at the offsets below (V1 and
+/// V1-LL records carry their routing words after the source). The
 /// received order (the combine input's, and the host reference's) is source ascending, then
 /// each source's token order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,21 +72,32 @@ impl DeviceRecv {
         self.counts.iter().map(|&c| c as usize).sum()
     }
 
-    /// Device address of source `s`'s `q`-th record, or `None` past its count.
+    /// Device address of source `s`'s `q`-th record, or `None` past its count (or when the
+    /// address would overflow).
     pub fn record(&self, s: usize, q: usize) -> Option<u64> {
-        (q < *self.counts.get(s)? as usize).then(|| self.base + s as u64 * self.seg_stride + (q * self.rec_bytes) as u64)
+        if q >= *self.counts.get(s)? as usize {
+            return None;
+        }
+        let seg = (s as u64).checked_mul(self.seg_stride)?;
+        let rec = (q as u64).checked_mul(self.rec_bytes as u64)?;
+        self.base.checked_add(seg)?.checked_add(rec)
     }
 
     /// The received-order index of source `s`'s `q`-th record (its row of the combine input),
     /// or `None` past its count.
     pub fn row_of(&self, s: usize, q: usize) -> Option<usize> {
-        (q < *self.counts.get(s)? as usize).then(|| self.counts[..s].iter().map(|&c| c as usize).sum::<usize>() + q)
+        if q >= *self.counts.get(s)? as usize {
+            return None;
+        }
+        self.counts[..s].iter().try_fold(q, |acc, &c| acc.checked_add(c as usize))
     }
 }
 
 /// Where a rank's combine input goes (device addresses): row `i` (received order) is `hidden`
 /// elements of `comb_elem` bytes at `x + i * x_stride`, its `top_k` f32 weights at
-/// `w + i * w_stride` (zeros for an unweighted combine). Over xgmi with AsyncLL
+/// `w + i * w_stride`. The caller writes both for every row (zeros for weights it has none
+/// of): the object keeps whatever was written last, and the weights are summed into the
+/// combine's weight output. Over xgmi with AsyncLL
 /// ([`InterNodeGpu::combine_in_window`]) both lie interleaved in the window, one row of
 /// `comb_bytes` each; otherwise in two buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,10 +141,19 @@ impl InterNodeGpu {
     /// anything runs. Expert ids are checked on the GPU, not here: an id out of range (unless
     /// dropped) faults the kernels, and as with every kernel fault the error names the rank,
     /// token and slot, comes after the other ranks' deadline, and leaves the object unusable.
+    ///
+    /// Ordering: the kernels run on the object's own streams and wait for nothing of the
+    /// caller's, so the inputs must be complete (the caller's stream that wrote them
+    /// synchronized) before the call. After an error that got past the checks, the call
+    /// returns only once the kernels stopped (each ends by its in-kernel deadline), so the
+    /// caller may free the inputs then.
     pub fn dispatch_device<'a>(&mut self, inputs: &[DeviceRankInputs<'a>]) -> GpuResult<(Vec<DeviceRecv>, DeviceTicket<'a>)> {
         self.usable()?;
         self.check_device_inputs(inputs)?;
         let r = self.dispatch_device_inner(inputs);
+        if r.is_err() {
+            self.settle();
+        }
         let (recv, inner) = self.poison_on(r)?;
         Ok((recv, DeviceTicket { inner, _inputs: PhantomData }))
     }
@@ -151,14 +172,18 @@ impl InterNodeGpu {
     /// Errors: a ticket of another object or of a superseded dispatch; a wrong number of row
     /// counts, or a rank given fewer rows than it received or more than its input holds
     /// (`InvalidConfig` naming the rank and both counts, before anything runs: the object
-    /// stays usable); kernel faults naming the rank.
+    /// stays usable for the next dispatch; the ticket is spent); kernel faults naming the rank.
+    ///
+    /// Ordering as [`InterNodeGpu::dispatch_device`]: the rows must be complete before the
+    /// call; after a kernel fault it returns once the kernels stopped.
     pub fn combine_device(&mut self, ticket: DeviceTicket<'_>, rows: &[usize]) -> GpuResult<Vec<DeviceCombined>> {
         self.usable()?;
         self.check_ticket(&ticket.inner)?;
         self.check_combine_rows(rows)?;
         let r = self.combine_device_inner(rows);
-        if r.is_ok() {
-            self.dispatched = None;
+        match &r {
+            Ok(_) => self.dispatched = None,
+            Err(_) => self.settle(),
         }
         self.poison_on(r)
     }
@@ -167,6 +192,7 @@ impl InterNodeGpu {
     /// [`InterNodeGpu::dispatch`] returns them (for checks and tools: it copies the payload).
     /// Errors: a rank out of range; an object whose records do not stay in the window.
     pub fn read_recv(&mut self, rank: usize) -> GpuResult<RecvBytes> {
+        self.usable()?;
         self.rank_in_range(rank)?;
         if !self.opts.recv_in_window {
             return Err(bad("recv_in_window", false, "the records are read from the window: this object copies them out (use dispatch)"));
@@ -193,6 +219,14 @@ impl InterNodeGpu {
 }
 
 impl InterNodeGpu {
+    /// Waits for every stream of the object (its kernels end by their in-kernel deadlines):
+    /// after a failed device call, so that the caller's buffers are no longer read.
+    fn settle(&self) {
+        for s in &self.streams {
+            let _ = s.synchronize();
+        }
+    }
+
     fn rank_in_range(&self, rank: usize) -> GpuResult<()> {
         if rank >= self.layout.world {
             return Err(bad("rank", rank, format!("below the world size {}", self.layout.world)));

@@ -105,6 +105,9 @@ impl InterNodeGpu {
                     format!("whole rows of {row} B, at most {}", l.max_recv),
                 ));
             }
+            // Refused here, before anything runs (the kernels would check it too, but then
+            // the other ranks wait for this one's rows until their deadline).
+            self.check_received_by(r, xr.len() / row)?;
             let wr = w.map(|w| w[r]).unwrap_or(&[]);
             if !wr.is_empty() && wr.len() != xr.len() / row * l.top_k * 4 {
                 return Err(bad(
@@ -114,10 +117,6 @@ impl InterNodeGpu {
                 ));
             }
         }
-        // Refused here, before anything runs (the kernels would check it too, but then the
-        // other ranks wait for this one's rows until their deadline).
-        let given: Vec<usize> = x.iter().map(|xr| xr.len() / row).collect();
-        self.check_received(&given)?;
         let r = self.combine_inner(x, w);
         if r.is_ok() {
             self.dispatched = None;
@@ -129,7 +128,7 @@ impl InterNodeGpu {
     pub(super) fn check_ticket(&self, ticket: &InterTicket) -> GpuResult<()> {
         if ticket.owner != self.id || self.dispatched != Some(ticket.seq) {
             return Err(host_err(
-                "InterNodeGpu::combine",
+                "InterNodeGpu combine",
                 format!(
                     "the ticket (dispatch {}) is not this object's latest uncombined dispatch ({})",
                     ticket.seq,
@@ -142,14 +141,18 @@ impl InterNodeGpu {
 
     /// Refuses a combine input of fewer rows than its rank received (`given[r]` for rank r).
     pub(super) fn check_received(&self, given: &[usize]) -> GpuResult<()> {
-        for (r, (&given, gr)) in given.iter().zip(&self.ranks).enumerate() {
-            if given < gr.recv {
-                return Err(bad(
-                    "combine rows",
-                    format!("rank {r}: {given}"),
-                    format!("the combine input holds {given} rows, {} were received", gr.recv),
-                ));
-            }
+        given.iter().enumerate().try_for_each(|(r, &n)| self.check_received_by(r, n))
+    }
+
+    /// Refuses `given` rows for rank `r` when it received more.
+    fn check_received_by(&self, r: usize, given: usize) -> GpuResult<()> {
+        let received = self.ranks.get(r).map_or(0, |gr| gr.recv);
+        if given < received {
+            return Err(bad(
+                "combine rows",
+                format!("rank {r}: {given}"),
+                format!("the combine input holds {given} rows, {received} were received"),
+            ));
         }
         Ok(())
     }

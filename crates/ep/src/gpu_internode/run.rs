@@ -424,7 +424,10 @@ impl InterNodeGpu {
                 let mut args = KernelArgs::new();
                 args.push(IeParams { blocks_per_rank: per_rank, ..*p });
                 // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
-                // address in it belongs to buffers of self, which outlive the synchronization below.
+                // address in it belongs to buffers of self, which outlive the synchronization
+                // below, or (a device dispatch's inputs) to the caller's buffers, which the
+                // ticket keeps borrowed until the combine and which a failed device call waits
+                // for the kernels to stop reading (`settle`).
                 unsafe { self.funcs[k].launch(s, &cfg, &args.params())? };
                 marks[i + 1].record(s)?;
             }
