@@ -73,18 +73,25 @@ fn rank_bytes<'a>(inp: &[RankInput<bf16, i64>], owned: &'a [[Vec<u8>; 4]]) -> Ve
     inp.iter().zip(owned).map(|(i, o)| RankBytes { tokens: i.x.rows(), x: &o[0], weights: &o[1], idx: &o[2], scales: &o[3] }).collect()
 }
 
+/// The configuration of shape `s` under `scheme` (f32 scales when the shape has them, bf16
+/// tokens), and the element sizes every test uses: bf16 tokens and combine rows, i64 ids, f32
+/// output.
+fn shape_config(s: &Shape, scheme: Scheme) -> (EpConfig, ElemSizes) {
+    let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
+    cfg.scale_dim = s.scales;
+    cfg.scale_type_size = 4;
+    cfg.max_token_type_size = 2;
+    cfg.set_kernel_type(scheme_kernel_type(scheme));
+    (cfg, ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 })
+}
+
 /// `run` with [`InterNodeOptions::combine_rows`] and [`InterNodeOptions::recv_in_window`] as
 /// given.
 fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize, combine_rows: bool, recv_in_window: bool) {
     // Before the CUDA context exists (every test sets it; the first one creates the context).
     std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
-    let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
-    cfg.scale_dim = s.scales;
-    cfg.scale_type_size = 4;
-    cfg.max_token_type_size = 2;
-    let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
-    cfg.set_kernel_type(scheme_kernel_type(scheme));
+    let (cfg, sz) = shape_config(s, scheme);
     let opts = InterNodeOptions {
         path,
         weighted: true,
@@ -284,12 +291,7 @@ fn async_ll_combine_rows_short_of_the_received_are_refused() {
     for combine_rows in [true, false] {
         let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
         let s = SMALL;
-        let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
-        cfg.scale_dim = s.scales;
-        cfg.scale_type_size = 4;
-        cfg.max_token_type_size = 2;
-        cfg.set_kernel_type(KernelType::AsyncLL);
-        let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
+        let (cfg, sz) = shape_config(&s, Scheme::AsyncLL);
         let opts = InterNodeOptions { combine_rows, timeout: Duration::from_secs(5), ..InterNodeOptions::default() };
         let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
         let mut rng = SplitMix64::new(11);
@@ -331,12 +333,7 @@ fn device_calls_equal_the_reference() {
     for scheme in [Scheme::AsyncLL, Scheme::V1] {
         let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
         let s = SMALL;
-        let mut cfg = EpConfig::with_gpus_per_node(s.w, s.g, s.h, s.e, s.k, s.t).unwrap();
-        cfg.scale_dim = s.scales;
-        cfg.scale_type_size = 4;
-        cfg.max_token_type_size = 2;
-        cfg.set_kernel_type(scheme_kernel_type(scheme));
-        let sz = ElemSizes { elem: 2, idx_size: 8, comb_elem: 2, out_elem: 4 };
+        let (cfg, sz) = shape_config(&s, scheme);
         let opts = InterNodeOptions { weighted: true, timeout: Duration::from_secs(20), ..InterNodeOptions::default() };
         let mut ep = InterNodeGpu::new(rt.clone(), Device(0), &cfg, sz, opts).unwrap();
         assert_eq!(ep.combine_in_window(), scheme == Scheme::AsyncLL);

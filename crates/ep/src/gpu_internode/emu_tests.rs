@@ -634,6 +634,44 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
     }
 }
 
+/// Rank 0's buffers of `T` tokens with expert ids `ids` (`[T, K]`), run through the dispatch
+/// staging kernel alone on `blocks` blocks (node 0, only rank 0): its mask, pre and npre
+/// regions (`[T]`, `[T + 1, W]`, `[T + 1, W / G]`), with `mems[0]`'s status and counts.
+struct StageRun {
+    mems: Vec<RankMem>,
+    mask: Region,
+    pre: Region,
+    npre: Region,
+}
+
+fn stage_alone(l: &InterLayout, ids: &[i64], blocks: u32) -> StageRun {
+    let t = ids.len() / K;
+    let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(l)).collect();
+    let m = &mems[0];
+    let (idx, mask, pre) = (Region::new(t * K * 8), Region::new(t * 8), Region::new((t + 1) * W * 4));
+    let npre = Region::new((t + 1) * (W / G) * 4);
+    // The staging that follows the layout reads T tokens' rows, weights and scales.
+    let (x, w, sc) = (Region::new(t * l.row_bytes), Region::new(t * K * 4), Region::new(t * l.scale_bytes.max(1)));
+    m.write(&idx, &le(ids, |v: i64| v.to_le_bytes().to_vec()));
+    let a = IeRank {
+        num_tokens: t as u32,
+        idx: idx.addr(),
+        mask: mask.addr(),
+        pre: pre.addr(),
+        npre: npre.addr(),
+        x: x.addr(),
+        weights: w.addr(),
+        scales: sc.addr(),
+        ..m.abi(0, t, 0)
+    };
+    let abi = Region::new(std::mem::size_of::<IeRank>());
+    // SAFETY: the region holds one IeRank.
+    unsafe { (abi.ptr as *mut IeRank).write(a) };
+    let p = IeParams { num_local: 1, blocks_per_rank: blocks, ..params(l, &mems, &abi, 0) };
+    launch("ep_internode", "mori_ie_dispatch_stage", blocks, THREADS, &p);
+    StageRun { mems, mask, pre, npre }
+}
+
 /// The layout of the dispatch staging kernel over several tiles (150 tokens, 64 threads a
 /// tile), on one block (its share spans three tiles) and on four (each block's share starts
 /// with the counts of the tokens before it): masks, the exclusive per-destination and (V1-LL)
@@ -645,31 +683,10 @@ fn layout_over_several_tiles_and_blocks_equals_a_sequential_walk() {
     cfg.max_recv_tokens = T * W;
     let l = InterLayout::new(&cfg, Scheme::V1LL, 2, 8, 2).unwrap();
     for blocks in [1u32, 4] {
-        let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
-        let m = &mems[0];
         let mut rng = SplitMix64::new(0x1a_7041 + blocks as u64);
         let ids: Vec<i64> = (0..T * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
-        let (idx, mask, pre) = (Region::new(T * K * 8), Region::new(T * 8), Region::new((T + 1) * W * 4));
-        let npre = Region::new((T + 1) * (W / G) * 4);
-        // The staging that follows the layout reads T tokens' rows, weights and scales.
-        let (x, w, sc) = (Region::new(T * l.row_bytes), Region::new(T * K * 4), Region::new(T * l.scale_bytes.max(1)));
-        m.write(&idx, &le(&ids, |v: i64| v.to_le_bytes().to_vec()));
-        let a = IeRank {
-            num_tokens: T as u32,
-            idx: idx.addr(),
-            mask: mask.addr(),
-            pre: pre.addr(),
-            npre: npre.addr(),
-            x: x.addr(),
-            weights: w.addr(),
-            scales: sc.addr(),
-            ..m.abi(0, T, 0)
-        };
-        let abi = Region::new(std::mem::size_of::<IeRank>());
-        // SAFETY: the region holds one IeRank.
-        unsafe { (abi.ptr as *mut IeRank).write(a) };
-        let p = IeParams { num_local: 1, blocks_per_rank: blocks, ..params(&l, &mems, &abi, 0) };
-        launch("ep_internode", "mori_ie_dispatch_stage", blocks, THREADS, &p);
+        let StageRun { mems, mask, pre, npre } = stage_alone(&l, &ids, blocks);
+        let m = &mems[0];
         let u64s: Vec<u64> = mask.bytes()[..T * 8].chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
         let u32s = |b: &[u8]| -> Vec<u32> { b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
         let (got_pre, got_cnt) = (u32s(&pre.bytes()[..(T + 1) * W * 4]), u32s(&m.scratch[2].bytes()[..W * 4]));
@@ -703,28 +720,10 @@ fn an_out_of_range_id_is_reported_by_the_block_of_its_share() {
     const T: usize = 20;
     let cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, T).unwrap();
     let l = InterLayout::new(&cfg, Scheme::AsyncLL, 2, 8, 2).unwrap();
-    let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
-    let m = &mems[0];
     let mut ids: Vec<i64> = (0..T * K).map(|i| (i % E) as i64).collect();
     ids[13 * K + 2] = E as i64 + 5;
-    let (idx, mask, pre) = (Region::new(T * K * 8), Region::new(T * 8), Region::new((T + 1) * W * 4));
-    let (x, w, sc) = (Region::new(T * l.row_bytes), Region::new(T * K * 4), Region::new(T * l.scale_bytes.max(1)));
-    m.write(&idx, &le(&ids, |v: i64| v.to_le_bytes().to_vec()));
-    let a = IeRank {
-        num_tokens: T as u32,
-        idx: idx.addr(),
-        mask: mask.addr(),
-        pre: pre.addr(),
-        x: x.addr(),
-        weights: w.addr(),
-        scales: sc.addr(),
-        ..m.abi(0, T, 0)
-    };
-    let abi = Region::new(std::mem::size_of::<IeRank>());
-    // SAFETY: the region holds one IeRank.
-    unsafe { (abi.ptr as *mut IeRank).write(a) };
-    let p = IeParams { num_local: 1, blocks_per_rank: 4, ..params(&l, &mems, &abi, 0) };
-    launch("ep_internode", "mori_ie_dispatch_stage", 4, THREADS, &p);
+    let run = stage_alone(&l, &ids, 4);
+    let m = &run.mems[0];
     let st = m.status();
     assert_eq!((st[1], st[2], st[3], st[4] as i32), (1, 13, 2, E as i32 + 5), "status {st:?}");
 }
