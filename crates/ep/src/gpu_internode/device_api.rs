@@ -4,10 +4,14 @@
 //! cross to the host. [`InterNodeGpu::dispatch`] / [`InterNodeGpu::combine`] (host bytes in and
 //! out) are the same kernels with the host's copies around them.
 //!
-//! A caller's sequence per layer: [`InterNodeGpu::dispatch_device`] (returns where every rank's
-//! records lie, [`DeviceRecv`], and the [`DeviceTicket`]); the experts read the records and
-//! write their output rows, in the received order, at [`InterNodeGpu::combine_input`];
-//! [`InterNodeGpu::combine_device`] returns where each rank's combined rows lie.
+//! One `InterNodeGpu` drives every rank of the job in this process on one GPU (the nodes as
+//! groups of ranks), so each call takes one entry per rank of the whole job. A caller's
+//! sequence per layer: [`InterNodeGpu::dispatch_device`] (returns where every rank's records
+//! lie, [`DeviceRecv`], and the [`DeviceTicket`]); the experts read the records and write
+//! their output rows, in the received order, at [`InterNodeGpu::combine_input`];
+//! [`InterNodeGpu::combine_device`] returns where each rank's combined rows lie. The records
+//! stay where they are until the next dispatch (a combine does not touch them); the combined
+//! rows until the next combine.
 
 use super::host_api::read_records;
 use super::{bad, InterNodeGpu};
@@ -28,7 +32,8 @@ pub struct DeviceRankInputs<'a> {
     /// `[T, top_k]` f32 weights.
     pub weights: DeviceSlice<'a>,
     /// `[T, top_k]` expert ids of `idx_size` bytes (-1: none). Read again by a weighted
-    /// combine, so the [`DeviceTicket`] borrows them.
+    /// combine, so the [`DeviceTicket`] borrows them: do not overwrite them on the GPU before
+    /// the combine either.
     pub idx: DeviceSlice<'a>,
     /// `[T, scale_dim]` scales of `scale_type_size` bytes; `None` exactly when the
     /// configuration has none.
@@ -165,7 +170,9 @@ impl InterNodeGpu {
     }
 
     /// Combines the dispatch of `ticket` from the rows each rank's experts wrote at
-    /// [`InterNodeGpu::combine_input`] (`rows[r]` rows for rank r, at least what it received);
+    /// [`InterNodeGpu::combine_input`] (`rows[r]` rows for rank r, at least what it received:
+    /// the kernels read the received ones, the first `DeviceRecv::total()`; more is allowed,
+    /// up to the input's capacity, and is ignored);
     /// returns where each rank's combined rows lie ([`DeviceCombined`]). Returns once the
     /// kernels ran.
     ///

@@ -36,8 +36,8 @@ pub struct InterNodeOptions {
     /// combine's staging and sum), so they are not bound by the co-resident grid of the others. Default 64: on
     /// the H200, 2 x 4 ranks, decode shape, V1, the copy-out took 113 µs at 16 blocks, 71 at
     /// 32 and 57 at 64, and dispatch 409-431 µs at 16 against 348 at 64 in the same run
-    /// (docs/PERFORMANCE.md). The stagings and the sum have run on a GPU only at
-    /// `blocks_per_rank` (as parts of the kernels that wait).
+    /// (docs/PERFORMANCE.md). The stagings (with the layout) and the sum run at this count as
+    /// kernels of their own; AsyncLL decode at 32, 64 and 128: `docs/gpu-run/grid2.txt`.
     pub copy_blocks: u32,
     /// Record trace stamps ([`super::InterNodeGpu::trace`]).
     pub trace: bool,

@@ -447,16 +447,16 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             nodes_flags()
         )));
     }
-    if a.device_api && a.recv_copy_out {
-        return Err(err(
-            "--device-api leaves the received records in the window; --recv-copy-out copies them out: give one of them".to_string()
-        ));
-    }
     if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging || a.recv_copy_out || a.device_api) {
         return Err(err(format!(
             "--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out/--device-api apply to the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and their proxies; this run is not one of them ({})",
             if gpu { format!("--kernel-type {}", kt.name()) } else { "--device cpu: the host executor".to_string() }
         )));
+    }
+    if a.device_api && a.recv_copy_out {
+        return Err(err(
+            "--device-api leaves the received records in the window; --recv-copy-out copies them out: give one of them".to_string()
+        ));
     }
     if a.combine_staging && (kt != KernelTypeArg::AsyncLl || a.transport.is_some()) {
         return Err(err(format!(
