@@ -13,7 +13,7 @@
 # - the targets' baselines (bench_proxy round trip at 1.2 MB, the intranode kernels at 8
 #   ranks).
 da_log="$OUT/devapi.txt"
-dal() { logged "$da_log" 300 14 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU|^copy pools" "$@"; }
+dal() { ep_logged "$da_log" 14 "^copy pools" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 step "devapi: inter-node EP GPU tests"
 logged "$da_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1

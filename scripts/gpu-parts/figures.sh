@@ -7,7 +7,7 @@
 # OUT, step, rc); appends to $OUT/figures.txt. scripts/gpu-parts/asyncll.sh is the longer set
 # (tcp and V3 for every scheme, the PyTorch baseline).
 fg_log="$OUT/figures.txt"
-fgl() { logged "$fg_log" 300 12 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU|^copy pools" "$@"; }
+fgl() { ep_logged "$fg_log" 12 "^copy pools" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 step "figures: inter-node EP GPU tests"
 logged "$fg_log" 300 18 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1

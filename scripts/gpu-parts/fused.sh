@@ -15,7 +15,7 @@
 # - the targets' baselines (bench_proxy round trips over xgmi and tcp, bench_engine batch-1
 #   xgmi writes at the legs' sizes, the intranode kernels at 8 ranks).
 fu_log="$OUT/fused.txt"
-ful() { logged "$fu_log" 300 12 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU|^copy pools|^calls: " "$@"; }
+ful() { ep_logged "$fu_log" 12 "^copy pools|^calls: " "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
 step "fused: inter-node EP GPU tests"

@@ -6,7 +6,7 @@
 # run. A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to
 # $OUT/grid2.txt. About 3 minutes on one H100/H200.
 g2_log="$OUT/grid2.txt"
-g2l() { logged "$g2_log" 300 6 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU|^copy pools|^calls: |^proxies|^host time" "$@"; }
+g2l() { ep_logged "$g2_log" 6 "^copy pools|^calls: |^proxies|^host time" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16 --kernel-type async_ll --num-nodes 2 --device-api"
 for round in 1 2; do
   step "grid2: round $round: --copy-blocks"

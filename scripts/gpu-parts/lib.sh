@@ -53,3 +53,16 @@ events_then_flags() {
     fi
   done
 }
+
+# The lines of a bench_dispatch_combine run a part's summary leaves out: the per-rank lines
+# and table frame (rank 0's row is kept), the description and trace-file lines, the timing
+# legend and the host CPU line. A part adds its own (extended regex alternatives).
+EP_RUN_DROP='^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU'
+
+# ep_logged LOG LINES EXTRA NAME CMD...: logged with 300 s, LINES lines and EP_RUN_DROP plus
+# EXTRA (more alternatives, or empty).
+ep_logged() {
+  local log=$1 lines=$2 extra=$3
+  shift 3
+  logged "$log" 300 "$lines" "$EP_RUN_DROP${extra:+|$extra}" "$@"
+}

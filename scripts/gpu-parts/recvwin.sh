@@ -16,7 +16,7 @@
 # - the targets' baselines (bench_proxy round trip at 1.2 MB, the intranode kernels at 8
 #   ranks).
 rw_log="$OUT/recvwin.txt"
-rwl() { logged "$rw_log" 300 22 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU" "$@"; }
+rwl() { ep_logged "$rw_log" 22 "" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 step "recvwin: inter-node EP GPU tests"
 logged "$rw_log" 300 18 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1

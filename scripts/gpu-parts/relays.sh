@@ -3,7 +3,7 @@
 # leaves out. A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to
 # $OUT/relays.txt. About 2 minutes on one H100/H200.
 rl_log="$OUT/relays.txt"
-rll() { logged "$rl_log" 300 8 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU|^copy pools|^calls: |^proxies|^host time" "$@"; }
+rll() { ep_logged "$rl_log" 8 "^copy pools|^calls: |^proxies|^host time" "$@"; }
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2 --device-api"
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16 --transport tcp --iters 5 --warmup 2 --device-api"
 for kt in v1 v1_ll; do

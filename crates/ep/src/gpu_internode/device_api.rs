@@ -13,7 +13,7 @@
 //! stay where they are until the next dispatch (a combine does not touch them); the combined
 //! rows until the next combine.
 
-use super::host_api::read_records;
+use super::host_api::{read_records, recv_counts};
 use super::{bad, InterNodeGpu};
 use crate::gpu::GpuResult;
 use crate::gpu_internode::{InterTicket, RecvBytes};
@@ -310,8 +310,7 @@ impl InterNodeGpu {
         for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
             gr.comb_rows = 0;
             gr.recv = n as usize;
-            let mut cnt = vec![0u8; l.world * 4];
-            self.rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
+            let cnt = recv_counts(self.rt.as_ref(), &l, gr)?;
             out.push(DeviceRecv {
                 base: gr.win.dev_ptr() + l.lay.disp_in,
                 seg_stride: l.lay.seg_rec,

@@ -177,8 +177,7 @@ impl InterNodeGpu {
 /// What rank `gr` received (`n` records in all), read from its window: each source's segment
 /// holds its `recv_cnt[s]` records in the received order.
 pub(super) fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &mut GpuRank, n: usize) -> GpuResult<RecvBytes> {
-    let mut cnt = vec![0u8; l.world * 4];
-    rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
+    let cnt = recv_counts(rt, l, gr)?;
     // The kernels checked every count against max_tokens and their sum against status[0]
     // (at most max_recv records: what recv_host holds).
     let len = n * l.rec_bytes;
@@ -193,4 +192,11 @@ pub(super) fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &mut GpuRank, 
     };
     let p = gr.recv_host.insert(p);
     l.gather_records(&cnt, &mut p.as_mut_slice()[..len], |off, buf| win.read(rt, off, buf))
+}
+
+/// Rank `gr`'s records per source of the last dispatch: u32 `[world]`, little-endian bytes.
+pub(super) fn recv_counts(rt: &dyn Runtime, l: &InterLayout, gr: &GpuRank) -> GpuResult<Vec<u8>> {
+    let mut cnt = vec![0u8; l.world * 4];
+    rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
+    Ok(cnt)
 }
