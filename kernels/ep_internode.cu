@@ -44,8 +44,10 @@
 //                         t sent to d: the token's index in its segment at d when its mask bit d
 //                         is set; pre[T][d] = cnt[d]; for V1-LL also npre[t][m], tokens before t
 //                         sent to node m), then the share's records for other nodes staged;
-//   mori_ie_dispatch      first one command per peer or relay for the staged records, then P2P
-//                         stores to same-node ranks while the proxy moves the staged ones; V1-LL: then the relay
+//                         the rank's last block to finish pushes one command per peer or relay
+//                         for them;
+//   mori_ie_dispatch      P2P stores to same-node ranks while the proxy moves the staged
+//                         records; V1-LL: then the relay
 //                         forwarding; then block 0 waits for every source and writes the
 //                         received count and the first output row per source;
 //   mori_ie_dispatch_recv copy the records into the outputs; the last block zeroes the
@@ -167,13 +169,42 @@ MORI_DEVICE void ie_layout_share(const IeParams& p, const IeRank& a, uint32_t b,
     mori_sync_block();
 }
 
+// Hands the staged records for other nodes to the proxy, one thread per peer: AsyncLL each
+// peer's segment, V1 and V1-LL each other node's relay's segment after writing its header (per
+// local index of node m the records for that rank, then the record count). Called by the
+// rank's last staging block, once every block's records and the totals are fenced.
+MORI_DEVICE void ie_dispatch_hand_over(const IeParams& p, const IeRank& a, uint64_t deadline) {
+    const uint32_t r = a.rank, W = p.world, tid = mori_thread_idx(), nthreads = mori_block_dim();
+    const uint32_t* cnt = (const uint32_t*)a.cnt;
+    if (ie_relay(p)) {
+        const uint32_t own = r / p.gpn;
+        for (uint32_t m = tid; m < ie_nodes(p); m += nthreads) {
+            if (m == own) continue;
+            const uint32_t n = ie_relay_count(p, a, m);
+            uint32_t* hdr = (uint32_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay);
+            for (uint32_t c = 0; c < p.gpn; c++) hdr[c] = cnt[m * p.gpn + c];
+            hdr[p.gpn] = n;
+            mori_fence_system();
+            ie_hand_over(p, a, ie_relay_of(p, r, m), 0, n, p.lay.relay_hdr + (uint64_t)n * p.rec_bytes, p.lay.out_relay + m * p.lay.seg_relay,
+                         p.lay.relay_in + own * p.lay.seg_relay, deadline);
+        }
+        return;
+    }
+    for (uint32_t d = tid; d < W; d += nthreads)
+        if (!ie_same_node(p, r, d))
+            ie_hand_over(p, a, d, 0, cnt[d], (uint64_t)cnt[d] * p.rec_bytes, p.lay.out_disp + d * p.lay.seg_rec, p.lay.disp_in + r * p.lay.seg_rec,
+                         deadline);
+}
+
 // Lays out this block's share of the tokens (ie_layout_share), then stages its records for
 // other nodes in this rank's window (the proxy reads them there), one 32-thread group per
-// token. Spins on nothing, so the host may launch it with more blocks per rank than the
-// co-resident kernels (its own blocks_per_rank); mori_ie_dispatch, next in stream order, reads
-// the whole layout and hands the staged records to the proxy.
+// token; the rank's last block to finish hands them to the proxy. Waits for no other block (only
+// the last one, for ring space, to its deadline), so the host may launch it with more blocks per
+// rank than the co-resident kernels (its own blocks_per_rank); mori_ie_dispatch, next in stream
+// order, reads the whole layout.
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_stage(IeParams p) {
     MORI_SHARED_STRUCT(IeLayoutSh, sh);
+    MORI_SHARED_STRUCT(IeLast, last);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, W = p.world, tid = mori_thread_idx();
@@ -195,11 +226,16 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_stage(IeParams p) {
                 if (q >= 0) ie_put_record(p, a, t, (uint8_t*)(p.win[r] + p.lay.out_disp + d * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), lane);
             }
     }
-    // Visible system-wide (the proxy reads the staging through the host) before the next
-    // kernel hands it over.
+    // Visible system-wide (the proxy reads the staging through the host) before the rank's last
+    // block hands it over.
     mori_fence_system();
     mori_sync_block();
     ie_stamp(p, a, b, IE_T_STAGED);
+    // The rank's last block to finish staging sees every block's records and the totals (the
+    // block whose share ends at T wrote them before its own staging): it hands the segments to
+    // the proxy at once, so the legs start while mori_ie_dispatch is still being scheduled. (An
+    // out-of-range id recorded by the layout does not stop the hand-over: it was skipped.)
+    if (ie_last_block(p, a, IE_DONE_STAGED, last)) ie_dispatch_hand_over(p, a, mori_clock_ns() + p.timeout_ns);
 }
 
 // With IE_FLAG_RECV_WIN, the last block of the rank to finish zeroes its dispatch counters
@@ -229,32 +265,9 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
         if (b == 0 && ie_same_node(p, r, d)) ie_signal(p, a, d, 0, 1, (uint64_t)((const uint32_t*)a.cnt)[d] + 1);
     }
     mori_sync_block();
-    // The records for other nodes, staged and fenced by mori_ie_dispatch_stage, first: block 0
-    // hands each peer's (V1-LL: each node's relay's) segment to the proxy at once.
+    // The records for other nodes went to the proxy from mori_ie_dispatch_stage's last block;
+    // this node's ranks get theirs by P2P stores into their windows while the proxy works.
     const bool relay = ie_relay(p);
-    if (b == 0 && relay) {
-        const uint32_t own = r / p.gpn;
-        for (uint32_t m = tid; m < ie_nodes(p); m += nthreads) {
-            if (m == own) continue;
-            const uint32_t n = ie_relay_count(p, a, m);
-            // The segment's header (every staging block's share is laid out by now): per local
-            // index of node m the records for that rank, then the record count.
-            uint32_t* hdr = (uint32_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay);
-            for (uint32_t c = 0; c < p.gpn; c++) hdr[c] = ((const uint32_t*)a.cnt)[m * p.gpn + c];
-            hdr[p.gpn] = n;
-            mori_fence_system();
-            ie_hand_over(p, a, ie_relay_of(p, r, m), 0, n, p.lay.relay_hdr + (uint64_t)n * p.rec_bytes, p.lay.out_relay + m * p.lay.seg_relay,
-                         p.lay.relay_in + own * p.lay.seg_relay, deadline);
-        }
-    } else if (b == 0) {
-        for (uint32_t d = tid; d < W; d += nthreads)
-            if (!ie_same_node(p, r, d)) {
-                const uint32_t n = ((const uint32_t*)a.cnt)[d];
-                ie_hand_over(p, a, d, 0, n, (uint64_t)n * p.rec_bytes, p.lay.out_disp + d * p.lay.seg_rec, p.lay.disp_in + r * p.lay.seg_rec,
-                             deadline);
-            }
-    }
-    // Then this node's ranks, by P2P stores into their windows, while the proxy works.
     for (uint32_t t = t0 + warp; t < t1; t += nwarps)
         for (uint32_t d = 0; d < W; d++) {
             if (!ie_same_node(p, r, d)) continue;
@@ -489,7 +502,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
 // Sums every rank's rows per token. Spins on nothing (mori_ie_combine_send's block 0 waited
 // for the rows), so the host may launch it with more blocks per rank than the co-resident
 // kernels (its own blocks_per_rank).
-MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_recv(IeParams p) {
+MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_recv(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, sh);
     MORI_SHARED_STRUCT(IeGather, gs);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;

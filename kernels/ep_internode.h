@@ -36,6 +36,9 @@
 // Index in IeRank.done (u32) of combine_send's finished-block count (V1-LL: zeroes the gather
 // counters).
 #define IE_DONE_GATHER(world) (4u + 2u * (world))
+// Index in IeRank.done of mori_ie_dispatch_stage's finished-block count (its last block hands
+// the staged records over).
+#define IE_DONE_STAGED 3u
 
 // Per-block trace slots.
 #define IE_T_LAYOUT0 0   // layout of the block's share start (dispatch staging kernel)
@@ -54,7 +57,7 @@
 #define IE_T_RED1 13     // combine sum end
 #define IE_T_FWD1 14     // V1, V1-LL: this rank's relay forwarding done (dispatch)
 #define IE_T_RRED1 15    // V1, V1-LL: this rank's relay partial sums handed over (combine send)
-#define IE_T_DISP1 16    // dispatch start (hands the staged records over, then stores)
+#define IE_T_DISP1 16    // dispatch start (stores for this node's ranks)
 #define IE_T_COMB1 17    // combine send start (hands the staged rows over, then stores)
 #define IE_T_SLOTS 18
 
@@ -95,7 +98,7 @@ struct IeRank {
     uint64_t recv_cnt;   // u32 [W] records received from each rank
     uint64_t recv_base;  // u32 [W] first output row of each source
     uint64_t done;       // u32 [5 + 2W]: blocks finished per zeroing kernel: [0] copy-out, [1]
-                         // combine sum, [2] dispatch (IE_FLAG_RECV_WIN); [3] unused; then blocks
+                         // combine sum, [2] dispatch (IE_FLAG_RECV_WIN), [3] dispatch staging; then blocks
                          // that staged for each remote destination
                          // (dispatch [W], combine [W]); then IE_DONE_GATHER
     uint64_t out_x;      // [max_recv, row_bytes]

@@ -24,6 +24,8 @@ typedef __INT64_TYPE__ int64_t;
 #define MORI_SHARED_STRUCT(T, name) __attribute__((shared)) T name
 // Kernel launchable with up to n threads per block (caps registers per thread accordingly).
 #define MORI_LAUNCH_BOUNDS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+// The same; the residency hint m is CUDA's only (HIP keeps the compiler's register choice).
+#define MORI_LAUNCH_BOUNDS_RESIDENT(n, m) __attribute__((amdgpu_flat_work_group_size(1, n)))
 // A by-value kernel parameter read in place (kernel arguments already live in readable memory).
 #define MORI_GRID_CONSTANT
 typedef uint32_t mori_vec16_t __attribute__((ext_vector_type(4))); // 16 bytes, 16-aligned
@@ -93,6 +95,9 @@ MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v
 #define MORI_SHARED_STRUCT(T, name) __shared__ T name
 // Kernel launchable with up to n threads per block (caps registers per thread accordingly).
 #define MORI_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+// The same, with m such blocks resident per multiprocessor (caps registers per thread at
+// 65536 / (n * m)).
+#define MORI_LAUNCH_BOUNDS_RESIDENT(n, m) __launch_bounds__(n, m)
 // A by-value kernel parameter read in place, never copied to local memory (sm_70+, CUDA 11.7+).
 #define MORI_GRID_CONSTANT __grid_constant__
 typedef uint4 mori_vec16_t; // 16 bytes, 16-aligned
@@ -169,6 +174,7 @@ MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)(__ffsll((long lo
 #define MORI_DEVICE inline
 #define MORI_KERNEL extern "C"
 #define MORI_LAUNCH_BOUNDS(n)
+#define MORI_LAUNCH_BOUNDS_RESIDENT(n, m)
 #define MORI_GRID_CONSTANT
 #define MORI_SHARED static_assert(false, "shared memory is not emulated by MORI_HOST_EMU");
 struct alignas(16) mori_vec16_t { uint32_t x, y, z, w; };
