@@ -52,7 +52,10 @@ step() { echo; echo "=== $*"; }
 # figures and baselines), and, only when named, grid2 (scripts/gpu-parts/grid2.sh: AsyncLL's
 # grids swept through the device calls), and, only when named, relays
 # (scripts/gpu-parts/relays.sh: V1 and V1-LL at the DeepSeek-V3 shape and over tcp through the
-# device calls).
+# device calls), and, only when named, handover (scripts/gpu-parts/handover.sh: the dispatch
+# staging kernel handing the staged records to the proxy, against the earlier build carried as
+# .gpu-bundle/bench_dispatch_combine_prev, then the inter-node EP table's figures and
+# baselines).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -123,7 +126,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

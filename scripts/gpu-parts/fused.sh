@@ -20,18 +20,8 @@ dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
 step "fused: inter-node EP GPU tests"
 logged "$fu_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
-prev="$B/bench_dispatch_combine_prev"
-[ -x "$prev" ] || { echo "FAILED: $prev is missing (carry the earlier build's binary)" | tee -a "$fu_log"; rc=1; prev=""; }
-fu2() { # NAME ORDER ARGS...: p the earlier build, n this one, in ORDER (device calls both)
-  local name=$1 order=$2 x
-  shift 2
-  for x in $(echo "$order" | grep -o .); do
-    case $x in
-      p) [ -n "$prev" ] && ful "$name, earlier build" "$prev" "$@" --device-api ;;
-      n) ful "$name, this build" "$B/bench_dispatch_combine" "$@" --device-api ;;
-    esac
-  done
-}
+ep_prev "$fu_log"
+fu2() { ep_ab ful "$prev" "$@"; }
 for round in 1 2 3; do
   step "fused: round $round: AsyncLL decode over xgmi"
   order=$(echo "pn np pn" | cut -d' ' -f"$round")
@@ -51,7 +41,4 @@ ful "async_ll decode xgmi W=2, this build" "$B/bench_dispatch_combine" --kernel-
 ful "async_ll decode xgmi W=4, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --world-size 4 $dec --device-api
 ful "async_ll decode tcp, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --transport tcp --iters 5 --warmup 2 --device-api
 step "fused: the targets' baselines"
-logged "$fu_log" 120 8 "^$" "bench_proxy xgmi" "$B/bench_proxy" --transport xgmi --sizes 8,1213632 --iters 100 --flood-bytes 0
-logged "$fu_log" 120 8 "^$" "bench_proxy tcp" "$B/bench_proxy" --transport tcp --sizes 8,1213632 --iters 50 --flood-bytes 0
-logged "$fu_log" 120 12 "^[0-9T:.-]+Z |^note:" "bench_engine xgmi write, leg sizes" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 262144 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
-logged "$fu_log" 120 8 "^$" "intranode decode, 8 ranks on one GPU" "$B/bench_dispatch_combine" $dec
+ep_targets "$fu_log" $dec

@@ -66,3 +66,43 @@ ep_logged() {
   shift 3
   logged "$log" 300 "$lines" "$EP_RUN_DROP${extra:+|$extra}" "$@"
 }
+
+# ep_ab RUN PREV NAME ORDER ARGS...: bench_dispatch_combine ARGS --device-api through RUN (a
+# part's logger), once per letter of ORDER: p the earlier build PREV (skipped when empty), m
+# an intermediate build ($B/bench_dispatch_combine_mid, skipped when absent), n this one
+# ($B/bench_dispatch_combine); named "NAME, earlier build" / "NAME, intermediate build" /
+# "NAME, this build".
+ep_ab() {
+  local run=$1 prev=$2 name=$3 order=$4 x
+  shift 4
+  for x in $(echo "$order" | grep -o .); do
+    case $x in
+      p) [ -n "$prev" ] && "$run" "$name, earlier build" "$prev" "$@" --device-api ;;
+      m) [ -x "$B/bench_dispatch_combine_mid" ] && "$run" "$name, intermediate build" "$B/bench_dispatch_combine_mid" "$@" --device-api ;;
+      n) "$run" "$name, this build" "$B/bench_dispatch_combine" "$@" --device-api ;;
+    esac
+  done
+}
+
+# ep_prev LOG: sets prev to the earlier build's bench_dispatch_combine
+# ($B/bench_dispatch_combine_prev, carried beside the bundle), or to nothing after logging its
+# absence to LOG and setting rc=1.
+ep_prev() {
+  prev="$B/bench_dispatch_combine_prev"
+  [ -x "$prev" ] && return
+  echo "FAILED: $prev is missing (carry the earlier build's binary)" | tee -a "$1"
+  prev=""
+  rc=1
+}
+
+# ep_targets LOG DEC: the inter-node EP targets' baselines, appended to LOG: bench_proxy round
+# trips over xgmi and tcp (8 B and the decode legs' 1.21 MB), bench_engine batch-1 xgmi writes
+# at the legs' sizes, and the intranode kernels at 8 ranks for the shape DEC.
+ep_targets() {
+  local log=$1
+  shift
+  logged "$log" 120 8 "^$" "bench_proxy xgmi" "$B/bench_proxy" --transport xgmi --sizes 8,1213632 --iters 100 --flood-bytes 0
+  logged "$log" 120 8 "^$" "bench_proxy tcp" "$B/bench_proxy" --transport tcp --sizes 8,1213632 --iters 50 --flood-bytes 0
+  logged "$log" 120 12 "^[0-9T:.-]+Z |^note:" "bench_engine xgmi write, leg sizes" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 262144 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
+  logged "$log" 120 8 "^$" "intranode decode, 8 ranks on one GPU" "$B/bench_dispatch_combine" "$@"
+}

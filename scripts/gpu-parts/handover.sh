@@ -1,0 +1,48 @@
+# The dispatch staging kernel's last block handing the staged records to the proxy (the legs
+# start before mori_ie_dispatch is scheduled) and each kernel launched on both nodes' streams
+# before the next (the intermediate build, $B/bench_dispatch_combine_mid), then also the
+# combine sum kernel held to 64 registers a thread so that four of its blocks fit on a
+# multiprocessor (this build), against the earlier build ($B/bench_dispatch_combine_prev:
+# mori_ie_dispatch's block 0 hands over, each node's kernels launched in turn, 90 registers in
+# the sum), all through the device-resident calls, 2 nodes x 4 ranks on one GPU; then the
+# inter-node EP table's figures with this build and their baselines, in the same run. The
+# earlier and intermediate builds are carried beside the bundle. A fragment, sourced by
+# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/handover.txt. About 7 minutes on
+# one H100/H200.
+#
+# - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, bit-exact, the device
+#   calls);
+# - AsyncLL decode over xgmi, the three builds, three rounds in rotating order; V1 and V1-LL,
+#   the earlier build and this one;
+# - this build: AsyncLL decode traced (every rank's Perfetto file kept as
+#   $OUT/handover-asyncll.rankR.json, one clock), through the host calls, at 2 x 1 and 2 x 2,
+#   over tcp, at the DeepSeek-V3 shape;
+# - the targets' baselines (ep_targets).
+ho_log="$OUT/handover.txt"
+hol() { ep_logged "$ho_log" 12 "^copy pools|^calls: " "$@"; }
+dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
+step "handover: inter-node EP GPU tests"
+logged "$ho_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_prev "$ho_log"
+ho2() { ep_ab hol "$prev" "$@"; }
+for round in 1 2 3; do
+  step "handover: round $round: AsyncLL decode over xgmi"
+  order=$(echo "pmn mnp npm" | cut -d' ' -f"$round")
+  ho2 "async_ll decode xgmi ($round)" "$order" --kernel-type async_ll --num-nodes 2 $dec
+done
+step "handover: V1 and V1-LL"
+ho2 "v1 decode xgmi" np --kernel-type v1 --num-nodes 2 $dec
+ho2 "v1_ll decode xgmi" pn --kernel-type v1_ll --num-nodes 2 $dec
+step "handover: this build traced, through the host calls, at 2 x 1 and 2 x 2, over tcp, V3"
+ho_tr=$(mktemp -d)
+hol "async_ll decode xgmi traced, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --device-api --trace "$ho_tr/al.json"
+for f in "$ho_tr"/al.rank*.json; do [ -f "$f" ] && cp "$f" "$OUT/handover-asyncll.${f##*/al.}"; done
+rm -rf "$ho_tr"
+hol "async_ll decode xgmi, host calls, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
+hol "async_ll decode xgmi W=2, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --world-size 2 $dec --device-api
+hol "async_ll decode xgmi W=4, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --world-size 4 $dec --device-api
+hol "async_ll decode tcp, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --transport tcp --iters 5 --warmup 2 --device-api
+hol "async_ll V3 xgmi, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $v3 --device-api
+step "handover: the targets' baselines"
+ep_targets "$ho_log" $dec
