@@ -22,8 +22,8 @@ MORI_DEVICE uint32_t ie_relay_count(const IeParams& p, const IeRank& a, uint32_t
 }
 
 // Stages this block's tokens [t0, t1) for other nodes, one relay segment per node m: a header
-// (u32 [gpn] records per destination, then u32 records; written by mori_ie_dispatch's block 0
-// before it hands the segment over, once every share is laid out) and the records.
+// (u32 [gpn] records per destination, then u32 records; written by mori_ie_dispatch_stage's
+// last block before it hands the segment over, once every share is laid out) and the records.
 // V1-LL: in (token, destination) order; record j of token t for destination d is the records of
 // t's predecessors for m (the sum of pre[t][d'] over m's ranks) plus t's destinations in m below
 // d, and its tail carries d, its index in d's segment (pre[t][d]) and the token's index among

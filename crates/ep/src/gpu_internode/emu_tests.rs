@@ -14,7 +14,7 @@ use crate::emu_support::{launch, Region};
 use crate::gpu_ring::RingDev;
 use crate::internode::Scheme;
 use crate::proxy::{PeerWindow, RingProxy, RingProxyOptions};
-use crate::ring::{RingLayout, RingMem};
+use crate::ring::{CmdOp, RingCmd, RingConsumer, RingLayout, RingMem};
 use crate::routing::SplitMix64;
 use crate::{bf16, combine, dispatch, CombineOptions, DispatchOptions, RankInput, Tensor2, Weighting};
 use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, MemoryDesc, TcpConfig};
@@ -672,6 +672,45 @@ fn stage_alone(l: &InterLayout, ids: &[i64], blocks: u32) -> StageRun {
     StageRun { mems, mask, pre, npre }
 }
 
+/// The commands in rank `m`'s ring (nobody consumes it when the staging kernel runs alone),
+/// in push order.
+fn ring_commands(m: &RankMem) -> Vec<RingCmd> {
+    // SAFETY: the region holds a ring of 16 slots (RankMem::new) and outlives the consumer.
+    let ring = unsafe { RingMem::new(m.ring_region.ptr, RingLayout::new(16).unwrap()).unwrap() };
+    let mut out = Vec::new();
+    RingConsumer::new(ring).poll(&mut out, 16).unwrap();
+    out
+}
+
+/// The staging kernel's last block hands over one segment per other node's relay (V1-LL) or
+/// per other node's rank (AsyncLL), each the records counted for it (V1-LL: after the relay
+/// header, which holds the counts per local index and their sum), with its counter pair as the
+/// tail; the kernel's finished-block count is back at 0 for the next call.
+fn assert_handed_over(l: &InterLayout, m: &RankMem, cnt: &[u32], what: &str) {
+    let cmds = ring_commands(m);
+    let relay = l.scheme != Scheme::AsyncLL;
+    let peers: Vec<usize> = if relay { (1..W / G).map(|n| n * G).collect() } else { (G..W).collect() };
+    let mut got: Vec<u32> = cmds.iter().map(|c| c.dst).collect();
+    got.sort();
+    assert_eq!(got, peers.iter().map(|&d| d as u32).collect::<Vec<_>>(), "{what}: one command per peer");
+    for c in &cmds {
+        let d = c.dst as usize;
+        let n: u32 = if relay { cnt[d..d + G].iter().sum() } else { cnt[d] };
+        let want = if relay { l.lay.relay_hdr + n as u64 * l.rec_bytes as u64 } else { n as u64 * l.rec_bytes as u64 };
+        assert_eq!(c.len, want, "{what}: bytes for rank {d}");
+        assert!(matches!(c.op, CmdOp::Tail { .. }), "{what}: rank {d}'s counter pair as the tail write, {c:?}");
+        if relay {
+            let hdr = &m.win.bytes()[c.local_off as usize..][..4 * (G + 1)];
+            let hdr: Vec<u32> = hdr.chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();
+            let mut want_hdr = cnt[d..d + G].to_vec();
+            want_hdr.push(n);
+            assert_eq!(hdr, want_hdr, "{what}: relay header for node {}", d / G);
+        }
+    }
+    let done = &m.scratch[5].bytes()[3 * 4..4 * 4];
+    assert_eq!(done, &[0u8; 4], "{what}: the staging kernel's finished-block count");
+}
+
 /// The layout of the dispatch staging kernel over several tiles (150 tokens, 64 threads a
 /// tile), on one block (its share spans three tiles) and on four (each block's share starts
 /// with the counts of the tokens before it): masks, the exclusive per-destination and (V1-LL)
@@ -709,6 +748,7 @@ fn layout_over_several_tiles_and_blocks_equals_a_sequential_walk() {
         assert_eq!(&got_npre[T * (W / G)..], &nrun[..], "{blocks} blocks");
         assert_eq!(got_cnt, run.to_vec(), "{blocks} blocks");
         assert_eq!(m.status()[1], 0, "{blocks} blocks");
+        assert_handed_over(&l, m, &got_cnt, &format!("{blocks} blocks"));
     }
 }
 
@@ -726,6 +766,17 @@ fn an_out_of_range_id_is_reported_by_the_block_of_its_share() {
     let m = &run.mems[0];
     let st = m.status();
     assert_eq!((st[1], st[2], st[3], st[4] as i32), (1, 13, 2, E as i32 + 5), "status {st:?}");
+    // The hand-over still happens (the id was skipped), with the counts without it.
+    let cnt: Vec<u32> = m.scratch[2].bytes()[..W * 4].chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    let mut want = [0u32; W];
+    for (i, &e) in ids.iter().enumerate() {
+        let prior = ids[i - i % K..i].iter().any(|&f| (0..E as i64).contains(&f) && f as usize / (E / W) == e as usize / (E / W));
+        if (0..E as i64).contains(&e) && !prior {
+            want[e as usize / (E / W)] += 1;
+        }
+    }
+    assert_eq!(cnt, want.to_vec());
+    assert_handed_over(&l, m, &cnt, "out-of-range id");
 }
 
 /// A relay segment from another node that is malformed is refused at the relay naming the
