@@ -413,19 +413,16 @@ impl InterNodeGpu {
         }
         self.calls += 1;
         let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
-        for (s, marks) in self.streams.iter().zip(&self.marks) {
+        // Each node's kernels in turn (launching each kernel on every node's stream before the
+        // next slowed V1 and V1-LL by 15-50 µs at 2 x 4 on one GPU: docs/gpu-run/breadth.txt).
+        for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
-        }
-        // Breadth-first: each kernel on every node's stream before the next kernel, so no node's
-        // first kernel waits behind another node's later launches (the nodes wait for each
-        // other's legs).
-        for (i, &k) in ks.iter().enumerate() {
-            let per_rank = match KERNELS[k].1 {
-                Grid::CoResident => b,
-                Grid::Own => self.opts.copy_blocks,
-            };
-            let cfg = LaunchConfig { grid: (g * per_rank, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
-            for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
+            for (i, &k) in ks.iter().enumerate() {
+                let per_rank = match KERNELS[k].1 {
+                    Grid::CoResident => b,
+                    Grid::Own => self.opts.copy_blocks,
+                };
+                let cfg = LaunchConfig { grid: (g * per_rank, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 };
                 let mut args = KernelArgs::new();
                 args.push(IeParams { blocks_per_rank: per_rank, ..*p });
                 // SAFETY: one by-value IeParams laid out as the kernel's (abi tests); every
