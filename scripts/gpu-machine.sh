@@ -55,7 +55,12 @@ step() { echo; echo "=== $*"; }
 # device calls), and, only when named, handover (scripts/gpu-parts/handover.sh: the dispatch
 # staging kernel handing the staged records to the proxy, against the earlier build carried as
 # .gpu-bundle/bench_dispatch_combine_prev, then the inter-node EP table's figures and
-# baselines).
+# baselines), and, only when named, breadth (scripts/gpu-parts/breadth.sh: the launch order and
+# the sum's registers with mori_ie_dispatch handing over, against the earlier build and the
+# hand-over build, carried as .gpu-bundle/bench_dispatch_combine_prev and _mid), and, only
+# when named, depth (scripts/gpu-parts/depth.sh: the inter-node EP table's figures and
+# baselines with this build, against the earlier build and the breadth-first one, carried as
+# .gpu-bundle/bench_dispatch_combine_prev and _mid).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -126,7 +131,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -1,0 +1,37 @@
+# Each kernel launched on both nodes' streams before the next and the combine sum held to 64
+# registers a thread, with mori_ie_dispatch's block 0 handing the staged records over (this
+# build), against the earlier build ($B/bench_dispatch_combine_prev: each node's kernels
+# launched in turn, 90 registers in the sum) and the intermediate one
+# ($B/bench_dispatch_combine_mid: the same as this build, but the dispatch staging kernel's
+# last block hands over; docs/gpu-run/handover.txt), all through the device-resident calls, 2
+# nodes x 4 ranks on one GPU. A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step,
+# rc); appends to $OUT/breadth.txt. About 4 minutes on one H100/H200.
+#
+# - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, bit-exact, the device
+#   calls);
+# - AsyncLL and V1-LL decode over xgmi, the three builds, two rounds each in rotating order;
+#   V1, the earlier build and this one;
+# - this build: AsyncLL decode traced (every rank's Perfetto file kept as
+#   $OUT/breadth-asyncll.rankR.json, one clock);
+# - the targets' baselines (ep_targets).
+br_log="$OUT/breadth.txt"
+brl() { ep_logged "$br_log" 12 "^copy pools|^calls: " "$@"; }
+dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+step "breadth: inter-node EP GPU tests"
+logged "$br_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_prev "$br_log"
+br3() { ep_ab brl "$prev" "$@"; }
+for round in 1 2; do
+  step "breadth: round $round: AsyncLL and V1-LL decode over xgmi"
+  order=$(echo "pnm mpn" | cut -d' ' -f"$round")
+  br3 "async_ll decode xgmi ($round)" "$order" --kernel-type async_ll --num-nodes 2 $dec
+  br3 "v1_ll decode xgmi ($round)" "$order" --kernel-type v1_ll --num-nodes 2 $dec
+done
+br3 "v1 decode xgmi" np --kernel-type v1 --num-nodes 2 $dec
+step "breadth: this build traced"
+br_tr=$(mktemp -d)
+brl "async_ll decode xgmi traced, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --device-api --trace "$br_tr/al.json"
+for f in "$br_tr"/al.rank*.json; do [ -f "$f" ] && cp "$f" "$OUT/breadth-asyncll.${f##*/al.}"; done
+rm -rf "$br_tr"
+step "breadth: the targets' baselines"
+ep_targets "$br_log" $dec
