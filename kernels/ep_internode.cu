@@ -501,7 +501,9 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
 
 // Sums every rank's rows per token. Spins on nothing (mori_ie_combine_send's block 0 waited
 // for the rows), so the host may launch it with more blocks per rank than the co-resident
-// kernels (its own blocks_per_rank).
+// kernels (its own blocks_per_rank). Held to 64 registers a thread (two 512-thread blocks per
+// multiprocessor): four 256-thread blocks fit on one, so both nodes' sums run in one wave
+// (at 90 registers most of a rank's blocks waited for a second).
 MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_recv(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, sh);
     MORI_SHARED_STRUCT(IeGather, gs);

@@ -58,9 +58,9 @@ step() { echo; echo "=== $*"; }
 # baselines), and, only when named, breadth (scripts/gpu-parts/breadth.sh: the launch order and
 # the sum's registers with mori_ie_dispatch handing over, against the earlier build and the
 # hand-over build, carried as .gpu-bundle/bench_dispatch_combine_prev and _mid), and, only
-# when named, depth (scripts/gpu-parts/depth.sh: the inter-node EP table's figures and
-# baselines with this build, against the earlier build and the breadth-first one, carried as
-# .gpu-bundle/bench_dispatch_combine_prev and _mid).
+# when named, depth (scripts/gpu-parts/depth.sh: this build against the earlier build and the
+# breadth-first one, carried as .gpu-bundle/bench_dispatch_combine_prev and _mid, with the
+# targets' baselines).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
