@@ -17,21 +17,16 @@
 br_log="$OUT/breadth.txt"
 brl() { ep_logged "$br_log" 12 "^copy pools|^calls: " "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
-step "breadth: inter-node EP GPU tests"
-logged "$br_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_tests "$br_log" breadth
 ep_prev "$br_log"
-br3() { ep_ab brl "$prev" "$@"; }
 for round in 1 2; do
   step "breadth: round $round: AsyncLL and V1-LL decode over xgmi"
   order=$(echo "pnm mpn" | cut -d' ' -f"$round")
-  br3 "async_ll decode xgmi ($round)" "$order" --kernel-type async_ll --num-nodes 2 $dec
-  br3 "v1_ll decode xgmi ($round)" "$order" --kernel-type v1_ll --num-nodes 2 $dec
+  ep_ab brl "$prev" "async_ll decode xgmi ($round)" "$order" --kernel-type async_ll --num-nodes 2 $dec
+  ep_ab brl "$prev" "v1_ll decode xgmi ($round)" "$order" --kernel-type v1_ll --num-nodes 2 $dec
 done
-br3 "v1 decode xgmi" np --kernel-type v1 --num-nodes 2 $dec
+ep_ab brl "$prev" "v1 decode xgmi" np --kernel-type v1 --num-nodes 2 $dec
 step "breadth: this build traced"
-br_tr=$(mktemp -d)
-brl "async_ll decode xgmi traced, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --device-api --trace "$br_tr/al.json"
-for f in "$br_tr"/al.rank*.json; do [ -f "$f" ] && cp "$f" "$OUT/breadth-asyncll.${f##*/al.}"; done
-rm -rf "$br_tr"
+ep_trace_all brl "async_ll decode xgmi traced, this build" breadth-asyncll --kernel-type async_ll --num-nodes 2 $dec
 step "breadth: the targets' baselines"
 ep_targets "$br_log" $dec

@@ -13,10 +13,7 @@
 de_log="$OUT/depth.txt"
 del() { ep_logged "$de_log" 12 "^copy pools|^calls: " "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
-if [ "${DEPTH_TESTS:-1}" = 1 ]; then
-  step "depth: inter-node EP GPU tests"
-  logged "$de_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
-fi
+[ "${DEPTH_TESTS:-1}" = 1 ] && ep_tests "$de_log" depth
 ep_prev "$de_log"
 step "depth: AsyncLL, V1-LL, V1 and AsyncLL again, decode over xgmi, the three builds"
 for kt in async_ll v1_ll v1 async_ll; do

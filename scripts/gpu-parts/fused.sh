@@ -18,15 +18,10 @@ fu_log="$OUT/fused.txt"
 ful() { ep_logged "$fu_log" 12 "^copy pools|^calls: " "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
-step "fused: inter-node EP GPU tests"
-logged "$fu_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_tests "$fu_log" fused
 ep_prev "$fu_log"
 fu2() { ep_ab ful "$prev" "$@"; }
-for round in 1 2 3; do
-  step "fused: round $round: AsyncLL decode over xgmi"
-  order=$(echo "pn np pn" | cut -d' ' -f"$round")
-  fu2 "async_ll decode xgmi ($round)" "$order" --kernel-type async_ll --num-nodes 2 $dec
-done
+ep_rounds ful fused "pn np pn" "async_ll decode xgmi" --kernel-type async_ll --num-nodes 2 $dec
 step "fused: V1, V1-LL and the DeepSeek-V3 shape"
 fu2 "v1 decode xgmi" np --kernel-type v1 --num-nodes 2 $dec
 fu2 "v1_ll decode xgmi" pn --kernel-type v1_ll --num-nodes 2 $dec

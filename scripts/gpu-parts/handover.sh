@@ -22,23 +22,15 @@ ho_log="$OUT/handover.txt"
 hol() { ep_logged "$ho_log" 12 "^copy pools|^calls: " "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
-step "handover: inter-node EP GPU tests"
-logged "$ho_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_tests "$ho_log" handover
 ep_prev "$ho_log"
 ho2() { ep_ab hol "$prev" "$@"; }
-for round in 1 2 3; do
-  step "handover: round $round: AsyncLL decode over xgmi"
-  order=$(echo "pmn mnp npm" | cut -d' ' -f"$round")
-  ho2 "async_ll decode xgmi ($round)" "$order" --kernel-type async_ll --num-nodes 2 $dec
-done
+ep_rounds hol handover "pmn mnp npm" "async_ll decode xgmi" --kernel-type async_ll --num-nodes 2 $dec
 step "handover: V1 and V1-LL"
 ho2 "v1 decode xgmi" np --kernel-type v1 --num-nodes 2 $dec
 ho2 "v1_ll decode xgmi" pn --kernel-type v1_ll --num-nodes 2 $dec
 step "handover: this build traced, through the host calls, at 2 x 1 and 2 x 2, over tcp, V3"
-ho_tr=$(mktemp -d)
-hol "async_ll decode xgmi traced, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --device-api --trace "$ho_tr/al.json"
-for f in "$ho_tr"/al.rank*.json; do [ -f "$f" ] && cp "$f" "$OUT/handover-asyncll.${f##*/al.}"; done
-rm -rf "$ho_tr"
+ep_trace_all hol "async_ll decode xgmi traced, this build" handover-asyncll --kernel-type async_ll --num-nodes 2 $dec
 hol "async_ll decode xgmi, host calls, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
 hol "async_ll decode xgmi W=2, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --world-size 2 $dec --device-api
 hol "async_ll decode xgmi W=4, this build" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 --world-size 4 $dec --device-api

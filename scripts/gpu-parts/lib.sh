@@ -106,3 +106,33 @@ ep_targets() {
   logged "$log" 120 12 "^[0-9T:.-]+Z |^note:" "bench_engine xgmi write, leg sizes" "$B/bench_engine" --local --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --all --sweep-start 262144 --sweep-max 4194304 --iters 200 --warmup-iters 20 --log-level warning
   logged "$log" 120 8 "^$" "intranode decode, 8 ranks on one GPU" "$B/bench_dispatch_combine" "$@"
 }
+
+# ep_tests LOG PART: the inter-node EP GPU tests (all three schemes, xgmi and tcp legs,
+# bit-exact, the device calls) as PART's first step, appended to LOG.
+ep_tests() {
+  step "$2: inter-node EP GPU tests"
+  logged "$1" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+}
+
+# ep_rounds RUN PART ORDERS NAME ARGS...: ep_ab through RUN once per word of ORDERS (the
+# builds' orders, rotating), each a step of PART named "NAME (round)"; PREV from ep_prev.
+ep_rounds() {
+  local run=$1 part=$2 orders=$3 name=$4 round=0 order
+  shift 4
+  for order in $orders; do
+    round=$((round + 1))
+    step "$part: round $round: $name"
+    ep_ab "$run" "$prev" "$name ($round)" "$order" "$@"
+  done
+}
+
+# ep_trace_all RUN NAME STEM ARGS...: this build's bench_dispatch_combine ARGS --device-api
+# --trace through RUN, every rank's Perfetto file (one clock) kept as $OUT/STEM.rankR.json.
+ep_trace_all() {
+  local run=$1 name=$2 stem=$3 dir f
+  shift 3
+  dir=$(mktemp -d)
+  "$run" "$name" "$B/bench_dispatch_combine" "$@" --device-api --trace "$dir/al.json"
+  for f in "$dir"/al.rank*.json; do [ -f "$f" ] && cp "$f" "$OUT/$stem.${f##*/al.}"; done
+  rm -rf "$dir"
+}
