@@ -278,7 +278,10 @@ MORI_DEVICE void ie_zero_phase(const IeParams& p, const IeRank& a, uint32_t phas
 }
 
 // Whether the calling block is the last of its rank to finish kernel `k` (then it resets the
-// count for the next call). Every thread of the block gets the answer.
+// count for the next call). Every thread of the block gets the answer; the last block's
+// threads see every other block's writes from before its count (each block fences before
+// counting; the last one fences again after seeing the count, and the block barrier passes
+// that on).
 struct IeLast {
     uint32_t last;
 };
@@ -288,7 +291,10 @@ MORI_DEVICE bool ie_last_block(const IeParams& p, const IeRank& a, uint32_t k, I
         mori_fence_system();
         uint32_t* done = (uint32_t*)a.done + k;
         sh.last = mori_atomic_add_system_u32(done, 1) == p.blocks_per_rank - 1;
-        if (sh.last) *(volatile uint32_t*)done = 0;
+        if (sh.last) {
+            mori_fence_system();
+            *(volatile uint32_t*)done = 0;
+        }
     }
     mori_sync_block();
     return sh.last != 0;

@@ -682,11 +682,13 @@ fn ring_commands(m: &RankMem) -> Vec<RingCmd> {
     out
 }
 
-/// The staging kernel's last block hands over one segment per other node's relay (V1-LL) or
-/// per other node's rank (AsyncLL), each the records counted for it (V1-LL: after the relay
-/// header, which holds the counts per local index and their sum), with its counter pair as the
-/// tail; the kernel's finished-block count is back at 0 for the next call.
-fn assert_handed_over(l: &InterLayout, m: &RankMem, cnt: &[u32], what: &str) {
+/// The staging kernel's last block hands over one segment per other node's relay (V1, V1-LL)
+/// or per other node's rank (AsyncLL), each the records counted for it (after the relay
+/// header, which holds the counts per local index and the segment's record count: V1-LL one
+/// record per (token, destination), V1 one per token with a destination on the node, `nodes`
+/// `[W / G]` the tokens sent to each node), with its counter pair as the tail; the kernel's
+/// finished-block count is back at 0 for the next call.
+fn assert_handed_over(l: &InterLayout, m: &RankMem, cnt: &[u32], nodes: &[u32], what: &str) {
     let cmds = ring_commands(m);
     let relay = l.scheme != Scheme::AsyncLL;
     let peers: Vec<usize> = if relay { (1..W / G).map(|n| n * G).collect() } else { (G..W).collect() };
@@ -695,7 +697,11 @@ fn assert_handed_over(l: &InterLayout, m: &RankMem, cnt: &[u32], what: &str) {
     assert_eq!(got, peers.iter().map(|&d| d as u32).collect::<Vec<_>>(), "{what}: one command per peer");
     for c in &cmds {
         let d = c.dst as usize;
-        let n: u32 = if relay { cnt[d..d + G].iter().sum() } else { cnt[d] };
+        let n: u32 = match l.scheme {
+            Scheme::V1 => nodes[d / G],
+            Scheme::V1LL => cnt[d..d + G].iter().sum(),
+            _ => cnt[d],
+        };
         let want = if relay { l.lay.relay_hdr + n as u64 * l.rec_bytes as u64 } else { n as u64 * l.rec_bytes as u64 };
         assert_eq!(c.len, want, "{what}: bytes for rank {d}");
         assert!(matches!(c.op, CmdOp::Tail { .. }), "{what}: rank {d}'s counter pair as the tail write, {c:?}");
@@ -713,15 +719,16 @@ fn assert_handed_over(l: &InterLayout, m: &RankMem, cnt: &[u32], what: &str) {
 
 /// The layout of the dispatch staging kernel over several tiles (150 tokens, 64 threads a
 /// tile), on one block (its share spans three tiles) and on four (each block's share starts
-/// with the counts of the tokens before it): masks, the exclusive per-destination and (V1-LL)
-/// per-node prefixes and the counts equal a sequential walk, whichever block wrote them.
+/// with the counts of the tokens before it), V1-LL on both and V1 on four: masks, the
+/// exclusive per-destination and per-node prefixes and the counts equal a sequential walk,
+/// whichever block wrote them; then the last block's hand-over ([`assert_handed_over`]).
 #[test]
 fn layout_over_several_tiles_and_blocks_equals_a_sequential_walk() {
     const T: usize = 150;
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, T).unwrap();
     cfg.max_recv_tokens = T * W;
-    let l = InterLayout::new(&cfg, Scheme::V1LL, 2, 8, 2).unwrap();
-    for blocks in [1u32, 4] {
+    for (scheme, blocks) in [(Scheme::V1LL, 1u32), (Scheme::V1LL, 4), (Scheme::V1, 4)] {
+        let l = InterLayout::new(&cfg, scheme, 2, 8, 2).unwrap();
         let mut rng = SplitMix64::new(0x1a_7041 + blocks as u64);
         let ids: Vec<i64> = (0..T * K).map(|_| rng.below(E as u64 + 1) as i64 - 1).collect();
         let StageRun { mems, mask, pre, npre } = stage_alone(&l, &ids, blocks);
@@ -748,7 +755,7 @@ fn layout_over_several_tiles_and_blocks_equals_a_sequential_walk() {
         assert_eq!(&got_npre[T * (W / G)..], &nrun[..], "{blocks} blocks");
         assert_eq!(got_cnt, run.to_vec(), "{blocks} blocks");
         assert_eq!(m.status()[1], 0, "{blocks} blocks");
-        assert_handed_over(&l, m, &got_cnt, &format!("{blocks} blocks"));
+        assert_handed_over(&l, m, &got_cnt, &nrun, &format!("{scheme:?}, {blocks} blocks"));
     }
 }
 
@@ -776,7 +783,7 @@ fn an_out_of_range_id_is_reported_by_the_block_of_its_share() {
         }
     }
     assert_eq!(cnt, want.to_vec());
-    assert_handed_over(&l, m, &cnt, "out-of-range id");
+    assert_handed_over(&l, m, &cnt, &[], "out-of-range id");
 }
 
 /// A relay segment from another node that is malformed is refused at the relay naming the

@@ -414,7 +414,8 @@ impl InterNodeGpu {
         self.calls += 1;
         let params: Vec<IeParams> = (0..self.streams.len()).map(|n| self.params(n)).collect();
         // Each node's kernels in turn (launching each kernel on every node's stream before the
-        // next slowed V1 and V1-LL by 15-50 µs at 2 x 4 on one GPU: docs/gpu-run/breadth.txt).
+        // next slowed V1 and V1-LL by 11-54 µs at 2 x 4 on one GPU: docs/gpu-run/breadth.txt and
+        // depth-*.txt).
         for ((s, marks), p) in self.streams.iter().zip(&self.marks).zip(&params) {
             marks[0].record(s)?;
             for (i, &k) in ks.iter().enumerate() {

@@ -7,9 +7,9 @@
 //! [`perfetto`] turns the stamps of every rank into one trace per rank, in the seed's lane
 //! names where a phase is one of them (so `mori trace analyze` puts them in its lanes):
 //! - per block (tid = block): `dispatch_layout` (each block's share), `ep_dispatch_copy_to_staging`
-//!   (the staging kernel: records for other nodes staged), `dispatch_intra` (the dispatch
-//!   kernel's start to its P2P stores to this node's ranks done: the staged segments handed
-//!   to the proxy, then the stores), `dispatch_relay_forward` (V1, V1-LL: this rank as the relay,
+//!   (the staging kernel: records for other nodes staged; its last block then hands them to
+//!   the proxy), `dispatch_intra` (the dispatch kernel's start to its P2P stores to this
+//!   node's ranks done), `dispatch_relay_forward` (V1, V1-LL: this rank as the relay,
 //!   waiting for each other node's relay segment and forwarding its records inside the node),
 //!   `dispatch_sync` (block 0 waiting for every source; under V1/V1-LL from the end of its
 //!   own relay forwarding), `dispatch_copy_out`,
@@ -64,7 +64,7 @@ pub mod slot {
     /// V1 and V1-LL: this rank's relay partial sums handed over (combine send; 0 under
     /// AsyncLL).
     pub const RRED1: usize = 15;
-    /// Dispatch start (it hands the staged records over, then stores this node's).
+    /// Dispatch start (it stores this node's records; the staging kernel handed the others over).
     pub const DISP1: usize = 16;
     /// Combine send start (it hands the staged rows over, then stores this node's).
     pub const COMB1: usize = 17;
