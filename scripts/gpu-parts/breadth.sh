@@ -1,11 +1,13 @@
-# Each kernel launched on both nodes' streams before the next and the combine sum held to 64
-# registers a thread, with mori_ie_dispatch's block 0 handing the staged records over (this
-# build), against the earlier build ($B/bench_dispatch_combine_prev: each node's kernels
-# launched in turn, 90 registers in the sum) and the intermediate one
-# ($B/bench_dispatch_combine_mid: the same as this build, but the dispatch staging kernel's
-# last block hands over; docs/gpu-run/handover.txt), all through the device-resident calls, 2
-# nodes x 4 ranks on one GPU. A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step,
-# rc); appends to $OUT/breadth.txt. About 4 minutes on one H100/H200.
+# Three builds through the device-resident calls, 2 nodes x 4 ranks on one GPU, AsyncLL and
+# V1-LL in rotating rounds: this one ($B/bench_dispatch_combine), an intermediate one
+# ($B/bench_dispatch_combine_mid) and an earlier one ($B/bench_dispatch_combine_prev), both
+# carried beside the bundle; then this build traced and the targets' baselines. In
+# docs/gpu-run/breadth.txt this build launched each kernel on both nodes' streams before the
+# next with mori_ie_dispatch's block 0 handing over and the sum at 64 registers, the
+# intermediate one the same with the staging kernel's hand-over (handover.txt's final build),
+# the earlier one each node's kernels in turn and 90 registers. A fragment, sourced by
+# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/breadth.txt. About 70 seconds on
+# one H100.
 #
 # - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, bit-exact, the device
 #   calls);

@@ -1,14 +1,13 @@
-# The dispatch staging kernel's last block handing the staged records to the proxy (the legs
-# start before mori_ie_dispatch is scheduled) and each kernel launched on both nodes' streams
-# before the next (the intermediate build, $B/bench_dispatch_combine_mid), then also the
-# combine sum kernel held to 64 registers a thread so that four of its blocks fit on a
-# multiprocessor (this build), against the earlier build ($B/bench_dispatch_combine_prev:
-# mori_ie_dispatch's block 0 hands over, each node's kernels launched in turn, 90 registers in
-# the sum), all through the device-resident calls, 2 nodes x 4 ranks on one GPU; then the
-# inter-node EP table's figures with this build and their baselines, in the same run. The
-# earlier and intermediate builds are carried beside the bundle. A fragment, sourced by
-# scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/handover.txt. About 7 minutes on
-# one H100/H200.
+# Three builds through the device-resident calls, 2 nodes x 4 ranks on one GPU, in rotating
+# rounds: this one ($B/bench_dispatch_combine), an intermediate one
+# ($B/bench_dispatch_combine_mid) and an earlier one ($B/bench_dispatch_combine_prev), both
+# carried beside the bundle; then the inter-node EP table's other rows with this build and
+# their baselines, in the same run. In docs/gpu-run/handover.txt this build was the staging
+# kernel's hand-over with each kernel launched on both nodes' streams before the next and the
+# sum at 64 registers, the intermediate one the same at 90 registers, the earlier one
+# mori_ie_dispatch's block 0 handing over, each node's kernels launched in turn. A fragment,
+# sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/handover.txt. About 3
+# minutes on one H100.
 #
 # - the inter-node EP GPU tests (all three schemes, xgmi and tcp legs, bit-exact, the device
 #   calls);

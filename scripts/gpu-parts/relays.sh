@@ -1,6 +1,6 @@
 # V1 and V1-LL through the device calls at the DeepSeek-V3 shape over xgmi and at decode over
-# tcp (4 lanes), 2 nodes x 4 ranks on one GPU: the table's V1 and V1-LL rows the fused part
-# leaves out. A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to
+# tcp (4 lanes), 2 nodes x 4 ranks on one GPU: the inter-node EP table's V1 and V1-LL rows
+# over tcp and at the DeepSeek-V3 shape (docs/gpu-run/relays.txt, handover-relays.txt). A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to
 # $OUT/relays.txt. About 2 minutes on one H100/H200.
 rl_log="$OUT/relays.txt"
 rll() { ep_logged "$rl_log" 8 "^copy pools|^calls: |^proxies|^host time" "$@"; }
