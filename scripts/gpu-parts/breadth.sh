@@ -18,7 +18,7 @@
 # - the targets' baselines (ep_targets).
 br_log="$OUT/breadth.txt"
 brl() { ep_logged "$br_log" 12 "^copy pools|^calls: " "$@"; }
-dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+dec=$EP_DEC
 ep_tests "$br_log" breadth
 ep_prev "$br_log"
 for round in 1 2; do

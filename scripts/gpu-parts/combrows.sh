@@ -14,8 +14,7 @@
 cr_log="$OUT/combrows.txt"
 crl() { logged "$cr_log" 300 22 "^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
-step "combrows: inter-node EP GPU tests"
-logged "$cr_log" 300 16 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_tests "$cr_log" combrows
 cr_ab() { # NAME ARGS...: staged, then in the window
   local name=$1
   shift

@@ -12,7 +12,7 @@
 # depth-2.txt the default).
 de_log="$OUT/depth.txt"
 del() { ep_logged "$de_log" 12 "^copy pools|^calls: " "$@"; }
-dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+dec=$EP_DEC
 [ "${DEPTH_TESTS:-1}" = 1 ] && ep_tests "$de_log" depth
 ep_prev "$de_log"
 step "depth: AsyncLL, V1-LL, V1 and AsyncLL again, decode over xgmi, the three builds"

@@ -14,9 +14,8 @@
 #   ranks).
 da_log="$OUT/devapi.txt"
 dal() { ep_logged "$da_log" 14 "^copy pools" "$@"; }
-dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
-step "devapi: inter-node EP GPU tests"
-logged "$da_log" 300 20 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+dec=$EP_DEC
+ep_tests "$da_log" devapi
 step "devapi: AsyncLL decode over xgmi, host calls and device calls"
 dal "async_ll decode xgmi (1), host calls" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec
 dal "async_ll decode xgmi (1), device calls" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --device-api

@@ -8,9 +8,8 @@
 # (tcp and V3 for every scheme, the PyTorch baseline).
 fg_log="$OUT/figures.txt"
 fgl() { ep_logged "$fg_log" 12 "^copy pools" "$@"; }
-dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
-step "figures: inter-node EP GPU tests"
-logged "$fg_log" 300 18 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+dec=$EP_DEC
+ep_tests "$fg_log" figures
 step "figures: decode over xgmi"
 fg_tr=$(mktemp -d)
 fgl "async_ll decode xgmi traced" "$B/bench_dispatch_combine" --kernel-type async_ll --num-nodes 2 $dec --trace "$fg_tr/al.json"

@@ -16,7 +16,7 @@
 #   xgmi writes at the legs' sizes, the intranode kernels at 8 ranks).
 fu_log="$OUT/fused.txt"
 ful() { ep_logged "$fu_log" 12 "^copy pools|^calls: " "$@"; }
-dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+dec=$EP_DEC
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
 ep_tests "$fu_log" fused
 ep_prev "$fu_log"

@@ -19,7 +19,7 @@
 # - the targets' baselines (ep_targets).
 ho_log="$OUT/handover.txt"
 hol() { ep_logged "$ho_log" 12 "^copy pools|^calls: " "$@"; }
-dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+dec=$EP_DEC
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2"
 ep_tests "$ho_log" handover
 ep_prev "$ho_log"

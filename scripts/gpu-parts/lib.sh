@@ -59,6 +59,9 @@ events_then_flags() {
 # legend and the host CPU line. A part adds its own (extended regex alternatives).
 EP_RUN_DROP='^$|^rank |^┌|^└|^╞|^│ rank|^│ [1-7] |^mori_ep::gpu_internode|^trace: [0-9]+ files|^times:|^host CPU'
 
+# The decode shape of the inter-node EP figures (T = 128, H = 7168, E = 256, top-8, bf16).
+EP_DEC="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
+
 # ep_logged LOG LINES EXTRA NAME CMD...: logged with 300 s, LINES lines and EP_RUN_DROP plus
 # EXTRA (more alternatives, or empty).
 ep_logged() {

@@ -18,8 +18,7 @@
 rw_log="$OUT/recvwin.txt"
 rwl() { ep_logged "$rw_log" 22 "" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
-step "recvwin: inter-node EP GPU tests"
-logged "$rw_log" 300 18 "^$" "ep internode GPU tests" "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_tests "$rw_log" recvwin
 prev="$B/bench_dispatch_combine_prev"
 [ -x "$prev" ] || { echo "FAILED: $prev is missing (carry the earlier build's binary)" | tee -a "$rw_log"; rc=1; prev=""; }
 rw3() { # NAME ORDER ARGS...: the three ways in ORDER (p: earlier build, c: copy-out, w: window)

@@ -166,7 +166,16 @@ impl InterNodeGpu {
     /// Where rank `rank`'s combine input goes ([`CombineInputBuf`]). Errors: `InvalidConfig`
     /// for a rank out of range.
     pub fn combine_input(&self, rank: usize) -> GpuResult<CombineInputBuf> {
-        self.combine_input_buf(rank)
+        self.rank_in_range(rank)?;
+        let (l, gr) = (&self.layout, &self.ranks[rank]);
+        let xb = l.hidden * l.comb_elem;
+        Ok(if self.in_window {
+            let x = gr.win.dev_ptr() + l.lay.out_comb;
+            CombineInputBuf { x, x_stride: l.comb_bytes, w: x + xb as u64, w_stride: l.comb_bytes, rows: l.world * l.max_tokens }
+        } else {
+            let rows = (gr.comb[0].len() / xb).min(gr.comb[1].len() / (l.top_k * 4).max(1));
+            CombineInputBuf { x: gr.comb[0].ptr(), x_stride: xb, w: gr.comb[1].ptr(), w_stride: l.top_k * 4, rows }
+        })
     }
 
     /// Combines the dispatch of `ticket` from the rows each rank's experts wrote at
@@ -214,14 +223,52 @@ impl InterNodeGpu {
     /// (zeros). For tools and tests of the device calls. Errors: a rank out of range, rows
     /// past the input's capacity or weights of another row count.
     pub fn write_combine_input(&mut self, rank: usize, x: &[u8], w: &[u8]) -> GpuResult<()> {
-        self.write_combine_rows(rank, x, w)
+        let buf = self.combine_input(rank)?;
+        let l = &self.layout;
+        let xb = l.hidden * l.comb_elem;
+        let n = x.len() / xb;
+        if !x.len().is_multiple_of(xb) || n > buf.rows || (!w.is_empty() && w.len() != n * l.top_k * 4) {
+            return Err(bad(
+                "combine input",
+                format!("rank {rank}: {} bytes of rows, {} of weights", x.len(), w.len()),
+                format!("whole rows of {xb} B, at most {}, and {} f32 weights per row (or none)", buf.rows, l.top_k),
+            ));
+        }
+        let gr = &mut self.ranks[rank];
+        if self.in_window {
+            // The host interleaves the rows (a caller whose expert output is on the GPU writes
+            // them there directly: [`InterNodeGpu::combine_input`]).
+            if n > 0 {
+                let rows = l.combine_rows(x, w);
+                gr.win.write(self.rt.as_ref(), l.lay.out_comb as usize, &rows)?;
+            }
+            return Ok(());
+        }
+        if !x.is_empty() {
+            self.rt.copy_htod(&gr.comb[0].sub(0, x.len())?, x)?;
+        }
+        if !w.is_empty() {
+            self.rt.copy_htod(&gr.comb[1].sub(0, w.len())?, w)?;
+        } else {
+            self.rt.memset(&gr.comb[1].slice(), 0)?;
+        }
+        Ok(())
     }
 
     /// Rank `rank`'s combined rows and weight sums of the last combine, read to the host (as
     /// [`InterNodeGpu::combine`] returns them). For checks and tools. Errors: a rank out of
     /// range.
     pub fn read_combined(&self, rank: usize) -> GpuResult<(Vec<u8>, Vec<u8>)> {
-        self.read_combined_bytes(rank)
+        self.rank_in_range(rank)?;
+        let (l, gr) = (&self.layout, &self.ranks[rank]);
+        let mut ox = vec![0u8; gr.tokens * l.hidden * self.out_elem];
+        let mut ow = vec![0u8; gr.tokens * l.top_k * 4];
+        let (nx, nw) = (ox.len(), ow.len());
+        if nx > 0 {
+            self.rt.copy_dtoh(&mut ox, &gr.comb[2].sub(0, nx)?)?;
+            self.rt.copy_dtoh(&mut ow, &gr.comb[3].sub(0, nw)?)?;
+        }
+        Ok((ox, ow))
     }
 }
 
@@ -298,14 +345,10 @@ impl InterNodeGpu {
         }
         let counts = self.run_dispatch()?;
         let l = self.layout.clone();
-        let kw = l.top_k * 4;
-        let offsets = [
-            0,
-            l.row_bytes,
-            l.row_bytes + kw,
-            l.row_bytes + kw + l.top_k * l.idx_size,
-            l.row_bytes + kw + l.top_k * l.idx_size + l.scale_bytes,
-        ];
+        let mut offsets = [0usize; 5];
+        for (i, len) in l.record_fields().into_iter().enumerate().take(4) {
+            offsets[i + 1] = offsets[i] + len;
+        }
         let mut out = Vec::with_capacity(l.world);
         for (gr, &n) in self.ranks.iter_mut().zip(&counts) {
             gr.comb_rows = 0;
@@ -315,26 +358,12 @@ impl InterNodeGpu {
                 base: gr.win.dev_ptr() + l.lay.disp_in,
                 seg_stride: l.lay.seg_rec,
                 rec_bytes: l.rec_bytes,
-                counts: cnt.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+                counts: cnt,
                 offsets,
             });
         }
         self.dispatched = Some(self.calls);
         Ok((out, InterTicket { seq: self.calls, owner: self.id }))
-    }
-
-    /// Where rank `rank`'s combine input goes.
-    fn combine_input_buf(&self, rank: usize) -> GpuResult<CombineInputBuf> {
-        self.rank_in_range(rank)?;
-        let (l, gr) = (&self.layout, &self.ranks[rank]);
-        let xb = l.hidden * l.comb_elem;
-        Ok(if self.in_window {
-            let x = gr.win.dev_ptr() + l.lay.out_comb;
-            CombineInputBuf { x, x_stride: l.comb_bytes, w: x + xb as u64, w_stride: l.comb_bytes, rows: l.world * l.max_tokens }
-        } else {
-            let rows = (gr.comb[0].len() / xb).min(gr.comb[1].len() / (l.top_k * 4).max(1));
-            CombineInputBuf { x: gr.comb[0].ptr(), x_stride: xb, w: gr.comb[1].ptr(), w_stride: l.top_k * 4, rows }
-        })
     }
 
     /// [`InterNodeGpu::combine_device`]'s row counts: one per rank, each at least what the rank
@@ -344,7 +373,7 @@ impl InterNodeGpu {
             return Err(bad("combine rows", rows.len(), format!("one count per rank: {}", self.layout.world)));
         }
         for (r, &n) in rows.iter().enumerate() {
-            let cap = self.combine_input_buf(r)?.rows;
+            let cap = self.combine_input(r)?.rows;
             if n > cap {
                 return Err(bad("combine rows", format!("rank {r}: {n}"), format!("its combine input holds {cap} rows")));
             }
@@ -359,54 +388,5 @@ impl InterNodeGpu {
         }
         self.run_combine()?;
         Ok(self.ranks.iter().map(|gr| DeviceCombined { tokens: gr.tokens, x: gr.comb[2].ptr(), weights: gr.comb[3].ptr() }).collect())
-    }
-
-    /// Writes `x` (`[N, hidden]`, `comb_elem` bytes per element) and `w` (`[N, top_k]` f32, or
-    /// empty: zeros) into rank `rank`'s combine input.
-    pub(super) fn write_combine_rows(&mut self, rank: usize, x: &[u8], w: &[u8]) -> GpuResult<()> {
-        let buf = self.combine_input_buf(rank)?;
-        let l = &self.layout;
-        let xb = l.hidden * l.comb_elem;
-        let n = x.len() / xb;
-        if !x.len().is_multiple_of(xb) || n > buf.rows || (!w.is_empty() && w.len() != n * l.top_k * 4) {
-            return Err(bad(
-                "combine input",
-                format!("rank {rank}: {} bytes of rows, {} of weights", x.len(), w.len()),
-                format!("whole rows of {xb} B, at most {}, and {} f32 weights per row (or none)", buf.rows, l.top_k),
-            ));
-        }
-        let gr = &mut self.ranks[rank];
-        if self.in_window {
-            // The host interleaves the rows (a caller whose expert output is on the GPU writes
-            // them there directly: [`InterNodeGpu::combine_input`]).
-            if n > 0 {
-                let rows = l.combine_rows(x, w);
-                gr.win.write(self.rt.as_ref(), l.lay.out_comb as usize, &rows)?;
-            }
-            return Ok(());
-        }
-        if !x.is_empty() {
-            self.rt.copy_htod(&gr.comb[0].sub(0, x.len())?, x)?;
-        }
-        if !w.is_empty() {
-            self.rt.copy_htod(&gr.comb[1].sub(0, w.len())?, w)?;
-        } else {
-            self.rt.memset(&gr.comb[1].slice(), 0)?;
-        }
-        Ok(())
-    }
-
-    /// Rank `rank`'s combined rows and weight sums of the last combine, read to the host.
-    pub(super) fn read_combined_bytes(&self, rank: usize) -> GpuResult<(Vec<u8>, Vec<u8>)> {
-        self.rank_in_range(rank)?;
-        let (l, gr) = (&self.layout, &self.ranks[rank]);
-        let mut ox = vec![0u8; gr.tokens * l.hidden * self.out_elem];
-        let mut ow = vec![0u8; gr.tokens * l.top_k * 4];
-        let (nx, nw) = (ox.len(), ow.len());
-        if nx > 0 {
-            self.rt.copy_dtoh(&mut ox, &gr.comb[2].sub(0, nx)?)?;
-            self.rt.copy_dtoh(&mut ow, &gr.comb[3].sub(0, nw)?)?;
-        }
-        Ok((ox, ow))
     }
 }

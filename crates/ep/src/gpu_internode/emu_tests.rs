@@ -465,7 +465,7 @@ fn records_in_window(l: &InterLayout, m: &RankMem, n: usize) -> RecvBytes {
         buf.copy_from_slice(&win[off..off + buf.len()]);
         Ok(())
     };
-    let cnt = &m.scratch[3].bytes()[..W * 4];
+    let cnt: &[u32] = &m.scratch[3].bytes()[..W * 4].chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>();
     let got = l.gather_records(cnt, &mut vec![0u8; n * l.rec_bytes], read).unwrap();
     // Counts that do not add up to the received count are refused.
     let e = l.gather_records(cnt, &mut vec![0u8; (n + 1) * l.rec_bytes], read).unwrap_err().to_string();

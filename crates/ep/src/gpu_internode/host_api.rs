@@ -166,11 +166,11 @@ impl InterNodeGpu {
             // In the window the kernels read at most the received rows, at most world x
             // max_tokens (what the out_comb area holds).
             let n = if self.in_window { (xr.len() / row).min(l.world * l.max_tokens) } else { xr.len() / row };
-            self.write_combine_rows(r, &xr[..n * row], wr.get(..n * l.top_k * 4).unwrap_or(&[]))?;
+            self.write_combine_input(r, &xr[..n * row], wr.get(..n * l.top_k * 4).unwrap_or(&[]))?;
             self.ranks[r].comb_rows = xr.len() / row;
         }
         self.run_combine()?;
-        (0..l.world).map(|r| self.read_combined_bytes(r)).collect()
+        (0..l.world).map(|r| self.read_combined(r)).collect()
     }
 }
 
@@ -194,9 +194,9 @@ pub(super) fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &mut GpuRank, 
     l.gather_records(&cnt, &mut p.as_mut_slice()[..len], |off, buf| win.read(rt, off, buf))
 }
 
-/// Rank `gr`'s records per source of the last dispatch: u32 `[world]`, little-endian bytes.
-pub(super) fn recv_counts(rt: &dyn Runtime, l: &InterLayout, gr: &GpuRank) -> GpuResult<Vec<u8>> {
+/// Rank `gr`'s records per source of the last dispatch, `[world]`.
+pub(super) fn recv_counts(rt: &dyn Runtime, l: &InterLayout, gr: &GpuRank) -> GpuResult<Vec<u32>> {
     let mut cnt = vec![0u8; l.world * 4];
     rt.copy_dtoh(&mut cnt, &gr.scratch[3].sub(0, l.world * 4)?)?;
-    Ok(cnt)
+    Ok(cnt.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }

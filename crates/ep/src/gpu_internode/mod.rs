@@ -215,8 +215,7 @@ impl InterLayout {
     /// ids, scales and i32 flat source, each field's records concatenated (the tail of V1 and
     /// V1-LL records, their routing, is dropped). A partial record at the end is ignored.
     pub fn split_records(&self, recs: &[u8]) -> RecvBytes {
-        let (kw, ki) = (self.top_k * 4, self.top_k * self.idx_size);
-        let fields = [self.row_bytes, kw, ki, self.scale_bytes, 4];
+        let fields = self.record_fields();
         let n = recs.len() / self.rec_bytes.max(1);
         let mut out: [Vec<u8>; 5] = std::array::from_fn(|f| Vec::with_capacity(n * fields[f]));
         for rec in recs.chunks_exact(self.rec_bytes) {
@@ -230,16 +229,22 @@ impl InterLayout {
         RecvBytes { x, weights, idx, scales, src }
     }
 
+    /// The lengths in bytes of a received record's fields, in their order: the x row
+    /// (`row_bytes`), `top_k` f32 weights, `top_k` ids of `idx_size` bytes, `scale_bytes` of
+    /// scales, the i32 source token.
+    pub fn record_fields(&self) -> [usize; 5] {
+        [self.row_bytes, self.top_k * 4, self.top_k * self.idx_size, self.scale_bytes, 4]
+    }
+
     /// What a rank received (`recs.len() / rec_bytes` records in all, `n`), gathered from its
     /// window's dispatch segments as [`InterNodeOptions::recv_in_window`] leaves them into
     /// `recs` (the caller's buffer, e.g. pinned memory), then split
-    /// ([`InterLayout::split_records`]): `recv_cnt` is the rank's u32 `[W]` records per source
-    /// (little-endian), and `read(off, buf)` fills `buf` from window byte `off` (source `s`'s
+    /// ([`InterLayout::split_records`]): `recv_cnt` is the rank's `[W]` records per source, and `read(off, buf)` fills `buf` from window byte `off` (source `s`'s
     /// segment at `disp_in + s * seg_rec`). Errors: `InvalidConfig` when a count runs past
     /// `n` or the counts do not add up to `n`; `read`'s.
     pub fn gather_records<E: From<EpError>>(
         &self,
-        recv_cnt: &[u8],
+        recv_cnt: &[u32],
         recs: &mut [u8],
         mut read: impl FnMut(usize, &mut [u8]) -> Result<(), E>,
     ) -> Result<RecvBytes, E> {
@@ -247,8 +252,8 @@ impl InterLayout {
         let bad = |value: String| EpError::InvalidConfig { field: "received records", value, reason: format!("{n} records received") };
         let recs = &mut recs[..n * self.rec_bytes];
         let mut at = 0usize;
-        for (s, c) in recv_cnt.chunks_exact(4).take(self.world).enumerate() {
-            let bytes = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize * self.rec_bytes;
+        for (s, &c) in recv_cnt.iter().take(self.world).enumerate() {
+            let bytes = c as usize * self.rec_bytes;
             let Some(dst) = recs.get_mut(at..at + bytes) else {
                 return Err(bad(format!("source {s}'s count passes them")).into());
             };
