@@ -60,7 +60,9 @@ step() { echo; echo "=== $*"; }
 # hand-over build, carried as .gpu-bundle/bench_dispatch_combine_prev and _mid), and, only
 # when named, depth (scripts/gpu-parts/depth.sh: this build against the earlier build and the
 # breadth-first one, carried as .gpu-bundle/bench_dispatch_combine_prev and _mid, with the
-# targets' baselines).
+# targets' baselines), and, only when named, legs (scripts/gpu-parts/legs.sh: the inter-node
+# leg alone against bench_engine at the same sizes, then the 2 x 4 decode rows and their
+# baselines).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -131,7 +133,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

@@ -100,6 +100,19 @@ fn node_refusals_name_the_users_flags() {
             &["--json /nonexistent-dir/x.json: cannot be written"],
         ),
         (
+            &["--zero-token-ranks", "1"],
+            &["--zero-token-ranks/--remote-only-ranks shape the routing of the host executor (--device cpu) and of the GPU inter-node kernels", "not of --kernel-type intranode"],
+        ),
+        (
+            // Accepted for the GPU inter-node kernels: validation passes and the run stops at
+            // its first output file.
+            &[
+                "--kernel-type", "v1", "--world-size", "2", "--num-nodes", "2", "--zero-token-ranks", "1", "--remote-only-ranks", "0",
+                "--json", "/nonexistent-dir/x.json",
+            ],
+            &["--json /nonexistent-dir/x.json: cannot be written"],
+        ),
+        (
             &["--kernel-type", "async_ll", "--num-nodes", "2", "--trace", "/nonexistent-dir/t.json"],
             &["--trace /nonexistent-dir/t.json: /nonexistent-dir/t.rank0.json cannot be written"],
         ),

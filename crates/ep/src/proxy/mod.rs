@@ -314,13 +314,18 @@ impl State {
 
     /// Keeps a posted batch's status (`len` data bytes to `dst`) and times it.
     fn track(&mut self, dst: usize, len: u64, st: TransferStatus) {
-        let (base, last, taken, timing) = (self.base, self.last_done.clone(), self.taken, self.timing.clone());
+        let (base, last, taken, timing, done) = (self.base, self.last_done.clone(), self.taken, self.timing.clone(), st.clone());
         timing.post_ns.fetch_add(taken.elapsed().as_nanos() as u64, Ordering::Relaxed);
         st.on_done(move || {
             last.fetch_max(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let ns = taken.elapsed().as_nanos() as u64;
             timing.done_ns.fetch_add(ns, Ordering::Relaxed);
             timing.done_ns_max.fetch_max(ns, Ordering::Relaxed);
+            if len > 0 && matches!(done.poll(), Some(Ok(()))) {
+                timing.write_batches.fetch_add(1, Ordering::Relaxed);
+                timing.write_bytes.fetch_add(len, Ordering::Relaxed);
+                timing.write_done_ns.fetch_add(ns, Ordering::Relaxed);
+            }
         });
         self.inflight.push((dst, len, st));
     }

@@ -89,6 +89,12 @@ pub struct RingProxyStats {
     pub ordered_batches: u64,
     /// Sum of those calls' own durations, ns (the CPU cost of posting).
     pub post_call_ns: u64,
+    /// Completed batches that carried data bytes (signals alone left out).
+    pub write_batches: u64,
+    /// Data bytes of those batches.
+    pub write_bytes: u64,
+    /// Sum over those batches of taken-to-completed, ns.
+    pub write_done_ns: u64,
 }
 
 impl RingProxyStats {
@@ -108,7 +114,18 @@ impl RingProxyStats {
             post_calls: self.post_calls.saturating_sub(earlier.post_calls),
             ordered_batches: self.ordered_batches.saturating_sub(earlier.ordered_batches),
             post_call_ns: self.post_call_ns.saturating_sub(earlier.post_call_ns),
+            write_batches: self.write_batches.saturating_sub(earlier.write_batches),
+            write_bytes: self.write_bytes.saturating_sub(earlier.write_bytes),
+            write_done_ns: self.write_done_ns.saturating_sub(earlier.write_done_ns),
         }
+    }
+
+    /// The rate of the batches that carried data, each from taking its commands off the ring
+    /// to its completion: `write_bytes / write_done_ns` (bytes per ns = GB/s, GB = 1e9 B).
+    /// `None` without any. Batches of one burst overlap, so this is the rate of one write as
+    /// its proxy saw it, not the proxy's aggregate.
+    pub fn write_gbps(&self) -> Option<f64> {
+        (self.write_done_ns > 0).then(|| self.write_bytes as f64 / self.write_done_ns as f64)
     }
 }
 
@@ -125,6 +142,9 @@ pub(super) struct SharedStats {
     pub(super) post_calls: AtomicU64,
     pub(super) ordered_batches: AtomicU64,
     pub(super) post_call_ns: AtomicU64,
+    pub(super) write_batches: AtomicU64,
+    pub(super) write_bytes: AtomicU64,
+    pub(super) write_done_ns: AtomicU64,
 }
 
 impl SharedStats {
@@ -147,6 +167,9 @@ impl SharedStats {
             post_calls: self.post_calls.load(Ordering::Relaxed),
             ordered_batches: self.ordered_batches.load(Ordering::Relaxed),
             post_call_ns: self.post_call_ns.load(Ordering::Relaxed),
+            write_batches: self.write_batches.load(Ordering::Relaxed),
+            write_bytes: self.write_bytes.load(Ordering::Relaxed),
+            write_done_ns: self.write_done_ns.load(Ordering::Relaxed),
         }
     }
 }
@@ -308,6 +331,9 @@ mod tests {
             post_calls: 18,
             ordered_batches: 5,
             post_call_ns: 60,
+            write_batches: 3,
+            write_bytes: 3000,
+            write_done_ns: 1500,
         };
         let d = now.since(&then);
         assert_eq!(
@@ -324,8 +350,13 @@ mod tests {
                 post_calls: 10,
                 ordered_batches: 5,
                 post_call_ns: 60,
+                write_batches: 3,
+                write_bytes: 3000,
+                write_done_ns: 1500,
             }
         );
+        assert_eq!(d.write_gbps(), Some(2.0), "3000 B in 1500 ns");
+        assert_eq!(then.write_gbps(), None, "no data batch, no rate");
         assert_eq!(then.since(&now).commands, 0, "an older snapshot never goes below zero");
     }
 }

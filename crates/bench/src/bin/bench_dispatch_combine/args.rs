@@ -142,14 +142,16 @@ pub struct Args {
     /// (test) CPU: let injected delays reorder inter-node puts.
     #[arg(long = "inject-reorder", hide = true)]
     pub inject_reorder: bool,
-    /// CPU: these ranks dispatch no tokens (comma-separated ranks; a routing shape for tests).
+    /// CPU, or GPU v1/v1_ll/async_ll: these ranks dispatch no tokens (comma-separated ranks; a
+    /// routing shape for tests and for timing one direction of the inter-node leg).
     #[arg(long = "zero-token-ranks", value_delimiter = ',')]
     pub zero_token_ranks: Vec<usize>,
     /// CPU: every N-th token of every rank routes nowhere (all top-k ids -1).
     #[arg(long = "none-rows-every")]
     pub none_rows_every: Option<usize>,
-    /// CPU: these ranks route every token to experts on other nodes only (comma-separated
-    /// ranks; the inter-node leg with no intra-node copies beside it). Needs 2+ nodes.
+    /// CPU, or GPU v1/v1_ll/async_ll: these ranks route every token to experts on other nodes
+    /// only (comma-separated ranks; the inter-node leg with no intra-node copies beside it).
+    /// Needs 2+ nodes.
     #[arg(long = "remote-only-ranks", value_delimiter = ',')]
     pub remote_only_ranks: Vec<usize>,
     /// (test) CPU: the process hosting this rank kills itself (SIGKILL) inside its second
@@ -242,9 +244,7 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
             (a.ranks_per_proc.is_some(), "--ranks-per-proc"),
             (a.host.is_some(), "--host"),
             (a.chunk_tokens.is_some(), "--chunk-tokens"),
-            (!a.zero_token_ranks.is_empty(), "--zero-token-ranks"),
             (a.none_rows_every.is_some(), "--none-rows-every"),
-            (!a.remote_only_ranks.is_empty(), "--remote-only-ranks"),
             (
                 a.inject_delay_us.is_some() || a.inject_reorder || a.inject_kill_rank.is_some(),
                 "--inject-delay-us/--inject-reorder/--inject-kill-rank",
@@ -445,6 +445,12 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             "--kernel-type {} on GPUs runs across nodes, but {} is one node (give --num-nodes 2 or more; one node: --kernel-type intranode)",
             kt.name(),
             nodes_flags()
+        )));
+    }
+    if gpu && !inter_gpu && (!a.zero_token_ranks.is_empty() || !a.remote_only_ranks.is_empty()) {
+        return Err(err(format!(
+            "--zero-token-ranks/--remote-only-ranks shape the routing of the host executor (--device cpu) and of the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll); not of --kernel-type {}",
+            kt.name()
         )));
     }
     if !inter_gpu && (a.proxy_spin_us.is_some() || a.copy_blocks.is_some() || a.combine_staging || a.recv_copy_out || a.device_api) {

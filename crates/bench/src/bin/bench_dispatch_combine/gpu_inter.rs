@@ -279,6 +279,20 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             batches - sum(|s| s.ordered_batches)
         );
     }
+    let writes = ps.iter().fold(mori_ep::proxy::RingProxyStats::default(), |a, s| mori_ep::proxy::RingProxyStats {
+        write_batches: a.write_batches + s.write_batches,
+        write_bytes: a.write_bytes + s.write_bytes,
+        write_done_ns: a.write_done_ns + s.write_done_ns,
+        ..a
+    });
+    if let Some(gbps) = writes.write_gbps() {
+        println!(
+            "inter-node writes with data (proxies, host clock, timed iterations): {}, {:.0} B each on average, {:.1} µs each from taking the commands to completed: {gbps:.2} GB/s a write",
+            writes.write_batches,
+            writes.write_bytes as f64 / writes.write_batches as f64,
+            writes.write_done_ns as f64 / writes.write_batches as f64 / 1e3
+        );
+    }
     println!(
         "host CPU (timed iterations): {busy_cores:.1} cores busy on average ({} threads in the process, {} cores online)",
         std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0),
@@ -337,7 +351,9 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "proxies": { "writes": batches, "to_posted_us": mean(sum(|s| s.post_ns), batches),
                 "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
                 "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)),
-                "ordered_batches": sum(|s| s.ordered_batches) },
+                "ordered_batches": sum(|s| s.ordered_batches),
+                "data_writes": writes.write_batches, "data_write_bytes": writes.write_bytes,
+                "data_write_us": mean(writes.write_done_ns, writes.write_batches), "data_write_gbps": writes.write_gbps() },
             "busy_cores": busy_cores,
             "copy_pools": { "submissions": pool.submissions, "slot_wait_us": wait_us, "enqueue_us": enqueue_us,
                 "record_us": record_us, "max_submit_us_since_start": pool.max_submit_ns as f64 / 1e3, "flag_misses": pool.flag_misses,
