@@ -14,13 +14,21 @@ lgl() { ep_logged "$lg_log" 14 "^copy pools|^calls: |^spread|^per kernel|^host t
 # A dispatch record at H = 7168 bf16, top-8: 14336 B of row, 32 of weights, 64 of i64
 # indices and 16 of source (the "B each" of the writes line says what ran).
 rec=14448
-[ "${LEGS_TESTS:-1}" = 1 ] && ep_tests "$lg_log" legs
+if [ "${LEGS_TESTS:-1}" = 1 ]; then
+  ep_tests "$lg_log" legs
+  logged "$lg_log" 300 6 "^$" "the copy pool's ordered-copy GPU tests" "$B/gpu" --ignored --test-threads=1 order
+fi
+# LEGS_PREV=1: each EP run also with the earlier build ($B/bench_dispatch_combine_prev, carried
+# beside the bundle), in alternating order.
+prev=""
+[ "${LEGS_PREV:-0}" = 1 ] && ep_prev "$lg_log"
+order() { if [ -z "$prev" ]; then echo n; elif [ $(($1 % 2)) = 1 ]; then echo pn; else echo np; fi; }
+leg1() { echo --world-size 2 --num-nodes 2 --zero-token-ranks 1 --remote-only-ranks 0 --iters 50 --warmup 5; }
 for round in 1 2; do
   for t in 32 128 512; do
     step "legs: round $round: T = $t, the leg alone against bench_engine at $((t * rec)) B"
-    lgl "async_ll 2x1 leg alone T=$t ($round)" "$B/bench_dispatch_combine" --kernel-type async_ll --world-size 2 --num-nodes 2 \
-      --num-tokens "$t" --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16 --device-api \
-      --zero-token-ranks 1 --remote-only-ranks 0 --iters 50 --warmup 5 --json "$OUT/legs-async_ll-$t-$round.json"
+    ep_ab lgl "$prev" "async_ll 2x1 leg alone T=$t ($round)" "$(order $round)" --kernel-type async_ll \
+      --num-tokens "$t" --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16 $(leg1)
     logged "$lg_log" 120 6 "^[0-9T:.-]+Z |^note:" "bench_engine xgmi write $((t * rec)) B ($round)" "$B/bench_engine" --local \
       --backend xgmi --mem-type gpu --op write --enable-sess --transfer-batch-size 1 --buffer-size $((t * rec)) \
       --iters 200 --warmup-iters 20 --log-level warning
@@ -28,12 +36,13 @@ for round in 1 2; do
 done
 step "legs: V1 and V1-LL, the leg alone, T = 128"
 for kt in v1 v1_ll; do
-  lgl "$kt 2x1 leg alone T=128" "$B/bench_dispatch_combine" --kernel-type "$kt" --world-size 2 --num-nodes 2 $EP_DEC --device-api \
-    --zero-token-ranks 1 --remote-only-ranks 0 --iters 50 --warmup 5 --json "$OUT/legs-$kt-128.json"
+  ep_ab lgl "$prev" "$kt 2x1 leg alone T=128" "$(order 1)" --kernel-type "$kt" $EP_DEC $(leg1)
 done
 step "legs: 2 x 4 decode over xgmi, the three schemes"
+round=0
 for kt in async_ll v1 v1_ll async_ll; do
-  lgl "$kt decode xgmi" "$B/bench_dispatch_combine" --kernel-type "$kt" --num-nodes 2 $EP_DEC --device-api
+  round=$((round + 1))
+  ep_ab lgl "$prev" "$kt decode xgmi" "$(order $round)" --kernel-type "$kt" --num-nodes 2 $EP_DEC
 done
 step "legs: the targets' baselines"
 ep_targets "$lg_log" $EP_DEC

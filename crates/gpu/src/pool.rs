@@ -492,7 +492,7 @@ impl CopyPool {
             let t = table.finish(arrivals, lane.flag);
             let mut args = KernelArgs::new();
             args.push(t);
-            let cfg = LaunchConfig { grid: (grid, 1, 1), block: (64, 1, 1), shared_mem_bytes: 0 };
+            let cfg = LaunchConfig { grid: (grid, 1, 1), block: (ordered::ORDERED_BLOCK, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: the kernel's ABI is (OrderedCopy by value) (kernels/README.md); every
             // segment's ranges are mapped device memory (forwarded contract), the arrival word
             // is this slot's (no other submission uses it until this one completed) and the

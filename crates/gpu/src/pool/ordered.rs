@@ -205,12 +205,18 @@ impl CopyPool {
     }
 }
 
-/// The grid of one launch of `groups` groups: per group, a block per 16 KiB of the longest
-/// first segment, at least 1, at most 128 per multiprocessor over all groups (the
-/// scatter/gather kernel's shape).
+/// Threads of a block of `mori_ordered_copy`: a block copies 16 KiB of a first segment, 64
+/// bytes a thread, four 16-byte vectors in two rounds of two loads in flight. With 64 threads
+/// a block (the scatter/gather kernel's shape) each thread made eight rounds, one HBM latency
+/// each, whatever the segment's size.
+pub(super) const ORDERED_BLOCK: u32 = 256;
+
+/// The grid of one launch of `groups` groups: per group, a block of [`ORDERED_BLOCK`] threads
+/// per 16 KiB of the longest first segment, at least 1, at most 32 per multiprocessor over all
+/// groups (8 192 threads a multiprocessor).
 pub(super) fn grid(first_len: u64, groups: u32, sms: u32) -> u32 {
     let groups = groups.max(1) as u64;
-    let per = (128 * sms as u64 / groups).min(first_len.div_ceil(16 << 10)).max(1);
+    let per = (32 * sms as u64 / groups).min(first_len.div_ceil(16 << 10)).max(1);
     (per * groups) as u32
 }
 
@@ -314,16 +320,17 @@ mod tests {
     }
 
     #[test]
-    fn the_grid_is_a_block_per_16_kib_capped_at_128_per_multiprocessor() {
+    fn the_grid_is_a_block_per_16_kib_capped_at_32_per_multiprocessor() {
         assert_eq!(grid(0, 1, 132), 1);
         assert_eq!(grid(16, 1, 132), 1);
         assert_eq!(grid(1_835_008, 1, 132), 112);
-        assert_eq!(grid(1 << 40, 1, 132), 128 * 132);
+        assert_eq!(grid(1 << 40, 1, 132), 32 * 132);
         // Several groups: equal runs, the cap shared out.
         assert_eq!(grid(1_835_008, 4, 132), 4 * 112);
         assert_eq!(grid(0, 3, 132), 3);
-        assert_eq!(grid(1 << 40, 3, 132), 3 * (128 * 132 / 3));
-        assert_eq!(grid(1 << 40, 0, 132), 128 * 132, "no group counts as one");
+        assert_eq!(grid(1 << 40, 3, 132), 3 * (32 * 132 / 3));
+        assert_eq!(grid(1 << 40, 0, 132), 32 * 132, "no group counts as one");
+        assert_eq!(ORDERED_BLOCK * 32, 8192, "the cap's threads a multiprocessor");
     }
 
     #[test]
