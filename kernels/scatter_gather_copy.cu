@@ -84,8 +84,8 @@
 //   before any byte of its later segments, and the flag after every group's. Groups are not
 //   ordered among themselves. A table the kernel does not take (n, groups or first out of
 //   range, or a grid that is not a multiple of the group count) copies nothing and writes no
-//   flag. Launch 1-D, no dynamic shared memory, block 64 (any size up to 1024), grid
-//   groups x min(128 * multiprocessors / groups, max(1, ceil(largest first segment / 16 KiB)));
+//   flag. Launch 1-D, no dynamic shared memory, block 256 (any size up to 1024), grid
+//   groups x min(32 * multiprocessors / groups, max(1, ceil(largest first segment / 16 KiB)));
 //   one launch at a time per `arrivals` array.
 //
 // The copy: threads copy elements of the widest width src and dst share: 16 bytes when

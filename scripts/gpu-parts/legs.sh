@@ -7,19 +7,21 @@
 # line), against bench_engine batch-1 writes of the dispatch write's size. Then the 2 x 4
 # decode rows of the three schemes with their targets' baselines, where the same line gives a
 # write's rate under eight proxies. A fragment, sourced by scripts/gpu-machine.sh (B, OUT,
-# step, rc); appends to $OUT/legs.txt. About 3 minutes on one H100 with LEGS_TESTS=1 (the
-# default: the inter-node EP GPU tests first).
+# step, rc); appends to $OUT/legs.txt. About 65 seconds on one H200 with LEGS_TESTS=1 (the
+# default: the inter-node EP GPU tests and the copy pool's GPU tests first), 100 with
+# LEGS_PREV=1.
 lg_log="$OUT/legs.txt"
 lgl() { ep_logged "$lg_log" 14 "^copy pools|^calls: |^spread|^per kernel|^host time" "$@"; }
 # A dispatch record at H = 7168 bf16, top-8: 14336 B of row, 32 of weights, 64 of i64
-# indices and 16 of source (the "B each" of the writes line says what ran).
+# indices and 16 of source (4, padded; the "B each" of the writes line says what ran).
 rec=14448
 if [ "${LEGS_TESTS:-1}" = 1 ]; then
   ep_tests "$lg_log" legs
-  logged "$lg_log" 300 6 "^$" "the copy pool's ordered-copy GPU tests" "$B/gpu" --ignored --test-threads=1 order
+  logged "$lg_log" 300 6 "^$" "the copy pool's ordered-copy GPU tests" "$B/gpu" --ignored --test-threads=1 copy_pool
 fi
 # LEGS_PREV=1: each EP run also with the earlier build ($B/bench_dispatch_combine_prev, carried
-# beside the bundle), in alternating order.
+# beside the bundle; one that takes --zero-token-ranks and --remote-only-ranks on GPUs), in
+# alternating order.
 prev=""
 [ "${LEGS_PREV:-0}" = 1 ] && ep_prev "$lg_log"
 order() { if [ -z "$prev" ]; then echo n; elif [ $(($1 % 2)) = 1 ]; then echo pn; else echo np; fi; }
@@ -35,8 +37,10 @@ for round in 1 2; do
   done
 done
 step "legs: V1 and V1-LL, the leg alone, T = 128"
+round=0
 for kt in v1 v1_ll; do
-  ep_ab lgl "$prev" "$kt 2x1 leg alone T=128" "$(order 1)" --kernel-type "$kt" $EP_DEC $(leg1)
+  round=$((round + 1))
+  ep_ab lgl "$prev" "$kt 2x1 leg alone T=128" "$(order $round)" --kernel-type "$kt" $EP_DEC $(leg1)
 done
 step "legs: 2 x 4 decode over xgmi, the three schemes"
 round=0

@@ -89,7 +89,8 @@ pub struct RingProxyStats {
     pub ordered_batches: u64,
     /// Sum of those calls' own durations, ns (the CPU cost of posting).
     pub post_call_ns: u64,
-    /// Completed batches that carried data bytes (signals alone left out).
+    /// Batches that carried data bytes and succeeded (signals alone and failed batches left
+    /// out).
     pub write_batches: u64,
     /// Data bytes of those batches.
     pub write_bytes: u64,

@@ -206,14 +206,15 @@ impl CopyPool {
 }
 
 /// Threads of a block of `mori_ordered_copy`: a block copies 16 KiB of a first segment, 64
-/// bytes a thread, four 16-byte vectors in two rounds of two loads in flight. With 64 threads
-/// a block (the scatter/gather kernel's shape) each thread made eight rounds, one HBM latency
-/// each, whatever the segment's size.
+/// bytes a thread, four 16-byte vectors (when source and destination share 16-byte alignment)
+/// in two rounds of two loads in flight. With 64 threads a block (the scatter/gather kernel's
+/// shape) each thread made eight such rounds, one HBM latency each, for any first segment of
+/// 16 KiB or more.
 pub(super) const ORDERED_BLOCK: u32 = 256;
 
 /// The grid of one launch of `groups` groups: per group, a block of [`ORDERED_BLOCK`] threads
 /// per 16 KiB of the longest first segment, at least 1, at most 32 per multiprocessor over all
-/// groups (8 192 threads a multiprocessor).
+/// groups (the grid's threads at most 8 192 times the multiprocessors).
 pub(super) fn grid(first_len: u64, groups: u32, sms: u32) -> u32 {
     let groups = groups.max(1) as u64;
     let per = (32 * sms as u64 / groups).min(first_len.div_ceil(16 << 10)).max(1);
