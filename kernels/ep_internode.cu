@@ -380,12 +380,15 @@ MORI_DEVICE uint64_t ie_comb_dest(const IeParams& p, uint32_t r, uint32_t s, uin
     return p.win[r] + p.lay.out_comb + s * p.lay.seg_comb + q * p.comb_bytes;
 }
 
-// Writes the received rows for other nodes' sources where they go (ie_comb_dest: the staging
-// the proxy reads, or V1-LL the relays' gather areas), each block a share of the rows. Spins
-// on nothing, so the host may launch it with more blocks per rank than the co-resident
-// kernels (its own blocks_per_rank); their counters move in mori_ie_combine_send, next in
-// stream order.
+// Writes every received row where it goes (ie_comb_dest: a same-node source's combine
+// segment by P2P store, the staging the proxy reads, or V1/V1-LL the relays' gather areas),
+// each block a share of the rows. Spins on nothing, so the host launches it with more blocks
+// per rank than the co-resident kernels (its own blocks_per_rank); their counters move in
+// mori_ie_combine_send, next in stream order. (In mori_ie_combine_send's 16 blocks a rank the
+// same-node stores took 76-84 µs on the blocks whose share held them and 13-24 on the others,
+// V1 decode at 2 x 4 on an H100.)
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
+    MORI_SHARED_STRUCT(IeLast, last);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, tid = mori_thread_idx();
@@ -402,7 +405,6 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
     // IE_FLAG_COMB_ROWS: other nodes' sources' rows already lie contiguous in the window.
     for (uint32_t i = i0 + warp; i < i1 && !ie_comb_rows(p); i += nwarps) {
         const uint32_t s = ie_source_of(p, a, i);
-        if (ie_same_node(p, r, s)) continue;
         ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, i - ((const uint32_t*)a.recv_base)[s]), lane);
     }
     // Visible system-wide (the proxy reads the staging through the host) before the counters
@@ -410,21 +412,48 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
     mori_fence_system();
     mori_sync_block();
     ie_stamp(p, a, b, IE_T_CSTAGED);
+    // V1, V1-LL: once every block's rows are written, the last block counts the rows for each
+    // other node's source s into the gather counters, in its phase-2 block, of s's relay on this
+    // node (writer slot (s's node, this rank's local index)), the total first.
+    if (!ie_relay(p) || !ie_last_block(p, a, IE_DONE_CSTAGED(p.world), last)) return;
+    const uint32_t G = p.gpn, own = r / G;
+    const uint32_t* rc = (const uint32_t*)a.recv_cnt;
+    for (uint32_t s = tid; s < p.world; s += mori_block_dim()) {
+        if (ie_same_node(p, r, s)) continue;
+        ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 1, (uint64_t)rc[s] + 1);
+        if (rc[s]) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 0, rc[s]);
+    }
 }
 
-// Hands over the rows mori_ie_combine_stage wrote for other nodes (AsyncLL: one proxy command
-// per source, by the last block; V1-LL: the relays' gather counters), then writes this
-// node's sources' rows by P2P stores and signals them while the proxy works; V1-LL: then the
-// relay's partial sums; then block 0 waits for every rank's rows.
-MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
-    MORI_SHARED_STRUCT(IeSpan, sh);
+// V1, V1-LL: this rank as the relay: once this node's ranks counted their rows of each other
+// node's tokens into its gather counters (mori_ie_combine_stage's last blocks, before this
+// kernel in stream order), the partial sums per token, each block a share, handed to the proxy
+// by the last block. Waits only for those counters, so the host launches it on more blocks per
+// rank than the co-resident kernels (in mori_ie_combine_send's 16 blocks a rank the sums took
+// 66-117 µs, V1 decode at 2 x 4 on an H100).
+MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_relay(IeParams p) {
     MORI_SHARED_STRUCT(IeFwd, fw);
     MORI_SHARED_STRUCT(IeGather, gs);
     MORI_SHARED_STRUCT(IeLast, last);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
+    const uint32_t tid = mori_thread_idx(), lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
+    uint32_t* status = (uint32_t*)a.status;
+    const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
+    ie_stamp(p, a, b, IE_T_RRED0);
+    if (ie_failed(status) || !ie_relay(p)) return;
+    ie_relay_reduce(p, a, b, deadline, fw, gs, lane, warp, nwarps);
+    ie_stamp(p, a, b, IE_T_RRED1);
+    if (ie_last_block(p, a, IE_DONE_GATHER(p.world), last) && !ie_failed(status)) ie_zero_phase(p, a, 2);
+}
+
+// Block 0 signals the rows mori_ie_combine_stage wrote (this node's sources' combine counters;
+// AsyncLL: the rows for other nodes, one proxy command per source; V1 and V1-LL handed theirs
+// over in mori_ie_combine_relay), then waits for every rank's rows.
+MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
+    const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
+    const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, W = p.world, G = p.gpn, tid = mori_thread_idx(), nthreads = mori_block_dim();
-    const uint32_t lane = tid % 32, warp = tid / 32, nwarps = nthreads / 32;
     uint32_t* status = (uint32_t*)a.status;
     const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
     const bool relay = ie_relay(p);
@@ -437,53 +466,25 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
         if (tid == 0 && b == 0) ie_error(status, IE_ERR_COMBINE_ROWS, a.comb_rows, N, 0);
         return;
     }
-    const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
     const uint32_t* base = (const uint32_t*)a.recv_base;
     const uint32_t* rc = (const uint32_t*)a.recv_cnt;
-    // Block 0 sets the totals: same-node sources' combine counters and (V1-LL) the gather
-    // counters, in its phase-2 block, of each other node's source s's relay on this node (the
-    // rows went to its gather segment for (s's node, this rank's local index)). Each block
-    // then counts its share of the same-node rows it stores.
-    const uint32_t own = r / G;
-    for (uint32_t s = tid; s < W; s += nthreads) {
-        const uint32_t lo = base[s] > i0 ? base[s] : i0, hi = base[s] + rc[s] < i1 ? base[s] + rc[s] : i1;
-        // IE_FLAG_COMB_ROWS: the same-node source reads its rows in place; block 0 signals all
-        // of them (they lie in the window since before the launch), no block stores any.
-        sh.n[s] = hi > lo && !ie_comb_rows(p) ? hi - lo : 0;
-        sh.first[s] = hi > lo ? lo - base[s] : 0;
-        if (b == 0 && ie_same_node(p, r, s) && ie_comb_rows(p) && rc[s]) ie_signal(p, a, s, 1, 0, rc[s]);
-        if (b == 0 && ie_same_node(p, r, s)) ie_signal(p, a, s, 1, 1, (uint64_t)rc[s] + 1);
-        else if (b == 0 && relay) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 1, (uint64_t)rc[s] + 1);
-    }
-    // The rows for other nodes, staged and fenced by mori_ie_combine_stage: block 0 hands them
-    // over at once (AsyncLL: one proxy command per source; V1-LL: the whole count to each
-    // relay's gather counter).
+    // Block 0 signals the same-node sources' rows, whole (mori_ie_combine_stage stored them,
+    // or with IE_FLAG_COMB_ROWS they lie in the window since before the launch), count and
+    // total.
     for (uint32_t s = tid; b == 0 && s < W; s += nthreads) {
-        if (ie_same_node(p, r, s)) continue;
-        if (relay) {
-            if (rc[s]) ie_signal_w(p, ie_relay_of(p, s, own), 2, (s / G) * G + r % G, 0, rc[s]);
-        } else {
-            // IE_FLAG_COMB_ROWS: the rows of s from the input itself (rows base[s] on).
+        if (ie_same_node(p, r, s)) {
+            if (rc[s]) ie_signal(p, a, s, 1, 0, rc[s]);
+            ie_signal(p, a, s, 1, 1, (uint64_t)rc[s] + 1);
+        } else if (!relay) {
+            // The rows for other nodes, staged and fenced by mori_ie_combine_stage (AsyncLL:
+            // one proxy command per source). IE_FLAG_COMB_ROWS: the rows of s from the input
+            // itself (rows base[s] on).
             const uint64_t from = ie_comb_rows(p) ? p.lay.out_comb + (uint64_t)base[s] * p.comb_bytes
                                                   : p.lay.out_comb + s * p.lay.seg_comb;
             ie_hand_over(p, a, s, 1, rc[s], (uint64_t)rc[s] * p.comb_bytes, from, p.lay.comb_in + r * p.lay.seg_comb, deadline);
         }
     }
-    for (uint32_t i = i0 + warp; i < i1 && !ie_comb_rows(p); i += nwarps) {
-        const uint32_t s = ie_source_of(p, a, i);
-        if (ie_same_node(p, r, s)) ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, i - base[s]), lane);
-    }
-    mori_fence_system();
-    mori_sync_block();
-    for (uint32_t s = tid; s < W; s += nthreads)
-        if (ie_same_node(p, r, s) && sh.n[s]) ie_signal(p, a, s, 1, 0, sh.n[s]);
     ie_stamp(p, a, b, IE_T_CINTRA);
-    if (relay) {
-        // V1-LL: this rank as the relay: partial sums for the other nodes' ranks with its index.
-        ie_relay_reduce(p, a, b, deadline, fw, gs, lane, warp, nwarps);
-        ie_stamp(p, a, b, IE_T_RRED1);
-        if (ie_last_block(p, a, IE_DONE_GATHER(W), last) && !ie_failed(status)) ie_zero_phase(p, a, 2);
-    }
     if (b != 0) return;
     // Block 0 waits for every rank's rows (V1-LL: this node's ranks' rows and each other node's
     // partials from this rank's relay there). mori_ie_combine_recv, next in stream order, sums
@@ -633,6 +634,7 @@ MORI_EMU_EXPORT(mori_ie_dispatch_stage, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch, IeParams)
 MORI_EMU_EXPORT(mori_ie_dispatch_recv, IeParams)
 MORI_EMU_EXPORT(mori_ie_combine_stage, IeParams)
+MORI_EMU_EXPORT(mori_ie_combine_relay, IeParams)
 MORI_EMU_EXPORT(mori_ie_combine_send, IeParams)
 MORI_EMU_EXPORT(mori_ie_combine_recv, IeParams)
 #endif

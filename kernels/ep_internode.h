@@ -33,9 +33,12 @@
                                 // first output row): no copy-out kernel runs, and the last block
                                 // of mori_ie_dispatch zeroes the dispatch counters
 
-// Index in IeRank.done (u32) of combine_send's finished-block count (V1-LL: zeroes the gather
-// counters).
+// Index in IeRank.done (u32) of mori_ie_combine_relay's finished-block count (V1, V1-LL:
+// zeroes the gather counters).
 #define IE_DONE_GATHER(world) (4u + 2u * (world))
+// Index in IeRank.done of mori_ie_combine_stage's finished-block count (V1, V1-LL: its last
+// block counts the rows for other nodes into the relays' gather counters).
+#define IE_DONE_CSTAGED(world) (5u + 2u * (world))
 // Index in IeRank.done of mori_ie_dispatch_stage's finished-block count (its last block hands
 // the staged records over).
 #define IE_DONE_STAGED 3u
@@ -51,15 +54,16 @@
 #define IE_T_COPY1 7     // copy-out end
 #define IE_T_COMB0 8     // combine staging start
 #define IE_T_CSTAGED 9   // combine staging end: rows for other nodes staged
-#define IE_T_CINTRA 10   // rows for this node stored, signalled
+#define IE_T_CINTRA 10   // combine send: this node's rows signalled, the other nodes' handed over
 #define IE_T_RED0 11     // block 0, end of combine send: its wait for every rank's rows starts
 #define IE_T_CRECVD 12   // combine sum start (block 0: also the end of its wait, overwritten)
 #define IE_T_RED1 13     // combine sum end
 #define IE_T_FWD1 14     // V1, V1-LL: this rank's relay forwarding done (dispatch)
 #define IE_T_RRED1 15    // V1, V1-LL: this rank's relay partial sums handed over (combine send)
 #define IE_T_DISP1 16    // dispatch start (stores for this node's ranks)
-#define IE_T_COMB1 17    // combine send start (hands the staged rows over, then stores)
-#define IE_T_SLOTS 18
+#define IE_T_COMB1 17    // combine send start (hands the staged rows over)
+#define IE_T_RRED0 18    // V1, V1-LL: this rank's relay partial sums start (combine relay kernel)
+#define IE_T_SLOTS 19
 
 struct IeLayout {
     uint64_t disp_in;   // segment s at disp_in + s * seg_rec
@@ -97,10 +101,10 @@ struct IeRank {
     uint64_t cnt;        // u32 [W] tokens sent to each rank
     uint64_t recv_cnt;   // u32 [W] records received from each rank
     uint64_t recv_base;  // u32 [W] first output row of each source
-    uint64_t done;       // u32 [5 + 2W]: blocks finished per zeroing kernel: [0] copy-out, [1]
+    uint64_t done;       // u32 [6 + 2W]: blocks finished per zeroing kernel: [0] copy-out, [1]
                          // combine sum, [2] dispatch (IE_FLAG_RECV_WIN), [3] dispatch staging; then blocks
                          // that staged for each remote destination
-                         // (dispatch [W], combine [W]); then IE_DONE_GATHER
+                         // (dispatch [W], combine [W]); then IE_DONE_GATHER, IE_DONE_CSTAGED
     uint64_t out_x;      // [max_recv, row_bytes]
     uint64_t out_w;      // [max_recv, K] f32 or 0
     uint64_t out_idx;    // [max_recv, K] of idx_size

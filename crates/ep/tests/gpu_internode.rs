@@ -147,6 +147,7 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
         }
         assert_eq!(ep.recv_in_window(), recv_in_window);
         assert_eq!(t.kernel_us[2] == 0.0, recv_in_window, "the copy-out runs unless the records stay in the window: {:?}", t.kernel_us);
+        assert_eq!(t.kernel_us[6] > 0.0, scheme != Scheme::AsyncLL, "the relay's sums run under V1 and V1-LL only: {:?}", t.kernel_us);
         println!(
             "round {round}: check OK; {recv} rows received in all; kernels: dispatch {:.1} us, combine {:.1} us; per kernel {:.1?} us{}",
             t.dispatch_us,

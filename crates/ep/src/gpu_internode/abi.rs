@@ -160,6 +160,7 @@ mod tests {
             "#define IE_FLAG_COMB_ROWS 16u",
             "#define IE_FLAG_RECV_WIN 32u",
             "#define IE_DONE_GATHER(world) (4u + 2u * (world))",
+            "#define IE_DONE_CSTAGED(world) (5u + 2u * (world))",
         ] {
             assert!(src.contains(needle), "ep_internode.h lost {needle}");
         }

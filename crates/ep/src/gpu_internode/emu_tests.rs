@@ -8,6 +8,7 @@
 //! ascending for AsyncLL, per node for V1 and V1-LL).
 
 use super::abi::{scheme_flags, IeParams, IeRank, FLAG_COMB_ROWS, FLAG_RECV_WIN, FLAG_WEIGHTED};
+use super::run::{combine_kernels, Grid, KERNELS};
 use super::trace::{perfetto, slot, trace_bytes, RankStamps};
 use super::*;
 use crate::emu_support::{launch, Region};
@@ -211,10 +212,8 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> Ie
 }
 
 fn run_node(p: &IeParams, kernel: &str) {
-    let per_rank = match kernel {
-        "mori_ie_dispatch_stage" | "mori_ie_dispatch_recv" | "mori_ie_combine_stage" | "mori_ie_combine_recv" => COPY_BLOCKS,
-        _ => BLOCKS,
-    };
+    let grid = KERNELS.iter().find(|k| k.0 == kernel).map(|k| k.1);
+    let per_rank = if grid == Some(Grid::Own) { COPY_BLOCKS } else { BLOCKS };
     let p = IeParams { blocks_per_rank: per_rank, ..*p };
     launch("ep_internode", kernel, G as u32 * per_rank, THREADS, &p);
 }
@@ -394,9 +393,8 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
                 s.spawn(move || {
                     // With the input rows in the window there is nothing to stage: the
                     // kernel is not launched (as InterNodeGpu does).
-                    let stage = ["mori_ie_combine_stage"].into_iter().filter(|_| !comb_rows);
-                    for k in stage.chain(["mori_ie_combine_send", "mori_ie_combine_recv"]) {
-                        run_node(p, k);
+                    for k in combine_kernels(!comb_rows, scheme != Scheme::AsyncLL) {
+                        run_node(p, KERNELS[k].0);
                     }
                 });
             }
@@ -543,7 +541,8 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
         // Block 0 waits for every rank's rows at the end of combine_send, before the sum.
         assert!(b0[CINTRA] <= b0[RED0] && b0[RED0] <= b0[CRECVD], "rank {r}: block 0's combine wait {b0:?}");
         for (b, t) in s.blocks.iter().enumerate() {
-            // The blocks past BLOCKS run only the stagings, the copy-out and the sum.
+            // The blocks past BLOCKS run only the stagings, the copy-out, the relay's sums and
+            // the sum.
             let waits_for_nothing = b >= BLOCKS as usize;
             // The slots a block stamps, in time order: the kernels it ran in stream order (its
             // share's layout first, in the staging kernel).
@@ -556,6 +555,10 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
             }
             if staged {
                 chain.extend([COMB0, CSTAGED]);
+            }
+            if scheme != Scheme::AsyncLL {
+                // The relay kernel, after the staging and before the send.
+                chain.extend([RRED0, RRED1]);
             }
             if !waits_for_nothing {
                 chain.extend([COMB1, CINTRA]);
@@ -582,12 +585,11 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
             // The relay steps: stamped between the phases around them under V1 and V1-LL,
             // never under AsyncLL.
             if scheme == Scheme::AsyncLL {
-                assert_eq!((t[FWD1], t[RRED1]), (0, 0), "rank {r} block {b}: AsyncLL has no relay steps: {t:?}");
+                assert_eq!((t[FWD1], t[RRED0], t[RRED1]), (0, 0, 0), "rank {r} block {b}: AsyncLL has no relay steps: {t:?}");
             } else {
                 // The slot after dispatch's in the chain: the copy-out's or combine's start.
                 let next = chain[chain.iter().position(|&x| x == INTRA).unwrap() + 1];
                 assert!(t[INTRA] <= t[FWD1] && t[FWD1] <= t[next], "rank {r} block {b}: relay forwarding out of place {t:?}");
-                assert!(t[CINTRA] <= t[RRED1] && t[RRED1] <= t[CRECVD], "rank {r} block {b}: relay reduce out of place {t:?}");
                 assert!(b != 0 || t[RRED1] <= t[RED0], "rank {r}: block 0 waits after its relay reduce {t:?}");
             }
         }
@@ -619,7 +621,7 @@ fn check_trace(mems: &[RankMem], scheme: Scheme, staged: bool, copied: bool) {
             ("combine_intra_node", BLOCKS as usize),
             ("combine_sync", 1),
             ("dispatch_relay_forward", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),
-            ("combine_relay_reduce", if scheme == Scheme::AsyncLL { 0 } else { BLOCKS as usize }),
+            ("combine_relay_reduce", if scheme == Scheme::AsyncLL { 0 } else { COPY_BLOCKS as usize }),
         ] {
             assert_eq!((count(name, "B"), count(name, "E")), (n, n), "rank {r}: {name}");
         }

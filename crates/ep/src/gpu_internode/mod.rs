@@ -188,9 +188,9 @@ impl InterLayout {
         self.world * 2 * 2 * 8
     }
 
-    /// Bytes of a rank's `done` words (u32 `[5 + 2W]`, see `IeRank.done` in the kernel header).
+    /// Bytes of a rank's `done` words (u32 `[6 + 2W]`, see `IeRank.done` in the kernel header).
     pub fn done_bytes(&self) -> usize {
-        4 * (5 + 2 * self.world)
+        4 * (6 + 2 * self.world)
     }
 
     /// The combine input as the kernels read it with `IE_FLAG_COMB_ROWS` (AsyncLL over xgmi):

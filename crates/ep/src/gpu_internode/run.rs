@@ -114,32 +114,49 @@ pub fn needed_connections(world: usize, nodes: usize) -> usize {
     world * XGMI_STREAMS + nodes
 }
 
-/// The kernels of each phase, as indices into [`KERNELS`], in launch order.
+/// The kernels of dispatch, as indices into [`KERNELS`], in launch order.
 const DISPATCH_KERNELS: [usize; 3] = [0, 1, 2];
-const COMBINE_KERNELS: [usize; 3] = [3, 4, 5];
+
+/// The kernels of combine, as indices into [`KERNELS`], in launch order: the staging (unless
+/// the input rows lie in the window, `stage` false), the relay's partial sums (V1, V1-LL:
+/// `relay`), the send and the sum.
+pub(super) fn combine_kernels(stage: bool, relay: bool) -> Vec<usize> {
+    let mut ks = Vec::with_capacity(4);
+    if stage {
+        ks.push(3);
+    }
+    if relay {
+        ks.push(6);
+    }
+    ks.extend([4, 5]);
+    ks
+}
 
 /// Events per node's stream: one before a phase's first kernel and one after each of its
 /// kernels, for the longer phase.
-const MARKS: usize = 1 + if DISPATCH_KERNELS.len() > COMBINE_KERNELS.len() { DISPATCH_KERNELS.len() } else { COMBINE_KERNELS.len() };
+const MARKS: usize = 1 + 4;
 
 /// How a kernel's grid is sized.
-#[derive(Clone, Copy)]
-enum Grid {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Grid {
     /// `blocks_per_rank`: kernels that wait, their whole grid resident at once.
     CoResident,
     /// `copy_blocks`: kernels that wait for nothing (the stagings, the copy-out, the sum).
     Own,
 }
 
-/// The kernels in launch order (dispatch 0..=2; combine 3..=5) and their grids. (The layout is
-/// part of the dispatch staging kernel: each of its blocks lays out its share of the tokens.)
-const KERNELS: [(&str, Grid); 6] = [
+/// The kernels (dispatch 0..=2; combine 3..=6, launched as [`combine_kernels`] orders them)
+/// and their grids. (The layout is part of the dispatch staging kernel: each of its blocks
+/// lays out its share of the tokens.) The relay's partial sums (6) wait only for counters that
+/// the staging kernel before it set, so they run on their own grid.
+pub(super) const KERNELS: [(&str, Grid); 7] = [
     ("mori_ie_dispatch_stage", Grid::Own),
     ("mori_ie_dispatch", Grid::CoResident),
     ("mori_ie_dispatch_recv", Grid::Own),
     ("mori_ie_combine_stage", Grid::Own),
     ("mori_ie_combine_send", Grid::CoResident),
     ("mori_ie_combine_recv", Grid::Own),
+    ("mori_ie_combine_relay", Grid::Own),
 ];
 
 impl InterNodeGpu {
@@ -479,9 +496,9 @@ impl InterNodeGpu {
     fn run_combine(&mut self) -> GpuResult<()> {
         self.upload_abi(false)?;
         // With the input rows in the window, combine stages nothing: its staging kernel is
-        // not launched (its time reads 0).
-        let ks = if self.in_window { &COMBINE_KERNELS[1..] } else { &COMBINE_KERNELS[..] };
-        self.times.combine_us = self.run(ks)?;
+        // not launched (its time reads 0); AsyncLL has no relay (nor its kernel's time).
+        let ks = combine_kernels(!self.in_window, self.layout.scheme != Scheme::AsyncLL);
+        self.times.combine_us = self.run(&ks)?;
         self.check_status("combine").map(|_| ())
     }
 

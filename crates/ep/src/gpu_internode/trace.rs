@@ -1,7 +1,7 @@
 //! Trace stamps of `kernels/ep_internode.cu` and their Perfetto form.
 //!
 //! With tracing on, every rank has a buffer of u64 GPU-clock stamps (ns; `%globaltimer` on
-//! NVIDIA): `[phase 2][pushed, seen][W]` per peer, then `[trace_blocks][16]` per block
+//! NVIDIA): `[phase 2][pushed, seen][W]` per peer, then `[trace_blocks][19]` per block
 //! ([`slot`]). A stamp never reached stays 0.
 //!
 //! [`perfetto`] turns the stamps of every rank into one trace per rank, in the seed's lane
@@ -13,12 +13,13 @@
 //!   waiting for each other node's relay segment and forwarding its records inside the node),
 //!   `dispatch_sync` (block 0 waiting for every source; under V1/V1-LL from the end of its
 //!   own relay forwarding), `dispatch_copy_out`,
-//!   `combine_copy_to_staging` (the staging kernel), `combine_intra_node` (combine send's
-//!   start to its P2P stores done, the hand-over first), `combine_relay_reduce` (V1, V1-LL: this
+//!   `combine_copy_to_staging` (the staging kernel: every received row where it goes, P2P stores
+//!   to this node's ranks included), `combine_intra_node` (combine send's start to its signals
+//!   and AsyncLL's hand-over done), `combine_relay_reduce` (V1, V1-LL: the relay kernel, this
 //!   rank as the relay, waiting for this node's rows of each other node's tokens and handing
 //!   their partial sums to the proxy), `combine_sync` (block 0 waiting for every rank's rows,
-//!   until the sum kernel started), `ep_combine_all` (the sum). The stagings, the copy-out and
-//!   the sum run on `copy_blocks` blocks per rank, the others on `blocks_per_rank`: a block
+//!   until the sum kernel started), `ep_combine_all` (the sum). The stagings, the copy-out, the
+//!   relay's sums and the sum run on `copy_blocks` blocks per rank, the others on `blocks_per_rank`: a block
 //!   past either grid has only the other kernels' spans;
 //! - per other-node peer `d` (tid = 1000 + d): `dispatch_inter_node_send` and
 //!   `combine_inter_node`, from this rank pushing its command for `d` to `d` seeing the
@@ -61,15 +62,17 @@ pub mod slot {
     pub const RED1: usize = 13;
     /// V1 and V1-LL: this rank's relay forwarding done (dispatch; 0 under AsyncLL).
     pub const FWD1: usize = 14;
-    /// V1 and V1-LL: this rank's relay partial sums handed over (combine send; 0 under
-    /// AsyncLL).
+    /// V1 and V1-LL: this rank's relay partial sums handed over (the combine relay kernel; 0
+    /// under AsyncLL).
     pub const RRED1: usize = 15;
     /// Dispatch start (it stores this node's records; the staging kernel handed the others over).
     pub const DISP1: usize = 16;
-    /// Combine send start (it hands the staged rows over, then stores this node's).
+    /// Combine send start (it signals the staged rows, AsyncLL hands those for other nodes over).
     pub const COMB1: usize = 17;
+    /// V1, V1-LL: this rank's relay partial sums start (the combine relay kernel).
+    pub const RRED0: usize = 18;
     /// Slots per block.
-    pub const SLOTS: usize = 18;
+    pub const SLOTS: usize = 19;
 }
 
 /// Bytes of one rank's trace buffer for `world` ranks and `blocks` traced blocks.
@@ -121,7 +124,7 @@ const BLOCK_SPANS: [(&str, usize, usize, bool); 11] = [
     ("dispatch_copy_out", slot::COPY0, slot::COPY1, false),
     ("combine_copy_to_staging", slot::COMB0, slot::CSTAGED, false),
     ("combine_intra_node", slot::COMB1, slot::CINTRA, false),
-    ("combine_relay_reduce", slot::CINTRA, slot::RRED1, false),
+    ("combine_relay_reduce", slot::RRED0, slot::RRED1, false),
     ("combine_sync", slot::RED0, slot::CRECVD, true),
     ("ep_combine_all", slot::CRECVD, slot::RED1, false),
 ];

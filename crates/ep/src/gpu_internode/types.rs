@@ -138,11 +138,12 @@ pub struct PhaseTimes {
     pub combine_us: f64,
     /// Per kernel, the slowest node's time, µs: dispatch staging (each block's share of the
     /// layout, then its records for other nodes), dispatch (with block 0's wait for every source), dispatch receive (copy-out),
-    /// combine staging (rows for other nodes), combine send (with block 0's wait for every
-    /// rank's rows), combine sum (events between the launches of a node's stream); 0 for
-    /// combine staging when it is not launched (AsyncLL's input in the window) and for the
-    /// copy-out when the records stay in the window.
-    pub kernel_us: [f64; 6],
+    /// combine staging (every received row where it goes), combine send (with block 0's wait
+    /// for every rank's rows), combine sum, the relay's partial sums (V1, V1-LL) (events
+    /// between the launches of a node's stream); 0 for combine staging when it is not
+    /// launched (AsyncLL's input in the window), for the copy-out when the records stay in the
+    /// window and for the relay's sums under AsyncLL.
+    pub kernel_us: [f64; 7],
 }
 
 /// What [`super::InterNodeGpu::dispatch`] hands back for its combine: consumed by

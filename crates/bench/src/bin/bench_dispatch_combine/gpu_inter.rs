@@ -116,7 +116,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     // Every timed iteration's (dispatch, combine) µs, for the spread: one stalled iteration
     // moves the mean.
     let mut each: Vec<(f64, f64)> = Vec::with_capacity(a.iters);
-    let mut per_kernel = [0.0f64; 6];
+    let mut per_kernel = [0.0f64; 7];
     // Host time of each whole call (uploads, launches, waits, read-back), summed over the
     // timed iterations: what the GPU events leave out.
     let (mut host_disp, mut host_comb) = (0.0f64, 0.0f64);
@@ -319,8 +319,10 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     if recv_in_window {
         pk[2] = "not launched (records read from the window)".to_string();
     }
+    let relay = cfg.kernel_type != mori_ep::KernelType::AsyncLL;
+    let relay_sums = if relay { format!(", combine relay sums {}", pk[6]) } else { String::new() };
     println!(
-        "per kernel µs (slowest node, mean): dispatch layout and staging {}, dispatch (with its wait) {}, copy-out {}, combine staging {}, combine send (with its wait) {}, combine sum {}",
+        "per kernel µs (slowest node, mean): dispatch layout and staging {}, dispatch (with its wait) {}, copy-out {}, combine staging {}{relay_sums}, combine send (with its wait) {}, combine sum {}",
         pk[0], pk[1], pk[2], pk[3], pk[4], pk[5]
     );
     println!(
@@ -347,7 +349,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "kernel_us": { "dispatch_stage": per_kernel[0] / timed.max(1) as f64,
                 "dispatch": per_kernel[1] / timed.max(1) as f64, "receive": (!recv_in_window).then(|| per_kernel[2] / timed.max(1) as f64),
                 "combine_stage": (!in_window).then(|| per_kernel[3] / timed.max(1) as f64), "combine_send": per_kernel[4] / timed.max(1) as f64,
-                "combine_reduce": per_kernel[5] / timed.max(1) as f64 },
+                "combine_reduce": per_kernel[5] / timed.max(1) as f64, "combine_relay": relay.then(|| per_kernel[6] / timed.max(1) as f64) },
             "proxies": { "writes": batches, "to_posted_us": mean(sum(|s| s.post_ns), batches),
                 "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
                 "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)),
