@@ -352,7 +352,7 @@ impl InterNodeGpu {
         let marks =
             (0..nodes).map(|_| (0..MARKS).map(|_| rt.event(dev, true)).collect::<Result<Vec<_>, _>>()).collect::<Result<Vec<_>, _>>()?;
         let describe = format!(
-            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), each node's launches on a stream of its own, {} blocks x {} warps per rank ({} for the kernels that wait for nothing: the stagings, the copy-out when it runs, the sum); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; {}; window {:.1} MB per rank",
+            "mori_ep::gpu_internode: {}, {nodes} node(s) x {g} ranks on {dev} ({}), each node's launches on a stream of its own, {} blocks x {} warps per rank ({} for the kernels that wait for nothing: the stagings, the copy-out when it runs, the relay's sums, the sum); intra-node: P2P stores; inter-node: {}, one proxy thread per rank (ring of {} commands in mapped pinned memory), writes with tail-written counters; {}; window {:.1} MB per rank",
             match scheme {
                 Scheme::V1LL => "V1-LL (one record per token and destination to the same-local-index relay of each other node, forwarded there by P2P stores; partial sums per node back)",
                 Scheme::V1 => "V1 (one record per token and node to the same-local-index relay there, stored by it to each destination; partial sums per node back)",
@@ -369,8 +369,10 @@ impl InterNodeGpu {
             opts.ring_slots,
             if in_window {
                 "combine input as rows in the window, moved as they are (combine stages nothing)"
+            } else if scheme == Scheme::AsyncLL {
+                "combine's staging kernel stores every row (this node's by P2P store, the others' for the proxy)"
             } else {
-                "combine stages the rows for other nodes"
+                "combine's staging kernel stores every row (this node's by P2P store, the others' into the relays' gather areas), the relay's partial sums a kernel of their own"
             },
             layout.window_bytes as f64 / 1e6
         ) + if opts.recv_in_window { "; the received records stay in the window (no copy-out kernel)" } else { "; a copy-out kernel writes the received records into output buffers" };

@@ -33,7 +33,8 @@ pub struct InterNodeOptions {
     /// Proxy ring slots per rank.
     pub ring_slots: usize,
     /// Blocks per rank of the kernels that wait for nothing (dispatch's staging and copy-out,
-    /// combine's staging and sum), so they are not bound by the co-resident grid of the others. Default 64: on
+    /// combine's staging, sum and, V1/V1-LL, the relay's partial sums, which wait only for
+    /// counters an earlier launch set), so they are not bound by the co-resident grid of the others. Default 64: on
     /// the H200, 2 x 4 ranks, decode shape, V1, the copy-out took 113 µs at 16 blocks, 71 at
     /// 32 and 57 at 64, and dispatch 409-431 µs at 16 against 348 at 64 in the same run
     /// (docs/PERFORMANCE.md). The stagings (with the layout) and the sum run at this count as

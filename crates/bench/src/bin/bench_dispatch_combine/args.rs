@@ -125,8 +125,8 @@ pub struct Args {
     #[arg(long = "device-api")]
     pub device_api: bool,
     /// GPU v1/v1_ll/async_ll: blocks per rank of the kernels that wait for nothing (dispatch's
-    /// staging and copy-out, combine's staging and sum), so they are not bound by the
-    /// co-resident grid. Default 64.
+    /// staging and copy-out, combine's staging and sum, the V1/V1-LL relay's partial sums), so
+    /// they are not bound by the co-resident grid. Default 64.
     #[arg(long = "copy-blocks")]
     pub copy_blocks: Option<u32>,
     /// CPU: tokens per inter-node signalled write (the leg's message size is this many
