@@ -54,15 +54,19 @@
 //                         rank's dispatch counters (with IE_FLAG_RECV_WIN not launched: the
 //                         records are the output, and mori_ie_dispatch's last block zeroes
 //                         them);
-//   mori_ie_combine_stage the rows for other nodes' sources into the staging (V1-LL: into the
-//                         relays' gather areas), with blocks of its own; AsyncLL with
-//                         IE_FLAG_COMB_ROWS: nothing (the input rows are the staging): the host
-//                         does not launch it, and mori_ie_combine_send checks the row count;
-//   mori_ie_combine_send  hand them over (proxy commands; V1-LL: gather counters), then P2P
-//                         stores of this node's sources' rows (IE_FLAG_COMB_ROWS: none, the
-//                         sources' sums read them in the window), signal; V1-LL: then the relay's
-//                         partial sums, and the last block zeroes the gather counters; then
-//                         block 0 waits for every rank's rows;
+//   mori_ie_combine_stage every received row where it goes, with blocks of its own: this
+//                         node's sources' by P2P store, other nodes' sources' into the staging
+//                         (V1, V1-LL: into the relays' gather areas, whose counters the rank's
+//                         last block then sets); AsyncLL with IE_FLAG_COMB_ROWS: nothing (the
+//                         input rows are the staging, this node's sources' sums read theirs in
+//                         the window): the host does not launch it, and mori_ie_combine_send
+//                         checks the row count;
+//   mori_ie_combine_relay V1, V1-LL, with blocks of its own: this rank as the relay, once its
+//                         gather counters are complete, the partial sums per token, handed to
+//                         the proxy by the last block, which also zeroes the gather counters;
+//   mori_ie_combine_send  block 0 signals this node's sources' rows (AsyncLL: and hands the
+//                         rows for other nodes over, one proxy command per source), then waits
+//                         for every rank's rows;
 //   mori_ie_combine_recv  sum per token in f32 (AsyncLL: over destination ranks ascending;
 //                         V1-LL: per node); the last block zeroes the combine counters.
 // Counters are zeroed by their reader once read; the next writes to them follow causally
@@ -72,7 +76,7 @@
 // Tracing (IeRank.trace != 0): u64 GPU-clock stamps (ns), [2 phases][2][W] per peer (0: when
 // this rank's command for peer d was pushed, 1: when this rank saw source s's segment
 // complete; V1-LL: only the relay pairs, the rank of each other node with this local index),
-// then [trace_blocks][16] per block (IE_T_* slots); block b >= trace_blocks and unreached
+// then [trace_blocks][IE_T_SLOTS] per block (IE_T_* slots); block b >= trace_blocks and unreached
 // points stay 0.
 #include "ep_internode_relay.h"
 
@@ -383,8 +387,9 @@ MORI_DEVICE uint64_t ie_comb_dest(const IeParams& p, uint32_t r, uint32_t s, uin
 // Writes every received row where it goes (ie_comb_dest: a same-node source's combine
 // segment by P2P store, the staging the proxy reads, or V1/V1-LL the relays' gather areas),
 // each block a share of the rows. Spins on nothing, so the host launches it with more blocks
-// per rank than the co-resident kernels (its own blocks_per_rank); their counters move in
-// mori_ie_combine_send, next in stream order. (In mori_ie_combine_send's 16 blocks a rank the
+// per rank than the co-resident kernels (its own blocks_per_rank); the counters of this node's
+// rows move in mori_ie_combine_send, later in stream order, and under V1/V1-LL the rank's last
+// block sets the relays' gather counters here. (In mori_ie_combine_send's 16 blocks a rank the
 // same-node stores took 76-84 µs on the blocks whose share held them and 13-24 on the others,
 // V1 decode at 2 x 4 on an H100.)
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {

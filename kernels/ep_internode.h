@@ -53,15 +53,15 @@
 #define IE_T_COPY0 6     // copy-out start
 #define IE_T_COPY1 7     // copy-out end
 #define IE_T_COMB0 8     // combine staging start
-#define IE_T_CSTAGED 9   // combine staging end: rows for other nodes staged
+#define IE_T_CSTAGED 9   // combine staging end: every row stored or staged
 #define IE_T_CINTRA 10   // combine send: this node's rows signalled, the other nodes' handed over
 #define IE_T_RED0 11     // block 0, end of combine send: its wait for every rank's rows starts
 #define IE_T_CRECVD 12   // combine sum start (block 0: also the end of its wait, overwritten)
 #define IE_T_RED1 13     // combine sum end
 #define IE_T_FWD1 14     // V1, V1-LL: this rank's relay forwarding done (dispatch)
-#define IE_T_RRED1 15    // V1, V1-LL: this rank's relay partial sums handed over (combine send)
+#define IE_T_RRED1 15    // V1, V1-LL: this rank's relay partial sums handed over (combine relay)
 #define IE_T_DISP1 16    // dispatch start (stores for this node's ranks)
-#define IE_T_COMB1 17    // combine send start (hands the staged rows over)
+#define IE_T_COMB1 17    // combine send start (signals the stored rows)
 #define IE_T_RRED0 18    // V1, V1-LL: this rank's relay partial sums start (combine relay kernel)
 #define IE_T_SLOTS 19
 

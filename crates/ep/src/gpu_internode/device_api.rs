@@ -22,7 +22,7 @@ use mori_gpu::DeviceSlice;
 use std::marker::PhantomData;
 
 /// One rank's dispatch inputs in GPU memory of the object's device, laid out as
-/// [`super::RankBytes`] describes the host form.
+/// [`crate::gpu_internode::RankBytes`] describes the host form.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceRankInputs<'a> {
     /// T, at most `max_tokens_per_rank`.

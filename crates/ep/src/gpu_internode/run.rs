@@ -134,7 +134,10 @@ pub(super) fn combine_kernels(stage: bool, relay: bool) -> Vec<usize> {
 
 /// Events per node's stream: one before a phase's first kernel and one after each of its
 /// kernels, for the longer phase.
-const MARKS: usize = 1 + 4;
+const MARKS: usize = 1 + MOST_KERNELS;
+
+/// Most kernels of one phase (combine: staging, relay, send, sum).
+const MOST_KERNELS: usize = 4;
 
 /// How a kernel's grid is sized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,8 +150,11 @@ pub(super) enum Grid {
 
 /// The kernels (dispatch 0..=2; combine 3..=6, launched as [`combine_kernels`] orders them)
 /// and their grids. (The layout is part of the dispatch staging kernel: each of its blocks
-/// lays out its share of the tokens.) The relay's partial sums (6) wait only for counters that
-/// the staging kernel before it set, so they run on their own grid.
+/// lays out its share of the tokens.) The relay's partial sums (6) wait only for gather
+/// counters that the node's staging launch before it set, so they run on their own grid
+/// without residency: this needs every rank of a node in one launch on one stream, as
+/// [`InterNodeGpu::run`] launches them (a node's ranks in separate launches would leave those
+/// blocks spinning on counters of a launch that may not have run).
 pub(super) const KERNELS: [(&str, Grid); 7] = [
     ("mori_ie_dispatch_stage", Grid::Own),
     ("mori_ie_dispatch", Grid::CoResident),

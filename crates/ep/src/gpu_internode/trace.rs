@@ -49,9 +49,9 @@ pub mod slot {
     pub const COPY1: usize = 7;
     /// Combine staging start.
     pub const COMB0: usize = 8;
-    /// Combine staging end: rows for other nodes staged.
+    /// Combine staging end: every row stored (this node's sources') or staged.
     pub const CSTAGED: usize = 9;
-    /// Rows for this node stored and signalled.
+    /// Combine send: this node's rows signalled (AsyncLL: the other nodes' handed over).
     pub const CINTRA: usize = 10;
     /// Block 0, at the end of combine send: its wait for every rank's rows starts.
     pub const RED0: usize = 11;
