@@ -99,6 +99,12 @@ fn node_refusals_name_the_users_flags() {
             &["--kernel-type", "async_ll", "--num-nodes", "2", "--json", "/nonexistent-dir/x.json"],
             &["--json /nonexistent-dir/x.json: cannot be written"],
         ),
+        (&["--kernel-type", "v1", "--num-nodes", "2", "--zero-token-ranks", "1,1"], &["--zero-token-ranks: rank 1 given twice"]),
+        (
+            &["--kernel-type", "v1", "--num-nodes", "2", "--zero-token-ranks", "1", "--remote-only-ranks", "0,1"],
+            &["rank 1 is in both --zero-token-ranks and --remote-only-ranks"],
+        ),
+        (&["--kernel-type", "v1", "--num-nodes", "2", "--remote-only-ranks", "8"], &["--remote-only-ranks 8: not a rank of --world-size 8 (0..=7)"]),
         (
             &["--zero-token-ranks", "1"],
             &["--zero-token-ranks/--remote-only-ranks shape the routing of the host executor (--device cpu) and of the GPU inter-node kernels", "not of --kernel-type intranode"],

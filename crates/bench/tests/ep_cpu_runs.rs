@@ -74,6 +74,29 @@ fn remote_only_ranks_send_every_token_off_node_only() {
     let (code, text, _) = run(&with(&["--world-size", "4", "--remote-only-ranks", "0"]));
     assert_ne!(code, 0);
     assert!(text.contains("--remote-only-ranks with one node"), "{text}");
+    // More picks than the other nodes' experts: refused while checking the flags, once, before
+    // any rank process starts.
+    let (code, text, _) = run(&[
+        "--num-tokens",
+        "8",
+        "--hidden",
+        "256",
+        "--num-experts",
+        "8",
+        "--top-k",
+        "5",
+        "--world-size",
+        "4",
+        "--num-nodes",
+        "2",
+        "--kernel-type",
+        "v1",
+        "--remote-only-ranks",
+        "0",
+    ]);
+    assert_ne!(code, 0);
+    assert_eq!(text.matches("--remote-only-ranks with --top-k 5: the other nodes hold 4 of the 8 experts").count(), 1, "{text}");
+    assert!(!text.contains("exited with"), "no rank process started: {text}");
 }
 
 #[test]

@@ -108,7 +108,8 @@ impl KernelTypeArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DeviceArg {
-    /// The GPU kernels (intranode only), timed with CUDA events.
+    /// The GPU kernels (intranode; v1, v1_ll and async_ll across nodes with every rank on one
+    /// GPU), timed with GPU events.
     Gpu,
     /// The host implementation (mori_ep::host): shared memory within a node, MORI-IO between
     /// nodes.

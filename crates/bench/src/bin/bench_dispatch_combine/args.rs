@@ -18,8 +18,8 @@ pub fn err(msg: impl Into<String>) -> Box<dyn std::error::Error> {
 }
 
 /// MORI-EP dispatch/combine benchmark, checked against the host reference: the GPU kernels
-/// (`--device gpu`, intranode) or the host implementation (`--device cpu`, intra- and
-/// inter-node).
+/// (`--device gpu`: intranode, or V1 / V1-LL / AsyncLL across nodes with every rank on one
+/// GPU) or the host implementation (`--device cpu`, intra- and inter-node).
 #[derive(Debug, Clone, Parser)]
 #[command(name = "bench_dispatch_combine")]
 pub struct Args {
@@ -304,7 +304,7 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
         return Err(err("--world-size 0: at least one rank"));
     }
     if let Some(&r) = a.zero_token_ranks.iter().find(|&&r| r >= w) {
-        return Err(err(format!("--zero-token-ranks {r}: not a rank of --world-size {w}")));
+        return Err(err(format!("--zero-token-ranks {r}: not a rank of --world-size {w} (0..={})", w - 1)));
     }
     if let Some(r) = a.inject_kill_rank.filter(|&r| r >= w) {
         return Err(err(format!("--inject-kill-rank {r}: not a rank of --world-size {w} (0..={})", w - 1)));
@@ -317,7 +317,17 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
         }
     }
     if let Some(&r) = a.remote_only_ranks.iter().find(|&&r| r >= w) {
-        return Err(err(format!("--remote-only-ranks {r}: not a rank of --world-size {w}")));
+        return Err(err(format!("--remote-only-ranks {r}: not a rank of --world-size {w} (0..={})", w - 1)));
+    }
+    for (flag, v) in [("--zero-token-ranks", &a.zero_token_ranks), ("--remote-only-ranks", &a.remote_only_ranks)] {
+        if let Some(r) = v.iter().enumerate().find(|&(i, r)| v[..i].contains(r)).map(|(_, r)| r) {
+            return Err(err(format!("{flag}: rank {r} given twice")));
+        }
+    }
+    if let Some(r) = a.remote_only_ranks.iter().find(|r| a.zero_token_ranks.contains(r)) {
+        return Err(err(format!(
+            "rank {r} is in both --zero-token-ranks and --remote-only-ranks: a rank without tokens routes none (give it one of the two)"
+        )));
     }
     if cpu && !w.is_multiple_of(rpp) {
         return Err(err(format!("--ranks-per-proc {rpp} must divide --world-size {w}")));
@@ -366,6 +376,13 @@ pub fn resolve(mut a: Args, vars: &dyn Fn(&str) -> Option<String>) -> AnyResult<
     }
     if !a.remote_only_ranks.is_empty() && a.gpn == w {
         return Err(err("--remote-only-ranks with one node: there are no experts on other nodes (give --num-nodes 2 or more)"));
+    }
+    let others = a.num_experts - a.num_experts / a.nodes().max(1);
+    if !a.remote_only_ranks.is_empty() && others < a.top_k {
+        return Err(err(format!(
+            "--remote-only-ranks with --top-k {}: the other nodes hold {others} of the {} experts, fewer than top-k (each token picks distinct experts there)",
+            a.top_k, a.num_experts
+        )));
     }
     Ok(a)
 }
