@@ -267,6 +267,14 @@ fn async_ll_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
     three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, InWindow { comb_rows: true, recv: true }, Some(4));
 }
 
+/// V1 with rank 4's combine input one row short: the staging kernel refuses it; the relays
+/// that wait for rank 4's gather counters and the ranks that wait for its rows give up at
+/// their deadlines instead of hanging.
+#[test]
+fn v1_combine_input_one_short_is_refused_by_the_staging_kernel() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: false, recv: true }, Some(4));
+}
+
 #[test]
 fn v1_ll_three_nodes_of_three_through_relays_equals_the_reference() {
     three_nodes_of_three_equal_the_reference(Scheme::V1LL, COPIES, None);
