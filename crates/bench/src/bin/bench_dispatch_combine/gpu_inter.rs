@@ -279,12 +279,12 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             batches - sum(|s| s.ordered_batches)
         );
     }
-    let writes = ps.iter().fold(mori_ep::proxy::RingProxyStats::default(), |a, s| mori_ep::proxy::RingProxyStats {
-        write_batches: a.write_batches + s.write_batches,
-        write_bytes: a.write_bytes + s.write_bytes,
-        write_done_ns: a.write_done_ns + s.write_done_ns,
-        ..a
-    });
+    let writes = mori_ep::proxy::RingProxyStats {
+        write_batches: sum(|s| s.write_batches),
+        write_bytes: sum(|s| s.write_bytes),
+        write_done_ns: sum(|s| s.write_done_ns),
+        ..Default::default()
+    };
     if let Some(gbps) = writes.write_gbps() {
         println!(
             "inter-node writes with data (proxies, host clock, timed iterations): {}, {:.0} B each on average, {:.1} µs each from taking the commands to completed: {gbps:.2} GB/s a write",
