@@ -88,6 +88,16 @@
 //   groups x min(32 * multiprocessors / groups, max(1, ceil(largest first segment / 16 KiB)));
 //   one launch at a time per `arrivals` array.
 //
+// mori_ordered_copy_armed  (extern "C", unmangled): mori_ordered_copy with its table behind a
+// pointer, for launches queued before the table exists (the copy pool's armed launches: a
+// stream wait on a doorbell word, then this launch; the host writes the table, then the
+// doorbell).
+//   params  0: const OrderedCopy* table   8 bytes, offset 0 (host memory mapped into the
+//           device, or device memory; 4-aligned; read once per block, volatile)
+//   As mori_ordered_copy (a grid that is not a multiple of the group count copies nothing and
+//   writes no flag). A table with n = 0 copies nothing and writes no flag (how a launch that is
+//   no longer needed is let go).
+//
 // The copy: threads copy elements of the widest width src and dst share: 16 bytes when
 // (src ^ dst) % 16 == 0, else 8, 4, 2 or 1, with byte copies before the first and after the
 // last aligned element.
@@ -264,20 +274,20 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy_inline(const MORI_GRID
 }
 
 // Per group, the first segment by its run of blocks, the rest by the block of the run that
-// arrives last (see the ABI above). An arrival is a grid barrier's: a block barrier (the
-// block's stores before thread 0's next step), thread 0's system-scope fence (releasing them)
-// and atomic; in the last block, thread 0's fence after it (acquiring every block's) and a
-// block barrier before the rest. Between two later segments, every thread fences on both sides
-// of a block barrier.
-MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy(const MORI_GRID_CONSTANT OrderedCopy t) {
+// arrives last (see the ABI above); the grid must be groups x run blocks. An arrival is a
+// grid barrier's: a block barrier (the block's stores before thread 0's next step), thread 0's
+// system-scope fence (releasing them) and atomic; in the last block, thread 0's fence after it
+// (acquiring every block's) and a block barrier before the rest. Between two later segments,
+// every thread fences on both sides of a block barrier. Returns at once for a table it does
+// not take.
+MORI_DEVICE void mori_ordered_runs(const OrderedCopy& t, uint32_t run) {
     if (t.n == 0 || t.n > MORI_ORDERED_SEGS) return;
     const uint32_t groups = t.groups > 1 ? t.groups : 1;
-    if (groups > t.n || mori_grid_dim() % groups != 0) return;
+    if (groups > t.n || run == 0) return;
     for (uint32_t i = 0; i < groups; i++) {
         if ((i == 0 && t.first[0] != 0) || (i > 0 && t.first[i] <= t.first[i - 1])
             || t.first[i] >= t.n) return;
     }
-    const uint32_t run = mori_grid_dim() / groups;
     const uint32_t g = mori_block_idx() / run;
     const uint32_t lo = groups > 1 ? t.first[g] : 0;
     const uint32_t hi = g + 1 < groups ? t.first[g + 1] : t.n;
@@ -314,4 +324,26 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy(const MORI_GRID_CONS
             *(volatile uint32_t*)t.flag = t.flag_value;
         }
     }
+}
+
+MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy(const MORI_GRID_CONSTANT OrderedCopy t) {
+    const uint32_t groups = t.groups > 1 ? t.groups : 1;
+    if (mori_grid_dim() % groups != 0) return;
+    mori_ordered_runs(t, mori_grid_dim() / groups);
+}
+
+// The armed form (see the ABI above): the table is read from `table` (host memory the device
+// maps, written before the stream's wait on the doorbell let this launch start) with volatile
+// loads into shared memory, once per block.
+MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_armed(const OrderedCopy* table) {
+    MORI_SHARED_STRUCT(OrderedCopy, t);
+    const volatile uint32_t* src = (const volatile uint32_t*)table;
+    uint32_t* dst = (uint32_t*)&t;
+    for (uint32_t i = mori_thread_idx(); i < sizeof(OrderedCopy) / 4; i += mori_block_dim()) dst[i] = src[i];
+    mori_sync_block();
+    // Every block must arrive before the flag is written: a block that returned without
+    // arriving could still be unscheduled when the host reuses this table slot.
+    const uint32_t groups = t.groups > 1 ? t.groups : 1;
+    if (mori_grid_dim() % groups != 0) return;
+    mori_ordered_runs(t, mori_grid_dim() / groups);
 }

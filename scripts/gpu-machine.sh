@@ -64,7 +64,9 @@ step() { echo; echo "=== $*"; }
 # leg alone against bench_engine at the same sizes, then the 2 x 4 decode rows and their
 # baselines), and, only when named, relay (scripts/gpu-parts/relay.sh: the relay's partial
 # sums in a kernel of their own against the earlier build carried as
-# .gpu-bundle/bench_dispatch_combine_prev, with the GPU tests, baselines and traces).
+# .gpu-bundle/bench_dispatch_combine_prev, with the GPU tests, baselines and traces), and,
+# only when named, armed (scripts/gpu-parts/armed.sh: the copy pool's GPU tests, with the
+# armed ordered-copy launches').
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -135,7 +137,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay armed grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

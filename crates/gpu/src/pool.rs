@@ -37,12 +37,14 @@ static SG_CUBIN: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gathe
 static SG_PTX: &str = include_str!("../../../kernels/prebuilt/scatter_gather_copy.sm_90.ptx");
 static SG_GFX942: &[u8] = include_bytes!("../../../kernels/prebuilt/scatter_gather_copy.gfx942.hsaco");
 
+mod armed;
 mod config;
 mod flags;
 mod ordered;
 mod paged;
 mod slot;
 mod stats;
+pub use armed::{armed_depth, ARMED_ENV, ARMED_MAX};
 pub use config::{env_switch, env_text, CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
 pub use ordered::{ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS};
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
@@ -70,9 +72,12 @@ pub struct CopySeg {
 /// completion thread, or a thread inside [`CopyPool::progress`]).
 pub type CopyDone = Box<dyn FnOnce(Result<()>) + Send>;
 
-// Fields drop in declaration order: the slots (each waits for its last submission, or leaks
-// what it may still touch) before the kernels' module and the streams.
+// Fields drop in declaration order: the armed launches (let go, their stream drained) and the
+// slots (each waits for its last submission, or leaks what it may still touch) before the
+// kernels' module and the streams.
 struct DevPool {
+    /// The armed ordered-copy launches ([`CopyPoolConfig::armed_depth`]), when on.
+    armed: Option<armed::Armed>,
     device: Device,
     slots: Vec<Slot>,
     /// The scatter/gather kernel (none when disabled or when no image loads) and the
@@ -98,10 +103,14 @@ struct DevPool {
     flags_failed: AtomicBool,
 }
 
+/// [`Pending::stream`] of a fired armed launch (on the armed stream, not a lane).
+const ARMED_LANE: usize = usize::MAX;
+
 struct Pending {
     /// Device ordinal: the index of its pool in `Shared::devs`.
     dev: u32,
     slot: usize,
+    /// Its lane, or [`ARMED_LANE`].
     stream: usize,
     done: CopyDone,
     /// Enqueueing failed part-way: the submission fails with this once the event fired.
@@ -169,7 +178,8 @@ impl CopyPool {
     /// Starts the completion thread (named `thread_name`). Streams and slots are created per
     /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
     /// `cfg.paged_inline_runs`, [`SPIN_ENV`] `cfg.spin_in_flight` and [`FLAGS_ENV`]
-    /// `cfg.host_flags`. Errors: `InvalidArgument` for zero streams or events, a
+    /// `cfg.host_flags`, [`ARMED_ENV`] `cfg.armed_depth`. Errors: `InvalidArgument` for zero
+    /// streams or events, an armed depth above [`ARMED_MAX`] or not below `num_events`, a
     /// `paged_inline_runs` (or that variable) that is not a number from 0 to
     /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (any of
     /// the three not UTF-8 too); `Io` if the thread cannot be spawned.
@@ -188,6 +198,18 @@ impl CopyPool {
         cfg.host_flags = Some(env_switch(FLAGS_ENV, cfg.host_flags.unwrap_or(auto), env_text(FLAGS_ENV)?.as_deref())?);
         cfg.ordered_kernel =
             Some(ordered::enabled(cfg.ordered_kernel, rt.kind() == crate::RuntimeKind::Hip, env_text(ORDERED_ENV)?.as_deref())?);
+        cfg.armed_depth = armed::depth(cfg.armed_depth, env_text(ARMED_ENV)?.as_deref())?;
+        if cfg.armed_depth > 0 && cfg.armed_depth >= cfg.num_events {
+            // Each armed launch holds a slot until fired: other submissions need one left.
+            return Err(GpuError::invalid(format!(
+                "copy pool: {} armed launches (armed_depth or {ARMED_ENV}) with {} event slots: at most num_events - 1",
+                cfg.armed_depth, cfg.num_events
+            )));
+        }
+        if rt.kind() == crate::RuntimeKind::Hip && cfg.armed_depth > 0 {
+            tracing::info!("copy pool: HIP runtime: ordered batches are launched when posted (armed launches never ran on an AMD GPU)");
+            cfg.armed_depth = 0;
+        }
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
             // kernarg, over the 4 KiB a launch is documented to take, and never run on an AMD
@@ -480,6 +502,15 @@ impl CopyPool {
         M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
+        let make_done = match dp.armed.as_ref().filter(|a| a.can_fire(groups)) {
+            // SAFETY: forwarded contract.
+            Some(a) => match unsafe { self.fire_armed(dp, a, table, make_done) } {
+                Ok(r) => return r,
+                // Another thread fired the last armed launch meanwhile.
+                Err(m) => m,
+            },
+            None => make_done,
+        };
         let rt = &self.shared.rt;
         let grid = ordered::grid(first, groups, dp.sms);
         if !table.takes(grid) {
@@ -503,7 +534,46 @@ impl CopyPool {
             Ok(())
         };
         // SAFETY: forwarded contract.
-        unsafe { self.submit_on(dp, enqueue, make_done) }
+        let r = unsafe { self.submit_on(dp, enqueue, make_done) };
+        dp.top_up();
+        r
+    }
+
+    /// Fires `dp`'s oldest armed launch for `table` (see [`CopyPoolConfig::armed_depth`]):
+    /// the table and the launch's slot's flag written into host memory, then the doorbell; no
+    /// driver call before the device starts. Then arms a launch in its place. Returns
+    /// `Err(make_done)` when nothing was armed (another thread fired it).
+    ///
+    /// # Safety
+    /// As [`CopyPool::copy`], for the table's segments.
+    unsafe fn fire_armed<M, D>(
+        &self,
+        dp: &DevPool,
+        a: &armed::Armed,
+        table: ordered::OrderedCopy,
+        make_done: M,
+    ) -> std::result::Result<Result<()>, M>
+    where
+        M: FnOnce() -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        let t0 = Instant::now();
+        let flags_ok = !dp.flags_failed.load(Ordering::Relaxed);
+        let mut flag_seq = 0;
+        let fired = a.fire(table, |slot| {
+            let (w, seq) = dp.slots.get(slot)?.flag.as_ref().filter(|_| flags_ok)?.next_word().ok()?;
+            flag_seq = seq;
+            Some((w.ptr(), seq))
+        });
+        let Some(slot) = fired else { return Err(make_done) };
+        let t1 = Instant::now();
+        stats::count_submit([t0, t0, t1, t1]);
+        stats::count_armed();
+        // Made and boxed only now: the device already runs the copy.
+        let done: CopyDone = Box::new(make_done());
+        self.shared.pending.lock().push(Pending { dev: dp.device.0, slot, stream: ARMED_LANE, done, failed: None, flag_seq, asked: t1 });
+        dp.top_up();
+        Ok(Ok(()))
     }
 
     /// One completion step, run by the calling thread: completes every submission whose
@@ -526,6 +596,20 @@ impl Drop for CopyPool {
         self.shared.shutdown.store(true, Ordering::Release);
         if let Some(h) = self.reaper.take() {
             let _ = h.join();
+        }
+    }
+}
+
+impl DevPool {
+    /// Arms this device's launches back up to [`CopyPoolConfig::armed_depth`] on free slots
+    /// (none free: left for a later post or completion); nothing when the device has none.
+    /// Called after a post and after a completion step that completed an armed launch.
+    fn top_up(&self) {
+        if let Some(a) = self.armed.as_ref() {
+            let back = a.top_up(|| self.free.lock().pop(), &self.slots);
+            if !back.is_empty() {
+                self.free.lock().extend(back);
+            }
         }
     }
 }
@@ -558,7 +642,8 @@ impl Shared {
             _ => Vec::new(),
         };
         flags.resize_with(self.cfg.num_events, || None);
-        let (kernel, paged, ordered) = if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None, None) };
+        let (kernel, paged, ordered, armed_fn) =
+            if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None, None, None) };
         let arrivals = match ordered.as_ref().filter(|_| self.cfg.ordered_kernel == Some(true)) {
             Some(_) => match ordered::alloc_arrivals(&self.rt, dev, self.cfg.num_events) {
                 Ok(b) => Some(b),
@@ -582,7 +667,9 @@ impl Shared {
         }
         let ordered = ordered.filter(|_| arrivals.is_some());
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
+        let armed = self.arm(dev, ordered.is_some(), armed_fn, sms);
         Ok(cell.get_or_init(|| DevPool {
+            armed,
             device: dev,
             kernel,
             paged,
@@ -598,24 +685,53 @@ impl Shared {
         }))
     }
 
-    /// The scatter/gather, paged-copy and ordered-copy kernels on `dev` (one module); all none
-    /// (logged) if no image loads or either is missing, and batches then use one copy per
-    /// segment, paged copies one copy per range.
-    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<paged::PagedKernels>, Option<Function>) {
+    /// The scatter/gather, paged-copy, ordered-copy and armed ordered-copy kernels on `dev`
+    /// (one module); all none (logged) if no image loads or any is missing, and batches then
+    /// use one copy per segment, paged copies one copy per range.
+    #[allow(clippy::type_complexity)]
+    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<paged::PagedKernels>, Option<Function>, Option<Function>) {
         let images = KernelImages { cubin: SG_CUBIN, ptx: SG_PTX, hsaco: SG_GFX942 };
         let loaded = images.load(&*self.rt, dev).and_then(|m| {
             let paged = paged::PagedKernels { table: m.function("mori_paged_copy")?, inline: m.function("mori_paged_copy_inline")? };
-            Ok((m.function("mori_scatter_gather_copy")?, paged, m.function("mori_ordered_copy")?))
+            Ok((m.function("mori_scatter_gather_copy")?, paged, m.function("mori_ordered_copy")?, m.function("mori_ordered_copy_armed")?))
         });
         match loaded {
-            Ok((sg, paged, ord)) => (Some(sg), Some(paged), Some(ord)),
+            Ok((sg, paged, ord, armed)) => (Some(sg), Some(paged), Some(ord), Some(armed)),
             Err(e) => {
                 tracing::warn!(
                     device = dev.0,
                     error = %e,
                     "no scatter/gather kernels: batches use one copy per segment, paged copies one per range"
                 );
-                (None, None, None)
+                (None, None, None, None)
+            }
+        }
+    }
+
+    /// `dev`'s armed launches when [`CopyPoolConfig::armed_depth`] asks for them and the
+    /// ordered-copy kernel is in use; the path taken is logged either way.
+    fn arm(&self, dev: Device, ordered: bool, f: Option<Function>, sms: u32) -> Option<armed::Armed> {
+        let depth = self.cfg.armed_depth;
+        if depth == 0 {
+            return None;
+        }
+        let Some(f) = f.filter(|_| ordered) else {
+            tracing::warn!(device = dev.0, "copy pool: {depth} armed launches asked for, but ordered batches do not use the ordered-copy kernel here: each is queued when posted");
+            return None;
+        };
+        match armed::Armed::new(&self.rt, dev, f, depth, sms) {
+            Ok(a) => {
+                tracing::info!(
+                    device = dev.0,
+                    depth,
+                    grid = armed::grid(sms),
+                    "copy pool: ordered batches fire armed launches (no driver call to post one)"
+                );
+                Some(a)
+            }
+            Err(e) => {
+                tracing::warn!(device = dev.0, error = %e, "copy pool: no armed launches: ordered batches are launched when posted");
+                None
             }
         }
     }
@@ -660,6 +776,8 @@ impl Shared {
         mine.append(&mut self.pending.lock());
         let mut tally = stats::StepTally::default();
         let mut done = 0;
+        // Devices whose armed launches completed: armed again once the callbacks ran.
+        let mut rearm: Vec<u32> = Vec::new();
         let mut i = 0;
         while i < mine.len() {
             let Some(dp) = self.devs.get(mine[i].dev as usize).and_then(OnceLock::get) else {
@@ -694,7 +812,16 @@ impl Shared {
                 Err(e) => Err(e),
             };
             let p = mine.swap_remove(i);
-            dp.busy[p.stream].fetch_sub(1, Ordering::AcqRel);
+            match (p.stream, dp.armed.as_ref()) {
+                (ARMED_LANE, Some(a)) => {
+                    a.completed();
+                    rearm.push(p.dev);
+                }
+                (ARMED_LANE, None) => {}
+                (lane, _) => {
+                    dp.busy[lane].fetch_sub(1, Ordering::AcqRel);
+                }
+            }
             dp.free.lock().push(p.slot);
             // A panicking callback must not take the completion thread (or a waiter's step)
             // down with it: every later submission would then never complete.
@@ -703,6 +830,13 @@ impl Shared {
                 tracing::error!(device = p.dev, "copy pool: a completion callback panicked");
             }
             done += 1;
+        }
+        rearm.sort_unstable();
+        rearm.dedup();
+        for d in rearm {
+            if let Some(dp) = self.devs.get(d as usize).and_then(OnceLock::get) {
+                dp.top_up();
+            }
         }
         (done, mine.len())
     }

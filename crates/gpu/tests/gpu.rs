@@ -978,27 +978,165 @@ fn copy_pool_grouped(kernel: Option<bool>) -> R {
 #[test]
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
 fn copy_pool_ordered_batches_land_in_order_for_a_host_observer() -> R {
-    // Through the ordered-copy kernel, then as copies; then two batches sharing a launch.
-    ordered_probe(Some(true))?;
-    ordered_probe(Some(false))?;
-    grouped_probe(Some(true))
+    // Through the ordered-copy kernel, then as copies; then two batches sharing a launch; then
+    // both through armed launches.
+    ordered_probe(Some(true), 0)?;
+    ordered_probe(Some(false), 0)?;
+    grouped_probe(Some(true), 0)?;
+    ordered_probe(Some(true), 2)?;
+    grouped_probe(Some(true), 2)
+}
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_armed_launches_copy_each_batch_with_no_launch_when_posted() -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    if std::env::var_os(mori_gpu::ARMED_ENV).is_some() {
+        return fail(format!("unset {} for this test: it counts armed fires against its own depth", mori_gpu::ARMED_ENV));
+    }
+    let rt = rt()?;
+    let what = "armed launches";
+    let (big, len) = (1usize << 20, 4usize << 20);
+    let a = rt.alloc(DEV, len)?;
+    let b = rt.alloc(DEV, len)?;
+    // Made after the buffers, so dropped before them: freeing memory while launches are armed
+    // would wait for the armed stream.
+    let cfg = CopyPoolConfig { num_events: 8, ordered_kernel: Some(true), armed_depth: 2, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-armed")?;
+    let s0 = mori_gpu::submit_stats();
+    // One at a time: the first post launches (nothing armed yet) and arms two; every later one
+    // fires an armed launch and arms one in its place.
+    for k in 0..20u8 {
+        rt.copy_htod(&a.slice(), &pattern(len, k))?;
+        rt.memset(&b.slice(), 0)?;
+        let segs = [
+            CopySeg { src: a.ptr() + 3, dst: b.ptr() + 5, len: (big + 4096 * k as usize) as u64 },
+            CopySeg { src: a.ptr() + 3_500_000, dst: b.ptr() + 3_600_000, len: 16 },
+        ];
+        // SAFETY: both ranges lie inside `a` and `b`, which outlive the wait.
+        unsafe { ordered_wait(&pool, what, segs.to_vec()) }?;
+        let mut back = vec![0u8; len];
+        rt.copy_dtoh(&mut back, &b.slice())?;
+        let n = segs[0].len as usize;
+        check(&format!("{what}: batch {k}, segment"), &back[5..5 + n], |i| pat(i + 3, k))?;
+        check(&format!("{what}: batch {k}, pair"), &back[3_600_000..3_600_016], |i| pat(i + 3_500_000, k))?;
+        if back[..5].iter().chain(&back[5 + n..3_600_000]).chain(&back[3_600_016..]).any(|&x| x != 0) {
+            return fail(format!("{what}: batch {k} wrote outside its segments"));
+        }
+    }
+    let st = mori_gpu::submit_stats().since(&s0);
+    if (st.ordered_launches, st.armed_fires) != (1, 19) {
+        return fail(format!(
+            "{what}: {} launches and {} armed fires for 20 batches, expected 1 and 19",
+            st.ordered_launches, st.armed_fires
+        ));
+    }
+    // Two posted back to back (both armed: they run one after the other on the armed
+    // stream), then four batches in one post (one armed launch, a run of blocks each).
+    rt.copy_htod(&a.slice(), &pattern(len, 90))?;
+    rt.memset(&b.slice(), 0)?;
+    let quarter = (len / 4) as u64;
+    let pair = |g: u64| {
+        vec![
+            CopySeg { src: a.ptr() + g * quarter, dst: b.ptr() + g * quarter + 8, len: quarter - 4096 },
+            CopySeg { src: a.ptr() + g * quarter + quarter - 64, dst: b.ptr() + g * quarter + quarter - 32, len: 16 },
+        ]
+    };
+    let s1 = mori_gpu::submit_stats();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for g in 0..2u64 {
+        let tx = tx.clone();
+        // SAFETY: inside `a` and `b`, which outlive the waits below.
+        unsafe {
+            pool.copy_in_order_with(DEV, pair(g), move || {
+                move |r| {
+                    let _ = tx.send(r);
+                }
+            })
+        }?;
+    }
+    let groups: Vec<Vec<CopySeg>> = vec![pair(2), pair(3)];
+    let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
+    let mut done = 0;
+    let t = Instant::now();
+    while done < 2 {
+        pool.progress();
+        if let Ok(r) = rx.try_recv() {
+            r.map_err(|e| Fail(format!("{what}: a batch posted back to back: {e}")))?;
+            done += 1;
+        }
+        if t.elapsed() > WAIT_TIMEOUT {
+            return fail(format!("{what}: {done} of 2 batches posted back to back done after {WAIT_TIMEOUT:?}"));
+        }
+        std::thread::yield_now();
+    }
+    // The completion step arms again after its callbacks ran (on whichever thread ran it).
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(100) {
+        pool.progress();
+        std::thread::yield_now();
+    }
+    pool_wait(&pool, what, |tx| {
+        // SAFETY: as above; one submission.
+        unsafe {
+            pool.copy_groups_in_order_with(DEV, &refs, |_| {
+                let tx = tx.clone();
+                move |r| {
+                    let _ = tx.send(r);
+                }
+            })
+        }
+        .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))
+    })?;
+    let st = mori_gpu::submit_stats().since(&s1);
+    let mut back = vec![0u8; len];
+    rt.copy_dtoh(&mut back, &b.slice())?;
+    let mut covered = vec![false; len];
+    for g in 0..4u64 {
+        for sg in pair(g) {
+            let (so, d) = ((sg.src - a.ptr()) as usize, (sg.dst - b.ptr()) as usize);
+            check(&format!("{what}: batch {g}, segment at {d}"), &back[d..d + sg.len as usize], |i| pat(i + so, 90))?;
+            covered[d..d + sg.len as usize].iter_mut().for_each(|c| *c = true);
+        }
+    }
+    if back.iter().zip(&covered).any(|(&x, &c)| !c && x != 0) {
+        return fail(format!("{what}: bytes written outside the four batches"));
+    }
+    if (st.ordered_launches, st.armed_fires) != (0, 3) {
+        return fail(format!(
+            "{what}: {} launches and {} armed fires for 2 posts and a post of 2 batches, expected 0 and 3",
+            st.ordered_launches, st.armed_fires
+        ));
+    }
+    // Dropping the pool lets the armed launches go: it returns, and promptly.
+    let t = Instant::now();
+    drop(pool);
+    let took = t.elapsed();
+    if took > Duration::from_secs(2) {
+        return fail(format!("{what}: dropping the pool with launches armed took {took:?}"));
+    }
+    println!(
+        "{what}: 20 batches (1 launch, 19 armed fires), 2 back to back and 2 in one post (3 armed fires) checked byte for byte; the pool dropped with launches armed in {took:?}"
+    );
+    Ok(())
 }
 
 /// Two ordered batches posted together (`copy_groups_in_order_with`: one launch, a run of
 /// blocks each), each an 8 MiB segment then an 8-byte word into mapped pinned host memory,
 /// while a host thread polls both words: once it sees a batch's word, that batch's whole
 /// segment must be there. Three rounds, a new pattern and word each.
-fn grouped_probe(kernel: Option<bool>) -> R {
+fn grouped_probe(kernel: Option<bool>, armed_depth: usize) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     use std::sync::atomic::{AtomicU64, Ordering};
     let rt = rt()?;
-    let cfg = CopyPoolConfig { num_events: 2, ordered_kernel: kernel, ..CopyPoolConfig::default() };
-    let pool = CopyPool::new(rt.clone(), cfg, "test-grouped-probe")?;
-    let what = format!("grouped probe (kernel {kernel:?})");
+    let what = format!("grouped probe (kernel {kernel:?}, armed {armed_depth})");
     let seg = 8usize << 20;
     let stride = seg + 64;
     let src = rt.alloc(DEV, 2 * stride)?;
     let mut host = rt.alloc_mapped(DEV, 2 * stride)?;
+    // Made after the buffers, so dropped before them (see ordered_probe).
+    let cfg = CopyPoolConfig { num_events: 4, ordered_kernel: kernel, armed_depth, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-grouped-probe")?;
     let Some(hdev) = host.device_ptr() else { return fail(format!("{what}: the mapped buffer has no device address")) };
     for k in 1..=3u64 {
         let mut bytes = Vec::with_capacity(2 * stride);
@@ -1076,16 +1214,18 @@ fn grouped_probe(kernel: Option<bool>) -> R {
 /// Four ordered batches of a 16 MiB segment then an 8-byte word, both into mapped pinned host
 /// memory, while a host thread polls the word: once it sees a batch's word, the whole segment
 /// must already be there (the thread reads all of it at once). A new pattern and word each.
-fn ordered_probe(kernel: Option<bool>) -> R {
+fn ordered_probe(kernel: Option<bool>, armed_depth: usize) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     use std::sync::atomic::{AtomicU64, Ordering};
     let rt = rt()?;
-    let cfg = CopyPoolConfig { num_events: 2, ordered_kernel: kernel, ..CopyPoolConfig::default() };
-    let pool = CopyPool::new(rt.clone(), cfg, "test-ordered-probe")?;
-    let what = format!("ordered probe (kernel {kernel:?})");
+    let what = format!("ordered probe (kernel {kernel:?}, armed {armed_depth})");
     let big = 16usize << 20;
     let src = rt.alloc(DEV, big + 64)?;
     let mut host = rt.alloc_mapped(DEV, big + 64)?;
+    // Made after the buffers, so dropped before them: freeing memory while launches are armed
+    // would wait for the armed stream.
+    let cfg = CopyPoolConfig { num_events: 4, ordered_kernel: kernel, armed_depth, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-ordered-probe")?;
     let Some(hdev) = host.device_ptr() else { return fail(format!("{what}: the mapped buffer has no device address")) };
     for k in 1..=4u64 {
         let mut bytes = pattern(big, k as u8);

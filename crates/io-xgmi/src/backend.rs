@@ -34,11 +34,16 @@ pub struct XgmiConfig {
     /// ... unless their segments average at least this many bytes (default 48 MiB):
     /// `mori_gpu::CopyPoolConfig::kernel_max_mean_bytes`, which gives the measurements.
     pub kernel_max_mean_bytes: u64,
+    /// Ordered-copy launches armed ahead per device (default 0: none), so that posting an
+    /// ordered batch (`IoEngine::post_ordered`, `post_ordered_multi`) makes no driver call:
+    /// `mori_gpu::CopyPoolConfig::armed_depth`, which says when it is safe
+    /// (`MORI_GPU_POOL_ARMED` overrides it).
+    pub armed_depth: usize,
 }
 
 impl Default for XgmiConfig {
     fn default() -> Self {
-        XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32, kernel_max_mean_bytes: 48 << 20 }
+        XgmiConfig { num_streams: 64, num_events: 64, kernel_threshold: 32, kernel_max_mean_bytes: 48 << 20, armed_depth: 0 }
     }
 }
 
@@ -130,6 +135,7 @@ impl XgmiBackend {
             num_events: cfg.num_events,
             kernel_threshold: cfg.kernel_threshold,
             kernel_max_mean_bytes: cfg.kernel_max_mean_bytes,
+            armed_depth: cfg.armed_depth,
             ..CopyPoolConfig::default()
         };
         let pool = CopyPool::new(rt.clone(), pool_cfg, "mori-xgmi-events").map_err(|e| IoError::gpu("xgmi copy pool", e))?;

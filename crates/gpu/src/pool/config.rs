@@ -63,6 +63,19 @@ pub struct CopyPoolConfig {
     /// overrides it ([`CopyPool::new`]). Needs the scatter/gather module (`kernel_threshold`
     /// above 0 and an image that loads); without it, copies.
     pub ordered_kernel: Option<bool>,
+    /// Launches of the ordered-copy kernel armed ahead per device (0, the default: none; at
+    /// most [`super::ARMED_MAX`]): each a stream wait on a doorbell word and a launch that
+    /// reads its table from mapped host memory, so posting an ordered batch writes the table
+    /// and the doorbell and makes no driver call (`pool/armed.rs`). Needs the ordered-copy
+    /// kernel. Off by default because a stream waiting on its doorbell holds a hardware queue
+    /// and anything that waits for the whole device waits for it, forever while nothing is
+    /// posted: a device-wide synchronisation, and freeing device or pinned host memory
+    /// (`cuMemFree`, `cuMemFreeHost`). Only for a process that gives every stream a queue of
+    /// its own (`CUDA_DEVICE_MAX_CONNECTIONS`) and frees nothing while the pool lives. The
+    /// environment variable
+    /// `MORI_GPU_POOL_ARMED` (a number), when set, overrides it ([`CopyPool::new`]); HIP
+    /// turns it off (never run on an AMD GPU).
+    pub armed_depth: usize,
 }
 
 /// The environment variable that overrides [`CopyPoolConfig::host_flags`].
@@ -87,6 +100,7 @@ impl Default for CopyPoolConfig {
             spin_in_flight: true,
             host_flags: None,
             ordered_kernel: None,
+            armed_depth: 0,
         }
     }
 }

@@ -38,6 +38,9 @@ pub struct SubmitStats {
     /// ([`super::CopyPoolConfig::ordered_kernel`]): an ordered batch, or up to 8 segments of
     /// several posted together.
     pub ordered_launches: u64,
+    /// Ordered batches that fired an armed launch ([`super::CopyPoolConfig::armed_depth`]):
+    /// no driver call when posted (counted in `submissions` too, with no slot wait).
+    pub armed_fires: u64,
 }
 
 impl SubmitStats {
@@ -54,6 +57,7 @@ impl SubmitStats {
             event_query_ns: self.event_query_ns.saturating_sub(earlier.event_query_ns),
             flag_misses: self.flag_misses.saturating_sub(earlier.flag_misses),
             ordered_launches: self.ordered_launches.saturating_sub(earlier.ordered_launches),
+            armed_fires: self.armed_fires.saturating_sub(earlier.armed_fires),
         }
     }
 
@@ -78,6 +82,7 @@ struct Submits {
     record_ns: AtomicU64,
     max_ns: AtomicU64,
     ordered: AtomicU64,
+    armed: AtomicU64,
 }
 
 /// The completion steps' counters, on a cache line apart from the submitters'.
@@ -95,6 +100,7 @@ static SUBMITS: Submits = Submits {
     record_ns: AtomicU64::new(0),
     max_ns: AtomicU64::new(0),
     ordered: AtomicU64::new(0),
+    armed: AtomicU64::new(0),
 };
 static QUERIES: Queries = Queries { n: AtomicU64::new(0), ns: AtomicU64::new(0), flag_misses: AtomicU64::new(0) };
 
@@ -110,6 +116,7 @@ pub fn submit_stats() -> SubmitStats {
         event_query_ns: QUERIES.ns.load(Ordering::Relaxed),
         flag_misses: QUERIES.flag_misses.load(Ordering::Relaxed),
         ordered_launches: SUBMITS.ordered.load(Ordering::Relaxed),
+        armed_fires: SUBMITS.armed.load(Ordering::Relaxed),
     }
 }
 
@@ -129,6 +136,11 @@ pub(super) fn count_submit(t: [Instant; 4]) {
 /// Counts one launch of the ordered-copy kernel (one or several ordered batches).
 pub(super) fn count_ordered() {
     SUBMITS.ordered.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one fired armed launch.
+pub(super) fn count_armed() {
+    SUBMITS.armed.fetch_add(1, Ordering::Relaxed);
 }
 
 /// One completion step's tally, added to the totals once when dropped.
@@ -181,6 +193,7 @@ mod tests {
             event_query_ns: 50,
             flag_misses: 1,
             ordered_launches: 1,
+            armed_fires: 2,
         };
         let b = SubmitStats {
             submissions: 6,
@@ -192,6 +205,7 @@ mod tests {
             event_query_ns: 90,
             flag_misses: 3,
             ordered_launches: 4,
+            armed_fires: 7,
         };
         let d = b.since(&a);
         assert_eq!(
@@ -205,7 +219,8 @@ mod tests {
                 event_queries: 4,
                 event_query_ns: 40,
                 flag_misses: 2,
-                ordered_launches: 3
+                ordered_launches: 3,
+                armed_fires: 5
             }
         );
         assert_eq!(d.mean_us(), (0.1, 2.0, 0.2));
