@@ -1076,18 +1076,8 @@ fn copy_pool_armed_launches_copy_each_batch_with_no_launch_when_posted() -> R {
         pool.progress();
         std::thread::yield_now();
     }
-    pool_wait(&pool, what, |tx| {
-        // SAFETY: as above; one submission.
-        unsafe {
-            pool.copy_groups_in_order_with(DEV, &refs, |_| {
-                let tx = tx.clone();
-                move |r| {
-                    let _ = tx.send(r);
-                }
-            })
-        }
-        .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))
-    })?;
+    // SAFETY: as above.
+    unsafe { groups_wait(&pool, what, &refs) }?;
     let st = mori_gpu::submit_stats().since(&s1);
     let mut back = vec![0u8; len];
     rt.copy_dtoh(&mut back, &b.slice())?;
@@ -1186,19 +1176,9 @@ fn grouped_probe(kernel: Option<bool>, armed_depth: usize) -> R {
                 Ok(bad)
             });
             let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
-            pool_wait(&pool, &what, |tx| {
-                // SAFETY: every range lies inside `src` and the mapped buffer, alive until the
-                // wait ends; one submission (both groups in one launch).
-                unsafe {
-                    pool.copy_groups_in_order_with(DEV, &refs, |_| {
-                        let tx = tx.clone();
-                        move |r| {
-                            let _ = tx.send(r);
-                        }
-                    })
-                }
-                .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))
-            })?;
+            // SAFETY: every range lies inside `src` and the mapped buffer, alive until the
+            // wait ends.
+            unsafe { groups_wait(&pool, &what, &refs) }?;
             Ok(probe.join().unwrap_or_else(|_| Err("the probe thread panicked".into())))
         })?;
         match seen {
@@ -1304,6 +1284,26 @@ unsafe fn ordered_wait(pool: &mori_gpu::CopyPool, what: &str, segs: Vec<mori_gpu
             })
         }?;
         Ok(())
+    })
+}
+
+/// Queues `groups` as ordered batches of `pool` on `DEV` that go as one submission (packed
+/// into one launch: see `copy_groups_in_order_with`) and waits for it (see `pool_wait`).
+///
+/// # Safety
+/// As `ordered_wait`, for every group's segments.
+unsafe fn groups_wait(pool: &mori_gpu::CopyPool, what: &str, groups: &[&[mori_gpu::CopySeg]]) -> R {
+    pool_wait(pool, what, |tx| {
+        // SAFETY: forwarded contract; the batches are waited for before returning.
+        unsafe {
+            pool.copy_groups_in_order_with(DEV, groups, |_| {
+                let tx = tx.clone();
+                move |r| {
+                    let _ = tx.send(r);
+                }
+            })
+        }
+        .map_err(|(i, e)| Fail(format!("{what}: groups {i}.. not queued: {e}")))
     })
 }
 
