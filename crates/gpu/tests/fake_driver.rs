@@ -28,5 +28,5 @@ fn gpu_tests_pass_against_the_fake_driver() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success(), "the GPU tests failed against the fake driver");
     assert!(stdout.contains("runtime: CUDA from "), "the fake driver was not loaded");
-    assert!(stdout.contains("test result: ok. 16 passed; 0 failed"), "not all 16 GPU tests ran");
+    assert!(stdout.contains("test result: ok. 17 passed; 0 failed"), "not all 17 GPU tests ran");
 }

@@ -14,11 +14,12 @@
  *     cuMemFreeHost refuses to free memory queued work still reads or writes); a DEVICEMAP
  *     block is device-addressable at its host address (cuMemHostGetDevicePointer_v2, as with
  *     unified addressing): copies, memsets, stream memory operations and kernels may use it;
- *   - four kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
+ *   - five kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
  *     the copy kernels of kernels/scatter_gather_copy.cu by their ABI (kernels/README.md):
  *     mori_scatter_gather_copy, mori_paged_copy, mori_paged_copy_inline (run table in
- *     the by-value parameter) and mori_ordered_copy (its table checked as the kernel does,
- *     the arrival words' check, segments in order, then the flag write), run in stream order on the host: their effect by the
+ *     the by-value parameter), mori_ordered_copy (its table checked as the kernel does,
+ *     the arrival words' check, segments in order, then the flag write) and
+ *     mori_ordered_copy_armed (the same, its table read from memory when it runs), run in stream order on the host: their effect by the
  *     ABI, not the kernels' code (the fences and the last-block arrival run only on a GPU); a range
  *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
@@ -196,7 +197,7 @@ static int new_memfd(uint64_t size) {
 }
 
 /* ---- streams and events ---- */
-enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE, OP_ORDERED };
+enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE, OP_ORDERED, OP_ORDERED_ARMED };
 struct event { int done, timing; double t; };
 struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; void *blob; struct op *next; };
 struct stream { struct op *head, *tail; struct stream *next_stream; };
@@ -233,6 +234,22 @@ static void run(struct op *o) {
     }
     case OP_PAGED_INLINE: run_paged((const unsigned char *)o->blob + 88, o->blob); break;
     case OP_ORDERED: run_ordered(o->blob); break;
+    case OP_ORDERED_ARMED: {
+        /* The table as the launch finds it when it runs (after the stream's wait); one it does
+         * not take (n = 0: let go; a grid that is not a multiple of the groups) copies nothing. */
+        struct ordered_copy t;
+        kernel_range("mori_ordered_copy_armed", "table", o->a, sizeof t);
+        memcpy(&t, (const void *)(uintptr_t)o->a, sizeof t);
+        if (ordered_table_ok(&t, o->n)) {
+            if (!t.arrivals || t.arrivals % 64 || t.flag % 4) {
+                fprintf(stderr, "fake libcuda: mori_ordered_copy_armed: arrival words %#llx or flag %#llx misaligned\n",
+                        (unsigned long long)t.arrivals, (unsigned long long)t.flag);
+                abort();
+            }
+            run_ordered(&t);
+        }
+        break;
+    }
     default: break;
     }
     free(o->blob);
@@ -826,6 +843,12 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
         pthread_mutex_unlock(&mu);
         if (r != OK) free(t);
         return r;
+    }
+    if (!strcmp(fn->name, "mori_ordered_copy_armed")) {
+        uint64_t table;
+        memcpy(&table, params[0], 8);
+        if (!table || table % 4) return INVALID_VALUE;
+        LOCKED(submit(s, (struct op){.kind = OP_ORDERED_ARMED, .a = table, .n = gx}));
     }
     if (strcmp(fn->name, "mori_test_fill")) return 98;
     uint64_t out; uint32_t n, base;
