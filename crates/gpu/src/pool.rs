@@ -561,9 +561,21 @@ impl CopyPool {
         let flags_ok = !dp.flags_failed.load(Ordering::Relaxed);
         let mut flag_seq = 0;
         let fired = a.fire(table, |slot| {
-            let (w, seq) = dp.slots.get(slot)?.flag.as_ref().filter(|_| flags_ok)?.next_word().ok()?;
-            flag_seq = seq;
-            Some((w.ptr(), seq))
+            match dp.slots.get(slot)?.flag.as_ref().filter(|_| flags_ok)?.next_word() {
+                Ok((w, seq)) => {
+                    flag_seq = seq;
+                    Some((w.ptr(), seq))
+                }
+                Err(e) => {
+                    // As in `submit_on`: this and later submissions are told by their events.
+                    dp.flags_failed.store(true, Ordering::Relaxed);
+                    flags::warn_once(
+                        &flags::SAID_WRITE_FAILED,
+                        &format!("a completion flag could not be set up on {} ({e}): this device's submissions are told complete by their events from now on", dp.device),
+                    );
+                    None
+                }
+            }
         });
         let Some(slot) = fired else { return Err(make_done) };
         let t1 = Instant::now();
