@@ -178,8 +178,9 @@ impl CopyPool {
     /// Starts the completion thread (named `thread_name`). Streams and slots are created per
     /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
     /// `cfg.paged_inline_runs`, [`SPIN_ENV`] `cfg.spin_in_flight` and [`FLAGS_ENV`]
-    /// `cfg.host_flags`, [`ARMED_ENV`] `cfg.armed_depth`. Errors: `InvalidArgument` for zero
-    /// streams or events, an armed depth above [`ARMED_MAX`] or not below `num_events`, a
+    /// `cfg.host_flags`, [`ARMED_ENV`] `cfg.armed_depth` (which HIP, and a pool without the
+    /// ordered-copy kernel, set to 0). Errors: `InvalidArgument` for zero streams or events,
+    /// an armed depth above [`ARMED_MAX`] or (where it arms) not below `num_events`, a
     /// `paged_inline_runs` (or that variable) that is not a number from 0 to
     /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (any of
     /// the three not UTF-8 too); `Io` if the thread cannot be spawned.
@@ -199,16 +200,22 @@ impl CopyPool {
         cfg.ordered_kernel =
             Some(ordered::enabled(cfg.ordered_kernel, rt.kind() == crate::RuntimeKind::Hip, env_text(ORDERED_ENV)?.as_deref())?);
         cfg.armed_depth = armed::depth(cfg.armed_depth, env_text(ARMED_ENV)?.as_deref())?;
-        if cfg.armed_depth > 0 && cfg.armed_depth >= cfg.num_events {
-            // Each armed launch holds a slot until fired: other submissions need one left.
-            return Err(GpuError::invalid(format!(
-                "copy pool: {} armed launches (armed_depth or {ARMED_ENV}) with {} event slots: at most num_events - 1",
-                cfg.armed_depth, cfg.num_events
-            )));
-        }
         if rt.kind() == crate::RuntimeKind::Hip && cfg.armed_depth > 0 {
             tracing::info!("copy pool: HIP runtime: ordered batches are launched when posted (armed launches never ran on an AMD GPU)");
             cfg.armed_depth = 0;
+        }
+        if cfg.armed_depth > 0 && (cfg.ordered_kernel != Some(true) || cfg.kernel_threshold == 0) {
+            tracing::info!("copy pool: armed launches need the ordered-copy kernel, which this pool does not use: none armed");
+            cfg.armed_depth = 0;
+        }
+        if cfg.armed_depth > 0 && cfg.armed_depth >= cfg.num_events {
+            // Each armed launch holds a slot until fired: other submissions need one left.
+            return Err(GpuError::invalid(format!(
+                "copy pool: {} armed launches (armed_depth or {ARMED_ENV}) with {} event slots: at most {} (each holds a slot until fired)",
+                cfg.armed_depth,
+                cfg.num_events,
+                cfg.num_events - 1
+            )));
         }
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of

@@ -856,7 +856,8 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
         }
     }
     let st = mori_gpu::submit_stats().since(&stats0);
-    let launches = st.ordered_launches;
+    // An armed launch (MORI_GPU_POOL_ARMED) is the same kernel, fired instead of launched.
+    let launches = st.ordered_launches + st.armed_fires;
     // The kernel writes the flag itself: none missed (each would have waited for the
     // once-a-millisecond event check).
     if host_flags && std::env::var_os(mori_gpu::FLAGS_ENV).is_none() && st.flag_misses != 0 {
@@ -871,7 +872,8 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
     let mut back = vec![0u8; 9 * 4096];
     rt.copy_dtoh(&mut back, &b.sub(0, 9 * 4096)?)?;
     check(&format!("{what}: 9 segments"), &back, |i| pat(i, 48))?;
-    let nine_launches = mori_gpu::submit_stats().since(&before).ordered_launches;
+    let nine = mori_gpu::submit_stats().since(&before);
+    let nine_launches = nine.ordered_launches + nine.armed_fires;
     // The variable, when set, overrides `ordered_kernel`.
     let expect = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
         Some("1") => 23,
@@ -954,7 +956,9 @@ fn copy_pool_grouped(kernel: Option<bool>) -> R {
         std::thread::yield_now();
     }
     ranges.sort_by_key(|r| r.start);
-    let launches = mori_gpu::submit_stats().since(&before).ordered_launches;
+    // An armed launch (MORI_GPU_POOL_ARMED) is the same kernel, fired instead of launched.
+    let st = mori_gpu::submit_stats().since(&before);
+    let launches = st.ordered_launches + st.armed_fires;
     if ranges != want_ranges || launches != want_launches {
         return fail(format!("{what}: submissions {ranges:?} with {launches} launches, expected {want_ranges:?} with {want_launches}"));
     }

@@ -77,8 +77,11 @@ pub fn armed_depth(configured: usize) -> Result<usize> {
     depth(configured, super::env_text(ARMED_ENV)?.as_deref())
 }
 
-/// The grid of every armed launch: 4 blocks of [`ORDERED_BLOCK`] threads per multiprocessor
-/// (a first segment of more than 64 KiB a block is copied in several rounds).
+/// The grid of every armed launch, fixed when it is queued: 4 blocks of [`ORDERED_BLOCK`]
+/// threads per multiprocessor (a launch made when posting takes up to 32 per multiprocessor
+/// for a long first segment: an armed one gives it up to 8 times fewer blocks). Its divisors
+/// are the group counts an armed launch takes (528 on 132 multiprocessors: packs of 5 or 7
+/// batches are launched when posted).
 pub(super) fn grid(sms: u32) -> u32 {
     4 * sms.max(1)
 }
