@@ -44,7 +44,7 @@ mod ordered;
 mod paged;
 mod slot;
 mod stats;
-pub use armed::{armed_depth, ARMED_ENV, ARMED_MAX};
+pub use armed::{ARMED_ENV, ARMED_MAX};
 pub use config::{env_switch, env_text, CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
 pub use ordered::{ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS};
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
@@ -294,26 +294,7 @@ impl CopyPool {
         let t1 = Instant::now();
         let si = claim_lane(&dp.busy, &dp.next);
         let stream = &dp.streams[si];
-        // A flag that cannot be written leaves this submission, and every later one on this
-        // device, to its event (the work itself was queued), said once per process.
-        let flag_failed = |e: GpuError| {
-            dp.flags_failed.store(true, Ordering::Relaxed);
-            flags::warn_once(
-                &flags::SAID_WRITE_FAILED,
-                &format!(
-                    "a completion flag write failed on {dev} ({e}): this device's submissions are told complete by their events from now on"
-                ),
-            );
-        };
-        let flag = dp.slots[slot].flag.as_ref().filter(|_| !dp.flags_failed.load(Ordering::Relaxed));
-        let word = match flag.map(|f| f.next_word()) {
-            Some(Ok(w)) => Some(w),
-            Some(Err(e)) => {
-                flag_failed(e);
-                None
-            }
-            None => None,
-        };
+        let word = dp.next_flag(slot);
         let (failed, flag_taken) = {
             let mut lane = Lane {
                 rt: &s.rt,
@@ -337,7 +318,7 @@ impl CopyPool {
             Some((w, seq)) => match stream.write_value32(&w, seq) {
                 Ok(()) => seq,
                 Err(e) => {
-                    flag_failed(e);
+                    dp.flags_failed_with(e);
                     0
                 }
             },
@@ -565,24 +546,11 @@ impl CopyPool {
         D: FnOnce(Result<()>) + Send + 'static,
     {
         let t0 = Instant::now();
-        let flags_ok = !dp.flags_failed.load(Ordering::Relaxed);
         let mut flag_seq = 0;
         let fired = a.fire(table, |slot| {
-            match dp.slots.get(slot)?.flag.as_ref().filter(|_| flags_ok)?.next_word() {
-                Ok((w, seq)) => {
-                    flag_seq = seq;
-                    Some((w.ptr(), seq))
-                }
-                Err(e) => {
-                    // As in `submit_on`: this and later submissions are told by their events.
-                    dp.flags_failed.store(true, Ordering::Relaxed);
-                    flags::warn_once(
-                        &flags::SAID_WRITE_FAILED,
-                        &format!("a completion flag could not be set up on {} ({e}): this device's submissions are told complete by their events from now on", dp.device),
-                    );
-                    None
-                }
-            }
+            let (w, seq) = dp.next_flag(slot)?;
+            flag_seq = seq;
+            Some((w.ptr(), seq))
         });
         let Some(slot) = fired else { return Err(make_done) };
         let t1 = Instant::now();
@@ -620,6 +588,26 @@ impl Drop for CopyPool {
 }
 
 impl DevPool {
+    /// Slot `slot`'s completion-flag word and its next sequence number, when this device's
+    /// submissions use flags (none: the event tells).
+    fn next_flag(&self, slot: usize) -> Option<(DeviceSlice<'_>, u32)> {
+        let flag = self.slots.get(slot)?.flag.as_ref().filter(|_| !self.flags_failed.load(Ordering::Relaxed))?;
+        flag.next_word().map_err(|e| self.flags_failed_with(e)).ok()
+    }
+
+    /// A flag that cannot be set up or written leaves this submission, and every later one on
+    /// this device, to its event (the work itself was queued), said once per process.
+    fn flags_failed_with(&self, e: GpuError) {
+        self.flags_failed.store(true, Ordering::Relaxed);
+        flags::warn_once(
+            &flags::SAID_WRITE_FAILED,
+            &format!(
+                "a completion flag write failed on {} ({e}): this device's submissions are told complete by their events from now on",
+                self.device
+            ),
+        );
+    }
+
     /// Arms this device's launches back up to [`CopyPoolConfig::armed_depth`] on free slots
     /// (none free: left for a later post or completion); nothing when the device has none.
     /// Called after a post and after a completion step that completed an armed launch.

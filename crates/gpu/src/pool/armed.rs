@@ -70,13 +70,6 @@ pub(super) fn depth(configured: usize, env: Option<&str>) -> Result<usize> {
     Ok(d)
 }
 
-/// The armed depth a pool configured with `configured` will use on CUDA: the value of
-/// [`ARMED_ENV`] when set, else `configured`. Errors: as a pool's ([`ARMED_ENV`] not a number
-/// from 0 to [`ARMED_MAX`], or not UTF-8; `configured` above [`ARMED_MAX`]).
-pub fn armed_depth(configured: usize) -> Result<usize> {
-    depth(configured, super::env_text(ARMED_ENV)?.as_deref())
-}
-
 /// The grid of every armed launch, fixed when it is queued: 4 blocks of [`ORDERED_BLOCK`]
 /// threads per multiprocessor (a launch made when posting takes up to 32 per multiprocessor
 /// for a long first segment: an armed one gives it up to 8 times fewer blocks). Its divisors
@@ -111,10 +104,9 @@ pub(super) struct Book {
 
 impl Book {
     /// The oldest armed launch, now running: (its number, its slot, its table index).
-    fn fire(&mut self, depth: usize) -> Option<(u32, usize, usize)> {
+    fn fire(&mut self) -> Option<(u32, usize, usize)> {
         let e = self.ready.pop_front()?;
         self.running += 1;
-        debug_assert!(e.table < depth);
         Some((e.seq, e.slot, e.table))
     }
 
@@ -219,7 +211,7 @@ impl Armed {
     /// (the caller launches).
     pub(super) fn fire(&self, table: OrderedCopy, flag_of: impl FnOnce(usize) -> Option<(u64, u32)>) -> Option<usize> {
         let mut book = self.book.lock();
-        let (seq, slot, index) = book.fire(self.depth)?;
+        let (seq, slot, index) = book.fire()?;
         let t = table.finish(self.arrivals.ptr(), flag_of(slot));
         let dst = (self.host.ptr() as usize + index * TABLE_STRIDE) as *mut u8;
         let bytes = bytemuck::bytes_of(&t);
@@ -358,16 +350,16 @@ mod tests {
         let (s, t) = b.take_seq(2);
         b.armed(s, 6, t);
         assert_eq!(b.to_arm(2), 0);
-        assert_eq!(b.fire(2), Some((1, 5, 1)));
+        assert_eq!(b.fire(), Some((1, 5, 1)));
         // Running counts against the depth until it completed.
         assert_eq!(b.to_arm(2), 0);
         b.completed();
         assert_eq!(b.to_arm(2), 1);
         let (s, t) = b.take_seq(2);
         b.armed(s, 7, t);
-        assert_eq!(b.fire(2), Some((2, 6, 0)));
-        assert_eq!(b.fire(2), Some((3, 7, 1)));
-        assert_eq!(b.fire(2), None);
+        assert_eq!(b.fire(), Some((2, 6, 0)));
+        assert_eq!(b.fire(), Some((3, 7, 1)));
+        assert_eq!(b.fire(), None);
         b.next_seq = u32::MAX;
         assert_eq!(b.take_seq(2).0, 0, "numbers wrap (the wait compares cyclically)");
     }
@@ -399,7 +391,7 @@ mod tests {
                         }
                     }
                     1 => {
-                        let _ = b.fire(depth);
+                        let _ = b.fire();
                     }
                     _ => {
                         if b.running > 0 {
