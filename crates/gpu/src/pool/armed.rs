@@ -27,10 +27,10 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::ordered::{OrderedCopy, ARRIVAL_BYTES, ORDERED_BLOCK};
-use super::slot::Slot;
+use super::slot::{drain, Slot};
 use crate::error::{GpuError, Result};
 use crate::memory::{DeviceBuffer, DeviceSlice, PinnedBuffer};
 use crate::module::{Function, KernelArgs};
@@ -304,16 +304,9 @@ impl Drop for Armed {
         std::sync::atomic::fence(Ordering::SeqCst);
         let last = self.book.get_mut().next_seq;
         self.doorbell().store(last, Ordering::Release);
-        let t0 = Instant::now();
-        loop {
-            match self.stream.query() {
-                Ok(true) => break,
-                Ok(false) if t0.elapsed() < DRAIN_WAIT => std::thread::sleep(Duration::from_micros(50)),
-                r => {
-                    tracing::warn!(device = self.stream.device().0, outcome = ?r.map(|_| "still running"), "copy pool: the armed launches' stream did not drain in {DRAIN_WAIT:?}: its buffers are leaked");
-                    return;
-                }
-            }
+        if let Err(r) = drain(DRAIN_WAIT, || self.stream.query()) {
+            tracing::warn!(device = self.stream.device().0, outcome = ?r.map(|_| "still running"), "copy pool: the armed launches' stream did not drain in {DRAIN_WAIT:?}: its buffers are leaked");
+            return;
         }
         // SAFETY: dropped once, here; nothing queued on the stream reads them any more.
         unsafe {

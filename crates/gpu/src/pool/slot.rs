@@ -151,20 +151,26 @@ impl Drop for Slot {
             }
             return;
         }
-        let t0 = Instant::now();
-        loop {
-            match self.event.query() {
-                Ok(true) => return,
-                Ok(false) if t0.elapsed() < SLOT_DROP_WAIT => std::thread::sleep(Duration::from_micros(50)),
-                r => {
-                    tracing::warn!(
-                        device = self.event.device().0,
-                        outcome = ?r.map(|_| "still in flight"),
-                        "copy pool: a slot's last submission did not finish in {SLOT_DROP_WAIT:?}: its buffers are leaked"
-                    );
-                    return leak(self);
-                }
-            }
+        if let Err(r) = drain(SLOT_DROP_WAIT, || self.event.query()) {
+            tracing::warn!(
+                device = self.event.device().0,
+                outcome = ?r.map(|_| "still in flight"),
+                "copy pool: a slot's last submission did not finish in {SLOT_DROP_WAIT:?}: its buffers are leaked"
+            );
+            leak(self);
+        }
+    }
+}
+
+/// Asks `query` (an event's or a stream's: has the work finished?) every 50 µs until it says
+/// so or `limit` passed. Errors: its last answer (`Ok(false)`: still running) or error.
+pub(super) fn drain(limit: Duration, mut query: impl FnMut() -> Result<bool>) -> std::result::Result<(), Result<bool>> {
+    let t0 = Instant::now();
+    loop {
+        match query() {
+            Ok(true) => return Ok(()),
+            Ok(false) if t0.elapsed() < limit => std::thread::sleep(Duration::from_micros(50)),
+            r => return Err(r),
         }
     }
 }
