@@ -42,8 +42,8 @@ pub use handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableHand
 pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocation};
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
 pub use pool::{
-    env_switch, env_text, submit_stats, CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide, SubmitStats,
-    ARMED_ENV, ARMED_MAX, FLAGS_ENV, FLAG_FALLBACK, ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS, PAGED_INLINE_RUNS, SPIN_ENV,
+    armed_depth, env_switch, env_text, submit_stats, CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide,
+    SubmitStats, ARMED_ENV, ARMED_MAX, FLAGS_ENV, FLAG_FALLBACK, ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS, PAGED_INLINE_RUNS, SPIN_ENV,
 };
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};

@@ -103,6 +103,13 @@ struct DevPool {
     flags_failed: AtomicBool,
 }
 
+/// The armed depth a pool configured with `configured` ([`CopyPoolConfig::armed_depth`]) arms
+/// on CUDA with the ordered-copy kernel: [`ARMED_ENV`] when set. Errors: `InvalidArgument`
+/// naming the variable for a value that is not a number from 0 to [`ARMED_MAX`].
+pub fn armed_depth(configured: usize) -> Result<usize> {
+    armed::depth(configured, env_text(ARMED_ENV)?.as_deref())
+}
+
 /// [`Pending::stream`] of a fired armed launch (on the armed stream, not a lane).
 const ARMED_LANE: usize = usize::MAX;
 
@@ -199,7 +206,7 @@ impl CopyPool {
         cfg.host_flags = Some(env_switch(FLAGS_ENV, cfg.host_flags.unwrap_or(auto), env_text(FLAGS_ENV)?.as_deref())?);
         cfg.ordered_kernel =
             Some(ordered::enabled(cfg.ordered_kernel, rt.kind() == crate::RuntimeKind::Hip, env_text(ORDERED_ENV)?.as_deref())?);
-        cfg.armed_depth = armed::depth(cfg.armed_depth, env_text(ARMED_ENV)?.as_deref())?;
+        cfg.armed_depth = armed_depth(cfg.armed_depth)?;
         if rt.kind() == crate::RuntimeKind::Hip && cfg.armed_depth > 0 {
             tracing::info!("copy pool: HIP runtime: ordered batches are launched when posted (armed launches never ran on an AMD GPU)");
             cfg.armed_depth = 0;
@@ -561,6 +568,21 @@ impl CopyPool {
         self.shared.pending.lock().push(Pending { dev: dp.device.0, slot, stream: ARMED_LANE, done, failed: None, flag_seq, asked: t1 });
         dp.top_up();
         Ok(Ok(()))
+    }
+
+    /// Lets every armed ordered-copy launch go for good ([`CopyPoolConfig::armed_depth`]) and
+    /// waits for them: afterwards nothing this pool queued waits for the host, so the process
+    /// may free device or pinned memory, or synchronise the device, while the pool lives.
+    /// Later ordered batches are launched when posted. Nothing to do (Ok) without armed
+    /// launches. Errors: `Io` (timed out) when a device's armed stream did not drain in 10 s.
+    pub fn disarm(&self) -> Result<()> {
+        for dp in self.shared.devs.iter().filter_map(OnceLock::get) {
+            if let Some(a) = dp.armed.as_ref() {
+                let back = a.disarm()?;
+                dp.free.lock().extend(back);
+            }
+        }
+        Ok(())
     }
 
     /// One completion step, run by the calling thread: completes every submission whose

@@ -1003,6 +1003,8 @@ fn copy_pool_armed_launches_copy_each_batch_with_no_launch_when_posted() -> R {
     let (big, len) = (1usize << 20, 4usize << 20);
     let a = rt.alloc(DEV, len)?;
     let b = rt.alloc(DEV, len)?;
+    // Freed while the pool lives, once it is disarmed.
+    let spare = rt.alloc(DEV, 4096)?;
     // Made after the buffers, so dropped before them: freeing memory while launches are armed
     // would wait for the armed stream.
     let cfg = CopyPoolConfig { num_events: 8, ordered_kernel: Some(true), armed_depth: 2, ..CopyPoolConfig::default() };
@@ -1102,15 +1104,38 @@ fn copy_pool_armed_launches_copy_each_batch_with_no_launch_when_posted() -> R {
             st.ordered_launches, st.armed_fires
         ));
     }
-    // Dropping the pool lets the armed launches go: it returns, and promptly.
+    // Disarmed, the pool leaves nothing waiting on the device: memory can be freed while it
+    // lives (the fake driver aborts a free while a stream waits on the host; a GPU would
+    // block), and the next batch is launched when posted.
+    let t = Instant::now();
+    pool.disarm()?;
+    let disarm_took = t.elapsed();
+    drop(spare);
+    rt.copy_htod(&a.slice(), &pattern(len, 91))?;
+    rt.memset(&b.slice(), 0)?;
+    let s2 = mori_gpu::submit_stats();
+    // SAFETY: inside `a` and `b`, which outlive the wait.
+    unsafe { ordered_wait(&pool, what, pair(1)) }?;
+    let st = mori_gpu::submit_stats().since(&s2);
+    rt.copy_dtoh(&mut back, &b.slice())?;
+    for sg in pair(1) {
+        let (so, d) = ((sg.src - a.ptr()) as usize, (sg.dst - b.ptr()) as usize);
+        check(&format!("{what}: the batch after disarm, segment at {d}"), &back[d..d + sg.len as usize], |i| pat(i + so, 91))?;
+    }
+    if (st.ordered_launches, st.armed_fires) != (1, 0) {
+        return fail(format!(
+            "{what}: after disarm, {} launches and {} armed fires for one batch, expected 1 and 0",
+            st.ordered_launches, st.armed_fires
+        ));
+    }
     let t = Instant::now();
     drop(pool);
     let took = t.elapsed();
-    if took > Duration::from_secs(2) {
-        return fail(format!("{what}: dropping the pool with launches armed took {took:?}"));
+    if took > Duration::from_secs(2) || disarm_took > Duration::from_secs(2) {
+        return fail(format!("{what}: disarming took {disarm_took:?}, dropping the pool {took:?}"));
     }
     println!(
-        "{what}: 20 batches (1 launch, 19 armed fires), 2 back to back and 2 in one post (3 armed fires) checked byte for byte; the pool dropped with launches armed in {took:?}"
+        "{what}: 20 batches (1 launch, 19 armed fires), 2 back to back and 2 in one post (3 armed fires) checked byte for byte; disarmed in {disarm_took:?}, a buffer freed, the next batch launched (1 launch, 0 fires) and checked; the pool dropped in {took:?}"
     );
     Ok(())
 }

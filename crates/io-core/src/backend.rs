@@ -266,6 +266,15 @@ pub trait Backend: Send + Sync {
         Err(crate::IoError::not_supported(format!("the {} backend takes no data connections (from engine {:?})", self.kind(), from.key)))
     }
 
+    /// Lets go of work this backend queued ahead on a device that waits for the host (xgmi's
+    /// armed ordered-copy launches, `mori_gpu::CopyPool::disarm`) and waits for it, so that the
+    /// process may free device or pinned memory or synchronise the device while the engine
+    /// lives; later posts still work (launched when posted). Default: nothing queued ahead.
+    /// Errors: the device work did not finish in its deadline.
+    fn quiesce(&self) -> IoResult<()> {
+        Ok(())
+    }
+
     /// Forgets connections to a peer (the engine deregistered it).
     fn disconnect(&self, _peer_key: &str) {}
 

@@ -508,6 +508,11 @@ impl Backend for XgmiBackend {
         })))
     }
 
+    /// The copy pool's armed launches let go (`mori_gpu::CopyPool::disarm`).
+    fn quiesce(&self) -> IoResult<()> {
+        self.inner.pool.disarm().map_err(|e| IoError::gpu("xgmi copy pool: disarm", e))
+    }
+
     fn disconnect(&self, peer_key: &str) {
         for r in self.inner.maps.remove_engine(peer_key) {
             r.live.store(false, Ordering::Release);

@@ -387,6 +387,18 @@ impl IoEngine {
         Ok(desc)
     }
 
+    /// Lets go of device work the backends queued ahead that waits for the host (xgmi's armed
+    /// ordered-copy launches: `XgmiConfig::armed_depth`, `MORI_GPU_POOL_ARMED`) and waits for
+    /// it: call before freeing device or pinned memory, or synchronising the device, while
+    /// this engine lives. Posts after it still work, launched when posted. Errors: the first
+    /// backend's that failed (its device work did not finish in its deadline).
+    pub fn quiesce(&self) -> IoResult<()> {
+        for b in self.inner.backends.read().iter() {
+            b.quiesce()?;
+        }
+        Ok(())
+    }
+
     /// Deregisters memory: no new transfer can use it; waits (up to the drain timeout) for
     /// in-flight ones. Errors: `NotFound` if not registered here (double deregistration);
     /// `InvalidArgs` if `desc` belongs to another engine; `Timeout` if operations still use it

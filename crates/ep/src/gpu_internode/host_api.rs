@@ -188,7 +188,12 @@ pub(super) fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &mut GpuRank, 
     }
     let p = match gr.recv_host.take() {
         Some(p) if p.len() >= len => p,
-        _ => rt.alloc_pinned(gr.dev_ctr.device(), len.max(1))?,
+        old => {
+            // Kept until the object goes (see `recv_host_old`); powers of two bound them to
+            // the size of the last one.
+            gr.recv_host_old.extend(old);
+            rt.alloc_pinned(gr.dev_ctr.device(), len.max(1).next_power_of_two())?
+        }
     };
     let p = gr.recv_host.insert(p);
     l.gather_records(&cnt, &mut p.as_mut_slice()[..len], |off, buf| win.read(rt, off, buf))

@@ -51,8 +51,12 @@ struct GpuRank {
     /// With the records in a GPU window: pinned host memory where the host gathers them (a
     /// copy into pinned memory runs at the link's rate; the dispatch call's host time fell
     /// from 78-83 ms with pageable memory to 43-50 ms at the decode shape, 8 ranks), grown to
-    /// the largest dispatch so far.
+    /// the largest dispatch so far (a power of two of bytes).
     recv_host: Option<PinnedBuffer>,
+    /// Buffers `recv_host` outgrew, freed with the object, after its engines let go of any
+    /// armed launch (freeing pinned memory waits for the whole device: see
+    /// [`InterNodeGpu`]'s drop).
+    recv_host_old: Vec<PinnedBuffer>,
     /// comb_x, comb_w, comb_out, comb_out_w.
     comb: Vec<DeviceBuffer>,
     tokens: usize,
@@ -109,9 +113,11 @@ const XGMI_STREAMS: usize = 2;
 /// `CUDA_DEVICE_MAX_CONNECTIONS` an xgmi job of `world` ranks and `nodes` kernel streams needs
 /// so that no copy stream shares a hardware work queue with a spinning kernel's stream: CUDA
 /// maps streams onto that many queues (default 8), and work on a shared queue runs in order,
-/// so a copy queued behind a kernel that waits for it never starts.
-pub fn needed_connections(world: usize, nodes: usize) -> usize {
-    world * XGMI_STREAMS + nodes
+/// so a copy queued behind a kernel that waits for it never starts. With `armed` (the engines'
+/// copy pools arm ordered-copy launches: `mori_gpu::armed_depth`) each rank's engine has one
+/// stream more, whose launches wait for their doorbell.
+pub fn needed_connections(world: usize, nodes: usize, armed: bool) -> usize {
+    world * (XGMI_STREAMS + usize::from(armed)) + nodes
 }
 
 /// The kernels of dispatch, as indices into [`KERNELS`], in launch order.
@@ -222,15 +228,18 @@ impl InterNodeGpu {
             ));
         }
         if opts.path == InterPath::Xgmi {
-            let need = needed_connections(w, w / g);
+            let armed = mori_gpu::armed_depth(0)? > 0;
+            let need = needed_connections(w, w / g, armed);
             let have = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(8);
             if have < need {
+                let per_rank = XGMI_STREAMS + usize::from(armed);
                 return Err(bad(
                     "CUDA_DEVICE_MAX_CONNECTIONS",
                     have,
                     format!(
-                        "the xgmi leg of {w} ranks uses {need} streams ({XGMI_STREAMS} copy streams per rank and one kernel stream per node) and each needs a hardware queue of its own, or a copy can wait behind a kernel that waits for it; set it to {need}..=32 before the process creates its CUDA context (at most {} ranks then)",
-                        (32 - w / g) / XGMI_STREAMS
+                        "the xgmi leg of {w} ranks uses {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) and each needs a hardware queue of its own, or a copy can wait behind a kernel that waits for it; set it to {need}..=32 before the process creates its CUDA context (at most {} ranks then)",
+                        if armed { ", one of them the armed launches'" } else { "" },
+                        (32 - w / g) / per_rank
                     ),
                 ));
             }
@@ -285,6 +294,7 @@ impl InterNodeGpu {
                 .map(|&n| zeroed(n))
                 .collect::<Result<_, _>>()?,
                 recv_host: None,
+                recv_host_old: Vec::new(),
                 ext_inp: None,
                 tokens: 0,
                 comb_rows: 0,
@@ -562,6 +572,14 @@ impl Drop for InterNodeGpu {
         // buffers they use are freed only after.
         for s in &self.streams {
             let _ = s.synchronize();
+        }
+        // Then the engines let go of device work that waits for the host (xgmi's armed
+        // ordered-copy launches, `MORI_GPU_POOL_ARMED`): freeing device or pinned memory below
+        // waits for the whole device, so it would wait for them forever.
+        for (e, _) in &self.regs {
+            if let Err(err) = e.quiesce() {
+                tracing::warn!(error = %err, "inter-node EP: an engine's device work did not finish before the buffers are freed");
+            }
         }
         self.proxies.clear();
         for (e, m) in &self.regs {

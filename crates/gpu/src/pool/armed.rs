@@ -10,8 +10,8 @@
 //!
 //! Why: a launch of the ordered-copy kernel takes 5.4-8.0 µs of a proxy's posting call on an
 //! idle H200 and 17-25 µs under the 2 x 4 inter-node EP load (docs/PERFORMANCE.md), where a
-//! whole batch-1 xgmi write in bench_engine takes about 11 µs. The inter-node EP does not arm
-//! yet: its teardown frees pinned memory while its engines live (see the costs).
+//! whole batch-1 xgmi write in bench_engine takes about 11 µs. The inter-node EP arms when
+//! `MORI_GPU_POOL_ARMED` says so, and disarms its engines' pools before it frees anything.
 //!
 //! Costs: the armed launches run one after the other on their stream (a batch posted while
 //! the previous one runs starts after it), and a stream waiting on its doorbell holds a
@@ -20,8 +20,9 @@
 //! whole device waits for it, forever while no batch is posted: `cuCtxSynchronize`,
 //! `torch.cuda.synchronize()`, and freeing device or pinned host memory (`cuMemFree`,
 //! `cuMemFreeHost` synchronise the device). So it is off unless asked for, and only for a
-//! process that frees nothing while the pool lives. Dropping the pool lets every armed launch
-//! go (its table says copy nothing) and waits for the stream.
+//! process that disarms the pool ([`Armed::disarm`], `CopyPool::disarm`) before freeing
+//! anything while the pool lives: every armed launch goes (its table says copy nothing), the
+//! stream is waited for and nothing is armed again. Dropping the pool does the same.
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -288,6 +289,42 @@ impl Armed {
             }
         }
         give_back
+    }
+
+    /// Lets every armed launch go for good: none is armed after it (later batches are
+    /// launched when posted), the ones armed run with tables that copy nothing, and it waits
+    /// (up to [`DRAIN_WAIT`]) for the stream, so that nothing queued on the device waits for
+    /// the host any more. Launches fired before it complete as usual. Returns the pool slots
+    /// the let-go launches held (their events recorded and complete), for the caller to free.
+    /// Errors: `Io` (timed out) when the stream did not drain (the slots are kept: the caller frees
+    /// none).
+    pub(super) fn disarm(&self) -> Result<Vec<usize>> {
+        self.off.store(true, Ordering::Relaxed);
+        // A thread arming finishes first (its number is then in the book and let go below).
+        let _arming = self.arming.lock();
+        let (last, slots) = {
+            let mut b = self.book.lock();
+            (b.next_seq, b.ready.drain(..).map(|e| e.slot).collect::<Vec<_>>())
+        };
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.doorbell().store(last, Ordering::Release);
+        match drain(DRAIN_WAIT, || self.stream.query()) {
+            Ok(()) => Ok(slots),
+            Err(r) => Err(GpuError::Io {
+                op: "copy pool: letting the armed launches go",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "their stream on {} still {} after {DRAIN_WAIT:?}",
+                        self.stream.device(),
+                        match r {
+                            Ok(_) => "running".to_string(),
+                            Err(e) => format!("failing ({e})"),
+                        }
+                    ),
+                ),
+            }),
+        }
     }
 
     fn stop(&self, e: &GpuError) {

@@ -71,8 +71,8 @@ pub struct CopyPoolConfig {
     /// and anything that waits for the whole device waits for it, forever while nothing is
     /// posted: a device-wide synchronisation, and freeing device or pinned host memory
     /// (`cuMemFree`, `cuMemFreeHost`). Only for a process that gives every stream a queue of
-    /// its own (`CUDA_DEVICE_MAX_CONNECTIONS`) and frees nothing while the pool lives. The
-    /// environment variable
+    /// its own (`CUDA_DEVICE_MAX_CONNECTIONS`) and calls [`CopyPool::disarm`] before freeing
+    /// anything while the pool lives. The environment variable
     /// `MORI_GPU_POOL_ARMED` (a number), when set, overrides it ([`CopyPool::new`]); HIP
     /// turns it off (never run on an AMD GPU).
     pub armed_depth: usize,

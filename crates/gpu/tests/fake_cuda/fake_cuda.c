@@ -11,7 +11,9 @@
  *     so a swapped argument or a wrong flag fails here as it would on a GPU;
  *   - FABRIC handles refused with CUDA_ERROR_NOT_PERMITTED (800), as without IMEX;
  *   - pinned host memory (cuMemHostAlloc must be asked for PORTABLE, or PORTABLE | DEVICEMAP;
- *     cuMemFreeHost refuses to free memory queued work still reads or writes); a DEVICEMAP
+ *     cuMemFreeHost refuses to free memory queued work still reads or writes); cuMemFree,
+ *     cuMemFreeHost and cuCtxSynchronize abort the process while a stream is blocked on a
+ *     wait the host has not satisfied (on a GPU they would wait for it); a DEVICEMAP
  *     block is device-addressable at its host address (cuMemHostGetDevicePointer_v2, as with
  *     unified addressing): copies, memsets, stream memory operations and kernels may use it;
  *   - five kernels: mori_test_fill(u32* out, u32 n, u32 base): out[i] = base + 3 * i, and
@@ -270,6 +272,18 @@ static void progress(void) {
             }
     }
 }
+/* Calls that wait for the whole device (cuCtxSynchronize, cuMemFree, cuMemFreeHost) wait on a
+ * GPU for every stream, also for one blocked on a value or an event only the host can give:
+ * forever when nothing else gives it. Here such a call aborts, naming itself. */
+static void device_wide(const char *call) {
+    progress();
+    for (struct stream *s = streams; s; s = s->next_stream)
+        if (s->head && !ready(s->head)) {
+            fprintf(stderr, "fake libcuda: %s waits for the whole device, but a stream is blocked on a %s the host has not given: a GPU would block here until it is\n",
+                    call, s->head->kind == OP_WAIT32 ? "stream wait-value" : "event wait");
+            abort();
+        }
+}
 static int live_stream(struct stream *s) {
     for (struct stream *x = streams; x; x = x->next_stream) if (x == s) return 1;
     return 0;
@@ -338,7 +352,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
 }
 API CUresult cuCtxSetCurrent(void *c) { if (c && c != CTX) return INVALID_CONTEXT; cur_ctx = c; return OK; }
 API CUresult cuCtxGetCurrent(void **c) { *c = cur_ctx; return OK; }
-API CUresult cuCtxSynchronize(void) { NEED_CTX; LOCKED((progress(), OK)); }
+API CUresult cuCtxSynchronize(void) { NEED_CTX; LOCKED((device_wide("cuCtxSynchronize"), OK)); }
 API CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { NEED_CTX; *f = 70ull << 30; *t = 80ull << 30; return OK; }
 API CUresult cuDeviceCanAccessPeer(int *v, CUdevice a, CUdevice b) { if (a != 0 || b != 0) return INVALID_DEVICE; *v = 0; return OK; }
 API CUresult cuCtxEnablePeerAccess(void *peer, unsigned flags) { NEED_CTX; (void)peer; (void)flags; return INVALID_DEVICE; }
@@ -359,7 +373,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { NEED_CTX; LOCKED(mem_allo
 static CUresult mem_free(CUdeviceptr p) {
     struct region *r = find(p, 1);
     if (!r || r->kind != R_ALLOC || r->base != p) return INVALID_VALUE;
-    progress();
+    device_wide("cuMemFree");
     munmap((void *)(uintptr_t)p, (r->size + PAGE - 1) / PAGE * PAGE);
     close(r->fd);
     r->kind = 0;
@@ -401,7 +415,7 @@ static int op_touches(const struct op *o, uint64_t base, uint64_t size) {
     }
 }
 static CUresult host_free(void *p) {
-    progress();
+    device_wide("cuMemFreeHost");
     for (int i = 0; i < MAXH; i++)
         if (hosts[i].size && hosts[i].base == (uint64_t)(uintptr_t)p) {
             for (struct stream *s = streams; s; s = s->next_stream)

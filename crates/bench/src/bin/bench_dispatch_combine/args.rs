@@ -512,10 +512,14 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
         )));
     }
     if inter_gpu && a.transport.is_none() {
-        let need = mori_ep::gpu_internode::needed_connections(w, nodes);
+        let armed = mori_gpu::armed_depth(0).map_err(|e| err(e.to_string()))? > 0;
+        let need = mori_ep::gpu_internode::needed_connections(w, nodes, armed);
         if need > 32 {
+            let per_rank = 2 + usize::from(armed);
             return Err(err(format!(
-                "--world-size {w} over xgmi: {need} streams (2 copy streams per rank and one kernel stream per node) but CUDA gives at most 32 hardware queues; at most 15 ranks in 2 nodes, or use --transport tcp"
+                "--world-size {w} over xgmi: {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) but CUDA gives at most 32 hardware queues; at most {} ranks in 2 nodes, or use --transport tcp",
+                if armed { ", one of them the armed launches' (MORI_GPU_POOL_ARMED)" } else { "" },
+                30 / per_rank
             )));
         }
     }
