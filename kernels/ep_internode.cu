@@ -9,9 +9,10 @@
 //   rank with the source's local index), one command per relay; the relay forwards each by P2P
 //   stores to its destination's dispatch segment for the source. Combine: destinations on
 //   another node than the source return rows to that node's relay (P2P stores into its gather
-//   area), the relay sums per token over its node's destinations ascending (an f32 partial) and
-//   sends one partial per token back; the source adds, per node ascending, its own node's rows
-//   (summed first) and the other nodes' partials (the reference's PerNode order).
+//   area), the relay sums per token over its node's destinations ascending in f32 and sends one
+//   partial per token back, rounded to the combine dtype (bf16: half the bytes of f32, as MORI's
+//   combine moves hidden x dtype bytes); the source adds, per node ascending, its own node's
+//   rows (summed first) and the other nodes' partials (the reference's PerNodeRounded order).
 // - V1: V1-LL with one record per (token, node): the record names every destination on the
 //   relay's node, and the relay stores it to each. Combine as V1-LL.
 // Below, "V1-LL" covers V1 too where not said otherwise.
@@ -36,7 +37,7 @@
 // destination, u32 index in its segment, u32 index among the tokens sent to its node (V1: that
 // index, then per local index of the node the index in that rank's segment or 0xffffffff). Combine
 // row (comb_bytes, 16-aligned): H elements of comb_elem bytes, K f32 weights. Partial
-// (part_bytes): H f32, K f32.
+// (part_bytes): H elements of comb_elem bytes, K f32 (comb_bytes' layout).
 //
 // Kernels, in stream order per call:
 //   mori_ie_dispatch_stage with blocks of its own, each for a share of the tokens: the layout
@@ -519,7 +520,6 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_recv(IePara
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
     const uint32_t* status = (const uint32_t*)a.status;
     const bool relay = ie_relay(p);
-    const uint32_t own = r / G;
     ie_stamp(p, a, b, IE_T_CRECVD);
     const bool ok = !ie_failed(status);
     const uint32_t T = ok ? a.num_tokens : 0;
@@ -598,13 +598,9 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_recv(IePara
                         for (int i = 0; i < 8; i++) a0[i] += q0[i], q0[i] = 0.0f, a1[i] += q1[i], q1[i] = 0.0f;
                     cur = node;
                 }
-                if (node != own) {
-                    ie_add8(q0, src + (uint64_t)h0 * 4);
-                    if (two) ie_add8(q1, src + (uint64_t)h1 * 4);
-                } else {
-                    ie_acc8(q0, src + (uint64_t)h0 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
-                    if (two) ie_acc8(q1, src + (uint64_t)h1 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
-                }
+                // Another node's partial (in the combine dtype, factor 1) or this node's row.
+                ie_acc8(q0, src + (uint64_t)h0 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
+                if (two) ie_acc8(q1, src + (uint64_t)h1 * p.comb_elem, p.comb_elem, gs.f[warp][j]);
             }
             if (relay && nd)
                 for (int i = 0; i < 8; i++) a0[i] += q0[i], a1[i] += q1[i];
@@ -621,8 +617,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_recv(IePara
                         if (cur != 0xffffffffu) sw += sp, sp = 0.0f;
                         cur = node;
                     }
-                    const uint64_t wrow = gs.row[warp][j] + (relay && node != own ? (uint64_t)p.hidden * 4 : xb);
-                    (relay ? sp : sw) += ((const float*)wrow)[k];
+                    (relay ? sp : sw) += ((const float*)(gs.row[warp][j] + xb))[k];
                 }
                 if (relay && nd) sw += sp;
                 ((float*)a.comb_out_w)[(uint64_t)t * p.top_k + k] = sw;

@@ -143,7 +143,7 @@ struct IeParams {
     uint32_t out_elem;   // 2 bf16, 4 f32
     uint32_t flags;
     uint32_t trace_blocks; // per-block trace rows per rank
-    uint32_t part_bytes; // V1-LL partial sum row: H f32, K f32, 16-aligned (0 under AsyncLL)
+    uint32_t part_bytes; // V1-LL partial sum row: H comb_elem-byte elements, K f32, 16-aligned (0 under AsyncLL)
 };
 
 MORI_DEVICE uint64_t ie_ctr(uint32_t world, uint32_t phase, uint32_t w, uint32_t which) {
@@ -389,13 +389,6 @@ MORI_DEVICE void ie_acc8(float* acc, const uint8_t* src, uint32_t elem, float f)
         const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
         for (int i = 0; i < 8; i++) acc[i] += mori_mul_rn(f, __builtin_bit_cast(float, wv[i]));
     }
-}
-
-// acc[0..8) += the 8 f32 at src (a partial sum: added as it is, no factor).
-MORI_DEVICE void ie_add8(float* acc, const uint8_t* src) {
-    const mori_vec16_t v0 = ((const mori_vec16_t*)src)[0], v1 = ((const mori_vec16_t*)src)[1];
-    const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    for (int i = 0; i < 8; i++) acc[i] += __builtin_bit_cast(float, wv[i]);
 }
 
 // Stores acc[0..8) at dst as elem-byte elements (2 bf16 rounded to nearest even, 4 f32).

@@ -159,9 +159,10 @@ MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint
     }
 }
 
-// Sums the nd rows at rows[0..nd) (H elem-byte elements each, times factors fs) per column,
-// rows in order, into H f32 at dst, with the lanes of a 32-thread group: four groups of 256
-// columns per pass, so that a lane has four loads in flight per row instead of one.
+// Sums the nd rows at rows[0..nd) (H elem-byte elements each, times factors fs) per column in
+// f32, rows in order, into H elem-byte elements at dst (bf16 rounded to nearest even), with the
+// lanes of a 32-thread group: four groups of 256 columns per pass, so that a lane has four
+// loads in flight per row instead of one.
 MORI_DEVICE void ie_sum_rows(uint8_t* dst, const uint64_t* rows, const float* fs, uint32_t nd, uint32_t hidden, uint32_t elem,
                              uint32_t lane) {
     for (uint32_t h0 = lane * 8; h0 < hidden; h0 += 1024) {
@@ -175,15 +176,16 @@ MORI_DEVICE void ie_sum_rows(uint8_t* dst, const uint64_t* rows, const float* fs
             }
         for (uint32_t g = 0; g < 4; g++) {
             const uint32_t h = h0 + 256 * g;
-            if (h < hidden) ie_store8(dst + (uint64_t)h * 4, 4, acc[g]);
+            if (h < hidden) ie_store8(dst + (uint64_t)h * elem, elem, acc[g]);
         }
     }
 }
 
 // The relay's combine step, by every block: for each other node m, once this node's ranks
 // returned their rows for the origin (gather counters, phase 2, writer slot m * gpn + local
-// index), one partial per token sent to m (H f32 sums over its destinations ascending with
-// their factors, then K f32 weight sums) into the staging for the origin, handed to the proxy
+// index), one partial per token sent to m (H sums over its destinations ascending with their
+// factors, in f32, stored in the combine dtype, then K f32 weight sums) into the staging for
+// the origin, handed to the proxy
 // as one command into the origin's combine segment for this rank.
 MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b, uint64_t deadline, IeFwd& sh, IeGather& gs, uint32_t lane,
                                  uint32_t warp, uint32_t nwarps) {
@@ -245,7 +247,7 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
             for (uint32_t k = lane; k < p.top_k && u < U; k += 32) {
                 float sw = 0.0f;
                 for (uint32_t e = 0; e < nd; e++) sw += ((const float*)(gs.row[warp][e] + xb))[k];
-                ((float*)(part + (uint64_t)p.hidden * 4))[k] = sw;
+                ((float*)(part + xb))[k] = sw;
             }
             mori_sync_group32();
         }

@@ -46,6 +46,20 @@ pub enum SumOrder {
     /// node's contributions before one partial crosses back). Equal to `Ascending` on one node
     /// or with one rank per node.
     PerNode,
+    /// [`SumOrder::PerNode`], with every other node's partial rounded to the combine input's
+    /// dtype before it is added (the source's own node's is not): the inter-node V1 and V1-LL
+    /// GPU kernels, whose relay sends its partial in that dtype, as MORI's internode combine
+    /// moves `hidden x dtype bytes` (+ f32 weights) per token (the MORI-EP RDMA bandwidth
+    /// document, `tokCombXferBytes`). The weight partials stay f32. Equal to `PerNode` for
+    /// f32 inputs.
+    PerNodeRounded,
+}
+
+impl SumOrder {
+    /// Whether contributions are summed per node first.
+    pub fn per_node(self) -> bool {
+        self != SumOrder::Ascending
+    }
 }
 
 /// Options of [`combine`].
@@ -132,7 +146,14 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
         let mut acc = vec![0f32; t_s * h];
         let mut wacc = weights.map(|_| vec![0f32; t_s * k]);
         // PerNode: contributions go to a node partial, added to the total when the node ends.
-        let per_node = opts.order == SumOrder::PerNode;
+        let per_node = opts.order.per_node();
+        let own = topo.node_of_rank(s);
+        // A node's partial as it reaches the sum: rounded to the input dtype when it crossed.
+        let round = |node: usize, part: &mut [f32]| {
+            if opts.order == SumOrder::PerNodeRounded && node != own {
+                part.iter_mut().for_each(|v| *v = X::from_f32(*v).to_f32());
+            }
+        };
         let mut part = vec![0f32; if per_node { h } else { 0 }];
         let mut wpart = vec![0f32; if per_node && weights.is_some() { k } else { 0 }];
         for t in 0..t_s {
@@ -145,7 +166,8 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
             let mut node = None;
             for &(r, row) in &delivered[s][t] {
                 if per_node && node != Some(topo.node_of_rank(r)) {
-                    if node.is_some() {
+                    if let Some(n) = node {
+                        round(n, &mut part);
                         flush(&mut part, &mut acc[t * h..(t + 1) * h]);
                         if let Some(wacc) = wacc.as_mut() {
                             flush(&mut wpart, &mut wacc[t * k..(t + 1) * k]);
@@ -166,7 +188,8 @@ pub fn combine<X: Element, O: CombineOut, I: TopkIndex>(
                     }
                 }
             }
-            if per_node && node.is_some() {
+            if let (true, Some(n)) = (per_node, node) {
+                round(n, &mut part);
                 flush(&mut part, &mut acc[t * h..(t + 1) * h]);
                 if let Some(wacc) = wacc.as_mut() {
                     flush(&mut wpart, &mut wacc[t * k..(t + 1) * k]);

@@ -1,5 +1,6 @@
 //! The reference combine's summation orders: `SumOrder::PerNode` (inter-node V1 / V1-LL: node
-//! partials, then summed over nodes) against `Ascending`, by hand and by property.
+//! partials, then summed over nodes) against `Ascending`, and `PerNodeRounded` (the GPU
+//! kernels': other nodes' partials in the input dtype), by hand and by property.
 
 mod common;
 
@@ -33,10 +34,46 @@ fn per_node_order_by_hand() {
     assert_eq!(run(SumOrder::PerNode), 1.0);
 }
 
+/// 2 nodes x 2 ranks, bf16 rows: rank 0's token routed to ranks 2 and 3 (node 1) whose rows are
+/// 1 and 2^-9. Node 1's f32 partial 1 + 2^-9 is not a bf16 (spacing 2^-7 at 1): PerNode
+/// returns it, PerNodeRounded (the partial crossing in bf16) rounds it to 1 first; the
+/// source's own node's partial is never rounded (rank 0's row 2^-9 routed to itself).
+#[test]
+fn per_node_rounded_by_hand() {
+    let cfg = config(4, 2, 1, 3, 16, 1);
+    let one = |ids: Vec<i32>| RankInput::<bf16, i32> {
+        x: Tensor2::filled(ids.len() / 3, 16, bf16::from_f32(0.0)).unwrap(),
+        weights: Tensor2::filled(ids.len() / 3, 3, 1.0).unwrap(),
+        scales: None,
+        indices: Tensor2::new(ids.len() / 3, 3, ids).unwrap(),
+    };
+    let run = |ids: Vec<i32>, rows: [f32; 4], order| {
+        let inp = vec![one(ids), one(vec![]), one(vec![]), one(vec![])];
+        let d = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+        let xs: Vec<Tensor2<bf16>> =
+            d.ranks.iter().enumerate().map(|(r, rr)| Tensor2::filled(rr.num_recv(), 16, bf16::from_f32(rows[r])).unwrap()).collect();
+        let idx: Vec<_> = inp.iter().map(|i| i.indices.clone()).collect();
+        let opts = CombineOptions { order, ..Default::default() };
+        combine::<bf16, f32, i32>(&cfg, &d.handle, &xs, None, &idx, opts).unwrap()[0].x.row(0).unwrap()[0]
+    };
+    let tiny = 2f32.powi(-9);
+    let far = [0.0, 0.0, 1.0, tiny];
+    assert_eq!(run(vec![2, 3, -1], far, SumOrder::PerNode), 1.0 + tiny);
+    assert_eq!(run(vec![2, 3, -1], far, SumOrder::PerNodeRounded), 1.0);
+    let near = [tiny, 0.0, 1.0, 0.0];
+    assert_eq!(run(vec![0, 2, -1], near, SumOrder::PerNodeRounded), tiny + 1.0, "own node's partial rounded");
+}
+
 /// Per-node oracle written out directly: for each source token, a partial per node over the
 /// receiving ranks (ascending), the partials added over nodes ascending, weighted by the
-/// rank's slot-weight sum.
-fn per_node_oracle(cfg: &EpConfig, d: &Dispatched<bf16, i64>, xs: &[Tensor2<f32>], inp: &[RankInput<bf16, i64>]) -> Vec<Vec<f32>> {
+/// rank's slot-weight sum; with `round`, each other node's partial passed through it first.
+fn per_node_oracle(
+    cfg: &EpConfig,
+    d: &Dispatched<bf16, i64>,
+    xs: &[Tensor2<f32>],
+    inp: &[RankInput<bf16, i64>],
+    round: Option<fn(f32) -> f32>,
+) -> Vec<Vec<f32>> {
     let (h, g, epr) = (cfg.hidden, cfg.gpus_per_node, cfg.experts_per_rank);
     let mut out = Vec::new();
     for (s, i) in inp.iter().enumerate() {
@@ -57,8 +94,9 @@ fn per_node_oracle(cfg: &EpConfig, d: &Dispatched<bf16, i64>, xs: &[Tensor2<f32>
                     }
                 }
                 if any {
+                    let r = round.filter(|_| node != s / g).unwrap_or(|v| v);
                     for (a, p) in acc[t * h..(t + 1) * h].iter_mut().zip(&part) {
-                        *a += p;
+                        *a += r(*p);
                     }
                 }
             }
@@ -91,7 +129,7 @@ proptest! {
             combine::<f32, f32, i64>(&cfg, &d.handle, &xs, Some(&ws), &idx, opts).unwrap()
         };
         let (asc, per) = (run(SumOrder::Ascending), run(SumOrder::PerNode));
-        let oracle = per_node_oracle(&cfg, &d, &xs, &inp);
+        let oracle = per_node_oracle(&cfg, &d, &xs, &inp, None);
         for s in 0..geo.0 {
             let got: Vec<u32> = per[s].x.as_slice().iter().map(|v| v.to_bits()).collect();
             let want: Vec<u32> = oracle[s].iter().map(|v| v.to_bits()).collect();
@@ -100,6 +138,35 @@ proptest! {
                 prop_assert_eq!(&per[s].x, &asc[s].x);
                 prop_assert_eq!(&per[s].weights, &asc[s].weights);
             }
+        }
+    }
+
+    /// PerNodeRounded equals the oracle with other nodes' partials rounded to bf16 (bf16
+    /// rows, f32 out), and PerNode whenever the rows are f32 (rounding to f32 changes nothing).
+    #[test]
+    fn per_node_rounded_matches_oracle(geo in prop_oneof![Just((4usize, 2usize)), Just((8, 4)), Just((8, 2)), Just((4, 1))],
+                                       k in 1usize..4, seed in any::<u64>()) {
+        let cfg = config(geo.0, geo.1, 2, k, 16, 5);
+        let mut rng = SplitMix64::new(seed);
+        let tokens: Vec<usize> = (0..geo.0).map(|_| rng.below(6) as usize).collect();
+        let inp = inputs(&cfg, &tokens, Mode::DeepEpMasked, &mut rng);
+        let d = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+        let xb: Vec<Tensor2<bf16>> = d.ranks.iter()
+            .map(|r| Tensor2::from_fn(r.num_recv(), 16, |_, _| bf16::from_f32((rng.below(1 << 16) as f32 - 3e4) * 1.37e-2)).unwrap())
+            .collect();
+        let xf: Vec<Tensor2<f32>> = xb.iter().map(|x| Tensor2::from_fn(x.rows(), 16, |i, j| x.row(i).unwrap()[j].to_f32()).unwrap()).collect();
+        let ws: Vec<Tensor2<f32>> = d.ranks.iter().map(|r| r.weights.clone()).collect();
+        let idx: Vec<_> = inp.iter().map(|i| i.indices.clone()).collect();
+        let opts = |order| CombineOptions { order, weighting: Weighting::RankSlotSum, ..Default::default() };
+        let rounded = combine::<bf16, f32, i64>(&cfg, &d.handle, &xb, Some(&ws), &idx, opts(SumOrder::PerNodeRounded)).unwrap();
+        let oracle = per_node_oracle(&cfg, &d, &xf, &inp, Some(|v| bf16::from_f32(v).to_f32()));
+        let f_rounded = combine::<f32, f32, i64>(&cfg, &d.handle, &xf, Some(&ws), &idx, opts(SumOrder::PerNodeRounded)).unwrap();
+        let f_per = combine::<f32, f32, i64>(&cfg, &d.handle, &xf, Some(&ws), &idx, opts(SumOrder::PerNode)).unwrap();
+        for s in 0..geo.0 {
+            let got: Vec<u32> = rounded[s].x.as_slice().iter().map(|v| v.to_bits()).collect();
+            let want: Vec<u32> = oracle[s].iter().map(|v| v.to_bits()).collect();
+            prop_assert_eq!(got, want, "rank {}", s);
+            prop_assert_eq!(&f_rounded[s], &f_per[s]);
         }
     }
 }

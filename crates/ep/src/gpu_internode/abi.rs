@@ -106,7 +106,8 @@ pub(crate) struct IeParams {
     pub flags: u32,
     /// Per-block trace rows per rank (blocks at or past it stamp nothing).
     pub trace_blocks: u32,
-    /// V1-LL partial row bytes (H f32, K f32, 16-aligned); 0 under AsyncLL.
+    /// V1-LL partial row bytes (H elements of `comb_elem` bytes, K f32, 16-aligned); 0 under
+    /// AsyncLL.
     pub part_bytes: u32,
 }
 

@@ -422,7 +422,7 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
         let xs: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
         let ws: Vec<Tensor2<f32>> = want.ranks.iter().enumerate().map(|(r, rr)| comb_weights(rr, r)).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
-        let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
+        let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.gpu_sum_order(), ..CombineOptions::default() };
         let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap();
         for r in 0..W {
             let st = mems[r].status();
@@ -849,7 +849,8 @@ fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
 /// The window's sizes at 2 nodes x 4 ranks (H 64 bf16, top-8, i64 ids, 16 tokens), worked out by
 /// hand: record tails (AsyncLL 4 B, V1-LL 16 B, V1 8 + 4 x 4 B), the relay header (4 u32 counts
 /// and the record count: 20 B, 32 with alignment), relay segments (V1-LL 4 records per token,
-/// V1 one), partial rows (64 f32 + 8 f32) and the gather area (combine rows only).
+/// V1 one), partial rows (64 bf16 + 8 f32, as combine rows) and the gather area (combine rows
+/// only).
 #[test]
 fn window_sizes_per_scheme_at_four_ranks_per_node() {
     let cfg = EpConfig::with_gpus_per_node(8, 4, 64, 16, 8, 16).unwrap();
@@ -859,8 +860,8 @@ fn window_sizes_per_scheme_at_four_ranks_per_node() {
     assert_eq!((a.rec_bytes, ll.rec_bytes, v1.rec_bytes), (240, 240, 256));
     assert_eq!((a.lay.relay_hdr, ll.lay.relay_hdr, v1.lay.relay_hdr), (0, 32, 32));
     assert_eq!((a.lay.seg_relay, ll.lay.seg_relay, v1.lay.seg_relay), (0, 32 + 16 * 4 * 240, 32 + 16 * 256));
-    assert_eq!((a.part_bytes, ll.part_bytes), (0, 288));
-    assert_eq!((a.lay.seg_comb, ll.lay.seg_comb, ll.lay.seg_gather), (16 * 160, 16 * 288, 16 * 160));
+    assert_eq!((a.part_bytes, ll.part_bytes), (0, 160));
+    assert_eq!((a.lay.seg_comb, ll.lay.seg_comb, ll.lay.seg_gather), (16 * 160, 16 * 160, 16 * 160));
     for l in [&a, &ll, &v1] {
         let end = l.lay.gather + 8 * l.lay.seg_gather;
         assert_eq!(l.lay.ctr, end, "{:?}: the pairs follow the gather area", l.scheme);

@@ -5,9 +5,9 @@
 //!   over ranks ascending.
 //! - V1-LL: one record per (token, destination rank) crosses to the destination node's relay
 //!   (the rank with the source's local index), one proxy command per relay; the relay forwards
-//!   each record by P2P stores. In combine the relay sums its node's rows per token (an f32
-//!   partial) and sends one partial per token back; the source sums per node
-//!   ([`crate::SumOrder::PerNode`]).
+//!   each record by P2P stores. In combine the relay sums its node's rows per token in f32 and
+//!   sends one partial per token back in the combine input's dtype (bf16: half the bytes, as
+//!   MORI's combine); the source sums per node ([`crate::SumOrder::PerNodeRounded`]).
 //! - V1: V1-LL with one record per (token, node), naming every destination on the relay's
 //!   node; the relay stores it to each. Combine as V1-LL.
 //!
@@ -68,8 +68,8 @@ pub struct InterLayout {
     pub comb_elem: usize,
     /// The scheme the layout serves.
     pub scheme: Scheme,
-    /// V1 and V1-LL: bytes of a relay's partial sum row (H f32, K f32; 16-aligned); 0 under
-    /// AsyncLL.
+    /// V1 and V1-LL: bytes of a relay's partial sum row (H elements of `comb_elem` bytes, K
+    /// f32; 16-aligned: `comb_bytes`); 0 under AsyncLL.
     pub part_bytes: usize,
     /// The kernel ABI's offsets.
     pub lay: abi::IeLayout,
@@ -118,7 +118,7 @@ impl InterLayout {
         };
         let rec_bytes = round16(row_bytes + k * 4 + k * idx_size + scale_bytes + tail);
         let comb_bytes = round16(cfg.hidden * comb_elem + k * 4);
-        let part_bytes = if relay { round16(cfg.hidden * 4 + k * 4) } else { 0 };
+        let part_bytes = if relay { round16(cfg.hidden * comb_elem + k * 4) } else { 0 };
         let ov = || EpError::SizeOverflow { what: "inter-node GPU window bytes", limit: "u64" };
         let (w, g) = (cfg.world_size as u64, cfg.gpus_per_node as u64);
         let nodes = w / g.max(1);

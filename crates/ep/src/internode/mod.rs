@@ -67,6 +67,16 @@ impl Scheme {
         }
     }
 
+    /// The combine summation order of this scheme's GPU kernels (`crate::gpu_internode`):
+    /// V1 and V1-LL send the relay's partial in the combine input's dtype
+    /// ([`SumOrder::PerNodeRounded`]), where the host executor sends it in f32.
+    pub fn gpu_sum_order(self) -> SumOrder {
+        match self {
+            Scheme::V1 | Scheme::V1LL => SumOrder::PerNodeRounded,
+            Scheme::AsyncLL => SumOrder::Ascending,
+        }
+    }
+
     /// Whether tokens pass through a relay rank.
     pub fn relays(self) -> bool {
         self != Scheme::AsyncLL
