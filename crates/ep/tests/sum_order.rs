@@ -106,6 +106,24 @@ fn per_node_oracle(
     out
 }
 
+type Routed = (EpConfig, SplitMix64, Vec<RankInput<bf16, i64>>, Dispatched<bf16, i64>);
+
+/// `geo` = (world, ranks per node), top-`k`, hidden 16: random token counts and routing from
+/// `seed`, dispatched; the generator goes on to make the rows.
+fn routed(geo: (usize, usize), k: usize, seed: u64) -> Routed {
+    let cfg = config(geo.0, geo.1, 2, k, 16, 5);
+    let mut rng = SplitMix64::new(seed);
+    let tokens: Vec<usize> = (0..geo.0).map(|_| rng.below(6) as usize).collect();
+    let inp = inputs(&cfg, &tokens, Mode::DeepEpMasked, &mut rng);
+    let d = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+    (cfg, rng, inp, d)
+}
+
+/// Every rank's received weights and every source's ids (combine's weight and index inputs).
+fn weights_and_ids(d: &Dispatched<bf16, i64>, inp: &[RankInput<bf16, i64>]) -> (Vec<Tensor2<f32>>, Vec<Tensor2<i64>>) {
+    (d.ranks.iter().map(|r| r.weights.clone()).collect(), inp.iter().map(|i| i.indices.clone()).collect())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -114,16 +132,11 @@ proptest! {
     #[test]
     fn per_node_matches_oracle(geo in prop_oneof![Just((4usize, 2usize)), Just((8, 4)), Just((8, 2)), Just((4, 4)), Just((4, 1))],
                                k in 1usize..4, seed in any::<u64>()) {
-        let cfg = config(geo.0, geo.1, 2, k, 16, 5);
-        let mut rng = SplitMix64::new(seed);
-        let tokens: Vec<usize> = (0..geo.0).map(|_| rng.below(6) as usize).collect();
-        let inp = inputs(&cfg, &tokens, Mode::DeepEpMasked, &mut rng);
-        let d = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+        let (cfg, mut rng, inp, d) = routed(geo, k, seed);
         let xs: Vec<Tensor2<f32>> = d.ranks.iter()
             .map(|r| Tensor2::from_fn(r.num_recv(), 16, |_, _| (rng.below(1 << 20) as f32 - 5e5) * 1.37e-3).unwrap())
             .collect();
-        let ws: Vec<Tensor2<f32>> = d.ranks.iter().map(|r| r.weights.clone()).collect();
-        let idx: Vec<_> = inp.iter().map(|i| i.indices.clone()).collect();
+        let (ws, idx) = weights_and_ids(&d, &inp);
         let run = |order| {
             let opts = CombineOptions { order, weighting: Weighting::RankSlotSum, ..Default::default() };
             combine::<f32, f32, i64>(&cfg, &d.handle, &xs, Some(&ws), &idx, opts).unwrap()
@@ -146,17 +159,12 @@ proptest! {
     #[test]
     fn per_node_rounded_matches_oracle(geo in prop_oneof![Just((4usize, 2usize)), Just((8, 4)), Just((8, 2)), Just((4, 1))],
                                        k in 1usize..4, seed in any::<u64>()) {
-        let cfg = config(geo.0, geo.1, 2, k, 16, 5);
-        let mut rng = SplitMix64::new(seed);
-        let tokens: Vec<usize> = (0..geo.0).map(|_| rng.below(6) as usize).collect();
-        let inp = inputs(&cfg, &tokens, Mode::DeepEpMasked, &mut rng);
-        let d = dispatch(&cfg, &inp, DispatchOptions::default()).unwrap();
+        let (cfg, mut rng, inp, d) = routed(geo, k, seed);
         let xb: Vec<Tensor2<bf16>> = d.ranks.iter()
             .map(|r| Tensor2::from_fn(r.num_recv(), 16, |_, _| bf16::from_f32((rng.below(1 << 16) as f32 - 3e4) * 1.37e-2)).unwrap())
             .collect();
         let xf: Vec<Tensor2<f32>> = xb.iter().map(|x| Tensor2::from_fn(x.rows(), 16, |i, j| x.row(i).unwrap()[j].to_f32()).unwrap()).collect();
-        let ws: Vec<Tensor2<f32>> = d.ranks.iter().map(|r| r.weights.clone()).collect();
-        let idx: Vec<_> = inp.iter().map(|i| i.indices.clone()).collect();
+        let (ws, idx) = weights_and_ids(&d, &inp);
         let opts = |order| CombineOptions { order, weighting: Weighting::RankSlotSum, ..Default::default() };
         let rounded = combine::<bf16, f32, i64>(&cfg, &d.handle, &xb, Some(&ws), &idx, opts(SumOrder::PerNodeRounded)).unwrap();
         let oracle = per_node_oracle(&cfg, &d, &xf, &inp, Some(|v| bf16::from_f32(v).to_f32()));
