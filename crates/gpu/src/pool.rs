@@ -530,7 +530,7 @@ impl CopyPool {
         };
         // SAFETY: forwarded contract.
         let r = unsafe { self.submit_on(dp, enqueue, make_done) };
-        dp.top_up();
+        dp.top_up(true);
         r
     }
 
@@ -566,23 +566,32 @@ impl CopyPool {
         // Made and boxed only now: the device already runs the copy.
         let done: CopyDone = Box::new(make_done());
         self.shared.pending.lock().push(Pending { dev: dp.device.0, slot, stream: ARMED_LANE, done, failed: None, flag_seq, asked: t1 });
-        dp.top_up();
+        dp.top_up(true);
         Ok(Ok(()))
     }
 
-    /// Lets every armed ordered-copy launch go for good ([`CopyPoolConfig::armed_depth`]) and
-    /// waits for them: afterwards nothing this pool queued waits for the host, so the process
-    /// may free device or pinned memory, or synchronise the device, while the pool lives.
-    /// Later ordered batches are launched when posted. Nothing to do (Ok) without armed
-    /// launches. Errors: `Io` (timed out) when a device's armed stream did not drain in 10 s.
+    /// Lets every armed ordered-copy launch go ([`CopyPoolConfig::armed_depth`]) and waits for
+    /// them: afterwards nothing this pool queued waits for the host, so the process may free
+    /// device or pinned memory, allocate, or synchronise the device, as long as it posts
+    /// nothing meanwhile: the next ordered batch posted on that device arms again;
+    /// completions do not. Nothing to do (Ok) without armed launches. Errors: `Io` (timed out) when a
+    /// device's armed stream did not drain in 10 s (the first such device's; every device is
+    /// tried).
     pub fn disarm(&self) -> Result<()> {
+        let mut first = Ok(());
         for dp in self.shared.devs.iter().filter_map(OnceLock::get) {
             if let Some(a) = dp.armed.as_ref() {
-                let back = a.disarm()?;
-                dp.free.lock().extend(back);
+                match a.disarm() {
+                    Ok(back) => dp.free.lock().extend(back),
+                    Err(e) => {
+                        if first.is_ok() {
+                            first = Err(e);
+                        }
+                    }
+                }
             }
         }
-        Ok(())
+        first
     }
 
     /// One completion step, run by the calling thread: completes every submission whose
@@ -632,10 +641,11 @@ impl DevPool {
 
     /// Arms this device's launches back up to [`CopyPoolConfig::armed_depth`] on free slots
     /// (none free: left for a later post or completion); nothing when the device has none.
-    /// Called after a post and after a completion step that completed an armed launch.
-    fn top_up(&self) {
+    /// Called after a post (`post`: it also ends a [`CopyPool::disarm`]) and after a
+    /// completion step that completed an armed launch.
+    fn top_up(&self, post: bool) {
         if let Some(a) = self.armed.as_ref() {
-            let back = a.top_up(|| self.free.lock().pop(), &self.slots);
+            let back = a.top_up(post, || self.free.lock().pop(), &self.slots);
             if !back.is_empty() {
                 self.free.lock().extend(back);
             }
@@ -864,7 +874,7 @@ impl Shared {
         rearm.dedup();
         for d in rearm {
             if let Some(dp) = self.devs.get(d as usize).and_then(OnceLock::get) {
-                dp.top_up();
+                dp.top_up(false);
             }
         }
         (done, mine.len())

@@ -1128,6 +1128,22 @@ fn copy_pool_armed_launches_copy_each_batch_with_no_launch_when_posted() -> R {
             st.ordered_launches, st.armed_fires
         ));
     }
+    // That post armed again: the next batch fires.
+    let s3 = mori_gpu::submit_stats();
+    // SAFETY: as above.
+    unsafe { ordered_wait(&pool, what, pair(2)) }?;
+    let st = mori_gpu::submit_stats().since(&s3);
+    rt.copy_dtoh(&mut back, &b.slice())?;
+    for sg in pair(2) {
+        let (so, d) = ((sg.src - a.ptr()) as usize, (sg.dst - b.ptr()) as usize);
+        check(&format!("{what}: the second batch after disarm, segment at {d}"), &back[d..d + sg.len as usize], |i| pat(i + so, 91))?;
+    }
+    if (st.ordered_launches, st.armed_fires) != (0, 1) {
+        return fail(format!(
+            "{what}: the second batch after disarm: {} launches and {} armed fires, expected 0 and 1 (the post before armed again)",
+            st.ordered_launches, st.armed_fires
+        ));
+    }
     let t = Instant::now();
     drop(pool);
     let took = t.elapsed();
@@ -1135,7 +1151,7 @@ fn copy_pool_armed_launches_copy_each_batch_with_no_launch_when_posted() -> R {
         return fail(format!("{what}: disarming took {disarm_took:?}, dropping the pool {took:?}"));
     }
     println!(
-        "{what}: 20 batches (1 launch, 19 armed fires), 2 back to back and 2 in one post (3 armed fires) checked byte for byte; disarmed in {disarm_took:?}, a buffer freed, the next batch launched (1 launch, 0 fires) and checked; the pool dropped in {took:?}"
+        "{what}: 20 batches (1 launch, 19 armed fires), 2 back to back and 2 in one post (3 armed fires) checked byte for byte; disarmed in {disarm_took:?}, a buffer freed, the next batch launched (1 launch, 0 fires), the one after fired (armed again), both checked; the pool dropped in {took:?}"
     );
     Ok(())
 }

@@ -269,7 +269,8 @@ pub trait Backend: Send + Sync {
     /// Lets go of work this backend queued ahead on a device that waits for the host (xgmi's
     /// armed ordered-copy launches, `mori_gpu::CopyPool::disarm`) and waits for it, so that the
     /// process may free device or pinned memory or synchronise the device while the engine
-    /// lives; later posts still work (launched when posted). Default: nothing queued ahead.
+    /// lives, posting nothing meanwhile (the next post may queue work ahead again). Default:
+    /// nothing queued ahead.
     /// Errors: the device work did not finish in its deadline.
     fn quiesce(&self) -> IoResult<()> {
         Ok(())

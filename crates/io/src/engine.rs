@@ -390,13 +390,17 @@ impl IoEngine {
     /// Lets go of device work the backends queued ahead that waits for the host (xgmi's armed
     /// ordered-copy launches: `XgmiConfig::armed_depth`, `MORI_GPU_POOL_ARMED`) and waits for
     /// it: call before freeing device or pinned memory, or synchronising the device, while
-    /// this engine lives. Posts after it still work, launched when posted. Errors: the first
-    /// backend's that failed (its device work did not finish in its deadline).
+    /// this engine lives, posting nothing meanwhile (the next post arms again). Errors: the
+    /// first backend's that failed (its device work did not finish in its deadline); every
+    /// backend is asked.
     pub fn quiesce(&self) -> IoResult<()> {
+        let mut first = Ok(());
         for b in self.inner.backends.read().iter() {
-            b.quiesce()?;
+            if let (Err(e), true) = (b.quiesce(), first.is_ok()) {
+                first = Err(e);
+            }
         }
-        Ok(())
+        first
     }
 
     /// Deregisters memory: no new transfer can use it; waits (up to the drain timeout) for

@@ -120,6 +120,17 @@ pub fn needed_connections(world: usize, nodes: usize, armed: bool) -> usize {
     world * (XGMI_STREAMS + usize::from(armed)) + nodes
 }
 
+/// Every engine's [`IoEngine::quiesce`] (all asked; the first error).
+pub(super) fn quiesce_engines(regs: &[(Arc<IoEngine>, MemoryDesc)]) -> GpuResult<()> {
+    let mut first = Ok(());
+    for (e, _) in regs {
+        if let (Err(err), true) = (e.quiesce(), first.is_ok()) {
+            first = Err(host_err("letting the engines' armed launches go", err));
+        }
+    }
+    first
+}
+
 /// The kernels of dispatch, as indices into [`KERNELS`], in launch order.
 const DISPATCH_KERNELS: [usize; 3] = [0, 1, 2];
 
@@ -417,6 +428,19 @@ impl InterNodeGpu {
     }
 
     /// One line: scheme, nodes x ranks, launch shape, both legs' paths.
+    /// Lets every rank's engine let go of device work queued ahead that waits for the host
+    /// (the copy pools' armed ordered-copy launches, on with `MORI_GPU_POOL_ARMED`) and waits
+    /// for it. While they are armed, anything that waits for the whole device waits for them,
+    /// forever: call this between calls before freeing device or pinned memory (the buffers
+    /// given to [`InterNodeGpu::dispatch_device`] among them), allocating, or synchronising
+    /// the device (`torch.cuda.synchronize()`). The next dispatch arms them again. Nothing to
+    /// do without armed launches; the drop does it itself. Errors: `Host` when a device's
+    /// armed stream did not drain in 10 s.
+    pub fn quiesce(&self) -> GpuResult<()> {
+        quiesce_engines(&self.regs)
+    }
+
+    /// The configuration line printed at start.
     pub fn describe(&self) -> String {
         self.describe.clone()
     }
@@ -573,15 +597,16 @@ impl Drop for InterNodeGpu {
         for s in &self.streams {
             let _ = s.synchronize();
         }
-        // Then the engines let go of device work that waits for the host (xgmi's armed
-        // ordered-copy launches, `MORI_GPU_POOL_ARMED`): freeing device or pinned memory below
-        // waits for the whole device, so it would wait for them forever.
-        for (e, _) in &self.regs {
-            if let Err(err) = e.quiesce() {
-                tracing::warn!(error = %err, "inter-node EP: an engine's device work did not finish before the buffers are freed");
-            }
-        }
+        // The proxies stop (nothing posts any more), then the engines let go of device work
+        // that waits for the host (xgmi's armed ordered-copy launches, `MORI_GPU_POOL_ARMED`):
+        // freeing device or pinned memory below waits for the whole device, so it would wait
+        // for them forever. If they cannot, the buffers are leaked instead.
         self.proxies.clear();
+        if let Err(err) = quiesce_engines(&self.regs) {
+            tracing::warn!(error = %err, "inter-node EP: the engines' armed launches did not finish: the windows, rings and buffers are leaked, not freed");
+            std::mem::forget(std::mem::take(&mut self.ranks));
+            std::mem::forget(std::mem::take(&mut self.abi));
+        }
         for (e, m) in &self.regs {
             let _ = e.deregister_memory(m);
         }

@@ -21,8 +21,9 @@
 //! `torch.cuda.synchronize()`, and freeing device or pinned host memory (`cuMemFree`,
 //! `cuMemFreeHost` synchronise the device). So it is off unless asked for, and only for a
 //! process that disarms the pool ([`Armed::disarm`], `CopyPool::disarm`) before freeing
-//! anything while the pool lives: every armed launch goes (its table says copy nothing), the
-//! stream is waited for and nothing is armed again. Dropping the pool does the same.
+//! anything while the pool lives, and posts nothing until it is done: every armed launch goes
+//! (its table says copy nothing), the stream is waited for, and nothing is armed until the next
+//! post. Dropping the pool lets them go the same way.
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -162,6 +163,8 @@ pub(super) struct Armed {
     arming: Mutex<()>,
     /// Set after a failed arm: later batches are launched as before (said once).
     off: AtomicBool,
+    /// Set by [`Armed::disarm`], cleared by the next post: completions do not arm meanwhile.
+    held: AtomicBool,
 }
 
 impl Armed {
@@ -188,6 +191,7 @@ impl Armed {
             book: Mutex::new(Book::default()),
             arming: Mutex::new(()),
             off: AtomicBool::new(false),
+            held: AtomicBool::new(false),
         })
     }
 
@@ -235,18 +239,29 @@ impl Armed {
 
     /// Arms launches until `depth` are armed or running, each on a free pool slot from
     /// `take_slot` (none free: arming waits for a later call), whose event `slots` gives; the
-    /// slot stays the launch's until it fired and completed. A thread that finds another one
-    /// arming leaves it to that one. A failed driver call stops arming for good on this device,
-    /// logged once; launches armed before it stay usable. Returns the slots taken for launches
-    /// that failed to arm (no event recorded), for the caller to free.
-    pub(super) fn top_up(&self, mut take_slot: impl FnMut() -> Option<usize>, slots: &[Slot]) -> Vec<usize> {
+    /// slot stays the launch's until it fired and completed. `post`: called after a post,
+    /// which ends a [`Armed::disarm`]; otherwise (after a completion) nothing is armed while
+    /// disarmed. A thread that finds another one arming leaves it to that one. A failed driver
+    /// call stops arming for good on this device, logged once; launches armed before it stay
+    /// usable. Returns the slots taken for launches that failed to arm (no event recorded),
+    /// for the caller to free.
+    pub(super) fn top_up(&self, post: bool, mut take_slot: impl FnMut() -> Option<usize>, slots: &[Slot]) -> Vec<usize> {
         let mut give_back = Vec::new();
+        if post {
+            self.held.store(false, Ordering::Release);
+        }
         if self.off.load(Ordering::Relaxed) {
             return give_back;
         }
         let (Some(base), Some(_arming)) = (self.host.device_ptr(), self.arming.try_lock()) else {
             return give_back;
         };
+        // Checked again holding `arming`: a disarm that began before it returns first (it
+        // holds `arming` while it lets the launches go), one that begins after waits for this
+        // thread and lets go of what it armed.
+        if self.held.load(Ordering::Acquire) || self.off.load(Ordering::Relaxed) {
+            return give_back;
+        }
         while self.book.lock().to_arm(self.depth) > 0 {
             let Some(slot) = take_slot() else { break };
             let (seq, index) = self.book.lock().take_seq(self.depth);
@@ -291,15 +306,14 @@ impl Armed {
         give_back
     }
 
-    /// Lets every armed launch go for good: none is armed after it (later batches are
-    /// launched when posted), the ones armed run with tables that copy nothing, and it waits
-    /// (up to [`DRAIN_WAIT`]) for the stream, so that nothing queued on the device waits for
-    /// the host any more. Launches fired before it complete as usual. Returns the pool slots
-    /// the let-go launches held (their events recorded and complete), for the caller to free.
-    /// Errors: `Io` (timed out) when the stream did not drain (the slots are kept: the caller frees
-    /// none).
+    /// Lets every armed launch go: the ones armed run with tables that copy nothing, and it
+    /// waits (up to [`DRAIN_WAIT`]) for the stream, so that nothing queued on the device waits
+    /// for the host any more; none is armed again until the next post ([`Armed::top_up`]).
+    /// Launches fired before it complete as usual. Returns the pool slots the let-go launches
+    /// held (their events recorded and complete), for the caller to free. Errors: `Io` (timed
+    /// out) when the stream did not drain (the slots are kept: the caller frees none).
     pub(super) fn disarm(&self) -> Result<Vec<usize>> {
-        self.off.store(true, Ordering::Relaxed);
+        self.held.store(true, Ordering::Release);
         // A thread arming finishes first (its number is then in the book and let go below).
         let _arming = self.arming.lock();
         let (last, slots) = {

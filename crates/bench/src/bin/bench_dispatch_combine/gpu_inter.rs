@@ -78,12 +78,16 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         combine_rows: !a.combine_staging,
         recv_in_window: !a.recv_copy_out,
     };
-    let mut ep = InterNodeGpu::new(rt.clone(), Device(0), cfg, sz, opts)?;
-    println!("{}", ep.describe());
     let w = cfg.world_size;
     let rb: Vec<RankBytes<'_>> = (0..w)
         .map(|r| RankBytes { tokens: inp.idx[r].rows(), x: &host[r].x, weights: &host[r].w, idx: &host[r].idx, scales: &host[r].scales })
         .collect();
+    // --device-api: every rank's inputs in device buffers, uploaded once, before the object
+    // exists so that they are freed after it (its drop lets armed copy launches go first:
+    // `InterNodeGpu::quiesce`).
+    let dev_bufs = if a.device_api { Some(upload_inputs(&rt, &rb)?) } else { None };
+    let mut ep = InterNodeGpu::new(rt.clone(), Device(0), cfg, sz, opts)?;
+    println!("{}", ep.describe());
     // Combine inputs: a function of each received row's source (as the intranode bench).
     let h = cfg.hidden;
     let comb_rows = |r: usize| -> Vec<u8> {
@@ -100,8 +104,6 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         v
     };
     let cx: Vec<Vec<u8>> = (0..w).map(comb_rows).collect();
-    // --device-api: every rank's inputs in device buffers, uploaded once.
-    let dev_bufs = if a.device_api { Some(upload_inputs(&rt, &rb)?) } else { None };
     let dev_in: Option<Vec<DeviceRankInputs<'_>>> = dev_bufs.as_ref().map(|b| device_inputs(&rb, b, cfg.scale_dim > 0)).transpose()?;
     println!(
         "calls: {}",
@@ -429,7 +431,19 @@ fn check(
         order: Scheme::from_kernel_type(cfg.kernel_type).gpu_sum_order(),
         ..CombineOptions::default()
     };
-    let want = match combine::<f32, f32, i64>(cfg, handle, &xs, Some(&ws), idx, opts) {
+    // In the combine dtype: V1/V1-LL round other nodes' partials to it (PerNodeRounded).
+    let want = match a.combine_dtype {
+        CombDType::F32 => combine::<f32, f32, i64>(cfg, handle, &xs, Some(&ws), idx, opts),
+        CombDType::Bf16 => {
+            let xb: Vec<Tensor2<bf16>> = xs
+                .iter()
+                .map(|x| Tensor2::new(x.rows(), x.cols(), x.as_slice().iter().map(|&v| bf16::from_f32(v)).collect()))
+                .collect::<Result<_, _>>()
+                .unwrap_or_default();
+            combine::<bf16, f32, i64>(cfg, handle, &xb, Some(&ws), idx, opts)
+        }
+    };
+    let want = match want {
         Ok(w) => w,
         Err(e) => {
             println!("check: the reference combine failed: {e}");
