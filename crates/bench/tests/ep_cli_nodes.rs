@@ -5,13 +5,56 @@
 use std::process::Command;
 
 fn run(args: &[&str]) -> (i32, String) {
+    run_env(args, &[])
+}
+
+fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_bench_dispatch_combine"))
         .args(args)
         .env("MORI_GPU_RUNTIME", "auto")
+        .env_remove("MORI_GPU_POOL_ARMED")
+        .envs(env.iter().copied())
         .output()
         .expect("spawn bench_dispatch_combine");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.code().unwrap_or(-1), text)
+}
+
+/// With armed copy launches (`MORI_GPU_POOL_ARMED`) each rank's engine needs one stream more:
+/// the xgmi limit counts it and says so; a bad value names the variable and its range.
+#[test]
+fn armed_launches_count_in_the_stream_limit() {
+    let geo = [
+        "--kernel-type",
+        "v1",
+        "--world-size",
+        "12",
+        "--num-nodes",
+        "2",
+        "--num-tokens",
+        "8",
+        "--hidden",
+        "256",
+        "--num-experts",
+        "48",
+        "--top-k",
+        "2",
+    ];
+    let (code, text) = run_env(&geo, &[("MORI_GPU_POOL_ARMED", "2")]);
+    assert_eq!(code, 1, "{text}");
+    for want in [
+        "--world-size 12 over xgmi: 38 streams (3 copy streams per rank, one of them the armed launches' (MORI_GPU_POOL_ARMED)",
+        "at most 10 ranks in 2 nodes",
+    ] {
+        assert!(text.contains(want), "wanted {want:?} in {text}");
+    }
+    let four = with_small(&["--kernel-type", "v1", "--world-size", "16", "--num-nodes", "4"]);
+    let four: Vec<&str> = four.iter().map(String::as_str).collect();
+    let (_, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "1")]);
+    assert!(text.contains("52 streams") && text.contains("at most 8 ranks in 4 nodes"), "{text}");
+    let (code, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "x")]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("MORI_GPU_POOL_ARMED=\"x\"") && text.contains("0 (off) to 8"), "{text}");
 }
 
 const SMALL: &[&str] = &["--num-tokens", "8", "--hidden", "256", "--num-experts", "32", "--top-k", "2"];
@@ -63,7 +106,7 @@ fn node_refusals_name_the_users_flags() {
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--lanes", "8"], &["--lanes on GPUs sets the TCP lanes of --transport tcp"]),
         (
             &["--kernel-type", "async_ll", "--world-size", "32", "--num-nodes", "2"],
-            &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
+            &["--world-size 32 over xgmi: 66 streams", "at most 14 ranks in 2 nodes"],
         ),
         (&["--world-size", "16", "--gpus-per-node", "6"], &["--gpus-per-node 6 must divide --world-size 16"]),
         (&["--proxy-spin-us", "10"], &["--proxy-spin-us/--copy-blocks/--combine-staging/--recv-copy-out/--device-api apply to the GPU inter-node kernels (--kernel-type v1, v1_ll or async_ll on GPUs) and their proxies; this run is not one of them (--kernel-type intranode)"]),
@@ -88,7 +131,7 @@ fn node_refusals_name_the_users_flags() {
         ),
         (
             &["--kernel-type", "v1_ll", "--world-size", "32", "--num-nodes", "2"],
-            &["--world-size 32 over xgmi: 66 streams", "at most 15 ranks"],
+            &["--world-size 32 over xgmi: 66 streams", "at most 14 ranks in 2 nodes"],
         ),
         (&["--kernel-type", "async_ll", "--num-nodes", "2", "--copy-blocks", "0"], &["--copy-blocks 0: give 1..=1024"]),
         (

@@ -810,11 +810,13 @@ fn copy_pool_ordered(host_flags: bool, kernel: Option<bool>) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     let rt = rt()?;
     let cfg = CopyPoolConfig { num_events: 4, host_flags: Some(host_flags), ordered_kernel: kernel, ..CopyPoolConfig::default() };
-    let pool = CopyPool::new(rt.clone(), cfg, "test-ordered")?;
-    let what = format!("ordered batches (host_flags {host_flags}, kernel {kernel:?})");
     let (big, len) = (1usize << 20, 2usize << 20);
     let a = rt.alloc(DEV, len)?;
     let b = rt.alloc(DEV, len)?;
+    // After the buffers, so dropped before them (with `MORI_GPU_POOL_ARMED` set, a free while
+    // launches are armed would wait for them).
+    let pool = CopyPool::new(rt.clone(), cfg, "test-ordered")?;
+    let what = format!("ordered batches (host_flags {host_flags}, kernel {kernel:?})");
     let stats0 = mori_gpu::submit_stats();
     for k in 0..20u8 {
         rt.copy_htod(&a.slice(), &pattern(len, k))?;
@@ -907,11 +909,12 @@ fn copy_pool_grouped(kernel: Option<bool>) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     let rt = rt()?;
     let cfg = CopyPoolConfig { num_events: 4, ordered_kernel: kernel, ..CopyPoolConfig::default() };
-    let pool = CopyPool::new(rt.clone(), cfg, "test-grouped")?;
-    let what = format!("grouped batches (kernel {kernel:?})");
     let len = 8usize << 20;
     let a = rt.alloc(DEV, len)?;
     let b = rt.alloc(DEV, len)?;
+    // After the buffers, so dropped before them (as in copy_pool_ordered).
+    let pool = CopyPool::new(rt.clone(), cfg, "test-grouped")?;
+    let what = format!("grouped batches (kernel {kernel:?})");
     rt.copy_htod(&a.slice(), &pattern(len, 61))?;
     rt.memset(&b.slice(), 0)?;
     let (ap, bp) = (a.ptr(), b.ptr());
@@ -1164,7 +1167,8 @@ fn grouped_probe(kernel: Option<bool>, armed_depth: usize) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     use std::sync::atomic::{AtomicU64, Ordering};
     let rt = rt()?;
-    let what = format!("grouped probe (kernel {kernel:?}, armed {armed_depth})");
+    // The depth in effect (`MORI_GPU_POOL_ARMED` overrides the one asked for).
+    let what = format!("grouped probe (kernel {kernel:?}, armed {})", mori_gpu::armed_depth(armed_depth).unwrap_or(armed_depth));
     let seg = 8usize << 20;
     let stride = seg + 64;
     let src = rt.alloc(DEV, 2 * stride)?;
@@ -1243,7 +1247,8 @@ fn ordered_probe(kernel: Option<bool>, armed_depth: usize) -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
     use std::sync::atomic::{AtomicU64, Ordering};
     let rt = rt()?;
-    let what = format!("ordered probe (kernel {kernel:?}, armed {armed_depth})");
+    // The depth in effect (`MORI_GPU_POOL_ARMED` overrides the one asked for).
+    let what = format!("ordered probe (kernel {kernel:?}, armed {})", mori_gpu::armed_depth(armed_depth).unwrap_or(armed_depth));
     let big = 16usize << 20;
     let src = rt.alloc(DEV, big + 64)?;
     let mut host = rt.alloc_mapped(DEV, big + 64)?;

@@ -427,7 +427,6 @@ impl InterNodeGpu {
         })
     }
 
-    /// One line: scheme, nodes x ranks, launch shape, both legs' paths.
     /// Lets every rank's engine let go of device work queued ahead that waits for the host
     /// (the copy pools' armed ordered-copy launches, on with `MORI_GPU_POOL_ARMED`) and waits
     /// for it. While they are armed, anything that waits for the whole device waits for them,
@@ -440,7 +439,7 @@ impl InterNodeGpu {
         quiesce_engines(&self.regs)
     }
 
-    /// The configuration line printed at start.
+    /// One line: scheme, nodes x ranks, launch shape, both legs' paths.
     pub fn describe(&self) -> String {
         self.describe.clone()
     }

@@ -385,7 +385,7 @@ mod tests {
     }
 
     #[test]
-    fn numbers_are_armed_in_order_and_fire_oldest_first_never_zero() {
+    fn numbers_are_armed_in_order_fire_oldest_first_and_wrap() {
         let mut b = Book::default();
         assert_eq!(b.to_arm(2), 2);
         let (s, t) = b.take_seq(2);

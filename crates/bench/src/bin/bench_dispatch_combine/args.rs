@@ -516,10 +516,11 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
         let need = mori_ep::gpu_internode::needed_connections(w, nodes, armed);
         if need > 32 {
             let per_rank = 2 + usize::from(armed);
+            // The most ranks that split evenly over the nodes and fit.
+            let most = (32usize.saturating_sub(nodes) / per_rank) / nodes.max(1) * nodes.max(1);
             return Err(err(format!(
-                "--world-size {w} over xgmi: {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) but CUDA gives at most 32 hardware queues; at most {} ranks in 2 nodes, or use --transport tcp",
+                "--world-size {w} over xgmi: {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) but CUDA gives at most 32 hardware queues; at most {most} ranks in {nodes} nodes, or use --transport tcp",
                 if armed { ", one of them the armed launches' (MORI_GPU_POOL_ARMED)" } else { "" },
-                30 / per_rank
             )));
         }
     }
