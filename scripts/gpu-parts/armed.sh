@@ -6,13 +6,17 @@
 # (MORI_GPU_POOL_ARMED=2): its GPU tests (the object's drop disarms the engines before it
 # frees), the leg alone against bench_engine and the 2 x 4 decode rows, each armed and not in
 # alternating order. A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends
-# to $OUT/armed.txt. ARMED_EP=0 stops after the copy pool's tests.
+# to $OUT/armed.txt. ARMED_EP=0 stops after the copy pool's tests; ARMED_EP_TESTS=0 skips the
+# EP's GPU tests, ARMED_TS the leg-alone token counts (default "32 128 512"), ARMED_DECODE the
+# decode runs (kernel type:order of armed depths, default "async_ll:0220 v1_ll:20 v1:02").
 ar_log="$OUT/armed.txt"
 step "armed: the copy pool's GPU tests"
 logged "$ar_log" 300 12 "^$" "the copy pool's GPU tests" "$B/gpu" --ignored --test-threads=1 --nocapture copy_pool
 if [ "${ARMED_EP:-1}" = 1 ]; then
-  step "armed: the inter-node EP GPU tests with armed launches"
-  logged "$ar_log" 240 20 "^$" "ep internode GPU tests, MORI_GPU_POOL_ARMED=2" env MORI_GPU_POOL_ARMED=2 "$B/ep_internode_gpu" --ignored --test-threads=1
+  if [ "${ARMED_EP_TESTS:-1}" = 1 ]; then
+    step "armed: the inter-node EP GPU tests with armed launches"
+    logged "$ar_log" 240 20 "^$" "ep internode GPU tests, MORI_GPU_POOL_ARMED=2" env MORI_GPU_POOL_ARMED=2 "$B/ep_internode_gpu" --ignored --test-threads=1
+  fi
   arl() { ep_logged "$ar_log" 14 "^copy pools|^calls: |^spread|^host time" "$@"; }
   # ar_ab NAME ORDER ARGS...: this build's bench_dispatch_combine ARGS --device-api, once per
   # letter of ORDER: 0 not armed, 2 two launches armed per engine.
@@ -25,7 +29,7 @@ if [ "${ARMED_EP:-1}" = 1 ]; then
   }
   leg1="--world-size 2 --num-nodes 2 --zero-token-ranks 1 --remote-only-ranks 0 --iters 50 --warmup 5"
   round=0
-  for t in 32 128 512; do
+  for t in ${ARMED_TS:-32 128 512}; do
     round=$((round + 1))
     step "armed: the leg alone, T = $t, against bench_engine at $((t * 14448)) B"
     order=02
@@ -37,7 +41,7 @@ if [ "${ARMED_EP:-1}" = 1 ]; then
       --iters 200 --warmup-iters 20 --log-level warning
   done
   step "armed: 2 x 4 decode over xgmi"
-  ar_ab "async_ll decode xgmi" 0220 --kernel-type async_ll --num-nodes 2 $EP_DEC
-  ar_ab "v1_ll decode xgmi" 20 --kernel-type v1_ll --num-nodes 2 $EP_DEC
-  ar_ab "v1 decode xgmi" 02 --kernel-type v1 --num-nodes 2 $EP_DEC
+  for kd in ${ARMED_DECODE:-async_ll:0220 v1_ll:20 v1:02}; do
+    ar_ab "${kd%%:*} decode xgmi" "${kd##*:}" --kernel-type "${kd%%:*}" --num-nodes 2 $EP_DEC
+  done
 fi
