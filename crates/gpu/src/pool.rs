@@ -574,9 +574,9 @@ impl CopyPool {
     /// them: afterwards nothing this pool queued waits for the host, so the process may free
     /// device or pinned memory, allocate, or synchronise the device, as long as it posts
     /// nothing meanwhile: the next ordered batch posted on that device arms again;
-    /// completions do not. Nothing to do (Ok) without armed launches. Errors: `Io` (timed out) when a
-    /// device's armed stream did not drain in 10 s (the first such device's; every device is
-    /// tried).
+    /// completions do not. Nothing to do (Ok) without armed launches. Errors: `Io` (timed
+    /// out) when a device's armed stream did not drain in 10 s (the first such device's;
+    /// every device is tried).
     pub fn disarm(&self) -> Result<()> {
         let mut first = Ok(());
         for dp in self.shared.devs.iter().filter_map(OnceLock::get) {

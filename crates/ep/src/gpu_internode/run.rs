@@ -250,7 +250,8 @@ impl InterNodeGpu {
                     format!(
                         "the xgmi leg of {w} ranks uses {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) and each needs a hardware queue of its own, or a copy can wait behind a kernel that waits for it; set it to {need}..=32 before the process creates its CUDA context (at most {} ranks then)",
                         if armed { ", one of them the armed launches'" } else { "" },
-                        (32 - w / g) / per_rank
+                        // The most ranks that split evenly over the nodes and fit.
+                        (32usize.saturating_sub(w / g) / per_rank) / (w / g) * (w / g)
                     ),
                 ));
             }
