@@ -86,12 +86,21 @@ MORI_DEVICE uint32_t ep_flood_word(uint32_t c, uint32_t w) {
     return x ^ (x >> 13);
 }
 
+// Per warp of a block, whether it stops (lane 0's read of the fault word, so that the whole
+// warp leaves its loop together: lanes reading the word themselves could see a fault another
+// warp set between their reads, and some would wait at the next group sync forever).
+struct FloodStop {
+    uint32_t stop[32];
+};
+
 MORI_KERNEL void mori_ep_ring_flood(FloodParams p) {
     const uint32_t lane = mori_thread_idx() % 32;
     const uint32_t warps = mori_block_dim() / 32;
-    const uint32_t gw = mori_block_idx() * warps + mori_thread_idx() / 32;
+    const uint32_t warp = mori_thread_idx() / 32;
+    const uint32_t gw = mori_block_idx() * warps + warp;
     const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
     uint32_t* status = (uint32_t*)p.status;
+    MORI_SHARED_STRUCT(FloodStop, sh);
     for (uint32_t j = 0; j < p.per_warp; j++) {
         const uint32_t c = gw * p.per_warp + j;
         uint32_t* dst = (uint32_t*)(p.src + (uint64_t)c * p.chunk);
@@ -107,9 +116,12 @@ MORI_KERNEL void mori_ep_ring_flood(FloodParams p) {
                     status[2] = c;
                 }
             }
+            sh.stop[warp] = *(volatile uint32_t*)status; // a full ring anywhere: stop pushing
         }
         mori_sync_group32();
-        if (*(volatile uint32_t*)status) break; // a full ring anywhere: stop pushing
+        // Lane 0 writes it again only after the next iteration's first group sync, which every
+        // lane reaches after this read.
+        if (sh.stop[warp]) break;
     }
 }
 
