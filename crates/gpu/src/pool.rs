@@ -578,20 +578,11 @@ impl CopyPool {
     /// out) when a device's armed stream did not drain in 10 s (the first such device's;
     /// every device is tried).
     pub fn disarm(&self) -> Result<()> {
-        let mut first = Ok(());
-        for dp in self.shared.devs.iter().filter_map(OnceLock::get) {
-            if let Some(a) = dp.armed.as_ref() {
-                match a.disarm() {
-                    Ok(back) => dp.free.lock().extend(back),
-                    Err(e) => {
-                        if first.is_ok() {
-                            first = Err(e);
-                        }
-                    }
-                }
-            }
-        }
-        first
+        // Every device asked (`fold` runs them all), the first error kept (`and`).
+        let devs = self.shared.devs.iter().filter_map(OnceLock::get);
+        devs.filter_map(|dp| Some((dp, dp.armed.as_ref()?)))
+            .map(|(dp, a)| a.disarm().map(|back| dp.free.lock().extend(back)))
+            .fold(Ok(()), Result::and)
     }
 
     /// One completion step, run by the calling thread: completes every submission whose

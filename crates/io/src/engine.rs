@@ -394,13 +394,8 @@ impl IoEngine {
     /// first backend's that failed (its device work did not finish in its deadline); every
     /// backend is asked.
     pub fn quiesce(&self) -> IoResult<()> {
-        let mut first = Ok(());
-        for b in self.inner.backends.read().iter() {
-            if let (Err(e), true) = (b.quiesce(), first.is_ok()) {
-                first = Err(e);
-            }
-        }
-        first
+        // Every backend asked (`fold` runs them all), the first error kept (`and`).
+        self.inner.backends.read().iter().map(|b| b.quiesce()).fold(Ok(()), Result::and)
     }
 
     /// Deregisters memory: no new transfer can use it; waits (up to the drain timeout) for

@@ -122,13 +122,7 @@ pub fn needed_connections(world: usize, nodes: usize, armed: bool) -> usize {
 
 /// Every engine's [`IoEngine::quiesce`] (all asked; the first error).
 pub(super) fn quiesce_engines(regs: &[(Arc<IoEngine>, MemoryDesc)]) -> GpuResult<()> {
-    let mut first = Ok(());
-    for (e, _) in regs {
-        if let (Err(err), true) = (e.quiesce(), first.is_ok()) {
-            first = Err(host_err("letting the engines' armed launches go", err));
-        }
-    }
-    first
+    regs.iter().map(|(e, _)| e.quiesce()).fold(Ok(()), Result::and).map_err(|err| host_err("letting the engines' armed launches go", err))
 }
 
 /// The kernels of dispatch, as indices into [`KERNELS`], in launch order.
