@@ -336,13 +336,14 @@ MORI_DEVICE uint32_t ie_source_of(const IeParams& p, const IeRank& a, uint32_t i
 // with more blocks per rank than the co-resident kernels (its own blocks_per_rank).
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_recv(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, sh);
+    MORI_SHARED_STRUCT(IeOk, oksh);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, tid = mori_thread_idx();
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
     const uint32_t* status = (const uint32_t*)a.status;
     ie_stamp(p, a, b, IE_T_COPY0);
-    const bool ok = !ie_failed(status);
+    const bool ok = ie_block_ok(status, oksh);
     const uint32_t N = ok ? status[0] : 0;
     const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
     const uint32_t kw = p.top_k * 4, ki = p.top_k * p.idx_size;
@@ -395,13 +396,14 @@ MORI_DEVICE uint64_t ie_comb_dest(const IeParams& p, uint32_t r, uint32_t s, uin
 // V1 decode at 2 x 4 on an H100.)
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, last);
+    MORI_SHARED_STRUCT(IeOk, oksh);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, tid = mori_thread_idx();
     const uint32_t lane = tid % 32, warp = tid / 32, nwarps = mori_block_dim() / 32;
     uint32_t* status = (uint32_t*)a.status;
     ie_stamp(p, a, b, IE_T_COMB0);
-    if (ie_failed(status)) return;
+    if (!ie_block_ok(status, oksh)) return;
     const uint32_t N = status[0];
     if (N > a.comb_rows) {
         if (tid == 0 && b == 0) ie_error(status, IE_ERR_COMBINE_ROWS, a.comb_rows, N, 0);
@@ -439,6 +441,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
 // 66-117 µs, V1 decode at 2 x 4 on an H100).
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_relay(IeParams p) {
     MORI_SHARED_STRUCT(IeFwd, fw);
+    MORI_SHARED_STRUCT(IeOk, oksh);
     MORI_SHARED_STRUCT(IeGather, gs);
     MORI_SHARED_STRUCT(IeLast, last);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
@@ -447,7 +450,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_relay(IeParams p) {
     uint32_t* status = (uint32_t*)a.status;
     const uint64_t deadline = mori_clock_ns() + p.timeout_ns;
     ie_stamp(p, a, b, IE_T_RRED0);
-    if (ie_failed(status) || !ie_relay(p)) return;
+    if (!ie_relay(p) || !ie_block_ok(status, oksh)) return;
     ie_relay_reduce(p, a, b, deadline, fw, gs, lane, warp, nwarps);
     ie_stamp(p, a, b, IE_T_RRED1);
     if (ie_last_block(p, a, IE_DONE_GATHER(p.world), last) && !ie_failed(status)) ie_zero_phase(p, a, 2);
@@ -457,6 +460,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_relay(IeParams p) {
 // AsyncLL: the rows for other nodes, one proxy command per source; V1 and V1-LL handed theirs
 // over in mori_ie_combine_relay), then waits for every rank's rows.
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
+    MORI_SHARED_STRUCT(IeOk, oksh);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
     const uint32_t r = a.rank, W = p.world, G = p.gpn, tid = mori_thread_idx(), nthreads = mori_block_dim();
@@ -465,7 +469,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
     const bool relay = ie_relay(p);
     ie_stamp(p, a, b, IE_T_COMB1);
     // mori_ie_combine_stage refused more rows than the input holds.
-    if (ie_failed(status)) return;
+    if (!ie_block_ok(status, oksh)) return;
     const uint32_t N = status[0];
     // IE_FLAG_COMB_ROWS: no staging kernel ran to check the rows given (every block returns).
     if (ie_comb_rows(p) && N > a.comb_rows) {
@@ -513,6 +517,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_send(IeParams p) {
 // (at 90 registers most of a rank's blocks waited for a second).
 MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_recv(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, sh);
+    MORI_SHARED_STRUCT(IeOk, oksh);
     MORI_SHARED_STRUCT(IeGather, gs);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
     const IeRank a = ((const IeRank*)p.ranks)[local];
@@ -521,7 +526,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_recv(IePara
     const uint32_t* status = (const uint32_t*)a.status;
     const bool relay = ie_relay(p);
     ie_stamp(p, a, b, IE_T_CRECVD);
-    const bool ok = !ie_failed(status);
+    const bool ok = ie_block_ok(status, oksh);
     const uint32_t T = ok ? a.num_tokens : 0;
     const uint32_t t0 = (uint32_t)((uint64_t)T * b / p.blocks_per_rank), t1 = (uint32_t)((uint64_t)T * (b + 1) / p.blocks_per_rank);
     const uint8_t* idx = (const uint8_t*)a.idx;

@@ -162,6 +162,20 @@ MORI_DEVICE void ie_error(uint32_t* status, uint32_t code, uint32_t a, uint32_t 
 
 MORI_DEVICE bool ie_failed(const uint32_t* status) { return ((const volatile uint32_t*)status)[1] != IE_OK; }
 
+// Whether the rank's status word holds no fault, one answer for the whole block: thread 0 reads
+// the word and the block barrier hands its reading to every thread. (Each thread reading it for
+// itself could split a block, or a 32-thread group, when another block or the proxy records a
+// fault between two reads: the threads that returned would leave the rest waiting at the next
+// barrier.) Every thread of the block calls it, once per kernel, before its other barriers.
+struct IeOk {
+    uint32_t ok;
+};
+MORI_DEVICE bool ie_block_ok(const uint32_t* status, IeOk& sh) {
+    if (mori_thread_idx() == 0) sh.ok = !ie_failed(status);
+    mori_sync_block();
+    return sh.ok != 0;
+}
+
 MORI_DEVICE int64_t ie_load_idx(const IeParams& p, const uint8_t* idx, uint64_t i) {
     return p.idx_size == 8 ? ((const int64_t*)idx)[i] : (int64_t)((const int32_t*)idx)[i];
 }
