@@ -90,7 +90,7 @@ impl RankMem {
                 r(l.max_recv * SCALES * 4),
                 r(l.max_recv * 4),
             ],
-            comb_x: r(l.max_recv * H * 2),
+            comb_x: r(l.max_recv * H * l.comb_elem),
             comb_w: r(l.max_recv * K * 4),
             comb_out: r(TMAX * H * 4),
             comb_out_w: r(TMAX * K * 4),
@@ -203,7 +203,7 @@ fn params(l: &InterLayout, mems: &[RankMem], ranks_abi: &Region, n: usize) -> Ie
         max_recv: l.max_recv as u32,
         rec_bytes: l.rec_bytes as u32,
         comb_bytes: l.comb_bytes as u32,
-        comb_elem: 2,
+        comb_elem: l.comb_elem as u32,
         out_elem: 4,
         flags: FLAG_WEIGHTED | scheme_flags(l.scheme),
         trace_blocks: TRACE_BLOCKS,
@@ -285,15 +285,31 @@ fn v1_three_nodes_of_three_through_relays_equals_the_reference() {
     three_nodes_of_three_equal_the_reference(Scheme::V1, COPIES, None);
 }
 
+/// V1 and V1-LL with f32 combine inputs whose values bf16 cannot hold: the relays' partial sums
+/// cross in f32 (a partial rounded to bf16 on the way shows in the combined rows).
+#[test]
+fn v1_and_v1_ll_with_f32_combine_inputs_equal_the_reference() {
+    for scheme in [Scheme::V1, Scheme::V1LL] {
+        three_nodes_of_three(scheme, COPIES, None, 4);
+    }
+}
+
 /// `short`: that rank's combine input is one row short (one round; the run ends once the
-/// kernel refused it).
+/// kernel refused it). Combine inputs in bf16.
 fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short: Option<usize>) {
+    three_nodes_of_three(scheme, win, short, 2);
+}
+
+/// The same with combine inputs of `comb_elem` bytes: 2 (bf16, the received rows as they are)
+/// or 4 (f32: each received row times 1 + j * 2^-10 for j = 0..4 by element, so every value
+/// needs more than bf16's 8 mantissa bits).
+fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, comb_elem: usize) {
     let comb_rows = win.comb_rows;
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.scale_dim = SCALES;
     cfg.scale_type_size = 4;
     cfg.max_token_type_size = 2;
-    let l = InterLayout::new(&cfg, scheme, 2, 8, 2).unwrap();
+    let l = InterLayout::new(&cfg, scheme, 2, 8, comb_elem).unwrap();
     let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
     let engines: Vec<Arc<IoEngine>> = (0..W).map(|r| tcp_engine(&format!("ie-emu-r{r}"))).collect();
     // SAFETY: the windows outlive the registrations (deregistered at the end).
@@ -333,8 +349,9 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
             // The status words zeroed before each dispatch, as InterNodeGpu's upload does.
             m.write(&m.status, &[0u8; 64]);
         }
-        // Combine inputs: each rank returns its received rows as they are (bf16) with their
-        // received weights; the reference gets the same.
+        // Combine inputs: each rank returns its received rows (bf16 as they are, or widened
+        // to f32 with extra mantissa bits) with their received weights; the reference gets
+        // the same.
         let abi_regions: Vec<Region> = (0..W / G).map(|_| Region::new(G * std::mem::size_of::<IeRank>())).collect();
         for (n, reg) in abi_regions.iter().enumerate() {
             for (j, r) in (n * G..(n + 1) * G).enumerate() {
@@ -386,10 +403,11 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
             }
             let m = &mems[r];
             let wb = le(comb_weights(rr, r).as_slice(), |v: f32| v.to_le_bytes().to_vec());
+            let xb = if comb_elem == 4 { le(widened(&rr.x).as_slice(), |v: f32| v.to_le_bytes().to_vec()) } else { got.x };
             if comb_rows {
-                m.write_at(&m.win, l.lay.out_comb as usize, &l.combine_rows(&got.x, &wb));
+                m.write_at(&m.win, l.lay.out_comb as usize, &l.combine_rows(&xb, &wb));
             } else {
-                m.write(&m.comb_x, &got.x);
+                m.write(&m.comb_x, &xb);
                 m.write(&m.comb_w, &wb);
             }
         }
@@ -419,11 +437,16 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
             }
             return;
         }
-        let xs: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
         let ws: Vec<Tensor2<f32>> = want.ranks.iter().enumerate().map(|(r, rr)| comb_weights(rr, r)).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
         let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.gpu_sum_order(), ..CombineOptions::default() };
-        let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap();
+        let out = if comb_elem == 4 {
+            let xs: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| widened(&r.x)).collect();
+            combine::<f32, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap()
+        } else {
+            let xs: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
+            combine::<bf16, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap()
+        };
         for r in 0..W {
             let st = mems[r].status();
             assert_eq!(st[1], 0, "round {round} rank {r}: combine fault {st:?}; proxy {:?}", proxies[r].failure());
@@ -454,6 +477,12 @@ fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short
     for (r, wm) in regs.iter().enumerate() {
         engines[r].deregister_memory(wm).unwrap();
     }
+}
+
+/// Received bf16 rows as f32 combine inputs that bf16 cannot hold: element j of a row times
+/// 1 + (j % 5) * 2^-10.
+fn widened(x: &Tensor2<bf16>) -> Tensor2<f32> {
+    Tensor2::from_fn(x.rows(), x.cols(), |i, j| x.as_slice()[i * x.cols() + j].to_f32() * (1.0 + (j % 5) as f32 / 1024.0)).unwrap()
 }
 
 /// Rank `m`'s `n` received records as the copy-out kernel wrote them.
