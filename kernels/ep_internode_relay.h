@@ -206,11 +206,9 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         const uint8_t* recs = seg + p.lay.relay_hdr;
         // Records (dispatch checked them against the segment; bounded again here, as the bytes
         // are a peer's), and the tokens they hold.
-        uint32_t n = ((const uint32_t*)seg)[G];
-        const uint64_t cap = (p.lay.seg_relay - p.lay.relay_hdr) / p.rec_bytes;
-        if (n > cap) n = (uint32_t)cap;
+        const uint32_t n = ((const uint32_t*)seg)[G];
         if ((uint64_t)n * p.rec_bytes > p.lay.seg_relay - p.lay.relay_hdr) {
-            if (tid == 0) ie_error((uint32_t*)a.status, IE_ERR_RELAY, s, n, 0xffffffffu);
+            if (tid == 0) ie_error((uint32_t*)a.status, IE_ERR_RELAY_SEG, s, n, 0);
             return;
         }
         uint32_t U = n == 0 ? 0 : dedup ? n : ((const uint32_t*)(recs + (uint64_t)(n - 1) * p.rec_bytes + tail))[3] + 1;

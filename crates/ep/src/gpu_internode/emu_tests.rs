@@ -875,6 +875,43 @@ fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
     }
 }
 
+/// The relay's combine reads the record count of the dispatch's relay segment again (the bytes
+/// are a peer's): a count past what the segment holds is refused (`IE_ERR_RELAY_SEG`, with the
+/// origin and the count) and nothing is summed or handed to the proxy; the largest count that
+/// fits is summed and handed over (one command, and one with no tokens for node 2). Rank 0 runs
+/// alone as the relay of ranks 3 (node 1) and 6 (node 2), node 1's segment header and every
+/// gather counter (no rows) written by hand.
+#[test]
+fn a_relay_segment_count_past_its_capacity_is_refused_by_the_relay_combine() {
+    let cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
+    for scheme in [Scheme::V1, Scheme::V1LL] {
+        let l = InterLayout::new(&cfg, scheme, 2, 8, 2).unwrap();
+        let cap = ((l.lay.seg_relay - l.lay.relay_hdr) / l.rec_bytes as u64) as u32;
+        for (n, want_code, want_cmds) in [(cap + 1, 9, 0), (cap, 0, W / G - 1)] {
+            let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
+            let m = &mems[0];
+            let seg = l.lay.relay_in as usize + l.lay.seg_relay as usize;
+            m.write_at(&m.win, seg + 4 * G, &n.to_le_bytes());
+            for w in G..W {
+                m.write_at(&m.dev_ctr, l.counter(2, w, 0), &le(&[0u64, 1], |v: u64| v.to_le_bytes().to_vec()));
+            }
+            let abi = Region::new(std::mem::size_of::<IeRank>());
+            // SAFETY: the region holds one IeRank.
+            unsafe { (abi.ptr as *mut IeRank).write(m.abi(0, 0, 0)) };
+            let p = IeParams { num_local: 1, blocks_per_rank: COPY_BLOCKS, timeout_ns: 300_000_000, ..params(&l, &mems, &abi, 0) };
+            launch("ep_internode", "mori_ie_combine_relay", COPY_BLOCKS, THREADS, &p);
+            let st = m.status();
+            let what = format!("{scheme:?} count {n} (capacity {cap}): status {st:?}");
+            if want_code == 0 {
+                assert_eq!(st[1], 0, "{what}");
+            } else {
+                assert_eq!((st[1], st[2], st[3], st[4]), (want_code, 3, n, 0), "{what}");
+            }
+            assert_eq!(ring_commands(m).len(), want_cmds, "{what}: commands handed to the proxy");
+        }
+    }
+}
+
 /// The window's sizes at 2 nodes x 4 ranks (H 64 bf16, top-8, i64 ids, 16 tokens), worked out by
 /// hand: record tails (AsyncLL 4 B, V1-LL 16 B, V1 8 + 4 x 4 B), the relay header (4 u32 counts
 /// and the record count: 20 B, 32 with alignment), relay segments (V1-LL 4 records per token,
