@@ -47,8 +47,8 @@ pub enum SumOrder {
     /// or with one rank per node.
     PerNode,
     /// [`SumOrder::PerNode`], with every other node's partial rounded to the combine input's
-    /// dtype before it is added (the source's own node's is not): the inter-node V1 and V1-LL
-    /// GPU kernels, whose relay sends its partial in that dtype, as MORI's internode combine
+    /// dtype before it is added (the source's own node's is not): inter-node V1 and V1-LL
+    /// (host executor and GPU kernels), whose relay sends its partial in that dtype, as MORI's internode combine
     /// moves `hidden x dtype bytes` (+ f32 weights) per token (the MORI-EP RDMA bandwidth
     /// document, `tokCombXferBytes`). The weight partials stay f32. Equal to `PerNode` for
     /// f32 inputs.

@@ -129,7 +129,7 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
         let rx: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
         let rw: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
-        let o = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.gpu_sum_order(), ..CombineOptions::default() };
+        let o = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
         let out = combine::<bf16, f32, i64>(&cfg, &want.handle, &rx, Some(&rw), &idx, o).unwrap();
         for (r, ((gx, gw), w)) in comb.iter().zip(&out).enumerate() {
             assert_eq!(*gx, bytes(w.x.as_slice(), |v: f32| v.to_le_bytes().to_vec()), "round {round} rank {r}: combined rows");
@@ -435,7 +435,7 @@ fn device_calls_equal_the_reference() {
             let rx: Vec<Tensor2<bf16>> = want.ranks.iter().map(|r| r.x.clone()).collect();
             let rw: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| r.weights.clone()).collect();
             let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
-            let o = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.gpu_sum_order(), ..CombineOptions::default() };
+            let o = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
             let reference = combine::<bf16, f32, i64>(&cfg, &want.handle, &rx, Some(&rw), &idx, o).unwrap();
             for (r, (d, w)) in out.iter().zip(&reference).enumerate() {
                 let (gx, gw) = ep.read_combined(r).unwrap();

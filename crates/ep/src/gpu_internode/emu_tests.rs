@@ -439,7 +439,7 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
         }
         let ws: Vec<Tensor2<f32>> = want.ranks.iter().enumerate().map(|(r, rr)| comb_weights(rr, r)).collect();
         let idx: Vec<Tensor2<i64>> = inp.iter().map(|i| i.indices.clone()).collect();
-        let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.gpu_sum_order(), ..CombineOptions::default() };
+        let opts = CombineOptions { weighting: Weighting::RankSlotSum, order: scheme.sum_order(), ..CombineOptions::default() };
         let out = if comb_elem == 4 {
             let xs: Vec<Tensor2<f32>> = want.ranks.iter().map(|r| widened(&r.x)).collect();
             combine::<f32, f32, i64>(&cfg, &want.handle, &xs, Some(&ws), &idx, opts).unwrap()

@@ -46,6 +46,9 @@ pub struct CombineRank {
     st: CombineState,
     opts: CombineOptions,
     stride: usize,
+    /// Bytes of a partial from another node (sums in the combine dtype); the source's own
+    /// node's partial has f32 sums.
+    pstride: usize,
     has_weights: bool,
     reduced: Vec<bool>,
 }
@@ -130,18 +133,19 @@ impl CombineRank {
             out.end(dst, seg, lay, sent.get(&(dst, seg)).copied().unwrap_or(0));
         }
         let reduced = vec![!proto.scheme().relays(); nodes];
-        Ok((Self { st, opts, stride, has_weights: weights.is_some(), reduced }, out))
+        let pstride = partial_stride(cfg, X::DTYPE.size());
+        Ok((Self { st, opts, stride, pstride, has_weights: weights.is_some(), reduced }, out))
     }
 
     /// Sums, as a relay, every origin node whose rows from all of this node's ranks are
-    /// complete, and sends one partial per token back to its source (V1, V1-LL).
+    /// complete, and sends one partial per token back to its source (V1, V1-LL): sums in f32,
+    /// sent in the combine dtype `X` to another node's source, in f32 to this rank itself.
     /// Errors: `SegmentOverflow`; `Protocol` for rows of unknown or misordered tokens.
     pub fn poll<X: Element>(&mut self, proto: &Proto, win: &dyn Window) -> EpResult<Outbox> {
         let mut out = Outbox::default();
         let (me, cfg, g) = (self.st.me, proto.config(), proto.g());
         let my_node = proto.node(me);
         let lay = proto.layout();
-        let pstride = partial_stride(cfg);
         'nodes: for m in 0..self.reduced.len() {
             if self.reduced[m] {
                 continue;
@@ -156,6 +160,8 @@ impl CombineRank {
                 rows.push(b);
             }
             let origin = proto.relay_of(me, m);
+            let rounded = m != my_node;
+            let pstride = self.partial_stride(proto, my_node, m);
             let mut cursor = vec![0usize; g];
             let mut buf = Vec::new();
             let (h, k) = (cfg.hidden, cfg.top_k);
@@ -192,7 +198,7 @@ impl CombineRank {
                         }
                     }
                 }
-                put_partial(&mut buf, pstride, tok.token, &p, &wp);
+                put_partial::<X>(&mut buf, pstride, tok.token, &p, &wp, rounded);
             }
             for (dl, c) in cursor.iter().enumerate() {
                 if *c * self.stride != rows[dl].len() {
@@ -213,11 +219,22 @@ impl CombineRank {
         Ok(out)
     }
 
+    /// Bytes of a partial that node `from`'s relay sends to a source on node `to`.
+    fn partial_stride(&self, proto: &Proto, from: usize, to: usize) -> usize {
+        if from == to {
+            partial_stride(proto.config(), 4)
+        } else {
+            self.pstride
+        }
+    }
+
     fn segs(&self, proto: &Proto) -> Vec<(Seg, usize, usize)> {
         let me = self.st.me;
         if proto.scheme().relays() {
-            let ps = partial_stride(proto.config());
-            (0..proto.topology().num_nodes()).map(|n| (Seg::Partial(n), proto.relay_of(me, n), ps)).collect()
+            let own = proto.node(me);
+            (0..proto.topology().num_nodes())
+                .map(|n| (Seg::Partial(n), proto.relay_of(me, n), self.partial_stride(proto, n, own)))
+                .collect()
         } else {
             (0..proto.config().world_size).map(|d| (Seg::CombineIn(d), d, self.stride)).collect()
         }
@@ -284,8 +301,8 @@ impl CombineRank {
                 last = Some(token);
                 let dst = &mut acc[token * h..(token + 1) * h];
                 let wdst = &mut wacc[token * k..(token + 1) * k];
-                if let Seg::Partial(_) = seg {
-                    let (_, v) = partial(cfg, row);
+                if let Seg::Partial(n) = seg {
+                    let (_, v) = partial::<X>(cfg, row, n != proto.node(me));
                     for (a, p) in dst.iter_mut().zip(&v[..h]) {
                         *a += p;
                     }

@@ -8,8 +8,9 @@
 //!   rank with the same local index (its *relay*), which forwards it inside the node to every
 //!   destination rank there; tokens for the source's own node go directly. Combine in reverse:
 //!   each destination returns its row to the relay, the relay sums its node's rows per token
-//!   (an f32 partial, ranks ascending) and sends one partial back; the source adds the partials
-//!   over nodes ascending ([`crate::SumOrder::PerNode`]).
+//!   (in f32, ranks ascending) and sends one partial back, in the combine dtype when the source
+//!   is on another node; the source adds the partials over nodes ascending
+//!   ([`crate::SumOrder::PerNodeRounded`]).
 //! - **V1-LL**: V1 without the per-node de-duplication: one record per (token, destination
 //!   rank) crosses to the relay, which forwards each to its destination. Combine as V1.
 //! - **AsyncLL**: direct puts to every destination rank, no forwarding; combine rows go back
@@ -59,18 +60,10 @@ impl Scheme {
         }
     }
 
-    /// The combine summation order this scheme produces (compare with the reference under it).
+    /// The combine summation order this scheme produces, on the host executor and the GPU
+    /// kernels alike (compare with the reference under it): V1 and V1-LL send a relay's
+    /// partial to another node in the combine input's dtype ([`SumOrder::PerNodeRounded`]).
     pub fn sum_order(self) -> SumOrder {
-        match self {
-            Scheme::V1 | Scheme::V1LL => SumOrder::PerNode,
-            Scheme::AsyncLL => SumOrder::Ascending,
-        }
-    }
-
-    /// The combine summation order of this scheme's GPU kernels (`crate::gpu_internode`):
-    /// V1 and V1-LL send the relay's partial in the combine input's dtype
-    /// ([`SumOrder::PerNodeRounded`]), where the host executor sends it in f32.
-    pub fn gpu_sum_order(self) -> SumOrder {
         match self {
             Scheme::V1 | Scheme::V1LL => SumOrder::PerNodeRounded,
             Scheme::AsyncLL => SumOrder::Ascending,

@@ -2,7 +2,9 @@
 //! - dispatch record: `src u32, token u32, dest u32 (V1-LL's destination rank, else
 //!   u32::MAX), 0 u32`, K ids as i64, K weights f32, `scale_dim` f32 scales, H elements;
 //! - combine row: `token u32, has_weights u32`, H elements, K f32 weights (0 when absent);
-//! - combine partial: `token u32, 0 u32`, H f32 sums, K f32 weight sums.
+//! - combine partial: `token u32, 0 u32`, H sums (in the combine dtype when the partial crosses
+//!   to another node, as MORI's `tokCombXferBytes` counts them; f32 for the source's own node),
+//!   K f32 weight sums.
 
 use crate::config::EpConfig;
 use crate::dtype::{Element, TopkIndex};
@@ -23,9 +25,9 @@ pub(crate) fn contrib_stride(cfg: &EpConfig, elem: usize) -> usize {
     pad8(8 + cfg.hidden * elem + cfg.top_k * 4)
 }
 
-/// Bytes of one combine partial (f32 sums).
-pub(crate) fn partial_stride(cfg: &EpConfig) -> usize {
-    pad8(8 + (cfg.hidden + cfg.top_k) * 4)
+/// Bytes of one combine partial with `elem` bytes per sum (the weight sums are f32).
+pub(crate) fn partial_stride(cfg: &EpConfig, elem: usize) -> usize {
+    pad8(8 + cfg.hidden * elem + cfg.top_k * 4)
 }
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {
@@ -142,19 +144,54 @@ pub(crate) fn contrib<X: Element>(cfg: &EpConfig, b: &[u8]) -> (usize, Vec<X>, O
     (get_u32(b, 0) as usize, x, w)
 }
 
-/// Appends one combine partial.
-pub(crate) fn put_partial(out: &mut Vec<u8>, stride: usize, token: usize, x: &[f32], w: &[f32]) {
+/// Appends one combine partial: the sums `x` as `X` (rounded to nearest) when `rounded`, else
+/// as f32, then the weight sums `w` as f32.
+pub(crate) fn put_partial<X: Element>(out: &mut Vec<u8>, stride: usize, token: usize, x: &[f32], w: &[f32], rounded: bool) {
     let start = out.len();
     put_u32(out, token as u32);
     put_u32(out, 0);
-    for v in x.iter().chain(w) {
-        out.extend_from_slice(&v.to_le_bytes());
+    if rounded {
+        put_elems(out, &x.iter().map(|&v| X::from_f32(v)).collect::<Vec<X>>());
+    } else {
+        x.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
     }
+    w.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
     pad_to(out, start, stride);
 }
 
-/// A combine partial: (token, H + K f32 values).
-pub(crate) fn partial(cfg: &EpConfig, b: &[u8]) -> (usize, Vec<f32>) {
-    let v = (0..cfg.hidden + cfg.top_k).map(|i| f32::from_le_bytes([b[8 + i * 4], b[9 + i * 4], b[10 + i * 4], b[11 + i * 4]])).collect();
+/// A combine partial written by [`put_partial`] with the same `rounded`: (token, H + K f32
+/// values).
+pub(crate) fn partial<X: Element>(cfg: &EpConfig, b: &[u8], rounded: bool) -> (usize, Vec<f32>) {
+    let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let size = if rounded { X::DTYPE.size() } else { 4 };
+    let x = (0..cfg.hidden).map(|i| if rounded { X::get_le(&b[8 + i * size..]).to_f32() } else { f(8 + i * 4) });
+    let w0 = 8 + cfg.hidden * size;
+    let v = x.chain((0..cfg.top_k).map(|i| f(w0 + i * 4))).collect();
     (get_u32(b, 0) as usize, v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bf16;
+
+    /// A partial for another node holds bf16 sums (half the bytes of f32 ones at H = 7168,
+    /// K = 8: 8 + 14 336 + 32 B against 8 + 28 672 + 32), rounded to nearest even; the own
+    /// node's keeps f32; the weight sums stay f32 in both.
+    #[test]
+    fn partials_cross_in_the_combine_dtype_and_stay_f32_at_home() {
+        let cfg = EpConfig::new(2, 7168, 16, 8, 4).unwrap();
+        assert_eq!((partial_stride(&cfg, 2), partial_stride(&cfg, 4)), (14_376, 28_712));
+        let small = EpConfig::new(2, 4, 16, 1, 4).unwrap();
+        let x = [1.0 + 2f32.powi(-9), 3.0 + 2f32.powi(-8), -0.5, 7.0];
+        let w = [0.1f32];
+        for (rounded, want) in [(true, [1.0, 3.0, -0.5, 7.0]), (false, x)] {
+            let stride = partial_stride(&small, if rounded { 2 } else { 4 });
+            let mut out = Vec::new();
+            put_partial::<bf16>(&mut out, stride, 5, &x, &w, rounded);
+            assert_eq!(out.len(), stride, "rounded {rounded}");
+            let (token, v) = partial::<bf16>(&small, &out, rounded);
+            assert_eq!((token, v), (5, vec![want[0], want[1], want[2], want[3], 0.1]), "rounded {rounded}");
+        }
+    }
 }

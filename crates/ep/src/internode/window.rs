@@ -59,7 +59,8 @@ impl WindowLayout {
         let ov = || EpError::SizeOverflow { what: "inter-node window bytes", limit: "usize" };
         let rec = record_stride(cfg, cfg.max_token_type_size);
         let crow = contrib_stride(cfg, cfg.max_token_type_size);
-        let prow = partial_stride(cfg);
+        // Partials: f32 sums at most (the source's own node's).
+        let prow = partial_stride(cfg, 4.max(cfg.max_token_type_size));
         let mut caps: Vec<usize> = Vec::new();
         let bytes = |n: usize, stride: usize| t.checked_mul(n).and_then(|e| e.checked_mul(stride)).ok_or_else(ov);
         for _ in 0..world {

@@ -428,7 +428,7 @@ fn check(
         orc.iter().map(|o| Tensor2::new(o.src.len(), cfg.top_k, f32s(&o.w))).collect::<Result<_, _>>().unwrap_or_default();
     let opts = CombineOptions {
         weighting: if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted },
-        order: Scheme::from_kernel_type(cfg.kernel_type).gpu_sum_order(),
+        order: Scheme::from_kernel_type(cfg.kernel_type).sum_order(),
         ..CombineOptions::default()
     };
     // In the combine dtype: V1/V1-LL round other nodes' partials to it (PerNodeRounded).
