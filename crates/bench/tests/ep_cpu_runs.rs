@@ -139,6 +139,16 @@ fn four_nodes_of_two_async_ll_two_ranks_per_process_zero_token_ranks_and_none_ro
     );
 }
 
+/// Weighted V1 and V1-LL with bf16 combine inputs: the relays' partials cross to the other
+/// node in bf16, which the bench's check expects (`SumOrder::PerNodeRounded`; with the order
+/// of f32 partials it reports a mismatch).
+#[test]
+fn weighted_v1_and_v1_ll_with_bf16_partials() {
+    for kt in ["v1", "v1_ll"] {
+        passes(&with(&["--world-size", "4", "--num-nodes", "2", "--kernel-type", kt, "--dtype", "bf16", "--weighted"]), 4, 4);
+    }
+}
+
 #[test]
 fn v1_ll_with_proxy_delays_and_reordering() {
     passes(

@@ -3,7 +3,8 @@
 //! Token `t` of rank `s` comes back as the f32 sum, over the unique ranks `r` that received
 //! it in dispatch (ascending `r`), of rank `r`'s row for it, optionally weighted; the sum is
 //! then rounded once to the output type (bf16 or f32). [`SumOrder::PerNode`] sums per node
-//! first, as the inter-node V1 executors do.
+//! first; [`SumOrder::PerNodeRounded`] also rounds other nodes' partials to the input dtype,
+//! as the inter-node V1 and V1-LL executors do.
 
 use crate::config::{EpConfig, Quantization};
 use crate::dispatch::{DispatchHandle, SrcPos};

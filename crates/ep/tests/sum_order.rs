@@ -1,6 +1,6 @@
-//! The reference combine's summation orders: `SumOrder::PerNode` (inter-node V1 / V1-LL: node
-//! partials, then summed over nodes) against `Ascending`, and `PerNodeRounded` (the GPU
-//! kernels': other nodes' partials in the input dtype), by hand and by property.
+//! The reference combine's summation orders: `SumOrder::PerNode` (node
+//! partials, then summed over nodes) against `Ascending`, and `PerNodeRounded` (the inter-node
+//! executors': other nodes' partials in the input dtype), by hand and by property.
 
 mod common;
 

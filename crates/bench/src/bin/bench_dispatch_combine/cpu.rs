@@ -23,8 +23,8 @@ use mori_bootstrap::{Bootstrap, BootstrapEnv, SocketBootstrap, SocketBootstrapCo
 use mori_ep::host::{HostEp, HostOptions, InterTransport, ProcessInjection, ProxyInjection};
 use mori_ep::internode::Scheme;
 use mori_ep::{
-    accounting, bf16, combine, dispatch, quantize_fp8_blocks, CombineOptions, CombineOut, DispatchOptions, Element, EpConfig, KernelType,
-    RankInput, SumOrder, Tensor2, TopkIndex, Weighting,
+    accounting, bf16, combine, dispatch, quantize_fp8_blocks, CombineOptions, CombineOut, DispatchOptions, Element, EpConfig, RankInput,
+    Tensor2, TopkIndex, Weighting,
 };
 use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpListener};
@@ -217,14 +217,6 @@ fn host_options(a: &Args, local: &std::ops::Range<usize>, job: Option<u64>) -> H
         o.host = ip.to_string();
     }
     o
-}
-
-/// The reference combine's summation order for the scheme that runs.
-fn sum_order(k: KernelType) -> SumOrder {
-    match k {
-        KernelType::AsyncLL => SumOrder::Ascending,
-        KernelType::IntraNode | KernelType::InterNodeV1 | KernelType::InterNodeV1LL => SumOrder::PerNode,
-    }
 }
 
 fn run_process(a: &Args, cfg: &EpConfig, boot: &SocketBootstrap, job: Option<u64>) -> AnyResult<bool> {
@@ -431,7 +423,7 @@ fn check_round<X: Element + RowBytes, I: TopkIndex + RowBytes, C: Element + Comb
         .collect::<Result<_, _>>()?;
     let ws: Vec<Tensor2<f32>> = want.ranks.iter().map(|rr| rr.weights.clone()).collect();
     let idx: Vec<Tensor2<I>> = inputs.iter().map(|i| i.indices.clone()).collect();
-    let opts = CombineOptions { weighting, order: sum_order(cfg.kernel_type), ..Default::default() };
+    let opts = CombineOptions { weighting, order: Scheme::from_kernel_type(cfg.kernel_type).sum_order(), ..Default::default() };
     let comb = combine::<C, C, I>(cfg, &want.handle, &xs, Some(&ws), &idx, opts)?;
     for (li, r) in local.enumerate() {
         if bytes_of(&out[li].x) != bytes_of(&comb[r].x) {
