@@ -43,9 +43,9 @@ pub enum SumOrder {
     #[default]
     Ascending,
     /// Per node first: an f32 partial over that node's receiving ranks (ascending), then the
-    /// partials summed over nodes ascending (inter-node V1 and V1-LL, whose relay rank sums its
-    /// node's contributions before one partial crosses back). Equal to `Ascending` on one node
-    /// or with one rank per node.
+    /// partials summed over nodes ascending (the order of inter-node V1 and V1-LL, whose relay
+    /// rank sums its node's contributions before one partial crosses back, with f32 partials).
+    /// Equal to `Ascending` on one node or with one rank per node.
     PerNode,
     /// [`SumOrder::PerNode`], with every other node's partial rounded to the combine input's
     /// dtype before it is added (the source's own node's is not): inter-node V1 and V1-LL
