@@ -290,6 +290,19 @@ pub enum EpError {
         /// The peer's value.
         theirs: String,
     },
+    /// A step of one rank's inter-node combine was given another element type than its start
+    /// (`internode::CombineRank::poll` / `finish` against `start`).
+    #[error("combine on rank {rank}: {step} was given element type {got:?}, its start {started:?}: one combine runs in one element type")]
+    CombineElementType {
+        /// The rank.
+        rank: usize,
+        /// The step (`poll` or `finish`).
+        step: &'static str,
+        /// The element type the step was given.
+        got: crate::dtype::DType,
+        /// The element type `start` was given.
+        started: crate::dtype::DType,
+    },
     /// Another rank of the job gave up (a failed write, a missed deadline) and told this one.
     #[error("rank {rank}: {phase} aborted: {}", peer_failed_msg(*.failed, *.reporter, *.seen_dead))]
     PeerFailed {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{bits, config, expert_out, fractional, inputs, Mode};
-use mori_ep::internode::{CombineRank, DispatchRank, Outbox, Proto, Scheme, Seg, SignalOp, Window};
+use mori_ep::internode::{CombineRank, CombineState, DispatchRank, Outbox, Proto, Scheme, Seg, SignalOp, Window};
 use mori_ep::routing::SplitMix64;
 use mori_ep::*;
 use proptest::prelude::*;
@@ -98,22 +98,14 @@ fn case(geo: (usize, usize), k: usize, scales: bool, mode: Mode, seed: u64) -> C
     (cfg, inp)
 }
 
-/// Runs dispatch then combine of every rank through the simulated network.
-fn run_protocol(
-    cfg: &EpConfig,
-    scheme: Scheme,
-    chunk: usize,
-    inp: &[RankInput<bf16, i64>],
-    seed: u64,
-    weighted: bool,
-) -> (Vec<RankRecv<bf16, i64>>, Vec<Combined<f32>>) {
-    let w = cfg.world_size;
-    let proto = Proto::new(cfg, scheme, chunk, OutOfRange::Error).unwrap();
+/// Runs dispatch of every rank through a simulated network; returns the network (windows
+/// with the dispatch counters zeroed), what each rank received and its combine state.
+fn dispatch_all(proto: &Proto, inp: &[RankInput<bf16, i64>], seed: u64) -> (Net, Vec<RankRecv<bf16, i64>>, Vec<CombineState>) {
     let size = proto.layout().size();
-    let mut net = Net { wins: vec![vec![0u8; size]; w], steps: Vec::new(), rng: SplitMix64::new(seed) };
+    let mut net = Net { wins: vec![vec![0u8; size]; inp.len()], steps: Vec::new(), rng: SplitMix64::new(seed) };
     let mut ranks = Vec::new();
     for (r, i) in inp.iter().enumerate() {
-        let (st, out) = DispatchRank::start(&proto, r, i).unwrap();
+        let (st, out) = DispatchRank::start(proto, r, i).unwrap();
         net.submit(out);
         ranks.push(st);
     }
@@ -122,9 +114,9 @@ fn run_protocol(
         net.run(step);
         let mut all = true;
         for (r, st) in ranks.iter_mut().enumerate() {
-            let out = st.poll(&proto, &Win(&net.wins[r])).unwrap();
+            let out = st.poll(proto, &Win(&net.wins[r])).unwrap();
             net.submit(out);
-            all &= st.is_complete(&proto, &Win(&net.wins[r])).unwrap();
+            all &= st.is_complete(proto, &Win(&net.wins[r])).unwrap();
         }
         if all && net.steps.is_empty() {
             break;
@@ -134,11 +126,25 @@ fn run_protocol(
     let mut recvs = Vec::new();
     let mut states = Vec::new();
     for (r, st) in ranks.into_iter().enumerate() {
-        let (recv, cs) = st.finish::<bf16, i64>(&proto, &Win(&net.wins[r])).unwrap();
+        let (recv, cs) = st.finish::<bf16, i64>(proto, &Win(&net.wins[r])).unwrap();
         net.zero(r, proto.layout().dispatch_counters());
         recvs.push(recv);
         states.push(cs);
     }
+    (net, recvs, states)
+}
+
+/// Runs dispatch then combine of every rank through the simulated network.
+fn run_protocol(
+    cfg: &EpConfig,
+    scheme: Scheme,
+    chunk: usize,
+    inp: &[RankInput<bf16, i64>],
+    seed: u64,
+    weighted: bool,
+) -> (Vec<RankRecv<bf16, i64>>, Vec<Combined<f32>>) {
+    let proto = Proto::new(cfg, scheme, chunk, OutOfRange::Error).unwrap();
+    let (mut net, recvs, states) = dispatch_all(&proto, inp, seed);
     let opts = CombineOptions { weighting: if weighted { Weighting::RankSlotSum } else { Weighting::Unweighted }, ..Default::default() };
     let mut cranks = Vec::new();
     for (r, (st, rv)) in states.into_iter().zip(&recvs).enumerate() {
@@ -217,6 +223,23 @@ fn overflowing_end_marker_is_refused() {
         e.to_string(),
         format!("rank 0: dispatch segment of origin rank 1 written by rank 1 announces {} entries, its capacity is {cap}", cap + 1)
     );
+}
+
+/// A combine's `poll` or `finish` given another element type than its `start` is refused,
+/// naming the rank, the step and both types (a partial or row of the wrong width would be
+/// decoded or cut otherwise); the same type goes on.
+#[test]
+fn combine_steps_refuse_another_element_type_than_start() {
+    let (cfg, inp) = case((4, 2), 2, false, Mode::DeepEp, 7);
+    let proto = Proto::new(&cfg, Scheme::V1, 2, OutOfRange::Error).unwrap();
+    let (net, recvs, mut states) = dispatch_all(&proto, &inp, 7);
+    let st = states.swap_remove(1);
+    let (mut c, _) = CombineRank::start(&proto, st, &expert_out(1, &recvs[1].x), None, CombineOptions::default()).unwrap();
+    let win = Win(&net.wins[1]);
+    let want = |step| EpError::CombineElementType { rank: 1, step, got: DType::F32, started: DType::Bf16 };
+    assert_eq!(c.poll::<f32>(&proto, &win).unwrap_err(), want("poll"));
+    assert!(c.poll::<bf16>(&proto, &win).is_ok());
+    assert_eq!(c.finish::<f32, f32>(&proto, &win).unwrap_err(), want("finish"));
 }
 
 /// Inputs over the per-rank token limit are refused at start, naming rank, count and limit.

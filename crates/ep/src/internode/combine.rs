@@ -5,7 +5,7 @@ use super::record::{contrib, contrib_stride, partial, partial_stride, put_contri
 use super::{Outbox, Proto, Seg, Window};
 use crate::combine::{contribution, slot_factor, CombineOptions, Combined};
 use crate::dispatch::SrcPos;
-use crate::dtype::{CombineOut, Element};
+use crate::dtype::{CombineOut, DType, Element};
 use crate::error::{EpError, EpResult};
 use crate::tensor::{expect_shape, Tensor2};
 
@@ -49,6 +49,8 @@ pub struct CombineRank {
     /// Bytes of a partial from another node (sums in the combine dtype); the source's own
     /// node's partial has f32 sums.
     pstride: usize,
+    /// The element type `start` was given (`poll` and `finish` must be given the same).
+    dtype: DType,
     has_weights: bool,
     reduced: Vec<bool>,
 }
@@ -134,14 +136,16 @@ impl CombineRank {
         }
         let reduced = vec![!proto.scheme().relays(); nodes];
         let pstride = partial_stride(cfg, X::DTYPE.size());
-        Ok((Self { st, opts, stride, pstride, has_weights: weights.is_some(), reduced }, out))
+        Ok((Self { st, opts, stride, pstride, dtype: X::DTYPE, has_weights: weights.is_some(), reduced }, out))
     }
 
     /// Sums, as a relay, every origin node whose rows from all of this node's ranks are
     /// complete, and sends one partial per token back to its source (V1, V1-LL): sums in f32,
     /// sent in the combine dtype `X` to another node's source, in f32 to this rank itself.
-    /// Errors: `SegmentOverflow`; `Protocol` for rows of unknown or misordered tokens.
+    /// Errors: `CombineElementType` (`X` is not `start`'s); `SegmentOverflow`; `Protocol` for
+    /// rows of unknown or misordered tokens.
     pub fn poll<X: Element>(&mut self, proto: &Proto, win: &dyn Window) -> EpResult<Outbox> {
+        self.same_type::<X>("poll")?;
         let mut out = Outbox::default();
         let (me, cfg, g) = (self.st.me, proto.config(), proto.g());
         let my_node = proto.node(me);
@@ -219,6 +223,13 @@ impl CombineRank {
         Ok(out)
     }
 
+    fn same_type<X: Element>(&self, step: &'static str) -> EpResult<()> {
+        if X::DTYPE == self.dtype {
+            return Ok(());
+        }
+        Err(EpError::CombineElementType { rank: self.st.me, step, got: X::DTYPE, started: self.dtype })
+    }
+
     /// Bytes of a partial that node `from`'s relay sends to a source on node `to`.
     fn partial_stride(&self, proto: &Proto, from: usize, to: usize) -> usize {
         if from == to {
@@ -276,8 +287,10 @@ impl CombineRank {
     /// The rank's combined tokens `[T, H]` (and `[T, K]` weight sums when weights were
     /// passed), summed in the scheme's order ([`super::Scheme::sum_order`]). Call once
     /// complete; then zero [`super::WindowLayout::combine_counters`].
-    /// Errors: `Protocol` (rows for tokens not routed to their writer, out of order).
+    /// Errors: `CombineElementType` (`X` is not `start`'s); `Protocol` (rows for tokens not
+    /// routed to their writer, out of order).
     pub fn finish<X: Element, O: CombineOut>(self, proto: &Proto, win: &dyn Window) -> EpResult<Combined<O>> {
+        self.same_type::<X>("finish")?;
         let cfg = proto.config();
         let (me, h, k) = (self.st.me, cfg.hidden, cfg.top_k);
         let t_n = self.st.ids.len();
