@@ -25,7 +25,10 @@ mod run;
 pub mod trace;
 mod types;
 
-pub use run::{needed_connections, CombineInputBuf, DeviceCombined, DeviceRankInputs, DeviceRecv, DeviceTicket, InterNodeGpu};
+pub use run::{
+    copy_streams_per_rank, max_xgmi_ranks, needed_connections, CombineInputBuf, DeviceCombined, DeviceRankInputs, DeviceRecv, DeviceTicket,
+    InterNodeGpu,
+};
 pub use types::{ElemSizes, InterNodeOptions, InterPath, InterTicket, PhaseTimes, RankBytes, RecvBytes};
 
 use crate::config::EpConfig;

@@ -117,7 +117,20 @@ const XGMI_STREAMS: usize = 2;
 /// copy pools arm ordered-copy launches: `mori_gpu::armed_depth`) each rank's engine has one
 /// stream more, whose launches wait for their doorbell.
 pub fn needed_connections(world: usize, nodes: usize, armed: bool) -> usize {
-    world * (XGMI_STREAMS + usize::from(armed)) + nodes
+    world * copy_streams_per_rank(armed) + nodes
+}
+
+/// Copy streams each rank's xgmi engine uses: 2, and with `armed` one more for the armed
+/// launches.
+pub fn copy_streams_per_rank(armed: bool) -> usize {
+    XGMI_STREAMS + usize::from(armed)
+}
+
+/// The most ranks an xgmi job over `nodes` nodes can have with [`needed_connections`] within
+/// CUDA's 32 hardware queues, rounded down to a multiple of `nodes` (every node has as many).
+pub fn max_xgmi_ranks(nodes: usize, armed: bool) -> usize {
+    let n = nodes.max(1);
+    32usize.saturating_sub(n) / copy_streams_per_rank(armed) / n * n
 }
 
 /// Every engine's [`IoEngine::quiesce`] (all asked; the first error).
@@ -237,15 +250,14 @@ impl InterNodeGpu {
             let need = needed_connections(w, w / g, armed);
             let have = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(8);
             if have < need {
-                let per_rank = XGMI_STREAMS + usize::from(armed);
+                let per_rank = copy_streams_per_rank(armed);
                 return Err(bad(
                     "CUDA_DEVICE_MAX_CONNECTIONS",
                     have,
                     format!(
                         "the xgmi leg of {w} ranks uses {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) and each needs a hardware queue of its own, or a copy can wait behind a kernel that waits for it; set it to {need}..=32 before the process creates its CUDA context (at most {} ranks then)",
                         if armed { ", one of them the armed launches'" } else { "" },
-                        // The most ranks that split evenly over the nodes and fit.
-                        (32usize.saturating_sub(w / g) / per_rank) / (w / g) * (w / g)
+                        max_xgmi_ranks(w / g, armed)
                     ),
                 ));
             }

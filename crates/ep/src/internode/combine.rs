@@ -46,10 +46,8 @@ pub struct CombineRank {
     st: CombineState,
     opts: CombineOptions,
     stride: usize,
-    /// Bytes of a partial from another node (sums in the combine dtype); the source's own
-    /// node's partial has f32 sums.
-    pstride: usize,
-    /// The element type `start` was given (`poll` and `finish` must be given the same).
+    /// The element type `start` was given (`poll` and `finish` must be given the same; a
+    /// partial from another node holds its sums in it).
     dtype: DType,
     has_weights: bool,
     reduced: Vec<bool>,
@@ -135,8 +133,7 @@ impl CombineRank {
             out.end(dst, seg, lay, sent.get(&(dst, seg)).copied().unwrap_or(0));
         }
         let reduced = vec![!proto.scheme().relays(); nodes];
-        let pstride = partial_stride(cfg, X::DTYPE.size());
-        Ok((Self { st, opts, stride, pstride, dtype: X::DTYPE, has_weights: weights.is_some(), reduced }, out))
+        Ok((Self { st, opts, stride, dtype: X::DTYPE, has_weights: weights.is_some(), reduced }, out))
     }
 
     /// Sums, as a relay, every origin node whose rows from all of this node's ranks are
@@ -232,11 +229,7 @@ impl CombineRank {
 
     /// Bytes of a partial that node `from`'s relay sends to a source on node `to`.
     fn partial_stride(&self, proto: &Proto, from: usize, to: usize) -> usize {
-        if from == to {
-            partial_stride(proto.config(), 4)
-        } else {
-            self.pstride
-        }
+        partial_stride(proto.config(), if from == to { 4 } else { self.dtype.size() })
     }
 
     fn segs(&self, proto: &Proto) -> Vec<(Seg, usize, usize)> {
