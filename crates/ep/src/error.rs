@@ -303,6 +303,22 @@ pub enum EpError {
         /// The element type `start` was given.
         started: crate::dtype::DType,
     },
+    /// A combine row or partial another rank wrote names another element type than this rank's
+    /// combine: processes of one job combined in different types (its values would be decoded at
+    /// the wrong width).
+    #[error("combine on rank {rank}: {segment} written by rank {writer} holds {theirs:?} values, this rank combines {mine:?}: every rank of a combine must use one element type")]
+    PeerElementType {
+        /// The reading rank.
+        rank: usize,
+        /// The segment the row or partial is in.
+        segment: String,
+        /// The rank that wrote it.
+        writer: usize,
+        /// The writer's combine element type.
+        theirs: crate::dtype::DType,
+        /// This rank's combine element type.
+        mine: crate::dtype::DType,
+    },
     /// Another rank of the job gave up (a failed write, a missed deadline) and told this one.
     #[error("rank {rank}: {phase} aborted: {}", peer_failed_msg(*.failed, *.reporter, *.seen_dead))]
     PeerFailed {

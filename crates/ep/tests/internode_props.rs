@@ -242,6 +242,68 @@ fn combine_steps_refuse_another_element_type_than_start() {
     assert_eq!(c.finish::<f32, f32>(&proto, &win).unwrap_err(), want("finish"));
 }
 
+/// Ranks that combine in different element types (processes of one job, each with its own `X`)
+/// are refused where one reads another node's row or partial, naming the segment, its writer
+/// and both types; nothing is summed at the wrong width.
+#[test]
+fn ranks_combining_in_different_element_types_are_refused() {
+    for scheme in [Scheme::V1, Scheme::V1LL, Scheme::AsyncLL] {
+        let (mut cfg, inp) = case((4, 2), 2, false, Mode::DeepEp, 11);
+        assert!(inp.iter().all(|i| i.x.rows() > 0), "every rank sends tokens");
+        cfg.max_token_type_size = 4;
+        let proto = Proto::new(&cfg, scheme, 2, OutOfRange::Error).unwrap();
+        let (mut net, recvs, states) = dispatch_all(&proto, &inp, 11);
+        // Node 0 (ranks 0, 1) combines in bf16, node 1 (ranks 2, 3) in f32.
+        let mut cranks = Vec::new();
+        for (r, (st, rv)) in states.into_iter().zip(&recvs).enumerate() {
+            let x = expert_out(r, &rv.x);
+            let (c, out) = if r < 2 {
+                CombineRank::start(&proto, st, &x, None, CombineOptions::default())
+            } else {
+                CombineRank::start(&proto, st, &x.map(|v| v.to_f32()), None, CombineOptions::default())
+            }
+            .unwrap();
+            net.submit(out);
+            cranks.push(c);
+        }
+        for _round in 0..100_000 {
+            let step = 1 + net.rng.below(7) as usize;
+            net.run(step);
+            let mut all = true;
+            for (r, c) in cranks.iter_mut().enumerate() {
+                let out = {
+                    let w = Win(&net.wins[r]);
+                    if r < 2 { c.poll::<bf16>(&proto, &w) } else { c.poll::<f32>(&proto, &w) }.unwrap()
+                };
+                net.submit(out);
+                all &= c.is_complete(&proto, &Win(&net.wins[r])).unwrap();
+            }
+            if all && net.steps.is_empty() {
+                break;
+            }
+        }
+        assert!(net.steps.is_empty(), "{scheme:?}: combine did not finish");
+        for (r, c) in cranks.into_iter().enumerate() {
+            let w = Win(&net.wins[r]);
+            let (e, mine, theirs) = if r < 2 {
+                (c.finish::<bf16, f32>(&proto, &w).unwrap_err(), DType::Bf16, DType::F32)
+            } else {
+                (c.finish::<f32, f32>(&proto, &w).unwrap_err(), DType::F32, DType::Bf16)
+            };
+            let other = 1 - r / 2;
+            match e {
+                EpError::PeerElementType { rank, segment, writer, theirs: t, mine: m } => {
+                    assert_eq!((rank, t, m), (r, theirs, mine), "{scheme:?}");
+                    assert_eq!(writer / 2, other, "{scheme:?} rank {r}: writer {writer} on the other node");
+                    let want = if scheme == Scheme::AsyncLL { Seg::CombineIn(writer) } else { Seg::Partial(other) };
+                    assert_eq!(segment, want.to_string(), "{scheme:?} rank {r}");
+                }
+                e => panic!("{scheme:?} rank {r}: {e}"),
+            }
+        }
+    }
+}
+
 /// Inputs over the per-rank token limit are refused at start, naming rank, count and limit.
 #[test]
 fn too_many_tokens_refused_at_start() {

@@ -1,7 +1,7 @@
 //! One rank's combine under the inter-node protocol: rows back to the relays (V1, V1-LL) or
 //! to the sources (AsyncLL), the relays' per-node partial sums, and the final sums.
 
-use super::record::{contrib, contrib_stride, partial, partial_stride, put_contrib, put_partial};
+use super::record::{contrib, contrib_stride, partial, partial_stride, put_contrib, put_partial, row_elem};
 use super::{Outbox, Proto, Seg, Window};
 use crate::combine::{contribution, slot_factor, CombineOptions, Combined};
 use crate::dispatch::SrcPos;
@@ -179,6 +179,7 @@ impl CombineRank {
                         writer: d,
                         detail: format!("no row for token {} of rank {origin}", tok.token),
                     })?;
+                    same_elem::<X>(me, seg, d, row)?;
                     let (token, xv, w) = contrib::<X>(cfg, row);
                     if token != tok.token {
                         return Err(EpError::Protocol {
@@ -305,6 +306,7 @@ impl CombineRank {
                     return Err(bad(format!("row for token {token} it was not routed, or out of order")));
                 }
                 last = Some(token);
+                same_elem::<X>(me, seg, writer, row)?;
                 let dst = &mut acc[token * h..(token + 1) * h];
                 let wdst = &mut wacc[token * k..(token + 1) * k];
                 if let Seg::Partial(n) = seg {
@@ -332,5 +334,20 @@ impl CombineRank {
         let x = Tensor2::new(t_n, h, acc.into_iter().map(O::from_f32).collect())?;
         let weights = self.has_weights.then(|| Tensor2::new(t_n, k, wacc)).transpose()?;
         Ok(Combined { x, weights })
+    }
+}
+
+/// The row or partial `row` of `seg`, written by `writer`, names the element type `X` this rank
+/// combines in: `PeerElementType` otherwise, or `Protocol` when its flags name no type.
+fn same_elem<X: Element>(me: usize, seg: Seg, writer: usize, row: &[u8]) -> EpResult<()> {
+    match row_elem(row) {
+        Ok(theirs) if theirs == X::DTYPE => Ok(()),
+        Ok(theirs) => Err(EpError::PeerElementType { rank: me, segment: seg.to_string(), writer, theirs, mine: X::DTYPE }),
+        Err(code) => Err(EpError::Protocol {
+            rank: me,
+            segment: seg.to_string(),
+            writer,
+            detail: format!("a combine row whose flags name element type code {code}, which is none"),
+        }),
     }
 }

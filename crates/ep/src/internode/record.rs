@@ -1,13 +1,14 @@
 //! Byte layouts of the protocol's entries, little-endian, each padded to 8 bytes:
 //! - dispatch record: `src u32, token u32, dest u32 (V1-LL's destination rank, else
 //!   u32::MAX), 0 u32`, K ids as i64, K weights f32, `scale_dim` f32 scales, H elements;
-//! - combine row: `token u32, has_weights u32`, H elements, K f32 weights (0 when absent);
-//! - combine partial: `token u32, 0 u32`, H sums (in the combine dtype when the partial crosses
+//! - combine row: `token u32, flags u32` (bit 0: has weights; bits 8..16: the writer's combine
+//!   element type, [`elem_code`]), H elements, K f32 weights (0 when absent);
+//! - combine partial: `token u32, flags u32` (bits 8..16 as a row's), H sums (in the combine dtype when the partial crosses
 //!   to another node, as MORI's `tokCombXferBytes` counts them; f32 for the source's own node),
 //!   K f32 weight sums.
 
 use crate::config::EpConfig;
-use crate::dtype::{Element, TopkIndex};
+use crate::dtype::{DType, Element, TopkIndex};
 
 const HDR: usize = 16;
 
@@ -28,6 +29,23 @@ pub(crate) fn contrib_stride(cfg: &EpConfig, elem: usize) -> usize {
 /// Bytes of one combine partial with `elem` bytes per sum (the weight sums are f32).
 pub(crate) fn partial_stride(cfg: &EpConfig, elem: usize) -> usize {
     pad8(8 + cfg.hidden * elem + cfg.top_k * 4)
+}
+
+/// A combine element type as it stands in bits 8..16 of a row's or partial's flags word: 1 + the
+/// type's index (f32, bf16, fp8 e4m3), so that 0 names none.
+fn elem_code(d: DType) -> u32 {
+    (match d {
+        DType::F32 => 1,
+        DType::Bf16 => 2,
+        DType::Fp8E4m3 => 3,
+    }) << 8
+}
+
+/// The combine element type the writer of the row or partial at `b[..8]` combines in, or the
+/// code found when it names none.
+pub(crate) fn row_elem(b: &[u8]) -> Result<DType, u32> {
+    let code = (get_u32(b, 4) >> 8) & 0xff;
+    [DType::F32, DType::Bf16, DType::Fp8E4m3].into_iter().find(|&d| elem_code(d) >> 8 == code).ok_or(code)
 }
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {
@@ -125,7 +143,7 @@ pub(crate) fn record_body<X: Element, I: TopkIndex>(cfg: &EpConfig, b: &[u8]) ->
 pub(crate) fn put_contrib<X: Element>(out: &mut Vec<u8>, stride: usize, token: usize, x: &[X], w: Option<&[f32]>, k: usize) {
     let start = out.len();
     put_u32(out, token as u32);
-    put_u32(out, u32::from(w.is_some()));
+    put_u32(out, u32::from(w.is_some()) | elem_code(X::DTYPE));
     put_elems(out, x);
     for i in 0..k {
         out.extend_from_slice(&w.and_then(|w| w.get(i)).copied().unwrap_or(0.0).to_le_bytes());
@@ -138,18 +156,18 @@ pub(crate) fn contrib<X: Element>(cfg: &EpConfig, b: &[u8]) -> (usize, Vec<X>, O
     let size = X::DTYPE.size();
     let x: Vec<X> = (0..cfg.hidden).map(|i| X::get_le(&b[8 + i * size..])).collect();
     let w0 = 8 + cfg.hidden * size;
-    let w = (get_u32(b, 4) != 0).then(|| {
+    let w = (get_u32(b, 4) & 1 != 0).then(|| {
         (0..cfg.top_k).map(|i| f32::from_le_bytes([b[w0 + i * 4], b[w0 + i * 4 + 1], b[w0 + i * 4 + 2], b[w0 + i * 4 + 3]])).collect()
     });
     (get_u32(b, 0) as usize, x, w)
 }
 
 /// Appends one combine partial: the sums `x` as `X` (rounded to nearest) when `rounded`, else
-/// as f32, then the weight sums `w` as f32.
+/// as f32, then the weight sums `w` as f32. Its flags name `X` either way: the combine's type.
 pub(crate) fn put_partial<X: Element>(out: &mut Vec<u8>, stride: usize, token: usize, x: &[f32], w: &[f32], rounded: bool) {
     let start = out.len();
     put_u32(out, token as u32);
-    put_u32(out, 0);
+    put_u32(out, elem_code(X::DTYPE));
     if rounded {
         put_elems(out, &x.iter().map(|&v| X::from_f32(v)).collect::<Vec<X>>());
     } else {
@@ -193,5 +211,31 @@ mod tests {
             let (token, v) = partial::<bf16>(&small, &out, rounded);
             assert_eq!((token, v), (5, vec![want[0], want[1], want[2], want[3], 0.1]), "rounded {rounded}");
         }
+    }
+
+    /// Rows and partials name their writer's combine element type in bits 8..16 of the flags
+    /// word, beside a row's has-weights bit; a flags word that names none gives its code.
+    #[test]
+    fn rows_and_partials_name_the_combine_element_type() {
+        let cfg = EpConfig::new(2, 4, 16, 2, 4).unwrap();
+        let x = [1.0f32, 2.0, 3.0, 4.0];
+        let mut out = Vec::new();
+        put_contrib::<f32>(&mut out, contrib_stride(&cfg, 4), 3, &x, Some(&[0.5, 0.25]), 2);
+        assert_eq!((row_elem(&out), get_u32(&out, 4)), (Ok(DType::F32), 0x101));
+        assert_eq!(contrib::<f32>(&cfg, &out), (3, x.to_vec(), Some(vec![0.5, 0.25])));
+        out.clear();
+        let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+        put_contrib::<bf16>(&mut out, contrib_stride(&cfg, 2), 3, &xb, None, 2);
+        assert_eq!((row_elem(&out), get_u32(&out, 4)), (Ok(DType::Bf16), 0x200));
+        assert_eq!(contrib::<bf16>(&cfg, &out).2, None);
+        for rounded in [true, false] {
+            out.clear();
+            put_partial::<crate::Fp8E4m3>(&mut out, partial_stride(&cfg, 4), 1, &x, &[0.0, 0.0], rounded);
+            assert_eq!(row_elem(&out), Ok(DType::Fp8E4m3), "rounded {rounded}");
+        }
+        out[5] = 0;
+        assert_eq!(row_elem(&out), Err(0));
+        out[5] = 9;
+        assert_eq!(row_elem(&out), Err(9));
     }
 }
