@@ -70,6 +70,25 @@ impl Net {
         }
     }
 
+    /// Runs random steps, polling every rank with `poll(rank, window)` (its outbox and whether
+    /// it is complete) between them, until every rank is complete and no step is left.
+    fn drive(&mut self, ranks: usize, what: &str, mut poll: impl FnMut(usize, &Win) -> (Outbox, bool)) {
+        for _round in 0..100_000 {
+            let step = 1 + self.rng.below(7) as usize;
+            self.run(step);
+            let mut all = true;
+            for r in 0..ranks {
+                let (out, done) = poll(r, &Win(&self.wins[r]));
+                self.submit(out);
+                all &= done;
+            }
+            if all && self.steps.is_empty() {
+                return;
+            }
+        }
+        panic!("{what} did not finish");
+    }
+
     fn zero(&mut self, r: usize, range: std::ops::Range<usize>) {
         self.wins[r][range].fill(0);
     }
@@ -109,20 +128,7 @@ fn dispatch_all(proto: &Proto, inp: &[RankInput<bf16, i64>], seed: u64) -> (Net,
         net.submit(out);
         ranks.push(st);
     }
-    for _round in 0..100_000 {
-        let step = 1 + net.rng.below(7) as usize;
-        net.run(step);
-        let mut all = true;
-        for (r, st) in ranks.iter_mut().enumerate() {
-            let out = st.poll(proto, &Win(&net.wins[r])).unwrap();
-            net.submit(out);
-            all &= st.is_complete(proto, &Win(&net.wins[r])).unwrap();
-        }
-        if all && net.steps.is_empty() {
-            break;
-        }
-    }
-    assert!(net.steps.is_empty(), "dispatch did not finish");
+    net.drive(inp.len(), "dispatch", |r, w| (ranks[r].poll(proto, w).unwrap(), ranks[r].is_complete(proto, w).unwrap()));
     let mut recvs = Vec::new();
     let mut states = Vec::new();
     for (r, st) in ranks.into_iter().enumerate() {
@@ -152,20 +158,7 @@ fn run_protocol(
         net.submit(out);
         cranks.push(c);
     }
-    for _round in 0..100_000 {
-        let step = 1 + net.rng.below(7) as usize;
-        net.run(step);
-        let mut all = true;
-        for (r, c) in cranks.iter_mut().enumerate() {
-            let out = c.poll::<bf16>(&proto, &Win(&net.wins[r])).unwrap();
-            net.submit(out);
-            all &= c.is_complete(&proto, &Win(&net.wins[r])).unwrap();
-        }
-        if all && net.steps.is_empty() {
-            break;
-        }
-    }
-    assert!(net.steps.is_empty(), "combine did not finish");
+    net.drive(inp.len(), "combine", |r, w| (cranks[r].poll::<bf16>(&proto, w).unwrap(), cranks[r].is_complete(&proto, w).unwrap()));
     let outs = cranks.into_iter().enumerate().map(|(r, c)| c.finish::<bf16, f32>(&proto, &Win(&net.wins[r])).unwrap()).collect();
     (recvs, outs)
 }
@@ -266,23 +259,11 @@ fn ranks_combining_in_different_element_types_are_refused() {
             net.submit(out);
             cranks.push(c);
         }
-        for _round in 0..100_000 {
-            let step = 1 + net.rng.below(7) as usize;
-            net.run(step);
-            let mut all = true;
-            for (r, c) in cranks.iter_mut().enumerate() {
-                let out = {
-                    let w = Win(&net.wins[r]);
-                    if r < 2 { c.poll::<bf16>(&proto, &w) } else { c.poll::<f32>(&proto, &w) }.unwrap()
-                };
-                net.submit(out);
-                all &= c.is_complete(&proto, &Win(&net.wins[r])).unwrap();
-            }
-            if all && net.steps.is_empty() {
-                break;
-            }
-        }
-        assert!(net.steps.is_empty(), "{scheme:?}: combine did not finish");
+        net.drive(4, "mixed combine", |r, w| {
+            let c = &mut cranks[r];
+            let out = if r < 2 { c.poll::<bf16>(&proto, w) } else { c.poll::<f32>(&proto, w) }.unwrap();
+            (out, c.is_complete(&proto, w).unwrap())
+        });
         for (r, c) in cranks.into_iter().enumerate() {
             let w = Win(&net.wins[r]);
             let (e, mine, theirs) = if r < 2 {
