@@ -419,30 +419,7 @@ fn check(
             }
         }
     }
-    let xs: Vec<Tensor2<f32>> = orc
-        .iter()
-        .map(|o| Tensor2::from_fn(o.src.len(), cfg.hidden, |i, c| comb_value(o.src[i], c)))
-        .collect::<Result<_, _>>()
-        .unwrap_or_default();
-    let ws: Vec<Tensor2<f32>> =
-        orc.iter().map(|o| Tensor2::new(o.src.len(), cfg.top_k, f32s(&o.w))).collect::<Result<_, _>>().unwrap_or_default();
-    let opts = CombineOptions {
-        weighting: if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted },
-        order: Scheme::from_kernel_type(cfg.kernel_type).sum_order(),
-        ..CombineOptions::default()
-    };
-    // In the combine dtype: V1/V1-LL round other nodes' partials to it (PerNodeRounded).
-    let want = match a.combine_dtype {
-        CombDType::F32 => combine::<f32, f32, i64>(cfg, handle, &xs, Some(&ws), idx, opts),
-        CombDType::Bf16 => {
-            let xb: Vec<Tensor2<bf16>> = xs
-                .iter()
-                .map(|x| Tensor2::new(x.rows(), x.cols(), x.as_slice().iter().map(|&v| bf16::from_f32(v)).collect()))
-                .collect::<Result<_, _>>()
-                .unwrap_or_default();
-            combine::<bf16, f32, i64>(cfg, handle, &xb, Some(&ws), idx, opts)
-        }
-    };
+    let want = reference_combine(a, cfg, orc, handle, idx);
     let want = match want {
         Ok(w) => w,
         Err(e) => {
@@ -486,6 +463,36 @@ fn check(
         println!("check: weighted combine {}", if exact { "bit-exact" } else { "within 1e-2 relative, not bit-exact" });
     }
     true
+}
+
+/// The host reference's combine of the oracle's received rows (values `comb_value`), in the
+/// run's combine dtype and sum order; an error building its inputs is returned, not hidden.
+fn reference_combine(
+    a: &Args,
+    cfg: &EpConfig,
+    orc: &[crate::gpu::OracleRecv],
+    handle: &mori_ep::DispatchHandle,
+    idx: &[Tensor2<i64>],
+) -> mori_ep::EpResult<Vec<mori_ep::Combined<f32>>> {
+    let xs: Vec<Tensor2<f32>> =
+        orc.iter().map(|o| Tensor2::from_fn(o.src.len(), cfg.hidden, |i, c| comb_value(o.src[i], c))).collect::<Result<_, _>>()?;
+    let ws: Vec<Tensor2<f32>> = orc.iter().map(|o| Tensor2::new(o.src.len(), cfg.top_k, f32s(&o.w))).collect::<Result<_, _>>()?;
+    let opts = CombineOptions {
+        weighting: if a.weighted { Weighting::RankSlotSum } else { Weighting::Unweighted },
+        order: Scheme::from_kernel_type(cfg.kernel_type).sum_order(),
+        ..CombineOptions::default()
+    };
+    // In the combine dtype: V1/V1-LL round other nodes' partials to it (PerNodeRounded).
+    match a.combine_dtype {
+        CombDType::F32 => combine::<f32, f32, i64>(cfg, handle, &xs, Some(&ws), idx, opts),
+        CombDType::Bf16 => {
+            let xb: Vec<Tensor2<bf16>> = xs
+                .iter()
+                .map(|x| Tensor2::new(x.rows(), x.cols(), x.as_slice().iter().map(|&v| bf16::from_f32(v)).collect()))
+                .collect::<Result<_, _>>()?;
+            combine::<bf16, f32, i64>(cfg, handle, &xb, Some(&ws), idx, opts)
+        }
+    }
 }
 
 /// `PATH` with `.rank<R>` before its extension (or at its end).
