@@ -215,7 +215,7 @@ fn run_node(p: &IeParams, kernel: &str) {
     let grid = KERNELS.iter().find(|k| k.0 == kernel).map(|k| k.1);
     let per_rank = if grid == Some(Grid::Own) { COPY_BLOCKS } else { BLOCKS };
     let p = IeParams { blocks_per_rank: per_rank, ..*p };
-    launch("ep_internode", kernel, G as u32 * per_rank, THREADS, &p);
+    launch("ep_internode", kernel, p.num_local * per_rank, THREADS, &p);
 }
 
 /// How a run keeps its data: the combine input as rows in the window (`IE_FLAG_COMB_ROWS`),
@@ -830,11 +830,10 @@ fn an_out_of_range_id_is_reported_by_the_block_of_its_share() {
 /// the counter pair, or that names more than `max_tokens` records for a destination
 /// (`IE_ERR_RELAY_SEG`, with the count); a record naming a destination off the relay's node, a
 /// V1-LL token index past `max_tokens`, a V1 index past the header (`IE_ERR_RELAY`, with the
-/// record and the destination). Node 0 runs alone (no tokens); rank 0's relay segment from rank
-/// 3 (node 1), one record, is written by hand, and every other relay segment of node 0 as empty
-/// and complete, so that rank 0's relay has nothing to wait for: on a loaded machine a wait for
-/// a segment that never comes could otherwise reach its deadline before the refusal and be the
-/// fault recorded.
+/// record and the destination). Rank 0 runs alone (no tokens); its relay segment from rank 3
+/// (node 1), one record, is written by hand, rank 6's as empty and complete. Every other wait of
+/// rank 0 ends at its fault; the deadline (10 s) is far past the refusal even on a loaded
+/// machine (at 0.3 s a wait's deadline was at times recorded first).
 #[test]
 fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
     let cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
@@ -859,29 +858,23 @@ fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
         let mut x = vec![3 * TMAX as u32];
         x.extend(rec_tail);
         m.write_at(&m.win, seg + l.lay.relay_hdr as usize + tail, &le(&x, |v: u32| v.to_le_bytes().to_vec()));
-        // The pair (1 record) as rank 3's proxy would have written it; every other origin's relay
-        // segment empty and complete, so that no wait reaches its deadline first.
-        for (r, mem) in mems.iter().enumerate().take(G) {
-            for w in (G..W).filter(|w| w % G == r) {
-                let pair: [u64; 2] = if (r, w) == (0, 3) { [1, 2] } else { [0, 1] };
-                mem.write_at(&mem.win, l.lay.ctr as usize + l.counter(0, w, 0), &le(&pair, |v: u64| v.to_le_bytes().to_vec()));
-            }
-        }
-        let abi = Region::new(G * std::mem::size_of::<IeRank>());
-        for (r, mem) in mems.iter().enumerate().take(G) {
-            // SAFETY: the region holds G IeRank structs.
-            unsafe { (abi.ptr as *mut IeRank).add(r).write(mem.abi(r, 0, 0)) };
-        }
-        // Rank 0 itself waits for its relays' records as a destination: a deadline well past the
-        // time its relay takes to refuse origin 3's on a loaded machine (0.3 s was not).
-        let p = IeParams { timeout_ns: 1_500_000_000, ..params(&l, &mems, &abi, 0) };
+        // The pair (1 record) as rank 3's proxy would have written it; rank 6's relay segment
+        // empty and complete.
+        m.write_at(&m.win, l.lay.ctr as usize + l.counter(0, 3, 0), &le(&[1u64, 2], |v: u64| v.to_le_bytes().to_vec()));
+        m.write_at(&m.win, l.lay.ctr as usize + l.counter(0, 6, 0), &le(&[0u64, 1], |v: u64| v.to_le_bytes().to_vec()));
+        let abi = Region::new(std::mem::size_of::<IeRank>());
+        // SAFETY: the region holds one IeRank.
+        unsafe { (abi.ptr as *mut IeRank).write(m.abi(0, 0, 0)) };
+        // Rank 0 runs alone: its waits for what never comes (its node's other ranks, what they
+        // relay, the records it refuses) end at its own fault, long before this deadline.
+        let p = IeParams { num_local: 1, timeout_ns: 10_000_000_000, ..params(&l, &mems, &abi, 0) };
         run_node(&p, "mori_ie_dispatch_stage");
         run_node(&p, "mori_ie_dispatch");
         let st = m.status();
         assert_eq!((st[1], [st[2], st[3], st[4]]), want, "case {case}: status {st:?}");
         for (d, mem) in mems.iter().enumerate().take(G) {
             let at = l.lay.disp_in as usize + 3 * l.lay.seg_rec as usize;
-            assert!(mem.win.bytes()[at..at + l.rec_bytes].iter().all(|&b| b == 0), "case {case}: a record reached rank {d}");
+            assert!(mem.win.bytes()[at..at + l.lay.seg_rec as usize].iter().all(|&b| b == 0), "case {case}: a record reached rank {d}");
         }
     }
 }
