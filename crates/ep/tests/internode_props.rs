@@ -235,51 +235,136 @@ fn combine_steps_refuse_another_element_type_than_start() {
     assert_eq!(c.finish::<f32, f32>(&proto, &win).unwrap_err(), want("finish"));
 }
 
+/// How a rank's combine ended in [`mixed_combine`].
+#[derive(Debug)]
+enum End {
+    /// `poll` or `finish` returned this error.
+    Refused(EpError),
+    /// `finish` returned its output.
+    Finished,
+    /// Not complete once nothing moved.
+    Waiting,
+}
+
+/// Dispatch, then combine with the ranks in `wide` combining in f32 and the others in bf16, run
+/// until nothing moves; how each rank's combine ended.
+fn mixed_combine(scheme: Scheme, wide: &[usize]) -> Vec<End> {
+    let (mut cfg, inp) = case((4, 2), 2, false, Mode::DeepEp, 11);
+    assert!(inp.iter().all(|i| i.x.rows() > 0), "every rank sends tokens");
+    cfg.max_token_type_size = 4;
+    let proto = Proto::new(&cfg, scheme, 2, OutOfRange::Error).unwrap();
+    let (mut net, recvs, states) = dispatch_all(&proto, &inp, 11);
+    let mut cranks = Vec::new();
+    for (r, (st, rv)) in states.into_iter().zip(&recvs).enumerate() {
+        let x = expert_out(r, &rv.x);
+        let (c, out) = if wide.contains(&r) {
+            CombineRank::start(&proto, st, &x.map(|v| v.to_f32()), None, CombineOptions::default())
+        } else {
+            CombineRank::start(&proto, st, &x, None, CombineOptions::default())
+        }
+        .unwrap();
+        net.submit(out);
+        cranks.push(c);
+    }
+    let mut errs: Vec<Option<EpError>> = vec![None; 4];
+    for _round in 0..100_000 {
+        let step = 1 + net.rng.below(7) as usize;
+        net.run(step);
+        let mut moved = false;
+        for (r, c) in cranks.iter_mut().enumerate() {
+            if errs[r].is_some() {
+                continue;
+            }
+            let w = Win(&net.wins[r]);
+            match if wide.contains(&r) { c.poll::<f32>(&proto, &w) } else { c.poll::<bf16>(&proto, &w) } {
+                Ok(out) => {
+                    moved |= !out.puts.is_empty();
+                    net.submit(out);
+                }
+                Err(e) => errs[r] = Some(e),
+            }
+        }
+        if !moved && net.steps.is_empty() {
+            break;
+        }
+    }
+    assert!(net.steps.is_empty(), "{scheme:?}: the network did not drain");
+    let mut ends = Vec::new();
+    for ((r, c), err) in cranks.into_iter().enumerate().zip(errs) {
+        let w = Win(&net.wins[r]);
+        ends.push(match err {
+            Some(e) => End::Refused(e),
+            None if !c.is_complete(&proto, &w).unwrap() => End::Waiting,
+            None => {
+                let done = if wide.contains(&r) {
+                    c.finish::<f32, f32>(&proto, &w).map(|_| ())
+                } else {
+                    c.finish::<bf16, f32>(&proto, &w).map(|_| ())
+                };
+                done.map_or_else(End::Refused, |()| End::Finished)
+            }
+        });
+    }
+    ends
+}
+
+/// The element types of a `PeerElementType` error for rank `r` reading a row of the other type.
+fn types(r: usize, wide: &[usize]) -> (DType, DType) {
+    if wide.contains(&r) {
+        (DType::F32, DType::Bf16)
+    } else {
+        (DType::Bf16, DType::F32)
+    }
+}
+
 /// Ranks that combine in different element types (processes of one job, each with its own `X`)
 /// are refused where one reads another node's row or partial, naming the segment, its writer
-/// and both types; nothing is summed at the wrong width.
+/// and both types. Node 0 (ranks 0, 1) combines in bf16, node 1 (ranks 2, 3) in f32: every rank
+/// is refused in `finish` (AsyncLL: the rows of a rank on the other node; V1, V1-LL: the other
+/// node's relay's partial). Without the check V1 reads the f32 partial at bf16's stride and
+/// reports a garbage token id.
 #[test]
 fn ranks_combining_in_different_element_types_are_refused() {
+    let wide = [2, 3];
     for scheme in [Scheme::V1, Scheme::V1LL, Scheme::AsyncLL] {
-        let (mut cfg, inp) = case((4, 2), 2, false, Mode::DeepEp, 11);
-        assert!(inp.iter().all(|i| i.x.rows() > 0), "every rank sends tokens");
-        cfg.max_token_type_size = 4;
-        let proto = Proto::new(&cfg, scheme, 2, OutOfRange::Error).unwrap();
-        let (mut net, recvs, states) = dispatch_all(&proto, &inp, 11);
-        // Node 0 (ranks 0, 1) combines in bf16, node 1 (ranks 2, 3) in f32.
-        let mut cranks = Vec::new();
-        for (r, (st, rv)) in states.into_iter().zip(&recvs).enumerate() {
-            let x = expert_out(r, &rv.x);
-            let (c, out) = if r < 2 {
-                CombineRank::start(&proto, st, &x, None, CombineOptions::default())
-            } else {
-                CombineRank::start(&proto, st, &x.map(|v| v.to_f32()), None, CombineOptions::default())
-            }
-            .unwrap();
-            net.submit(out);
-            cranks.push(c);
-        }
-        net.drive(4, "mixed combine", |r, w| {
-            let c = &mut cranks[r];
-            let out = if r < 2 { c.poll::<bf16>(&proto, w) } else { c.poll::<f32>(&proto, w) }.unwrap();
-            (out, c.is_complete(&proto, w).unwrap())
-        });
-        for (r, c) in cranks.into_iter().enumerate() {
-            let w = Win(&net.wins[r]);
-            let (e, mine, theirs) = if r < 2 {
-                (c.finish::<bf16, f32>(&proto, &w).unwrap_err(), DType::Bf16, DType::F32)
-            } else {
-                (c.finish::<f32, f32>(&proto, &w).unwrap_err(), DType::F32, DType::Bf16)
-            };
+        for (r, e) in mixed_combine(scheme, &wide).into_iter().enumerate() {
             let other = 1 - r / 2;
             match e {
-                EpError::PeerElementType { rank, segment, writer, theirs: t, mine: m } => {
-                    assert_eq!((rank, t, m), (r, theirs, mine), "{scheme:?}");
+                End::Refused(EpError::PeerElementType { rank, segment, writer, theirs, mine }) => {
+                    assert_eq!((rank, mine, theirs), (r, types(r, &wide).0, types(r, &wide).1), "{scheme:?}");
                     assert_eq!(writer / 2, other, "{scheme:?} rank {r}: writer {writer} on the other node");
                     let want = if scheme == Scheme::AsyncLL { Seg::CombineIn(writer) } else { Seg::Partial(other) };
                     assert_eq!(segment, want.to_string(), "{scheme:?} rank {r}");
                 }
-                e => panic!("{scheme:?} rank {r}: {e}"),
+                e => panic!("{scheme:?} rank {r}: {e:?}"),
+            }
+        }
+    }
+}
+
+/// The same inside a node (V1, V1-LL): rank 1 combines in f32, the others in bf16. The relays
+/// of node 0 (ranks 0 and 1) refuse each other's rows in `poll` (their gather segments).
+/// Without the check rank 0 finishes with rank 1's f32 rows read as bf16.
+#[test]
+fn relays_refuse_rows_of_another_element_type_from_their_own_node() {
+    let wide = [1];
+    for scheme in [Scheme::V1, Scheme::V1LL] {
+        for (r, e) in mixed_combine(scheme, &wide).into_iter().enumerate() {
+            match e {
+                End::Refused(EpError::PeerElementType { rank, segment, writer, theirs, mine }) => {
+                    assert_eq!((rank, mine, theirs), (r, types(r, &wide).0, types(r, &wide).1), "{scheme:?}");
+                    if r < 2 {
+                        assert_eq!(writer, 1 - r, "{scheme:?} rank {r}");
+                        assert!(
+                            segment.starts_with(&format!("combine gather segment (local rank {writer},")),
+                            "{scheme:?} rank {r}: {segment}"
+                        );
+                    }
+                }
+                // Node 1's ranks read node 0's relays' partials: refused, waiting for one that
+                // never came, or finished when both relays' partials were of bf16 rows only.
+                End::Waiting | End::Finished if r >= 2 => {}
+                e => panic!("{scheme:?} rank {r}: {e:?}"),
             }
         }
     }

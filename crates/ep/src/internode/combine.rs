@@ -139,8 +139,9 @@ impl CombineRank {
     /// Sums, as a relay, every origin node whose rows from all of this node's ranks are
     /// complete, and sends one partial per token back to its source (V1, V1-LL): sums in f32,
     /// sent in the combine dtype `X` to another node's source, in f32 to this rank itself.
-    /// Errors: `CombineElementType` (`X` is not `start`'s); `SegmentOverflow`; `Protocol` for
-    /// rows of unknown or misordered tokens.
+    /// Errors: `CombineElementType` (`X` is not `start`'s); `PeerElementType` (a row written in
+    /// another element type); `SegmentOverflow`; `Protocol` for rows of unknown or misordered
+    /// tokens.
     pub fn poll<X: Element>(&mut self, proto: &Proto, win: &dyn Window) -> EpResult<Outbox> {
         self.same_type::<X>("poll")?;
         let mut out = Outbox::default();
@@ -281,8 +282,9 @@ impl CombineRank {
     /// The rank's combined tokens `[T, H]` (and `[T, K]` weight sums when weights were
     /// passed), summed in the scheme's order ([`super::Scheme::sum_order`]). Call once
     /// complete; then zero [`super::WindowLayout::combine_counters`].
-    /// Errors: `CombineElementType` (`X` is not `start`'s); `Protocol` (rows for tokens not
-    /// routed to their writer, out of order).
+    /// Errors: `CombineElementType` (`X` is not `start`'s); `PeerElementType` (a row or partial
+    /// written in another element type); `Protocol` (rows for tokens not routed to their
+    /// writer, out of order).
     pub fn finish<X: Element, O: CombineOut>(self, proto: &Proto, win: &dyn Window) -> EpResult<Combined<O>> {
         self.same_type::<X>("finish")?;
         let cfg = proto.config();
