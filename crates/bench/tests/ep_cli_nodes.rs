@@ -20,41 +20,28 @@ fn run_env(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
-/// With armed copy launches (`MORI_GPU_POOL_ARMED`) each rank's engine needs one stream more:
-/// the xgmi limit counts it and says so; a bad value names the variable and its range.
+/// Armed copy launches (`MORI_GPU_POOL_ARMED`) are refused for the inter-node EP over xgmi,
+/// naming the variable and what they cost on a GPU; a bad value names the variable and its
+/// range; 0 goes on to the xgmi stream limit; over tcp the variable plays no part.
 #[test]
-fn armed_launches_count_in_the_stream_limit() {
-    let geo = [
-        "--kernel-type",
-        "v1",
-        "--world-size",
-        "12",
-        "--num-nodes",
-        "2",
-        "--num-tokens",
-        "8",
-        "--hidden",
-        "256",
-        "--num-experts",
-        "48",
-        "--top-k",
-        "2",
-    ];
-    let (code, text) = run_env(&geo, &[("MORI_GPU_POOL_ARMED", "2")]);
-    assert_eq!(code, 1, "{text}");
-    for want in [
-        "--world-size 12 over xgmi: 38 streams (3 copy streams per rank, one of them the armed launches' (MORI_GPU_POOL_ARMED)",
-        "at most 10 ranks in 2 nodes",
-    ] {
-        assert!(text.contains(want), "wanted {want:?} in {text}");
-    }
+fn armed_launches_are_refused_over_xgmi() {
     let four = with_small(&["--kernel-type", "v1", "--world-size", "16", "--num-nodes", "4"]);
     let four: Vec<&str> = four.iter().map(String::as_str).collect();
-    let (_, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "1")]);
-    assert!(text.contains("52 streams") && text.contains("at most 8 ranks in 4 nodes"), "{text}");
+    let (code, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "2")]);
+    assert_eq!(code, 1, "{text}");
+    for want in ["MORI_GPU_POOL_ARMED = 2", "0.9-1.2 ms instead of 19-23 µs", "unset it or set 0"] {
+        assert!(text.contains(want), "wanted {want:?} in {text}");
+    }
     let (code, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "x")]);
     assert_eq!(code, 1, "{text}");
     assert!(text.contains("MORI_GPU_POOL_ARMED=\"x\"") && text.contains("0 (off) to 8"), "{text}");
+    let (code, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "0")]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("36 streams") && text.contains("at most 12 ranks in 4 nodes"), "{text}");
+    let mut tcp = four.clone();
+    tcp.extend(["--transport", "tcp"]);
+    let (_, text) = run_env(&tcp, &[("MORI_GPU_POOL_ARMED", "2")]);
+    assert!(!text.contains("MORI_GPU_POOL_ARMED"), "{text}");
 }
 
 const SMALL: &[&str] = &["--num-tokens", "8", "--hidden", "256", "--num-experts", "32", "--top-k", "2"];

@@ -215,7 +215,7 @@ impl InterNodeGpu {
         }
         let n = self.ranks[rank].recv;
         let l = self.layout.clone();
-        read_records(self.rt.as_ref(), &l, &mut self.ranks[rank], n, &self.regs)
+        read_records(self.rt.as_ref(), &l, &mut self.ranks[rank], n)
     }
 
     /// Writes host rows into rank `rank`'s combine input ([`InterNodeGpu::combine_input`]):

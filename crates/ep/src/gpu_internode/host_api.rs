@@ -2,13 +2,11 @@
 //! and read back around the kernels (the device calls, `device_api.rs`, leave them on the
 //! GPU).
 
-use super::{bad, host_err, quiesce_engines, run_abi, GpuRank, InterNodeGpu};
+use super::{bad, host_err, run_abi, GpuRank, InterNodeGpu};
 use crate::gpu::GpuResult;
 use crate::gpu_internode::{InterLayout, InterTicket, RankBytes, RecvBytes};
 use crate::gpu_ring::Window;
 use mori_gpu::Runtime;
-use mori_io::{IoEngine, MemoryDesc};
-use std::sync::Arc;
 
 impl InterNodeGpu {
     /// Dispatches `inputs[r]` of every rank; returns what each received, in the reference's
@@ -64,7 +62,7 @@ impl InterNodeGpu {
             gr.comb_rows = 0;
             gr.recv = n;
             if self.opts.recv_in_window {
-                out.push(read_records(self.rt.as_ref(), &l, gr, n, &self.regs)?);
+                out.push(read_records(self.rt.as_ref(), &l, gr, n)?);
                 continue;
             }
             let sizes = [n * l.row_bytes, n * l.top_k * 4, n * l.top_k * l.idx_size, n * l.scale_bytes, n * 4];
@@ -178,15 +176,7 @@ impl InterNodeGpu {
 
 /// What rank `gr` received (`n` records in all), read from its window: each source's segment
 /// holds its `recv_cnt[s]` records in the received order.
-/// `regs`' engines are quiesced before the pinned buffer grows (an allocation while their
-/// launches are armed could wait for them).
-pub(super) fn read_records(
-    rt: &dyn Runtime,
-    l: &InterLayout,
-    gr: &mut GpuRank,
-    n: usize,
-    regs: &[(Arc<IoEngine>, MemoryDesc)],
-) -> GpuResult<RecvBytes> {
+pub(super) fn read_records(rt: &dyn Runtime, l: &InterLayout, gr: &mut GpuRank, n: usize) -> GpuResult<RecvBytes> {
     let cnt = recv_counts(rt, l, gr)?;
     // The kernels checked every count against max_tokens and their sum against status[0]
     // (at most max_recv records: what recv_host holds).
@@ -202,7 +192,6 @@ pub(super) fn read_records(
             // Kept until the object goes (see `recv_host_old`); powers of two bound them to
             // the size of the last one.
             gr.recv_host_old.extend(old);
-            quiesce_engines(regs)?;
             rt.alloc_pinned(gr.dev_ctr.device(), len.max(1).next_power_of_two())?
         }
     };

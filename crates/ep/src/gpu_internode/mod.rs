@@ -26,8 +26,8 @@ pub mod trace;
 mod types;
 
 pub use run::{
-    copy_streams_per_rank, max_xgmi_ranks, needed_connections, CombineInputBuf, DeviceCombined, DeviceRankInputs, DeviceRecv, DeviceTicket,
-    InterNodeGpu,
+    max_xgmi_ranks, needed_connections, refuse_armed_launches, CombineInputBuf, DeviceCombined, DeviceRankInputs, DeviceRecv, DeviceTicket,
+    InterNodeGpu, XGMI_COPY_STREAMS,
 };
 pub use types::{ElemSizes, InterNodeOptions, InterPath, InterTicket, PhaseTimes, RankBytes, RecvBytes};
 

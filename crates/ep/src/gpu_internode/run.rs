@@ -53,9 +53,8 @@ struct GpuRank {
     /// from 78-83 ms with pageable memory to 43-50 ms at the decode shape, 8 ranks), grown to
     /// the largest dispatch so far (a power of two of bytes).
     recv_host: Option<PinnedBuffer>,
-    /// Buffers `recv_host` outgrew, freed with the object, after its engines let go of any
-    /// armed launch (freeing pinned memory waits for the whole device: see
-    /// [`InterNodeGpu`]'s drop).
+    /// Buffers `recv_host` outgrew, freed with the object (freeing pinned memory waits for
+    /// the whole device: not while a call's kernels run).
     recv_host_old: Vec<PinnedBuffer>,
     /// comb_x, comb_w, comb_out, comb_out_w.
     comb: Vec<DeviceBuffer>,
@@ -108,34 +107,38 @@ fn host_err(what: &str, e: impl std::fmt::Display) -> EpGpuError {
 
 /// Copy streams each rank's xgmi engine keeps (few, so that every stream of the process can
 /// have a hardware queue of its own: see [`needed_connections`]).
-const XGMI_STREAMS: usize = 2;
+pub const XGMI_COPY_STREAMS: usize = 2;
 
 /// `CUDA_DEVICE_MAX_CONNECTIONS` an xgmi job of `world` ranks and `nodes` kernel streams needs
 /// so that no copy stream shares a hardware work queue with a spinning kernel's stream: CUDA
 /// maps streams onto that many queues (default 8), and work on a shared queue runs in order,
-/// so a copy queued behind a kernel that waits for it never starts. With `armed` (the engines'
-/// copy pools arm ordered-copy launches: `mori_gpu::armed_depth`) each rank's engine has one
-/// stream more, whose launches wait for their doorbell.
-pub fn needed_connections(world: usize, nodes: usize, armed: bool) -> usize {
-    world * copy_streams_per_rank(armed) + nodes
-}
-
-/// Copy streams each rank's xgmi engine uses: 2, and with `armed` one more for the armed
-/// launches.
-pub fn copy_streams_per_rank(armed: bool) -> usize {
-    XGMI_STREAMS + usize::from(armed)
+/// so a copy queued behind a kernel that waits for it never starts.
+pub fn needed_connections(world: usize, nodes: usize) -> usize {
+    world * XGMI_COPY_STREAMS + nodes
 }
 
 /// The most ranks an xgmi job over `nodes` nodes can have with [`needed_connections`] within
 /// CUDA's 32 hardware queues, rounded down to a multiple of `nodes` (every node has as many).
-pub fn max_xgmi_ranks(nodes: usize, armed: bool) -> usize {
+pub fn max_xgmi_ranks(nodes: usize) -> usize {
     let n = nodes.max(1);
-    32usize.saturating_sub(n) / copy_streams_per_rank(armed) / n * n
+    32usize.saturating_sub(n) / XGMI_COPY_STREAMS / n * n
 }
 
-/// Every engine's [`IoEngine::quiesce`] (all asked; the first error).
-pub(super) fn quiesce_engines(regs: &[(Arc<IoEngine>, MemoryDesc)]) -> GpuResult<()> {
-    regs.iter().map(|(e, _)| e.quiesce()).fold(Ok(()), Result::and).map_err(|err| host_err("letting the engines' armed launches go", err))
+/// Refuses armed ordered-copy launches (`MORI_GPU_POOL_ARMED` above 0) for the inter-node EP
+/// over xgmi: on an H100 (docs/PERFORMANCE.md, "Armed launches") an inter-node write took
+/// 0.9-1.2 ms with them against 19-23 µs launched when posted, and the EP's GPU tests missed
+/// their deadlines with them. Errors: `InvalidConfig` naming the variable; `Gpu` for a value
+/// that is not a depth.
+pub fn refuse_armed_launches() -> GpuResult<()> {
+    let depth = mori_gpu::armed_depth(0)?;
+    if depth > 0 {
+        return Err(bad(
+            "MORI_GPU_POOL_ARMED",
+            depth,
+            "the inter-node EP over xgmi launches each ordered copy when posted: with armed launches an inter-node write took 0.9-1.2 ms instead of 19-23 µs on an H100 and the kernels missed their deadlines; unset it or set 0",
+        ));
+    }
+    Ok(())
 }
 
 /// The kernels of dispatch, as indices into [`KERNELS`], in launch order.
@@ -246,18 +249,16 @@ impl InterNodeGpu {
             ));
         }
         if opts.path == InterPath::Xgmi {
-            let armed = mori_gpu::armed_depth(0)? > 0;
-            let need = needed_connections(w, w / g, armed);
+            refuse_armed_launches()?;
+            let need = needed_connections(w, w / g);
             let have = std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().and_then(|v| v.parse::<usize>().ok()).unwrap_or(8);
             if have < need {
-                let per_rank = copy_streams_per_rank(armed);
                 return Err(bad(
                     "CUDA_DEVICE_MAX_CONNECTIONS",
                     have,
                     format!(
-                        "the xgmi leg of {w} ranks uses {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) and each needs a hardware queue of its own, or a copy can wait behind a kernel that waits for it; set it to {need}..=32 before the process creates its CUDA context (at most {} ranks then)",
-                        if armed { ", one of them the armed launches'" } else { "" },
-                        max_xgmi_ranks(w / g, armed)
+                        "the xgmi leg of {w} ranks uses {need} streams ({XGMI_COPY_STREAMS} copy streams per rank and one kernel stream per node) and each needs a hardware queue of its own, or a copy can wait behind a kernel that waits for it; set it to {need}..=32 before the process creates its CUDA context (at most {} ranks then)",
+                        max_xgmi_ranks(w / g)
                     ),
                 ));
             }
@@ -330,7 +331,7 @@ impl InterNodeGpu {
             )
             .map_err(|e| host_err("MORI-IO engine", e))?;
             let bc = match opts.path {
-                InterPath::Xgmi => BackendConfig::Xgmi(XgmiConfig { num_streams: XGMI_STREAMS, ..XgmiConfig::default() }),
+                InterPath::Xgmi => BackendConfig::Xgmi(XgmiConfig { num_streams: XGMI_COPY_STREAMS, ..XgmiConfig::default() }),
                 InterPath::Tcp { lanes } => {
                     let mut t = TcpConfig::from_env().map_err(|e| host_err("tcp settings", e))?;
                     t.lanes = lanes;
@@ -432,18 +433,6 @@ impl InterNodeGpu {
             in_window,
             describe,
         })
-    }
-
-    /// Lets every rank's engine let go of device work queued ahead that waits for the host
-    /// (the copy pools' armed ordered-copy launches, on with `MORI_GPU_POOL_ARMED`) and waits
-    /// for it. While they are armed, anything that waits for the whole device waits for them,
-    /// forever: call this between calls before freeing device or pinned memory (the buffers
-    /// given to [`InterNodeGpu::dispatch_device`] among them), allocating, or synchronising
-    /// the device (`torch.cuda.synchronize()`). The next dispatch arms them again. Nothing to
-    /// do without armed launches; the drop does it itself. Errors: `Host` when a device's
-    /// armed stream did not drain in 10 s.
-    pub fn quiesce(&self) -> GpuResult<()> {
-        quiesce_engines(&self.regs)
     }
 
     /// One line: scheme, nodes x ranks, launch shape, both legs' paths.
@@ -603,16 +592,8 @@ impl Drop for InterNodeGpu {
         for s in &self.streams {
             let _ = s.synchronize();
         }
-        // The proxies stop (nothing posts any more), then the engines let go of device work
-        // that waits for the host (xgmi's armed ordered-copy launches, `MORI_GPU_POOL_ARMED`):
-        // freeing device or pinned memory below waits for the whole device, so it would wait
-        // for them forever. If they cannot, the buffers are leaked instead.
+        // The proxies stop (nothing posts any more) before the windows go.
         self.proxies.clear();
-        if let Err(err) = quiesce_engines(&self.regs) {
-            tracing::warn!(error = %err, "inter-node EP: the engines' armed launches did not finish: the windows, rings and buffers are leaked, not freed");
-            std::mem::forget(std::mem::take(&mut self.ranks));
-            std::mem::forget(std::mem::take(&mut self.abi));
-        }
         for (e, m) in &self.regs {
             let _ = e.deregister_memory(m);
         }

@@ -512,14 +512,13 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
         )));
     }
     if inter_gpu && a.transport.is_none() {
-        let armed = mori_gpu::armed_depth(0).map_err(|e| err(e.to_string()))? > 0;
-        let need = mori_ep::gpu_internode::needed_connections(w, nodes, armed);
+        mori_ep::gpu_internode::refuse_armed_launches().map_err(|e| err(e.to_string()))?;
+        let need = mori_ep::gpu_internode::needed_connections(w, nodes);
         if need > 32 {
-            let per_rank = mori_ep::gpu_internode::copy_streams_per_rank(armed);
-            let most = mori_ep::gpu_internode::max_xgmi_ranks(nodes, armed);
+            let per_rank = mori_ep::gpu_internode::XGMI_COPY_STREAMS;
+            let most = mori_ep::gpu_internode::max_xgmi_ranks(nodes);
             return Err(err(format!(
-                "--world-size {w} over xgmi: {need} streams ({per_rank} copy streams per rank{} and one kernel stream per node) but CUDA gives at most 32 hardware queues; at most {most} ranks in {nodes} nodes, or use --transport tcp",
-                if armed { ", one of them the armed launches' (MORI_GPU_POOL_ARMED)" } else { "" },
+                "--world-size {w} over xgmi: {need} streams ({per_rank} copy streams per rank and one kernel stream per node) but CUDA gives at most 32 hardware queues; at most {most} ranks in {nodes} nodes, or use --transport tcp"
             )));
         }
     }
