@@ -366,6 +366,11 @@ fn run(a: &Args) -> R<()> {
     }
     let stats = proxy.stop().map_err(e("proxy"))?;
     println!("proxy: {} commands in {} batched signalled writes, {} bytes", stats.commands, stats.batches, stats.bytes);
+    let pool = mori_gpu::submit_stats();
+    println!(
+        "copy pools (whole run): {} submissions, {} ordered batches in one launch of the ordered-copy kernel, {} fired armed launches (MORI_GPU_POOL_ARMED)",
+        pool.submissions, pool.ordered_launches, pool.armed_fires
+    );
     println!("check: OK");
     finish(s);
     Ok(())

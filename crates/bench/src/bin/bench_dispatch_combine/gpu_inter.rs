@@ -303,13 +303,14 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let (wait_us, enqueue_us, record_us) = pool.mean_us();
     if pool.submissions > 0 {
         println!(
-            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed; {} of the submissions ordered batches in one launch of the ordered-copy kernel",
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed; {} of the submissions ordered batches in one launch of the ordered-copy kernel; {} fired armed launches",
             pool.submissions,
             pool.max_submit_ns as f64 / 1e3,
             pool.event_queries,
             pool.mean_query_us(),
             pool.flag_misses,
-            pool.ordered_launches
+            pool.ordered_launches,
+            pool.armed_fires
         );
     }
     let mut pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
