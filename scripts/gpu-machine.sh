@@ -66,7 +66,7 @@ step() { echo; echo "=== $*"; }
 # sums in a kernel of their own against the earlier build carried as
 # .gpu-bundle/bench_dispatch_combine_prev, with the GPU tests, baselines and traces), and,
 # only when named, armed (scripts/gpu-parts/armed.sh: the copy pool's GPU tests, with the
-# armed ordered-copy launches', then bench_engine's xgmi writes with the pool armed and not).
+# armed ordered-copy launches').
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
