@@ -29,7 +29,7 @@ fn armed_launches_are_refused_over_xgmi() {
     let four: Vec<&str> = four.iter().map(String::as_str).collect();
     let (code, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "2")]);
     assert_eq!(code, 1, "{text}");
-    for want in ["MORI_GPU_POOL_ARMED = 2", "0.9-1.2 ms instead of 19-23 µs", "unset it or set 0"] {
+    for want in ["MORI_GPU_POOL_ARMED = 2", "1-3 ms instead of 19-55 µs", "unset it or set 0"] {
         assert!(text.contains(want), "wanted {want:?} in {text}");
     }
     let (code, text) = run_env(&four, &[("MORI_GPU_POOL_ARMED", "x")]);

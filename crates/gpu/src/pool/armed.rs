@@ -10,8 +10,9 @@
 //!
 //! Why: a launch of the ordered-copy kernel takes 5.4-8.0 µs of a proxy's posting call on an
 //! idle H200 and 17-25 µs under the 2 x 4 inter-node EP load (docs/PERFORMANCE.md), where a
-//! whole batch-1 xgmi write in bench_engine takes about 11 µs. The inter-node EP arms when
-//! `MORI_GPU_POOL_ARMED` says so, and disarms its engines' pools before it frees anything.
+//! whole batch-1 xgmi write in bench_engine takes about 11 µs. The inter-node EP refuses it
+//! over xgmi (`mori_ep::gpu_internode::refuse_armed_launches`): under its co-resident grids an
+//! armed write took 1-3 ms on an H100 (docs/PERFORMANCE.md).
 //!
 //! Costs: the armed launches run one after the other on their stream (a batch posted while
 //! the previous one runs starts after it), and a stream waiting on its doorbell holds a

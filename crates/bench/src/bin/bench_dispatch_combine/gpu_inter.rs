@@ -83,8 +83,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         .map(|r| RankBytes { tokens: inp.idx[r].rows(), x: &host[r].x, weights: &host[r].w, idx: &host[r].idx, scales: &host[r].scales })
         .collect();
     // --device-api: every rank's inputs in device buffers, uploaded once, before the object
-    // exists so that they are freed after it (its drop lets armed copy launches go first:
-    // `InterNodeGpu::quiesce`).
+    // exists so that they are freed after it (no kernel of its calls still reads them).
     let dev_bufs = if a.device_api { Some(upload_inputs(&rt, &rb)?) } else { None };
     let mut ep = InterNodeGpu::new(rt.clone(), Device(0), cfg, sz, opts)?;
     println!("{}", ep.describe());
@@ -303,14 +302,13 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let (wait_us, enqueue_us, record_us) = pool.mean_us();
     if pool.submissions > 0 {
         println!(
-            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed; {} of the submissions ordered batches in one launch of the ordered-copy kernel; {} fired armed launches",
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed; {} of the submissions ordered batches in one launch of the ordered-copy kernel",
             pool.submissions,
             pool.max_submit_ns as f64 / 1e3,
             pool.event_queries,
             pool.mean_query_us(),
             pool.flag_misses,
-            pool.ordered_launches,
-            pool.armed_fires
+            pool.ordered_launches
         );
     }
     let mut pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
