@@ -5,7 +5,7 @@
 # pool is disarmed, the pool dropped). Nothing else here posts ordered batches: bench_engine's
 # and bench_proxy's xgmi writes are plain copies (bench_proxy's "copy pools" line counts 0
 # ordered launches and 0 armed fires), and the inter-node EP, which does, refuses armed launches
-# (`gpu_internode::refuse_armed_launches`: about 1 ms a write under its co-resident grids). A
+# (`gpu_internode::refuse_armed_launches`: 0.9-2.8 ms a write under its co-resident grids). A
 # fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/armed.txt.
 ar_log="$OUT/armed.txt"
 step "armed: the copy pool's GPU tests"
