@@ -127,8 +127,8 @@ pub fn max_xgmi_ranks(nodes: usize) -> usize {
 /// Refuses armed ordered-copy launches (`MORI_GPU_POOL_ARMED` above 0) for the inter-node EP
 /// over xgmi: on an H100 (docs/PERFORMANCE.md, "Armed launches") an inter-node write took
 /// 0.9-1.2 ms with them against 19-23 µs launched when posted with one rank a node, 2.5-2.8 ms
-/// against 44-55 µs at 2 x 4, and the EP's GPU tests missed their deadlines with them. Errors: `InvalidConfig` naming the variable; `Gpu` for a value
-/// that is not a depth.
+/// against 44-55 µs at 2 x 4, and the EP's GPU tests missed their deadlines with them.
+/// Errors: `InvalidConfig` naming the variable; `Gpu` for a value that is not a depth.
 pub fn refuse_armed_launches() -> GpuResult<()> {
     let depth = mori_gpu::armed_depth(0)?;
     if depth > 0 {
@@ -193,8 +193,8 @@ pub(super) const KERNELS: [(&str, Grid); 7] = [
 ];
 
 impl InterNodeGpu {
-    /// Sets up every rank of `cfg` on `dev` for element sizes `sz`. Warms each inter-node path with one host-posted write per peer before any
-    /// kernel runs (a transport's first transfer may allocate, and a CUDA allocation can wait
+    /// Sets up every rank of `cfg` on `dev` for element sizes `sz`. Warms each inter-node path
+    /// with one host-posted write per peer before any kernel runs (a transport's first transfer may allocate, and a CUDA allocation can wait
     /// for a spinning kernel forever). Its own engines never arm ordered-copy launches; another
     /// copy pool of the process that does (`XgmiConfig::armed_depth`) would make this object's
     /// allocations and frees wait for that pool's armed launches.
