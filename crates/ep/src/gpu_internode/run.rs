@@ -194,10 +194,11 @@ pub(super) const KERNELS: [(&str, Grid); 7] = [
 
 impl InterNodeGpu {
     /// Sets up every rank of `cfg` on `dev` for element sizes `sz`. Warms each inter-node path
-    /// with one host-posted write per peer before any kernel runs (a transport's first transfer may allocate, and a CUDA allocation can wait
-    /// for a spinning kernel forever). Its own engines never arm ordered-copy launches; another
-    /// copy pool of the process that does (`XgmiConfig::armed_depth`) would make this object's
-    /// allocations and frees wait for that pool's armed launches.
+    /// with one host-posted write per peer before any kernel runs (a transport's first transfer
+    /// may allocate, and a CUDA allocation can wait for a spinning kernel forever). Its own
+    /// engines never arm ordered-copy launches; another copy pool of the process that does
+    /// (`XgmiConfig::armed_depth`) would make this object's allocations and frees wait for that
+    /// pool's armed launches.
     ///
     /// Errors: [`InterLayout::new`]'s; `InvalidConfig` for a single node, more than
     /// [`super::MAX_WORLD`] ranks, a grid that cannot be resident, warps outside 1..=16,
