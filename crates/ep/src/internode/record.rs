@@ -3,9 +3,9 @@
 //!   u32::MAX), 0 u32`, K ids as i64, K weights f32, `scale_dim` f32 scales, H elements;
 //! - combine row: `token u32, flags u32` (bit 0: has weights; bits 8..16: the writer's combine
 //!   element type, [`elem_code`]), H elements, K f32 weights (0 when absent);
-//! - combine partial: `token u32, flags u32` (bits 8..16 as a row's), H sums (in the combine dtype when the partial crosses
-//!   to another node, as MORI's `tokCombXferBytes` counts them; f32 for the source's own node),
-//!   K f32 weight sums.
+//! - combine partial: `token u32, flags u32` (bits 8..16 as a row's), H sums (in the combine
+//!   dtype when the partial crosses to another node, as MORI's `tokCombXferBytes` counts them;
+//!   f32 for the source's own node), K f32 weight sums.
 
 use crate::config::EpConfig;
 use crate::dtype::{DType, Element, TopkIndex};
