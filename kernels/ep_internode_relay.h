@@ -159,25 +159,27 @@ MORI_DEVICE void ie_forward(const IeParams& p, const IeRank& a, uint32_t b, uint
     }
 }
 
-// Sums the nd rows at rows[0..nd) (H elem-byte elements each, times factors fs) per column in
-// f32, rows in order, into H elem-byte elements at dst (bf16 rounded to nearest even), with the
-// lanes of a 32-thread group: four groups of 256 columns per pass, so that a lane has four
-// loads in flight per row instead of one.
-MORI_DEVICE void ie_sum_rows(uint8_t* dst, const uint64_t* rows, const float* fs, uint32_t nd, uint32_t hidden, uint32_t elem,
-                             uint32_t lane) {
-    for (uint32_t h0 = lane * 8; h0 < hidden; h0 += 1024) {
-        float acc[4][8];
-        for (int g = 0; g < 4; g++)
-            for (int i = 0; i < 8; i++) acc[g][i] = 0.0f;
-        for (uint32_t e = 0; e < nd; e++)
-            for (uint32_t g = 0; g < 4; g++) {
-                const uint32_t h = h0 + 256 * g;
-                if (h < hidden) ie_acc8(acc[g], (const uint8_t*)rows[e] + (uint64_t)h * elem, elem, fs[e]);
-            }
+// Columns summed by one warp at a time in the relay's sums (32 lanes x 8 elements x 4 groups).
+#define IE_SUM_CHUNK 1024u
+
+// Columns [c0, min(c0 + IE_SUM_CHUNK, hidden)) of dst = the nd rows at rows[0..nd) (elem-byte
+// elements, times factors fs) summed per column in f32, rows in order, stored in elem-byte
+// elements (bf16 rounded to nearest even), by the lanes of a 32-thread group: four groups of
+// 256 columns, so that a lane has four loads in flight per row instead of one.
+MORI_DEVICE void ie_sum_chunk(uint8_t* dst, const uint64_t* rows, const float* fs, uint32_t nd, uint32_t c0, uint32_t hidden,
+                              uint32_t elem, uint32_t lane) {
+    const uint32_t h0 = c0 + lane * 8;
+    float acc[4][8];
+    for (int g = 0; g < 4; g++)
+        for (int i = 0; i < 8; i++) acc[g][i] = 0.0f;
+    for (uint32_t e = 0; e < nd; e++)
         for (uint32_t g = 0; g < 4; g++) {
             const uint32_t h = h0 + 256 * g;
-            if (h < hidden) ie_store8(dst + (uint64_t)h * elem, elem, acc[g]);
+            if (h < hidden) ie_acc8(acc[g], (const uint8_t*)rows[e] + (uint64_t)h * elem, elem, fs[e]);
         }
+    for (uint32_t g = 0; g < 4; g++) {
+        const uint32_t h = h0 + 256 * g;
+        if (h < hidden) ie_store8(dst + (uint64_t)h * elem, elem, acc[g]);
     }
 }
 
@@ -215,7 +217,11 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         if (U > p.max_tokens) U = p.max_tokens;
         uint8_t* out = (uint8_t*)(p.win[r] + p.lay.out_comb + s * p.lay.seg_comb);
         const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
-        for (uint32_t j = j0 + warp; j < j1; j += nwarps) {
+        // One item per (record, IE_SUM_CHUNK columns), so that a block's warps share its few
+        // tokens' rows (at the decode shape a block holds about 4 records for 8 warps).
+        const uint32_t C = (p.hidden + IE_SUM_CHUNK - 1) / IE_SUM_CHUNK;
+        for (uint32_t it = j0 * C + warp; it < j1 * C; it += nwarps) {
+            const uint32_t j = it / C, c0 = (it % C) * IE_SUM_CHUNK;
             // V1-LL: a token's records are consecutive; the group at its first record sums them
             // all. V1: one record per token.
             const uint32_t u = dedup ? j : ((const uint32_t*)(recs + (uint64_t)j * p.rec_bytes + tail))[3];
@@ -241,8 +247,8 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
             mori_sync_group32();
             const uint32_t nd = gs.n[warp];
             uint8_t* part = out + (uint64_t)u * p.part_bytes;
-            if (u < U) ie_sum_rows(part, gs.row[warp], gs.f[warp], nd, p.hidden, p.comb_elem, lane);
-            for (uint32_t k = lane; k < p.top_k && u < U; k += 32) {
+            if (u < U) ie_sum_chunk(part, gs.row[warp], gs.f[warp], nd, c0, p.hidden, p.comb_elem, lane);
+            for (uint32_t k = lane; k < p.top_k && u < U && c0 == 0; k += 32) {
                 float sw = 0.0f;
                 for (uint32_t e = 0; e < nd; e++) sw += ((const float*)(gs.row[warp][e] + xb))[k];
                 ((float*)(part + xb))[k] = sw;
