@@ -26,9 +26,10 @@ pub(crate) fn contrib_stride(cfg: &EpConfig, elem: usize) -> usize {
     pad8(8 + cfg.hidden * elem + cfg.top_k * 4)
 }
 
-/// Bytes of one combine partial with `elem` bytes per sum (the weight sums are f32).
+/// Bytes of one combine partial with `elem` bytes per sum: laid out as a combine row (the
+/// weight sums are f32).
 pub(crate) fn partial_stride(cfg: &EpConfig, elem: usize) -> usize {
-    pad8(8 + cfg.hidden * elem + cfg.top_k * 4)
+    contrib_stride(cfg, elem)
 }
 
 /// A combine element type as it stands in bits 8..16 of a row's or partial's flags word: 1 + the
@@ -44,8 +45,12 @@ fn elem_code(d: DType) -> u32 {
 /// The combine element type the writer of the row or partial at `b[..8]` combines in, or the
 /// code found when it names none.
 pub(crate) fn row_elem(b: &[u8]) -> Result<DType, u32> {
-    let code = (get_u32(b, 4) >> 8) & 0xff;
-    [DType::F32, DType::Bf16, DType::Fp8E4m3].into_iter().find(|&d| elem_code(d) >> 8 == code).ok_or(code)
+    match (get_u32(b, 4) >> 8) & 0xff {
+        1 => Ok(DType::F32),
+        2 => Ok(DType::Bf16),
+        3 => Ok(DType::Fp8E4m3),
+        code => Err(code),
+    }
 }
 
 fn put_u32(out: &mut Vec<u8>, v: u32) {
@@ -54,6 +59,10 @@ fn put_u32(out: &mut Vec<u8>, v: u32) {
 
 pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn get_f32(b: &[u8], at: usize) -> f32 {
+    f32::from_bits(get_u32(b, at))
 }
 
 fn put_elems<X: Element>(out: &mut Vec<u8>, xs: &[X]) {
@@ -128,7 +137,7 @@ pub(crate) fn record_head(cfg: &EpConfig, b: &[u8]) -> RecordHead {
 pub(crate) fn record_body<X: Element, I: TopkIndex>(cfg: &EpConfig, b: &[u8]) -> (Vec<I>, Vec<f32>, Vec<f32>, Vec<X>) {
     let k = cfg.top_k;
     let ids = record_head(cfg, b).ids.into_iter().map(I::from_i64_lossy).collect();
-    let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let f = |at: usize| get_f32(b, at);
     let w0 = HDR + k * 8;
     let weights = (0..k).map(|i| f(w0 + i * 4)).collect();
     let s0 = w0 + k * 4;
@@ -156,9 +165,7 @@ pub(crate) fn contrib<X: Element>(cfg: &EpConfig, b: &[u8]) -> (usize, Vec<X>, O
     let size = X::DTYPE.size();
     let x: Vec<X> = (0..cfg.hidden).map(|i| X::get_le(&b[8 + i * size..])).collect();
     let w0 = 8 + cfg.hidden * size;
-    let w = (get_u32(b, 4) & 1 != 0).then(|| {
-        (0..cfg.top_k).map(|i| f32::from_le_bytes([b[w0 + i * 4], b[w0 + i * 4 + 1], b[w0 + i * 4 + 2], b[w0 + i * 4 + 3]])).collect()
-    });
+    let w = (get_u32(b, 4) & 1 != 0).then(|| (0..cfg.top_k).map(|i| get_f32(b, w0 + i * 4)).collect());
     (get_u32(b, 0) as usize, x, w)
 }
 
@@ -180,7 +187,7 @@ pub(crate) fn put_partial<X: Element>(out: &mut Vec<u8>, stride: usize, token: u
 /// A combine partial written by [`put_partial`] with the same `rounded`: (token, H + K f32
 /// values).
 pub(crate) fn partial<X: Element>(cfg: &EpConfig, b: &[u8], rounded: bool) -> (usize, Vec<f32>) {
-    let f = |at: usize| f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let f = |at: usize| get_f32(b, at);
     let size = if rounded { X::DTYPE.size() } else { 4 };
     let x = (0..cfg.hidden).map(|i| if rounded { X::get_le(&b[8 + i * size..]).to_f32() } else { f(8 + i * 4) });
     let w0 = 8 + cfg.hidden * size;
