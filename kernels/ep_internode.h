@@ -21,13 +21,16 @@
 #define IE_FLAG_WEIGHTED 2u
 #define IE_FLAG_RELAY 4u        // V1-LL and V1: other nodes through the same-local-index relay
 #define IE_FLAG_DEDUP 8u        // with IE_FLAG_RELAY, V1: one record per (token, node), not per (token, destination)
-#define IE_FLAG_COMB_ROWS 16u   // AsyncLL: the combine input is comb_bytes rows (H elements, K f32
+#define IE_FLAG_COMB_ROWS 16u   // the combine input is comb_bytes rows (H elements, K f32
                                 // weights or zeros) in this rank's window at out_comb, row i at
-                                // out_comb + i * comb_bytes (IeRank.comb_x points there); another
-                                // node's source's rows are contiguous there, so the proxy moves
-                                // them from it and combine stages nothing; a same-node source's
-                                // sum reads its rows there in place (through rbase), so nothing
-                                // is stored for it either: the rank only signals them ready
+                                // out_comb + i * comb_bytes (IeRank.comb_x points there), and
+                                // combine stores no row: a same-node source's sum reads its rows
+                                // there in place (through rbase), the rank only signals them
+                                // ready; AsyncLL: another node's source's rows are contiguous
+                                // there, so the proxy moves them from it; V1, V1-LL: the relay
+                                // reads the rows for other nodes' sources in place too (through
+                                // the destination's rbase) and stages its partials in its own
+                                // gather area, which is then unused
 #define IE_FLAG_RECV_WIN 32u    // the received records stay in the window (disp_in, source s's
                                 // recv_cnt[s] records at disp_in + s * seg_rec, recv_base[s] its
                                 // first output row): no copy-out kernel runs, and the last block
@@ -80,10 +83,13 @@ struct IeLayout {
     uint64_t seg_relay; // relay_hdr + max_tokens * (V1-LL gpn, V1 1) * rec_bytes (0 under AsyncLL)
     uint64_t relay_hdr; // bytes of a relay segment's header: u32 [gpn] records per destination, then u32 records
     uint64_t gather;    // V1-LL: rows for origin node m from local rank l at gather + (m * gpn + l) * seg_gather
+                        // (IE_FLAG_COMB_ROWS: the relay's partials for origin node m at
+                        // gather + m * gpn * seg_gather instead; part_bytes == comb_bytes)
     uint64_t seg_gather; // max_tokens * comb_bytes (0 under AsyncLL)
     uint64_t rbase;     // u32 [W]: this rank's first received row per source (recv_base), written
-                        // by its dispatch; with IE_FLAG_COMB_ROWS a same-node source reads its
-                        // rows here in place: at out_comb + (rbase[s] + index) * comb_bytes
+                        // by its dispatch; with IE_FLAG_COMB_ROWS a same-node source (V1,
+                        // V1-LL: and a relay) reads its rows here in place: at
+                        // out_comb + (rbase[s] + index) * comb_bytes
 };
 
 struct IeRank {
@@ -198,9 +204,7 @@ MORI_DEVICE int32_t ie_pos(const IeParams& p, const IeRank& a, uint32_t t, uint3
 
 MORI_DEVICE bool ie_relay(const IeParams& p) { return (p.flags & IE_FLAG_RELAY) != 0; }
 MORI_DEVICE bool ie_dedup(const IeParams& p) { return (p.flags & IE_FLAG_DEDUP) != 0; }
-// (Never with the relay schemes, whose staging the flag would skip: the host sets it for
-// AsyncLL only.)
-MORI_DEVICE bool ie_comb_rows(const IeParams& p) { return (p.flags & IE_FLAG_COMB_ROWS) != 0 && !ie_relay(p); }
+MORI_DEVICE bool ie_comb_rows(const IeParams& p) { return (p.flags & IE_FLAG_COMB_ROWS) != 0; }
 MORI_DEVICE bool ie_recv_win(const IeParams& p) { return (p.flags & IE_FLAG_RECV_WIN) != 0; }
 MORI_DEVICE uint32_t ie_nodes(const IeParams& p) { return p.world / p.gpn; }
 // The relay of `src` on `node`: the rank there with src's local index.

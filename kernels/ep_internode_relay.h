@@ -185,9 +185,9 @@ MORI_DEVICE void ie_sum_chunk(uint8_t* dst, const uint64_t* rows, const float* f
 
 // The relay's combine step, by every block: for each other node m, once this node's ranks
 // returned their rows for the origin (gather counters, phase 2, writer slot m * gpn + local
-// index), one partial per token sent to m (H sums over its destinations ascending with their
-// factors, in f32, stored in the combine dtype, then K f32 weight sums) into the staging for
-// the origin, handed to the proxy
+// index; IE_FLAG_COMB_ROWS: signalled them ready in their windows), one partial per token sent
+// to m (H sums over its destinations ascending with their factors, in f32, stored in the
+// combine dtype, then K f32 weight sums) into the staging for the origin, handed to the proxy
 // as one command into the origin's combine segment for this rank.
 MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b, uint64_t deadline, IeFwd& sh, IeGather& gs, uint32_t lane,
                                  uint32_t warp, uint32_t nwarps) {
@@ -215,7 +215,12 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         }
         uint32_t U = n == 0 ? 0 : dedup ? n : ((const uint32_t*)(recs + (uint64_t)(n - 1) * p.rec_bytes + tail))[3] + 1;
         if (U > p.max_tokens) U = p.max_tokens;
-        uint8_t* out = (uint8_t*)(p.win[r] + p.lay.out_comb + s * p.lay.seg_comb);
+        // IE_FLAG_COMB_ROWS: the rows lie in place in each destination's window (its input,
+        // in received order: row rbase[s] + q for index q of s's records there), and the
+        // partials go to the gather area, unused then (out_comb holds this rank's own rows).
+        const bool in_place = ie_comb_rows(p);
+        const uint64_t stage = in_place ? p.lay.gather + (uint64_t)m * G * p.lay.seg_gather : p.lay.out_comb + s * p.lay.seg_comb;
+        uint8_t* out = (uint8_t*)(p.win[r] + stage);
         const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);
         // One item per (record, IE_SUM_CHUNK columns), so that a block's warps share its few
         // tokens' rows (at the decode shape a block holds about 4 records for 8 warps).
@@ -234,8 +239,12 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
                     for (uint32_t slot = 0; slot < (dedup ? G : 1u); slot++) {
                         uint32_t d, q;
                         if (!ie_rec_dest(p, rec, own, slot, &d, &q)) continue;
-                        const uint64_t row =
-                            p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_gather + (uint64_t)(q % p.max_tokens) * p.comb_bytes;
+                        // (q below the header's count, dispatch checked; bounded again here.)
+                        const uint64_t at = in_place ? ((uint64_t)((const uint32_t*)(p.win[d] + p.lay.rbase))[s] + q % p.max_tokens) %
+                                                           ((uint64_t)p.world * p.max_tokens)
+                                                     : q % p.max_tokens;
+                        const uint64_t row = in_place ? p.win[d] + p.lay.out_comb + at * p.comb_bytes
+                                                      : p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_gather + at * p.comb_bytes;
                         gs.row[warp][nd] = row;
                         gs.f[warp][nd] = weighted ? ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d) : 1.0f;
                         nd++;
@@ -258,8 +267,7 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         mori_fence_system();
         mori_sync_block();
         if (tid == 0)
-            ie_stage_done(p, a, s, 1, U, (uint64_t)U * p.part_bytes, p.lay.out_comb + s * p.lay.seg_comb, p.lay.comb_in + r * p.lay.seg_comb,
-                          deadline);
+            ie_stage_done(p, a, s, 1, U, (uint64_t)U * p.part_bytes, stage, p.lay.comb_in + r * p.lay.seg_comb, deadline);
         mori_sync_block();
     }
 }

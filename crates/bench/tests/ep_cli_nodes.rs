@@ -109,12 +109,8 @@ fn node_refusals_name_the_users_flags() {
             &["this run is not one of them (--device cpu: the host executor)"],
         ),
         (
-            &["--kernel-type", "v1", "--num-nodes", "2", "--combine-staging"],
-            &["--combine-staging chooses how AsyncLL over xgmi hands its combine rows to the proxy; --kernel-type v1 always stages them"],
-        ),
-        (
-            &["--kernel-type", "async_ll", "--num-nodes", "2", "--transport", "tcp", "--combine-staging"],
-            &["--kernel-type async_ll with --transport always stages them"],
+            &["--kernel-type", "v1", "--num-nodes", "2", "--transport", "tcp", "--combine-staging"],
+            &["--combine-staging chooses how combine over xgmi hands its rows on", "--transport tcp always stages them"],
         ),
         (
             &["--kernel-type", "v1_ll", "--world-size", "32", "--num-nodes", "2"],

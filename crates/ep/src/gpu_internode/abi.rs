@@ -34,13 +34,15 @@ pub struct IeLayout {
     /// Header bytes of a relay segment: u32 `[gpn]` records per destination, then u32 records;
     /// 16-aligned.
     pub relay_hdr: u64,
-    /// V1-LL: rows for origin node `m` from local rank `l` at `gather + (m * gpn + l) * seg_gather`.
+    /// V1-LL: rows for origin node `m` from local rank `l` at `gather + (m * gpn + l) * seg_gather`
+    /// ([`FLAG_COMB_ROWS`]: the relay's partials for origin node `m` at
+    /// `gather + m * gpn * seg_gather` instead).
     pub gather: u64,
     /// `max_tokens * comb_bytes` (0 under AsyncLL).
     pub seg_gather: u64,
     /// u32 `[W]`: the rank's first received row per source (its `recv_base`), written by its
-    /// dispatch; with [`FLAG_COMB_ROWS`] a same-node source's sum reads its rows in place, at
-    /// `out_comb + (rbase[s] + index) * comb_bytes`.
+    /// dispatch; with [`FLAG_COMB_ROWS`] a same-node source's sum (V1, V1-LL: and a relay)
+    /// reads its rows in place, at `out_comb + (rbase[s] + index) * comb_bytes`.
     pub rbase: u64,
 }
 
@@ -120,10 +122,11 @@ pub const FLAG_WEIGHTED: u32 = 2;
 pub const FLAG_RELAY: u32 = 4;
 /// `IE_FLAG_DEDUP`: with [`FLAG_RELAY`], V1 (one record per (token, node)).
 pub const FLAG_DEDUP: u32 = 8;
-/// `IE_FLAG_COMB_ROWS`: AsyncLL's combine input as rows of `comb_bytes` in the window's
-/// `out_comb` area ([`super::InterLayout::combine_rows`]); the proxy moves another node's
-/// source's rows from there and combine stages nothing, and a same-node source's sum reads
-/// its rows there in place (nothing is stored for it).
+/// `IE_FLAG_COMB_ROWS`: the combine input as rows of `comb_bytes` in the window's `out_comb`
+/// area ([`super::InterLayout::combine_rows`]), and combine stores no row: a same-node
+/// source's sum reads its rows there in place; AsyncLL's proxy moves another node's source's
+/// rows from there; V1's and V1-LL's relays read theirs there too and stage their partials in
+/// the (then unused) gather area.
 pub const FLAG_COMB_ROWS: u32 = 16;
 /// `IE_FLAG_RECV_WIN`: the received records stay in the window (source `s`'s at
 /// `disp_in + s * seg_rec`, read by the host: [`super::InterLayout::gather_records`]); the

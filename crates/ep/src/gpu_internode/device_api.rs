@@ -102,7 +102,7 @@ impl DeviceRecv {
 /// elements of `comb_elem` bytes at `x + i * x_stride`, its `top_k` f32 weights at
 /// `w + i * w_stride`. The caller writes both for every row (zeros for weights it has none
 /// of): the object keeps whatever was written last, and the weights are summed into the
-/// combine's weight output. Over xgmi with AsyncLL
+/// combine's weight output. Over xgmi
 /// ([`InterNodeGpu::combine_in_window`]) both lie interleaved in the window, one row of
 /// `comb_bytes` each; otherwise in two buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -253,6 +253,33 @@ fn v1_ll_with_the_records_in_the_window_equals_the_reference() {
     three_nodes_of_three_equal_the_reference(Scheme::V1LL, InWindow { comb_rows: false, recv: true }, None);
 }
 
+/// V1 as `InterNodeGpu` runs it by default over xgmi: the records read from the window, the
+/// combine input written there as rows, which the relays read in place for their partial sums
+/// (staged in their gather areas) and this node's sources for their sums: no row is stored.
+#[test]
+fn v1_with_records_and_combine_rows_in_the_window_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: true, recv: true }, None);
+}
+
+/// V1-LL as `InterNodeGpu` runs it by default over xgmi (as V1's above).
+#[test]
+fn v1_ll_with_records_and_combine_rows_in_the_window_equals_the_reference() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1LL, InWindow { comb_rows: true, recv: true }, None);
+}
+
+/// V1-LL with f32 combine rows in the window: the relays' in-place reads at 4-byte elements.
+#[test]
+fn v1_ll_with_f32_combine_rows_in_the_window_equals_the_reference() {
+    three_nodes_of_three(Scheme::V1LL, InWindow { comb_rows: true, recv: false }, None, 4);
+}
+
+/// V1 with rank 4's combine rows in the window one short: the staging kernel, launched for
+/// the gather counters only, refuses it.
+#[test]
+fn v1_combine_rows_in_the_window_one_short_are_refused_by_the_staging_kernel() {
+    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: true, recv: true }, Some(4));
+}
+
 /// AsyncLL with its combine input as rows in the window (`IE_FLAG_COMB_ROWS`): the proxy
 /// moves another node's source's rows from the input itself, combine stages nothing.
 #[test]
@@ -417,9 +444,10 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
         std::thread::scope(|s| {
             for p in &ps_comb {
                 s.spawn(move || {
-                    // With the input rows in the window there is nothing to stage: the
-                    // kernel is not launched (as InterNodeGpu does).
-                    for k in combine_kernels(!comb_rows, scheme != Scheme::AsyncLL) {
+                    // With the input rows in the window there is nothing to stage: AsyncLL's
+                    // staging kernel is not launched, V1's and V1-LL's only sets the relays'
+                    // gather counters (as InterNodeGpu does).
+                    for k in combine_kernels(comb_rows, scheme != Scheme::AsyncLL) {
                         run_node(p, KERNELS[k].0);
                     }
                 });
@@ -465,7 +493,7 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
             assert!(mems[r].win.bytes()[pairs].iter().all(|&b| b == 0), "rank {r}: window counter pairs left set");
         }
     }
-    check_trace(&mems, scheme, !comb_rows, !win.recv);
+    check_trace(&mems, scheme, !comb_rows || scheme != Scheme::AsyncLL, !win.recv);
     let stats: Vec<_> = proxies.into_iter().map(|p| p.stop().unwrap()).collect();
     // One command per inter-node peer and phase in each of the two rounds: every rank of the
     // other node (AsyncLL), or only the relay there (V1-LL, V1); and the scheme's bytes.

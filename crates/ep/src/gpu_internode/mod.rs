@@ -196,7 +196,7 @@ impl InterLayout {
         4 * (6 + 2 * self.world)
     }
 
-    /// The combine input as the kernels read it with `IE_FLAG_COMB_ROWS` (AsyncLL over xgmi):
+    /// The combine input as the kernels read it with `IE_FLAG_COMB_ROWS` (over xgmi):
     /// one row of `comb_bytes` per received row, its `H` elements from `x` (`[N, H]` of
     /// `comb_elem` bytes), then its `K` f32 weights from `w` (`[N, K]`, or zeros when `w` is
     /// empty), zero-padded. `x` must hold whole rows and `w` none or as many rows.

@@ -92,8 +92,8 @@ pub struct InterNodeGpu {
     id: u64,
     /// Kernel runs so far (dispatch tickets carry the number).
     calls: u64,
-    /// The combine input goes into the window as rows (`IE_FLAG_COMB_ROWS`: AsyncLL over
-    /// xgmi with [`InterNodeOptions::combine_rows`]).
+    /// The combine input goes into the window as rows (`IE_FLAG_COMB_ROWS`: over xgmi with
+    /// [`InterNodeOptions::combine_rows`]).
     in_window: bool,
 }
 
@@ -145,11 +145,12 @@ pub fn refuse_armed_launches() -> GpuResult<()> {
 const DISPATCH_KERNELS: [usize; 3] = [0, 1, 2];
 
 /// The kernels of combine, as indices into [`KERNELS`], in launch order: the staging (unless
-/// the input rows lie in the window, `stage` false), the relay's partial sums (V1, V1-LL:
-/// `relay`), the send and the sum.
-pub(super) fn combine_kernels(stage: bool, relay: bool) -> Vec<usize> {
+/// the input rows lie in the window, `in_window`, under AsyncLL; V1 and V1-LL launch it then
+/// only to set the relays' gather counters), the relay's partial sums (V1, V1-LL: `relay`), the
+/// send and the sum.
+pub(super) fn combine_kernels(in_window: bool, relay: bool) -> Vec<usize> {
     let mut ks = Vec::with_capacity(4);
-    if stage {
+    if !in_window || relay {
         ks.push(3);
     }
     if relay {
@@ -271,7 +272,7 @@ impl InterNodeGpu {
         let module = KernelImages { cubin: CUBIN, ptx: PTX, hsaco: GFX942 }.load(rt.as_ref(), dev)?;
         let funcs = KERNELS.iter().map(|(k, _)| module.function(k)).collect::<Result<Vec<_>, _>>()?;
         let (t, k, r_max) = (layout.max_tokens, layout.top_k, layout.max_recv);
-        let in_window = opts.combine_rows && scheme == Scheme::AsyncLL && opts.path == InterPath::Xgmi;
+        let in_window = opts.combine_rows && opts.path == InterPath::Xgmi;
         let zeroed = |len: usize| -> GpuResult<DeviceBuffer> {
             let b = rt.alloc(dev, len.max(16))?;
             rt.memset(&b.slice(), 0)?;
@@ -406,8 +407,10 @@ impl InterNodeGpu {
                 InterPath::Tcp { lanes } => format!("MORI-IO tcp, {lanes} lanes (windows in pinned host memory: the kernels stage into it)"),
             },
             opts.ring_slots,
-            if in_window {
+            if in_window && scheme == Scheme::AsyncLL {
                 "combine input as rows in the window, moved as they are (combine stages nothing)"
+            } else if in_window {
+                "combine input as rows in the window, read there by the relays and this node's sources (combine stores no row), the relay's partial sums a kernel of their own"
             } else if scheme == Scheme::AsyncLL {
                 "combine's staging kernel stores every row (this node's by P2P store, the others' for the proxy)"
             } else {
@@ -449,9 +452,9 @@ impl InterNodeGpu {
         &self.layout
     }
 
-    /// Whether the combine input goes into the window as rows the proxy moves as they are
-    /// (AsyncLL over xgmi with [`InterNodeOptions::combine_rows`]): combine's staging kernel
-    /// is then not launched.
+    /// Whether the combine input goes into the window as rows (over xgmi with
+    /// [`InterNodeOptions::combine_rows`]), where the kernels and the proxy read them: combine
+    /// stores no row (AsyncLL: its staging kernel is not launched).
     pub fn combine_in_window(&self) -> bool {
         self.in_window
     }
@@ -536,9 +539,10 @@ impl InterNodeGpu {
     /// The combine kernels on the rows the ranks' combine inputs hold (`comb_rows` each).
     fn run_combine(&mut self) -> GpuResult<()> {
         self.upload_abi(false)?;
-        // With the input rows in the window, combine stages nothing: its staging kernel is
-        // not launched (its time reads 0); AsyncLL has no relay (nor its kernel's time).
-        let ks = combine_kernels(!self.in_window, self.layout.scheme != Scheme::AsyncLL);
+        // With the input rows in the window, combine stores no row: AsyncLL's staging kernel
+        // is not launched (its time reads 0), V1's and V1-LL's only sets the gather counters;
+        // AsyncLL has no relay (nor its kernel's time).
+        let ks = combine_kernels(self.in_window, self.layout.scheme != Scheme::AsyncLL);
         self.times.combine_us = self.run(&ks)?;
         self.check_status("combine").map(|_| ())
     }

@@ -44,10 +44,11 @@ pub struct InterNodeOptions {
     pub trace: bool,
     /// How each rank's proxy thread polls its ring.
     pub proxy: RingProxyOptions,
-    /// AsyncLL over xgmi: the combine input goes into the window as rows of `comb_bytes`
-    /// (`InterLayout::combine_rows`), and the proxy moves another node's source's rows from
-    /// there as they are, so combine stages nothing (default true). Ignored by V1 and V1-LL
-    /// (their relays sum before sending) and over tcp (the window is host memory there: the
+    /// Over xgmi: the combine input goes into the window as rows of `comb_bytes`
+    /// (`InterLayout::combine_rows`), where the kernels read them in place, so combine stores
+    /// no row (default true): a same-node source sums its rows there; AsyncLL's proxy moves
+    /// another node's source's rows from there as they are, V1's and V1-LL's relays read them
+    /// there for their partial sums. Ignored over tcp (the window is host memory there: the
     /// kernels would read this node's rows through the host).
     pub combine_rows: bool,
     /// The received records stay in the window, where the host reads them
@@ -142,7 +143,7 @@ pub struct PhaseTimes {
     /// combine staging (every received row where it goes), combine send (with block 0's wait
     /// for every rank's rows), combine sum, the relay's partial sums (V1, V1-LL) (events
     /// between the launches of a node's stream); 0 for combine staging when it is not
-    /// launched (AsyncLL's input in the window), for the copy-out when the records stay in the
+    /// launched (AsyncLL's input in the window; V1's and V1-LL's only set counters then), for the copy-out when the records stay in the
     /// window and for the relay's sums under AsyncLL.
     pub kernel_us: [f64; 7],
 }

@@ -108,9 +108,10 @@ pub struct Args {
     /// before it starts sleeping, µs. Default 200000.
     #[arg(long = "proxy-spin-us")]
     pub proxy_spin_us: Option<u64>,
-    /// GPU async_ll over xgmi: stage the rows for other nodes in a kernel before the proxy
-    /// moves them, instead of putting the combine input into the window as rows the proxy
-    /// moves as they are (the default).
+    /// GPU v1/v1_ll/async_ll over xgmi: store every combine row where it goes with a staging
+    /// kernel (this node's sources' by P2P store, the others' for the proxy or the relays),
+    /// instead of putting the combine input into the window as rows that the kernels and the
+    /// proxy read there in place (the default).
     #[arg(long = "combine-staging")]
     pub combine_staging: bool,
     /// GPU v1/v1_ll/async_ll: copy the received records out of the window into contiguous
@@ -481,11 +482,13 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
             "--device-api leaves the received records in the window; --recv-copy-out copies them out: give one of them".to_string()
         ));
     }
-    if a.combine_staging && (kt != KernelTypeArg::AsyncLl || a.transport.is_some()) {
+    if let Some(t) = a.transport.filter(|_| a.combine_staging) {
         return Err(err(format!(
-            "--combine-staging chooses how AsyncLL over xgmi hands its combine rows to the proxy; --kernel-type {}{} always stages them",
-            kt.name(),
-            if a.transport.is_some() { " with --transport" } else { "" }
+            "--combine-staging chooses how combine over xgmi hands its rows on (a staging kernel stores them, instead of the kernels and the proxy reading the input in the window); --transport {} always stages them",
+            match t {
+                TransportArg::Tcp => "tcp",
+                TransportArg::Rdma => "rdma",
+            }
         )));
     }
     if let Some(v) = a.proxy_spin_us.filter(|&v| v > 10_000_000) {
