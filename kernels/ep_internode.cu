@@ -440,8 +440,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
 // kernel in stream order), the partial sums per token, each block a share, handed to the proxy
 // by the last block. Waits only for those counters, so the host launches it on more blocks per
 // rank than the co-resident kernels (in mori_ie_combine_send's 16 blocks a rank the sums took
-// 66-117 µs, V1 decode at 2 x 4 on an H100).
-MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_relay(IeParams p) {
+// 66-117 µs, V1 decode at 2 x 4 on an H100). Held to 64 registers a thread, as
+// mori_ie_combine_recv (two 512-thread blocks per multiprocessor; the lanes' parallel look-up
+// of a token's rows took it to 93 otherwise: one block per multiprocessor).
+MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_combine_relay(IeParams p) {
     MORI_SHARED_STRUCT(IeFwd, fw);
     MORI_SHARED_STRUCT(IeOk, oksh);
     MORI_SHARED_STRUCT(IeGather, gs);

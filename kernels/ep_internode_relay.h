@@ -231,25 +231,39 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
             // all. V1: one record per token.
             const uint32_t u = dedup ? j : ((const uint32_t*)(recs + (uint64_t)j * p.rec_bytes + tail))[3];
             if (!dedup && j > 0 && ((const uint32_t*)(recs + (uint64_t)(j - 1) * p.rec_bytes + tail))[3] == u) continue;
+            // The token's rows, one candidate per lane (V1: the record's local index i; V1-LL:
+            // record j + i, if it is still u's), each with its row (0: none) and factor at gs
+            // index i, all loads at once; then lane 0 compacts them in order (V1-LL: up to the
+            // first record of another token), as one lane's scan of them did.
+            const uint32_t cand = dedup ? G : (n - j < IE_MAX_WORLD ? n - j : IE_MAX_WORLD);
+            for (uint32_t i = lane; i < cand; i += 32) {
+                const uint8_t* rec = recs + (uint64_t)(dedup ? j : j + i) * p.rec_bytes;
+                uint64_t row = 0;
+                float f = 1.0f;
+                uint32_t d, q;
+                if ((dedup || ((const uint32_t*)(rec + tail))[3] == u) && ie_rec_dest(p, rec, own, dedup ? i : 0, &d, &q)) {
+                    // (q below the header's count, dispatch checked; bounded again here.)
+                    const uint64_t at = in_place ? ((uint64_t)((const uint32_t*)(p.win[d] + p.lay.rbase))[s] + q % p.max_tokens) %
+                                                       ((uint64_t)p.world * p.max_tokens)
+                                                 : q % p.max_tokens;
+                    row = in_place ? p.win[d] + p.lay.out_comb + at * p.comb_bytes
+                                   : p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_gather + at * p.comb_bytes;
+                    if (weighted) f = ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d);
+                }
+                gs.row[warp][i] = row;
+                gs.f[warp][i] = f;
+            }
+            mori_sync_group32();
             if (lane == 0) {
                 uint32_t nd = 0;
-                for (uint32_t jj = j; jj < n && nd < IE_MAX_WORLD; jj++) {
-                    const uint8_t* rec = recs + (uint64_t)jj * p.rec_bytes;
-                    if (!dedup && ((const uint32_t*)(rec + tail))[3] != u) break;
-                    for (uint32_t slot = 0; slot < (dedup ? G : 1u); slot++) {
-                        uint32_t d, q;
-                        if (!ie_rec_dest(p, rec, own, slot, &d, &q)) continue;
-                        // (q below the header's count, dispatch checked; bounded again here.)
-                        const uint64_t at = in_place ? ((uint64_t)((const uint32_t*)(p.win[d] + p.lay.rbase))[s] + q % p.max_tokens) %
-                                                           ((uint64_t)p.world * p.max_tokens)
-                                                     : q % p.max_tokens;
-                        const uint64_t row = in_place ? p.win[d] + p.lay.out_comb + at * p.comb_bytes
-                                                      : p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_gather + at * p.comb_bytes;
-                        gs.row[warp][nd] = row;
-                        gs.f[warp][nd] = weighted ? ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d) : 1.0f;
-                        nd++;
+                for (uint32_t i = 0; i < cand; i++) {
+                    if (!gs.row[warp][i]) {
+                        if (dedup) continue;
+                        break;
                     }
-                    if (dedup) break;
+                    gs.row[warp][nd] = gs.row[warp][i];
+                    gs.f[warp][nd] = gs.f[warp][i];
+                    nd++;
                 }
                 gs.n[warp] = nd;
             }
