@@ -59,14 +59,14 @@
 //   mori_ie_combine_stage every received row where it goes, with blocks of its own: this
 //                         node's sources' by P2P store, other nodes' sources' into the staging
 //                         (V1, V1-LL: into the relays' gather areas, whose counters the rank's
-//                         last block then sets); with IE_FLAG_COMB_ROWS no row (the input rows
-//                         are the staging, this node's sources' sums and the relays read them
-//                         in the window): V1, V1-LL only set the gather counters, and under
-//                         AsyncLL the host does not launch it (mori_ie_combine_send checks the
-//                         row count);
+//                         last block then sets); with IE_FLAG_COMB_ROWS nothing (the input
+//                         rows are the staging, this node's sources' sums and the relays read
+//                         them in the window): the host does not launch it, and
+//                         mori_ie_combine_send checks the row count;
 //   mori_ie_combine_relay V1, V1-LL, with blocks of its own: this rank as the relay, once its
-//                         gather counters are complete, the partial sums per token, handed to
-//                         the proxy by the last block, which also zeroes the gather counters;
+//                         gather counters are complete (IE_FLAG_COMB_ROWS: at once), the
+//                         partial sums per token, handed to the proxy by the last block, which
+//                         also zeroes the gather counters;
 //   mori_ie_combine_send  block 0 signals this node's sources' rows (AsyncLL: and hands the
 //                         rows for other nodes over, one proxy command per source), then waits
 //                         for every rank's rows;
@@ -390,12 +390,13 @@ MORI_DEVICE uint64_t ie_comb_dest(const IeParams& p, uint32_t r, uint32_t s, uin
 
 // Writes every received row where it goes (ie_comb_dest: a same-node source's combine
 // segment by P2P store, the staging the proxy reads, or V1/V1-LL the relays' gather areas),
-// each block a share of the rows (IE_FLAG_COMB_ROWS: none, they are read in place). Spins on
-// nothing, so the host launches it with more blocks per rank than the co-resident kernels (its
-// own blocks_per_rank); the counters of this node's rows move in mori_ie_combine_send, later in
-// stream order, and under V1/V1-LL the rank's last block sets the relays' gather counters here.
-// (In mori_ie_combine_send's 16 blocks a rank the same-node stores took 76-84 µs on the blocks
-// whose share held them and 13-24 on the others, V1 decode at 2 x 4 on an H100.)
+// each block a share of the rows (not launched with IE_FLAG_COMB_ROWS: the rows are read in
+// place). Spins on nothing, so the host launches it with more blocks per rank than the
+// co-resident kernels (its own blocks_per_rank); the counters of this node's rows move in
+// mori_ie_combine_send, later in stream order, and under V1/V1-LL the rank's last block sets
+// the relays' gather counters here. (In mori_ie_combine_send's 16 blocks a rank the same-node
+// stores took 76-84 µs on the blocks whose share held them and 13-24 on the others, V1 decode
+// at 2 x 4 on an H100.)
 MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
     MORI_SHARED_STRUCT(IeLast, last);
     MORI_SHARED_STRUCT(IeOk, oksh);
@@ -412,7 +413,8 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
         return;
     }
     const uint32_t i0 = (uint32_t)((uint64_t)N * b / p.blocks_per_rank), i1 = (uint32_t)((uint64_t)N * (b + 1) / p.blocks_per_rank);
-    // IE_FLAG_COMB_ROWS: every row already lies in the window, read there in place.
+    // IE_FLAG_COMB_ROWS (the host does not launch this kernel then): every row already lies
+    // in the window, read there in place.
     for (uint32_t i = i0 + warp; i < i1 && !ie_comb_rows(p); i += nwarps) {
         const uint32_t s = ie_source_of(p, a, i);
         ie_put_row(p, a, i, (uint8_t*)ie_comb_dest(p, r, s, i - ((const uint32_t*)a.recv_base)[s]), lane);

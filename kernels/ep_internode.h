@@ -29,8 +29,9 @@
                                 // ready; AsyncLL: another node's source's rows are contiguous
                                 // there, so the proxy moves them from it; V1, V1-LL: the relay
                                 // reads the rows for other nodes' sources in place too (through
-                                // the destination's rbase) and stages its partials in its own
-                                // gather area, which is then unused
+                                // the destination's rbase; the launch serves every rank of the
+                                // node, so it waits for no gather counter) and stages its
+                                // partials in its own gather area, which is then unused
 #define IE_FLAG_RECV_WIN 32u    // the received records stay in the window (disp_in, source s's
                                 // recv_cnt[s] records at disp_in + s * seg_rec, recv_base[s] its
                                 // first output row): no copy-out kernel runs, and the last block

@@ -185,7 +185,7 @@ MORI_DEVICE void ie_sum_chunk(uint8_t* dst, const uint64_t* rows, const float* f
 
 // The relay's combine step, by every block: for each other node m, once this node's ranks
 // returned their rows for the origin (gather counters, phase 2, writer slot m * gpn + local
-// index; IE_FLAG_COMB_ROWS: signalled them ready in their windows), one partial per token sent
+// index; IE_FLAG_COMB_ROWS: at once, their rows in their windows), one partial per token sent
 // to m (H sums over its destinations ascending with their factors, in f32, stored in the
 // combine dtype, then K f32 weight sums) into the staging for the origin, handed to the proxy
 // as one command into the origin's combine segment for this rank.
@@ -197,9 +197,12 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
     for (uint32_t m = 0; m < N; m++) {
         if (m == own) continue;
         const uint32_t s = ie_relay_of(p, r, m);
+        // IE_FLAG_COMB_ROWS: the rows lie in the window since before the launch, which serves
+        // every rank of this node (one launch per node), so there is nothing to wait for.
+        const bool in_place = ie_comb_rows(p);
         if (tid == 0) {
             sh.n = 1;
-            for (uint32_t dl = 0; dl < G && sh.n; dl++)
+            for (uint32_t dl = 0; dl < G && sh.n && !in_place; dl++)
                 if (ie_wait_segment(p, a, 2, m * G + dl, false, deadline) == 0xffffffffu) sh.n = 0;
         }
         mori_sync_block();
@@ -218,7 +221,6 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         // IE_FLAG_COMB_ROWS: the rows lie in place in each destination's window (its input,
         // in received order: row rbase[s] + q for index q of s's records there), and the
         // partials go to the gather area, unused then (out_comb holds this rank's own rows).
-        const bool in_place = ie_comb_rows(p);
         const uint64_t stage = in_place ? p.lay.gather + (uint64_t)m * G * p.lay.seg_gather : p.lay.out_comb + s * p.lay.seg_comb;
         uint8_t* out = (uint8_t*)(p.win[r] + stage);
         const uint32_t j0 = (uint32_t)((uint64_t)n * b / p.blocks_per_rank), j1 = (uint32_t)((uint64_t)n * (b + 1) / p.blocks_per_rank);

@@ -273,10 +273,11 @@ fn v1_ll_with_f32_combine_rows_in_the_window_equals_the_reference() {
     three_nodes_of_three(Scheme::V1LL, InWindow { comb_rows: true, recv: false }, None, 4);
 }
 
-/// V1 with rank 4's combine rows in the window one short: the staging kernel, launched for
-/// the gather counters only, refuses it.
+/// V1 with rank 4's combine rows in the window one short: with no staging kernel, combine's
+/// send refuses it (the relays read rows within the window, the ranks waiting for rank 4's
+/// rows give up at their deadlines).
 #[test]
-fn v1_combine_rows_in_the_window_one_short_are_refused_by_the_staging_kernel() {
+fn v1_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
     three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: true, recv: true }, Some(4));
 }
 
@@ -444,9 +445,8 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
         std::thread::scope(|s| {
             for p in &ps_comb {
                 s.spawn(move || {
-                    // With the input rows in the window there is nothing to stage: AsyncLL's
-                    // staging kernel is not launched, V1's and V1-LL's only sets the relays'
-                    // gather counters (as InterNodeGpu does).
+                    // With the input rows in the window there is nothing to stage: the
+                    // kernel is not launched (as InterNodeGpu does).
                     for k in combine_kernels(comb_rows, scheme != Scheme::AsyncLL) {
                         run_node(p, KERNELS[k].0);
                     }
@@ -493,7 +493,7 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
             assert!(mems[r].win.bytes()[pairs].iter().all(|&b| b == 0), "rank {r}: window counter pairs left set");
         }
     }
-    check_trace(&mems, scheme, !comb_rows || scheme != Scheme::AsyncLL, !win.recv);
+    check_trace(&mems, scheme, !comb_rows, !win.recv);
     let stats: Vec<_> = proxies.into_iter().map(|p| p.stop().unwrap()).collect();
     // One command per inter-node peer and phase in each of the two rounds: every rank of the
     // other node (AsyncLL), or only the relay there (V1-LL, V1); and the scheme's bytes.

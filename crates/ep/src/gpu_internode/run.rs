@@ -145,12 +145,11 @@ pub fn refuse_armed_launches() -> GpuResult<()> {
 const DISPATCH_KERNELS: [usize; 3] = [0, 1, 2];
 
 /// The kernels of combine, as indices into [`KERNELS`], in launch order: the staging (unless
-/// the input rows lie in the window, `in_window`, under AsyncLL; V1 and V1-LL launch it then
-/// only to set the relays' gather counters), the relay's partial sums (V1, V1-LL: `relay`), the
-/// send and the sum.
+/// the input rows lie in the window, `in_window`), the relay's partial sums (V1, V1-LL:
+/// `relay`), the send and the sum.
 pub(super) fn combine_kernels(in_window: bool, relay: bool) -> Vec<usize> {
     let mut ks = Vec::with_capacity(4);
-    if !in_window || relay {
+    if !in_window {
         ks.push(3);
     }
     if relay {
@@ -454,7 +453,7 @@ impl InterNodeGpu {
 
     /// Whether the combine input goes into the window as rows (over xgmi with
     /// [`InterNodeOptions::combine_rows`]), where the kernels and the proxy read them: combine
-    /// stores no row (AsyncLL: its staging kernel is not launched).
+    /// stores no row and its staging kernel is not launched.
     pub fn combine_in_window(&self) -> bool {
         self.in_window
     }
@@ -539,9 +538,8 @@ impl InterNodeGpu {
     /// The combine kernels on the rows the ranks' combine inputs hold (`comb_rows` each).
     fn run_combine(&mut self) -> GpuResult<()> {
         self.upload_abi(false)?;
-        // With the input rows in the window, combine stores no row: AsyncLL's staging kernel
-        // is not launched (its time reads 0), V1's and V1-LL's only sets the gather counters;
-        // AsyncLL has no relay (nor its kernel's time).
+        // With the input rows in the window, combine stores no row: its staging kernel is not
+        // launched (its time reads 0); AsyncLL has no relay (nor its kernel's time).
         let ks = combine_kernels(self.in_window, self.layout.scheme != Scheme::AsyncLL);
         self.times.combine_us = self.run(&ks)?;
         self.check_status("combine").map(|_| ())

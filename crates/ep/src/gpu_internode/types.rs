@@ -143,7 +143,7 @@ pub struct PhaseTimes {
     /// combine staging (every received row where it goes), combine send (with block 0's wait
     /// for every rank's rows), combine sum, the relay's partial sums (V1, V1-LL) (events
     /// between the launches of a node's stream); 0 for combine staging when it is not
-    /// launched (AsyncLL's input in the window; V1's and V1-LL's only set counters then), for the copy-out when the records stay in the
+    /// launched (the input in the window), for the copy-out when the records stay in the
     /// window and for the relay's sums under AsyncLL.
     pub kernel_us: [f64; 7],
 }

@@ -313,16 +313,14 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     }
     let mut pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
     let in_window = ep.combine_in_window();
-    let relay = cfg.kernel_type != mori_ep::KernelType::AsyncLL;
-    if in_window && !relay {
+    if in_window {
         pk[3] = "not launched (input in the window)".to_string();
-    } else if in_window {
-        pk[3] = format!("{} (counters only: the rows are read in the window)", pk[3]);
     }
     let recv_in_window = ep.recv_in_window();
     if recv_in_window {
         pk[2] = "not launched (records read from the window)".to_string();
     }
+    let relay = cfg.kernel_type != mori_ep::KernelType::AsyncLL;
     let relay_sums = if relay { format!(", combine relay sums {}", pk[6]) } else { String::new() };
     println!(
         "per kernel µs (slowest node, mean): dispatch layout and staging {}, dispatch (with its wait) {}, copy-out {}, combine staging {}{relay_sums}, combine send (with its wait) {}, combine sum {}",
@@ -351,7 +349,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "host_call_us": { "dispatch": host_disp, "combine": host_comb }, "device_api": a.device_api,
             "kernel_us": { "dispatch_stage": per_kernel[0] / timed.max(1) as f64,
                 "dispatch": per_kernel[1] / timed.max(1) as f64, "receive": (!recv_in_window).then(|| per_kernel[2] / timed.max(1) as f64),
-                "combine_stage": (!in_window || relay).then(|| per_kernel[3] / timed.max(1) as f64), "combine_send": per_kernel[4] / timed.max(1) as f64,
+                "combine_stage": (!in_window).then(|| per_kernel[3] / timed.max(1) as f64), "combine_send": per_kernel[4] / timed.max(1) as f64,
                 "combine_reduce": per_kernel[5] / timed.max(1) as f64, "combine_relay": relay.then(|| per_kernel[6] / timed.max(1) as f64) },
             "proxies": { "writes": batches, "to_posted_us": mean(sum(|s| s.post_ns), batches),
                 "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
