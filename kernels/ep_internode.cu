@@ -208,8 +208,9 @@ MORI_DEVICE void ie_dispatch_hand_over(const IeParams& p, const IeRank& a, uint6
 // token; the rank's last block to finish hands them to the proxy. Waits for no other block (only
 // the last one, for ring space, to its deadline), so the host may launch it with more blocks per
 // rank than the co-resident kernels (its own blocks_per_rank); mori_ie_dispatch, next in stream
-// order, reads the whole layout.
-MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch_stage(IeParams p) {
+// order, reads the whole layout. Held to 64 registers a thread (two 512-thread blocks per
+// multiprocessor; the records written IE_FAN at a time took it to 128 otherwise).
+MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_dispatch_stage(IeParams p) {
     MORI_SHARED_STRUCT(IeLayoutSh, sh);
     MORI_SHARED_STRUCT(IeLast, last);
     const uint32_t local = mori_block_idx() / p.blocks_per_rank, b = mori_block_idx() % p.blocks_per_rank;
@@ -251,7 +252,10 @@ MORI_DEVICE void ie_dispatch_done(const IeParams& p, const IeRank& a, IeLast& la
     if (ie_recv_win(p) && ie_last_block(p, a, 2, last) && !ie_failed((const uint32_t*)a.status)) ie_zero_phase(p, a, 0);
 }
 
-MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
+// Held to 64 registers a thread: at the 112 that the records written IE_FAN at a time took it
+// to, one 512-thread block fits a multiprocessor, and the co-resident grid would leave the
+// proxies' copy kernels almost no room beside it.
+MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_dispatch(IeParams p) {
     MORI_SHARED_STRUCT(IeSpan, sh);
     MORI_SHARED_STRUCT(IeFwd, fw);
     MORI_SHARED_STRUCT(IeLast, last);
@@ -274,13 +278,24 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_dispatch(IeParams p) {
     mori_sync_block();
     // The records for other nodes went to the proxy from mori_ie_dispatch_stage's last block;
     // this node's ranks get theirs by P2P stores into their windows while the proxy works.
+    // Each token read once for up to IE_FAN of them.
     const bool relay = ie_relay(p);
-    for (uint32_t t = t0 + warp; t < t1; t += nwarps)
-        for (uint32_t d = 0; d < W; d++) {
-            if (!ie_same_node(p, r, d)) continue;
+    for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
+        uint8_t* rec[4] = {nullptr, nullptr, nullptr, nullptr};
+        uint32_t n = 0;
+        for (uint32_t d = (r / p.gpn) * p.gpn; d < (r / p.gpn + 1) * p.gpn; d++) {
             const int32_t q = ie_pos(p, a, t, d);
-            if (q >= 0) ie_put_record(p, a, t, (uint8_t*)(p.win[d] + p.lay.disp_in + r * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), lane);
+            if (q < 0) continue;
+            uint8_t* at = (uint8_t*)(p.win[d] + p.lay.disp_in + r * p.lay.seg_rec + (uint64_t)q * p.rec_bytes);
+            for (uint32_t i = 0; i < IE_FAN; i++)
+                if (i == n) rec[i] = at;
+            if (++n == IE_FAN) {
+                ie_put_records(p, a, t, rec[0], rec[1], rec[2], rec[3], n, lane);
+                n = 0;
+            }
         }
+        if (n) ie_put_records(p, a, t, rec[0], rec[1], rec[2], rec[3], n, lane);
+    }
     // Every record of the block is visible before its counter moves.
     mori_fence_system();
     mori_sync_block();

@@ -364,6 +364,72 @@ struct IeSpan {
     uint32_t last;
 };
 
+// Destinations one record write serves at most (ie_put_records, at most 4). The emulated
+// kernels use 2, so that their 3 ranks a node take the path of a full group and a rest (the
+// GPU tests' 4 a node fill a group of 4).
+#ifdef MORI_HOST_EMU
+#define IE_FAN 2u
+#else
+#define IE_FAN 4u
+#endif
+
+// Copies `bytes` (a multiple of 4) from src to dst[0..n) (n <= IE_FAN) with the lanes of a
+// 32-thread group, each 16-byte vector (where all are 16-aligned) loaded once and stored n
+// times, four loads in flight per lane as ie_copy_group.
+MORI_DEVICE void ie_copy_group_fan(uint8_t* d0, uint8_t* d1, uint8_t* d2, uint8_t* d3, uint32_t n, const uint8_t* src, uint32_t bytes,
+                                   uint32_t lane) {
+    uint8_t* const d[4] = {d0, d1, d2, d3};
+    uint64_t al = (uint64_t)src;
+    for (uint32_t i = 0; i < IE_FAN; i++)
+        if (i < n) al |= (uint64_t)d[i];
+    const uint32_t v16 = (al & 15) == 0 ? bytes / 16 : 0;
+    const mori_vec16_t* s = (const mori_vec16_t*)src;
+    uint32_t v = lane;
+    for (; v + 96 < v16; v += 128) {
+        const mori_vec16_t x0 = s[v], x1 = s[v + 32], x2 = s[v + 64], x3 = s[v + 96];
+        for (uint32_t i = 0; i < IE_FAN; i++) {
+            if (i >= n) break;
+            mori_vec16_t* o = (mori_vec16_t*)d[i];
+            o[v] = x0;
+            o[v + 32] = x1;
+            o[v + 64] = x2;
+            o[v + 96] = x3;
+        }
+    }
+    for (; v < v16; v += 32) {
+        const mori_vec16_t x = s[v];
+        for (uint32_t i = 0; i < IE_FAN; i++)
+            if (i < n) ((mori_vec16_t*)d[i])[v] = x;
+    }
+    for (uint32_t w = v16 * 4 + lane; w < bytes / 4; w += 32) {
+        const uint32_t x = ((const uint32_t*)src)[w];
+        for (uint32_t i = 0; i < IE_FAN; i++)
+            if (i < n) ((uint32_t*)d[i])[w] = x;
+    }
+}
+
+// Writes token t's record (rows, weights, ids, scales, flat source) at recs[0..n) (n <=
+// IE_FAN) with the lanes of one 32-thread group, reading the token once.
+MORI_DEVICE void ie_put_records(const IeParams& p, const IeRank& a, uint32_t t, uint8_t* r0, uint8_t* r1, uint8_t* r2, uint8_t* r3, uint32_t n,
+                                uint32_t lane) {
+    const uint32_t kw = p.top_k * 4, ki = p.top_k * p.idx_size;
+    const uint8_t* x = (const uint8_t*)a.x + (uint64_t)t * p.row_bytes;
+    ie_copy_group_fan(r0, r1, r2, r3, n, x, p.row_bytes, lane);
+    const uint32_t mo = p.row_bytes;
+    if (a.weights) ie_copy_group_fan(r0 + mo, r1 + mo, r2 + mo, r3 + mo, n, (const uint8_t*)a.weights + (uint64_t)t * kw, kw, lane);
+    ie_copy_group_fan(r0 + mo + kw, r1 + mo + kw, r2 + mo + kw, r3 + mo + kw, n, (const uint8_t*)a.idx + (uint64_t)t * ki, ki, lane);
+    const uint32_t so = mo + kw + ki;
+    if (p.scale_bytes && a.scales)
+        ie_copy_group_fan(r0 + so, r1 + so, r2 + so, r3 + so, n, (const uint8_t*)a.scales + (uint64_t)t * p.scale_bytes, p.scale_bytes, lane);
+    uint8_t* const rs[4] = {r0, r1, r2, r3};
+    for (uint32_t i = 0; i < IE_FAN; i++) {
+        if (i >= n) break;
+        if (!a.weights) ie_zero_group(rs[i] + mo, kw, lane);
+        if (p.scale_bytes && !a.scales) ie_zero_group(rs[i] + so, p.scale_bytes, lane);
+        if (lane == 0) *(int32_t*)(rs[i] + so + p.scale_bytes) = (int32_t)(a.rank * p.max_tokens + t);
+    }
+}
+
 // Writes token t's record (rows, weights, ids, scales, flat source) at `rec` with the lanes
 // of one 32-thread group.
 MORI_DEVICE void ie_put_record(const IeParams& p, const IeRank& a, uint32_t t, uint8_t* rec, uint32_t lane) {

@@ -54,20 +54,30 @@ MORI_DEVICE void ie_stage_relay(const IeParams& p, const IeRank& a, uint32_t t0,
                 }
                 continue;
             }
+            // The token's records for m are consecutive: written IE_FAN at a time, the token
+            // read once for each group.
             uint32_t j = 0;
             for (uint32_t d = m * G; d < (m + 1) * G; d++) j += pre[(uint64_t)t * p.world + d];
+            uint32_t n = 0;
             for (uint32_t d = m * G; d < (m + 1) * G; d++) {
                 if (!((mask >> d) & 1)) continue;
-                uint8_t* rec = seg + (uint64_t)j * p.rec_bytes;
-                ie_put_record(p, a, t, rec, lane);
+                uint8_t* rec = seg + (uint64_t)(j + n) * p.rec_bytes;
                 if (lane == 0) {
                     uint32_t* x = (uint32_t*)(rec + tail);
                     x[1] = d;
                     x[2] = pre[(uint64_t)t * p.world + d];
                     x[3] = npre[(uint64_t)t * N + m];
                 }
-                j++;
+                if (++n == IE_FAN) {
+                    ie_put_records(p, a, t, seg + (uint64_t)j * p.rec_bytes, seg + (uint64_t)(j + 1) * p.rec_bytes, seg + (uint64_t)(j + 2) * p.rec_bytes,
+                                   seg + (uint64_t)(j + 3) * p.rec_bytes, n, lane);
+                    j += n;
+                    n = 0;
+                }
             }
+            if (n)
+                ie_put_records(p, a, t, seg + (uint64_t)j * p.rec_bytes, seg + (uint64_t)(j + 1) * p.rec_bytes, seg + (uint64_t)(j + 2) * p.rec_bytes,
+                               seg + (uint64_t)(j + 3) * p.rec_bytes, n, lane);
         }
     }
 }
