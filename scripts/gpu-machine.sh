@@ -69,7 +69,10 @@ step() { echo; echo "=== $*"; }
 # armed ordered-copy launches'), and, only when named, inplace (scripts/gpu-parts/inplace.sh:
 # V1 and V1-LL combine reading their rows in the window against staging them and against the
 # earlier build carried as .gpu-bundle/bench_dispatch_combine_prev, with the GPU tests,
-# baselines and a trace).
+# baselines and a trace), and, only when named, fan (scripts/gpu-parts/fan.sh: a token's
+# records written to up to four destinations at once, against the two builds before it carried
+# as .gpu-bundle/bench_dispatch_combine_prev and _mid, with the GPU tests, baselines, the
+# DeepSeek-V3 shape, tcp and a trace).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -140,7 +143,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay inplace armed grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay inplace fan armed grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"
