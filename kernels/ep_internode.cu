@@ -281,20 +281,23 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_dispatch(IeParams p
     // Each token read once for up to IE_FAN of them.
     const bool relay = ie_relay(p);
     for (uint32_t t = t0 + warp; t < t1; t += nwarps) {
-        uint8_t* rec[4] = {nullptr, nullptr, nullptr, nullptr};
+        // (Named slots, not an array: an array indexed by n would live in local memory.)
+        uint8_t *r0 = nullptr, *r1 = nullptr, *r2 = nullptr, *r3 = nullptr;
         uint32_t n = 0;
         for (uint32_t d = (r / p.gpn) * p.gpn; d < (r / p.gpn + 1) * p.gpn; d++) {
             const int32_t q = ie_pos(p, a, t, d);
             if (q < 0) continue;
             uint8_t* at = (uint8_t*)(p.win[d] + p.lay.disp_in + r * p.lay.seg_rec + (uint64_t)q * p.rec_bytes);
-            for (uint32_t i = 0; i < IE_FAN; i++)
-                if (i == n) rec[i] = at;
+            if (n == 0) r0 = at;
+            else if (n == 1) r1 = at;
+            else if (n == 2) r2 = at;
+            else r3 = at;
             if (++n == IE_FAN) {
-                ie_put_records(p, a, t, rec[0], rec[1], rec[2], rec[3], n, lane);
+                ie_put_records(p, a, t, r0, r1, r2, r3, n, lane);
                 n = 0;
             }
         }
-        if (n) ie_put_records(p, a, t, rec[0], rec[1], rec[2], rec[3], n, lane);
+        if (n) ie_put_records(p, a, t, r0, r1, r2, r3, n, lane);
     }
     // Every record of the block is visible before its counter moves.
     mori_fence_system();
@@ -454,9 +457,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(512) void mori_ie_combine_stage(IeParams p) {
 
 // V1, V1-LL: this rank as the relay: once this node's ranks counted their rows of each other
 // node's tokens into its gather counters (mori_ie_combine_stage's last blocks, before this
-// kernel in stream order), the partial sums per token, each block a share, handed to the proxy
-// by the last block. Waits only for those counters, so the host launches it on more blocks per
-// rank than the co-resident kernels (in mori_ie_combine_send's 16 blocks a rank the sums took
+// kernel in stream order; with IE_FLAG_COMB_ROWS at once: the rows lie in the window), the
+// partial sums per token, each block a share, handed to the proxy by the last block. Waits
+// only for those counters, so the host launches it on more blocks per rank than the
+// co-resident kernels (in mori_ie_combine_send's 16 blocks a rank the sums took
 // 66-117 µs, V1 decode at 2 x 4 on an H100). Held to 64 registers a thread, as
 // mori_ie_combine_recv (two 512-thread blocks per multiprocessor; the lanes' parallel look-up
 // of a token's rows took it to 93 otherwise: one block per multiprocessor).

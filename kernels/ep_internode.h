@@ -279,13 +279,15 @@ MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, ui
 }
 
 // Called by every block of the rank for peer d once its own entries for d are staged and
-// fenced: the last block to get here hands the segment over (ie_hand_over).
+// fenced: the last block to get here hands the segment over (ie_hand_over), unless the rank
+// has failed.
 MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
                                uint64_t local, uint64_t remote, uint64_t deadline) {
     uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
     if (mori_atomic_add_system_u32(staged, 1) != p.blocks_per_rank - 1) return;
     *(volatile uint32_t*)staged = 0;
-    ie_hand_over(p, a, d, phase, count, bytes, local, remote, deadline);
+    // A rank that failed hands nothing over (the peer waits to its deadline).
+    if (!ie_failed((const uint32_t*)a.status)) ie_hand_over(p, a, d, phase, count, bytes, local, remote, deadline);
 }
 
 // Zeroes this rank's counters of `phase` (device block, and for phases 0 and 1 the window's
@@ -372,6 +374,7 @@ struct IeSpan {
 #else
 #define IE_FAN 4u
 #endif
+static_assert(IE_FAN >= 1 && IE_FAN <= 4, "ie_put_records takes four destinations at most");
 
 // Copies `bytes` (a multiple of 4) from src to dst[0..n) (n <= IE_FAN) with the lanes of a
 // 32-thread group, each 16-byte vector (where all are 16-aligned) loaded once and stored n
@@ -408,10 +411,14 @@ MORI_DEVICE void ie_copy_group_fan(uint8_t* d0, uint8_t* d1, uint8_t* d2, uint8_
     }
 }
 
-// Writes token t's record (rows, weights, ids, scales, flat source) at recs[0..n) (n <=
-// IE_FAN) with the lanes of one 32-thread group, reading the token once.
+// Writes token t's record (rows, weights, ids, scales, flat source) at r0..r3, the first n of
+// them (1 <= n <= IE_FAN), with the lanes of one 32-thread group, reading the token once.
 MORI_DEVICE void ie_put_records(const IeParams& p, const IeRank& a, uint32_t t, uint8_t* r0, uint8_t* r1, uint8_t* r2, uint8_t* r3, uint32_t n,
                                 uint32_t lane) {
+    // The unused slots point at r0 (never written through: every copy stops at n).
+    if (n < 2) r1 = r0;
+    if (n < 3) r2 = r0;
+    if (n < 4) r3 = r0;
     const uint32_t kw = p.top_k * 4, ki = p.top_k * p.idx_size;
     const uint8_t* x = (const uint8_t*)a.x + (uint64_t)t * p.row_bytes;
     ie_copy_group_fan(r0, r1, r2, r3, n, x, p.row_bytes, lane);

@@ -204,16 +204,25 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
     const uint32_t r = a.rank, G = p.gpn, N = ie_nodes(p), own = r / G, tail = ie_rec_tail(p), tid = mori_thread_idx();
     const uint32_t xb = p.hidden * p.comb_elem, kw = p.top_k * 4;
     const bool weighted = (p.flags & IE_FLAG_WEIGHTED) != 0, dedup = ie_dedup(p);
+    uint32_t* status = (uint32_t*)a.status;
     for (uint32_t m = 0; m < N; m++) {
         if (m == own) continue;
         const uint32_t s = ie_relay_of(p, r, m);
         // IE_FLAG_COMB_ROWS: the rows lie in the window since before the launch, which serves
-        // every rank of this node (one launch per node), so there is nothing to wait for.
+        // every rank of this node (one launch per node), so there is nothing to wait for; but
+        // no staging kernel checked them: a rank of this launch that failed or whose input is
+        // short of its received rows stops the partials (its send kernel names it, and the
+        // origin's ranks wait to their deadlines, as behind a staging kernel's refusal).
         const bool in_place = ie_comb_rows(p);
         if (tid == 0) {
             sh.n = 1;
             for (uint32_t dl = 0; dl < G && sh.n && !in_place; dl++)
                 if (ie_wait_segment(p, a, 2, m * G + dl, false, deadline) == 0xffffffffu) sh.n = 0;
+            for (uint32_t l = 0; in_place && l < p.num_local && sh.n; l++) {
+                const IeRank& o = ((const IeRank*)p.ranks)[l];
+                const uint32_t* st = (const uint32_t*)o.status;
+                if (ie_failed(st) || ((const volatile uint32_t*)st)[0] > o.comb_rows) sh.n = 0;
+            }
         }
         mori_sync_block();
         if (!sh.n) return;
@@ -246,29 +255,37 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
             // The token's rows, one candidate per lane (V1: the record's local index i; V1-LL:
             // record j + i, if it is still u's), each with its row (0: none) and factor at gs
             // index i, all loads at once; then lane 0 compacts them in order (V1-LL: up to the
-            // first record of another token), as one lane's scan of them did.
-            const uint32_t cand = dedup ? G : (n - j < IE_MAX_WORLD ? n - j : IE_MAX_WORLD);
+            // first record of another token), as one lane's scan of them did. The records are
+            // a peer's bytes: a destination off this node, or (V1-LL) a G + 1-th record of u
+            // (a token has one per destination here), is IE_ERR_RELAY and adds nothing.
+            const uint32_t cand = dedup ? G : (n - j < G + 1 ? n - j : G + 1);
             for (uint32_t i = lane; i < cand; i += 32) {
                 const uint8_t* rec = recs + (uint64_t)(dedup ? j : j + i) * p.rec_bytes;
                 uint64_t row = 0;
                 float f = 1.0f;
                 uint32_t d, q;
                 if ((dedup || ((const uint32_t*)(rec + tail))[3] == u) && ie_rec_dest(p, rec, own, dedup ? i : 0, &d, &q)) {
-                    // (q below the header's count, dispatch checked; bounded again here.)
-                    const uint64_t at = in_place ? ((uint64_t)((const uint32_t*)(p.win[d] + p.lay.rbase))[s] + q % p.max_tokens) %
-                                                       ((uint64_t)p.world * p.max_tokens)
-                                                 : q % p.max_tokens;
-                    row = in_place ? p.win[d] + p.lay.out_comb + at * p.comb_bytes
-                                   : p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_gather + at * p.comb_bytes;
-                    if (weighted) f = ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d);
+                    if (i >= G || d >= p.world || d / G != own) {
+                        ie_error(status, IE_ERR_RELAY, s, dedup ? j : j + i, d);
+                    } else {
+                        // (q below the header's count, dispatch checked; bounded again here.)
+                        const uint64_t at = in_place ? ((uint64_t)((const uint32_t*)(p.win[d] + p.lay.rbase))[s] + q % p.max_tokens) %
+                                                           ((uint64_t)p.world * p.max_tokens)
+                                                     : q % p.max_tokens;
+                        row = in_place ? p.win[d] + p.lay.out_comb + at * p.comb_bytes
+                                       : p.win[r] + p.lay.gather + (uint64_t)(m * G + d % G) * p.lay.seg_gather + at * p.comb_bytes;
+                        if (weighted) f = ie_factor(p, rec + p.row_bytes + kw, 0, (const float*)(row + xb), d);
+                    }
                 }
-                gs.row[warp][i] = row;
-                gs.f[warp][i] = f;
+                if (i < G) {
+                    gs.row[warp][i] = row;
+                    gs.f[warp][i] = f;
+                }
             }
             mori_sync_group32();
             if (lane == 0) {
                 uint32_t nd = 0;
-                for (uint32_t i = 0; i < cand; i++) {
+                for (uint32_t i = 0; i < cand && i < G; i++) {
                     if (!gs.row[warp][i]) {
                         if (dedup) continue;
                         break;

@@ -274,11 +274,26 @@ fn v1_ll_with_f32_combine_rows_in_the_window_equals_the_reference() {
 }
 
 /// V1 with rank 4's combine rows in the window one short: with no staging kernel, combine's
-/// send refuses it (the relays read rows within the window, the ranks waiting for rank 4's
-/// rows give up at their deadlines).
+/// send refuses it, and the relays of rank 4's node see it before summing and send no partial,
+/// so every rank fails (the others at their deadlines) instead of the other nodes summing rows
+/// that were never given.
 #[test]
 fn v1_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: true, recv: true }, Some(4));
+    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: true, recv: true }, Some(Fault::Short(4)));
+}
+
+/// V1-LL with a relay record naming a destination off the relay's node (a peer's bytes,
+/// overwritten between dispatch and combine in relay 5's segment from node 0): the relay reads
+/// the rows in place in the named rank's window, so it refuses the record (`IE_ERR_RELAY` with
+/// the origin, the record and the rank named) instead of reading through it, with the rows in
+/// the window and staged.
+#[test]
+fn v1_ll_relay_record_naming_a_rank_off_its_node_is_refused_in_combine() {
+    for comb_rows in [true, false] {
+        for d in [0, 1000] {
+            three_nodes_of_three_equal_the_reference(Scheme::V1LL, InWindow { comb_rows, recv: true }, Some(Fault::Dest(5, d)));
+        }
+    }
 }
 
 /// AsyncLL with its combine input as rows in the window (`IE_FLAG_COMB_ROWS`): the proxy
@@ -292,7 +307,7 @@ fn async_ll_with_combine_rows_in_the_window_equals_the_reference() {
 /// send refuses it (`IE_ERR_COMBINE_ROWS` in rank 4's status, with both counts).
 #[test]
 fn async_ll_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
-    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, InWindow { comb_rows: true, recv: true }, Some(4));
+    three_nodes_of_three_equal_the_reference(Scheme::AsyncLL, InWindow { comb_rows: true, recv: true }, Some(Fault::Short(4)));
 }
 
 /// V1 with rank 4's combine input one row short: the staging kernel refuses it; the relays
@@ -300,7 +315,7 @@ fn async_ll_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
 /// their deadlines instead of hanging.
 #[test]
 fn v1_combine_input_one_short_is_refused_by_the_staging_kernel() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: false, recv: true }, Some(4));
+    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: false, recv: true }, Some(Fault::Short(4)));
 }
 
 #[test]
@@ -322,16 +337,26 @@ fn v1_and_v1_ll_with_f32_combine_inputs_equal_the_reference() {
     }
 }
 
-/// `short`: that rank's combine input is one row short (one round; the run ends once the
-/// kernel refused it). Combine inputs in bf16.
-fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, short: Option<usize>) {
-    three_nodes_of_three(scheme, win, short, 2);
+/// A fault a run injects (one round; the run ends once the kernels refused it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// That rank's combine input is one row short of what it received.
+    Short(usize),
+    /// V1-LL: the destination of the first record in that relay's segment from node 0
+    /// overwritten with the rank given, between dispatch and combine (not relay 4: its origin,
+    /// rank 1, sends nothing in the first round).
+    Dest(usize, u32),
+}
+
+/// `fault`: see [`Fault`]. Combine inputs in bf16.
+fn three_nodes_of_three_equal_the_reference(scheme: Scheme, win: InWindow, fault: Option<Fault>) {
+    three_nodes_of_three(scheme, win, fault, 2);
 }
 
 /// The same with combine inputs of `comb_elem` bytes: 2 (bf16, the received rows as they are)
 /// or 4 (f32: each received row times 1 + j * 2^-10 for j = 0..4 by element, so every value
 /// needs more than bf16's 8 mantissa bits).
-fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, comb_elem: usize) {
+fn three_nodes_of_three(scheme: Scheme, win: InWindow, fault: Option<Fault>, comb_elem: usize) {
     let comb_rows = win.comb_rows;
     let mut cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     cfg.scale_dim = SCALES;
@@ -362,7 +387,7 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
     let mut rng = SplitMix64::new(0x1e_2024);
     // Bytes each rank's proxy moves: the scheme's inter-node segments, summed over the rounds.
     let mut leg_bytes = [0u64; W];
-    for round in 0..if short.is_some() { 1 } else { 2 } {
+    for round in 0..if fault.is_some() { 1 } else { 2 } {
         let inp = inputs(&mut rng, round);
         for (r, b) in leg_bytes.iter_mut().enumerate() {
             *b += expected_leg_bytes(&l, &inp, r);
@@ -383,7 +408,7 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
         let abi_regions: Vec<Region> = (0..W / G).map(|_| Region::new(G * std::mem::size_of::<IeRank>())).collect();
         for (n, reg) in abi_regions.iter().enumerate() {
             for (j, r) in (n * G..(n + 1) * G).enumerate() {
-                let given = want.ranks[r].num_recv() - usize::from(short == Some(r));
+                let given = want.ranks[r].num_recv() - usize::from(fault == Some(Fault::Short(r)));
                 let mut a = mems[r].abi(r, inp[r].x.rows(), given);
                 if comb_rows {
                     a.comb_x = mems[r].win.addr() + l.lay.out_comb;
@@ -439,9 +464,15 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
                 m.write(&m.comb_w, &wb);
             }
         }
+        if let Some(Fault::Dest(rr, d)) = fault {
+            // x[1] of the record's tail (after the row, weights, ids, scales and the source).
+            let tail: usize = l.record_fields()[..4].iter().sum();
+            let at = (l.lay.relay_in + l.lay.relay_hdr) as usize + tail + 4;
+            mems[rr].write_at(&mems[rr].win, at, &d.to_le_bytes());
+        }
         // Combine. A refused rank's peers wait for its rows until their deadline: a short one.
         let ps_comb: Vec<IeParams> =
-            ps.iter().map(|p| IeParams { timeout_ns: if short.is_some() { 1_000_000_000 } else { p.timeout_ns }, ..*p }).collect();
+            ps.iter().map(|p| IeParams { timeout_ns: if fault.is_some() { 1_000_000_000 } else { p.timeout_ns }, ..*p }).collect();
         std::thread::scope(|s| {
             for p in &ps_comb {
                 s.spawn(move || {
@@ -453,10 +484,27 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, short: Option<usize>, com
                 });
             }
         });
-        if let Some(sr) = short {
-            let n = want.ranks[sr].num_recv() as u32;
-            let st = mems[sr].status();
-            assert_eq!((st[1], st[2], st[3]), (5, n - 1, n), "rank {sr}: IE_ERR_COMBINE_ROWS with the rows given and received {st:?}");
+        if let Some(f) = fault {
+            match f {
+                Fault::Short(sr) => {
+                    let n = want.ranks[sr].num_recv() as u32;
+                    let st = mems[sr].status();
+                    assert_eq!(
+                        (st[1], st[2], st[3]),
+                        (5, n - 1, n),
+                        "rank {sr}: IE_ERR_COMBINE_ROWS with the rows given and received {st:?}"
+                    );
+                    // No rank sums rows that were never given: the others fail too.
+                    for (r, m) in mems.iter().enumerate() {
+                        assert_ne!(m.status()[1], 0, "rank {r} finished combine beside rank {sr}'s short input");
+                    }
+                }
+                Fault::Dest(rr, d) => {
+                    // Origin: the rank of node 0 with the relay's local index; record 0.
+                    let st = mems[rr].status();
+                    assert_eq!((st[1], st[2], st[3], st[4]), (8, (rr % G) as u32, 0, d), "relay {rr}: IE_ERR_RELAY {st:?}");
+                }
+            }
             for (r, s) in stats_of(&proxies).into_iter().enumerate() {
                 assert!(s.is_none(), "rank {r}: proxy failed {s:?}");
             }
@@ -924,6 +972,14 @@ fn a_relay_segment_count_past_its_capacity_is_refused_by_the_relay_combine() {
             let m = &mems[0];
             let seg = l.lay.relay_in as usize + l.lay.seg_relay as usize;
             m.write_at(&m.win, seg + 4 * G, &n.to_le_bytes());
+            // V1-LL: G records a token, one to each rank of node 0 (the relay's), as a relay
+            // segment holds them (zeros would be cap records of one token, which the relay
+            // refuses: a token has one record per destination).
+            let tail: usize = l.record_fields()[..4].iter().sum();
+            for j in (0..n as usize).filter(|_| scheme == Scheme::V1LL) {
+                let x = [(j % G) as u32, (j / G) as u32, (j / G) as u32];
+                m.write_at(&m.win, seg + l.lay.relay_hdr as usize + j * l.rec_bytes + tail + 4, &le(&x, |v: u32| v.to_le_bytes().to_vec()));
+            }
             for w in G..W {
                 m.write_at(&m.dev_ctr, l.counter(2, w, 0), &le(&[0u64, 1], |v: u64| v.to_le_bytes().to_vec()));
             }
