@@ -286,7 +286,9 @@ MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, u
     uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
     if (mori_atomic_add_system_u32(staged, 1) != p.blocks_per_rank - 1) return;
     *(volatile uint32_t*)staged = 0;
-    // A rank that failed hands nothing over (the peer waits to its deadline).
+    // A rank that failed hands nothing over (the peer waits to its deadline); the fence makes
+    // the other blocks' faults, recorded before they counted, visible here.
+    mori_fence_system();
     if (!ie_failed((const uint32_t*)a.status)) ie_hand_over(p, a, d, phase, count, bytes, local, remote, deadline);
 }
 

@@ -273,13 +273,15 @@ fn v1_ll_with_f32_combine_rows_in_the_window_equals_the_reference() {
     three_nodes_of_three(Scheme::V1LL, InWindow { comb_rows: true, recv: false }, None, 4);
 }
 
-/// V1 with rank 4's combine rows in the window one short: with no staging kernel, combine's
+/// V1 and V1-LL with rank 4's combine rows in the window one short: with no staging kernel, combine's
 /// send refuses it, and the relays of rank 4's node see it before summing and send no partial,
 /// so every rank fails (the others at their deadlines) instead of the other nodes summing rows
 /// that were never given.
 #[test]
 fn v1_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
-    three_nodes_of_three_equal_the_reference(Scheme::V1, InWindow { comb_rows: true, recv: true }, Some(Fault::Short(4)));
+    for scheme in [Scheme::V1, Scheme::V1LL] {
+        three_nodes_of_three_equal_the_reference(scheme, InWindow { comb_rows: true, recv: true }, Some(Fault::Short(4)));
+    }
 }
 
 /// V1-LL with a relay record naming a destination off the relay's node (a peer's bytes,
@@ -503,6 +505,10 @@ fn three_nodes_of_three(scheme: Scheme, win: InWindow, fault: Option<Fault>, com
                     // Origin: the rank of node 0 with the relay's local index; record 0.
                     let st = mems[rr].status();
                     assert_eq!((st[1], st[2], st[3], st[4]), (8, (rr % G) as u32, 0, d), "relay {rr}: IE_ERR_RELAY {st:?}");
+                    // The failed relay handed no partial over: the origin waited for it to its
+                    // deadline (IE_ERR_TIMEOUT in combine, writer the relay).
+                    let so = mems[rr % G].status();
+                    assert_eq!((so[1], so[2], so[3]), (3, 2, rr as u32), "origin {}: {so:?}", rr % G);
                 }
             }
             for (r, s) in stats_of(&proxies).into_iter().enumerate() {
@@ -958,25 +964,30 @@ fn a_malformed_relay_segment_is_refused_naming_origin_and_record() {
 /// The relay's combine reads the record count of the dispatch's relay segment again (the bytes
 /// are a peer's): a count past what the segment holds is refused (`IE_ERR_RELAY_SEG`, with the
 /// origin and the count) and nothing is summed or handed to the proxy; the largest count that
-/// fits is summed and handed over (one command, and one with no tokens for node 2). Rank 0 runs
-/// alone as the relay of ranks 3 (node 1) and 6 (node 2), node 1's segment header and every
-/// gather counter (no rows) written by hand.
+/// fits is summed and handed over (one command, and one with no tokens for node 2); V1-LL's
+/// records of that count all of one token are refused at its G+1-th (`IE_ERR_RELAY`) and the
+/// failed relay hands nothing over. Rank 0 runs alone as the relay of ranks 3 (node 1) and 6
+/// (node 2), node 1's segment header and records' tails and every gather counter (no rows)
+/// written by hand.
 #[test]
 fn a_relay_segment_count_past_its_capacity_is_refused_by_the_relay_combine() {
     let cfg = EpConfig::with_gpus_per_node(W, G, H, E, K, TMAX).unwrap();
     for scheme in [Scheme::V1, Scheme::V1LL] {
         let l = InterLayout::new(&cfg, scheme, 2, 8, 2).unwrap();
         let cap = ((l.lay.seg_relay - l.lay.relay_hdr) / l.rec_bytes as u64) as u32;
-        for (n, want_code, want_cmds) in [(cap + 1, 9, 0), (cap, 0, W / G - 1)] {
+        // (count, records one per destination (else V1-LL: all zeros, one token's cap records),
+        // the status words wanted: code and details, commands handed to the proxy.)
+        let cases = [(cap + 1, true, (9, 3, cap + 1, 0), 0), (cap, true, (0, 0, 0, 0), W / G - 1), (cap, false, (8, 3, G as u32, 0), 0)];
+        for (n, one_each, want, want_cmds) in cases.into_iter().filter(|c| c.1 || scheme == Scheme::V1LL) {
             let mems: Vec<RankMem> = (0..W).map(|_| RankMem::new(&l)).collect();
             let m = &mems[0];
             let seg = l.lay.relay_in as usize + l.lay.seg_relay as usize;
             m.write_at(&m.win, seg + 4 * G, &n.to_le_bytes());
             // V1-LL: G records a token, one to each rank of node 0 (the relay's), as a relay
-            // segment holds them (zeros would be cap records of one token, which the relay
-            // refuses: a token has one record per destination).
+            // segment holds them; zeros are cap records of one token, whose G+1-th the relay
+            // refuses (a token has one record per destination).
             let tail: usize = l.record_fields()[..4].iter().sum();
-            for j in (0..n as usize).filter(|_| scheme == Scheme::V1LL) {
+            for j in (0..n.min(cap) as usize).filter(|_| scheme == Scheme::V1LL && one_each) {
                 let x = [(j % G) as u32, (j / G) as u32, (j / G) as u32];
                 m.write_at(&m.win, seg + l.lay.relay_hdr as usize + j * l.rec_bytes + tail + 4, &le(&x, |v: u32| v.to_le_bytes().to_vec()));
             }
@@ -989,12 +1000,8 @@ fn a_relay_segment_count_past_its_capacity_is_refused_by_the_relay_combine() {
             let p = IeParams { num_local: 1, blocks_per_rank: COPY_BLOCKS, timeout_ns: 300_000_000, ..params(&l, &mems, &abi, 0) };
             launch("ep_internode", "mori_ie_combine_relay", COPY_BLOCKS, THREADS, &p);
             let st = m.status();
-            let what = format!("{scheme:?} count {n} (capacity {cap}): status {st:?}");
-            if want_code == 0 {
-                assert_eq!(st[1], 0, "{what}");
-            } else {
-                assert_eq!((st[1], st[2], st[3], st[4]), (want_code, 3, n, 0), "{what}");
-            }
+            let what = format!("{scheme:?} count {n} (capacity {cap}, one record each {one_each}): status {st:?}");
+            assert_eq!((st[1], st[2], st[3], st[4]), want, "{what}");
             assert_eq!(ring_commands(m).len(), want_cmds, "{what}: commands handed to the proxy");
         }
     }
