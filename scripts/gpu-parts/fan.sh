@@ -7,7 +7,7 @@
 # targets' baselines, the DeepSeek-V3 shape and tcp decode of this build, V1-LL traced (every
 # rank's Perfetto file kept as $OUT/fan-v1_ll.rankR.json). A fragment, sourced by
 # scripts/gpu-machine.sh (B, OUT, step, rc); appends to $OUT/fan.txt. About 6 minutes on one
-# H100. FAN_ORDERS (default "pmn nmp") shortens it.
+# H100. FAN_ORDERS (default "pmn nmp") shortens it, FAN_SHORT=1 stops after the baselines.
 fn_log="$OUT/fan.txt"
 fnl() { ep_logged "$fn_log" 12 "^copy pools|^calls: |^proxies" "$@"; }
 ep_tests "$fn_log" fan
@@ -17,6 +17,7 @@ for kt in v1_ll v1 async_ll; do
 done
 step "fan: the targets' baselines"
 ep_targets "$fn_log" $EP_DEC
+[ "${FAN_SHORT:-0}" = 1 ] && return 0
 v3="--num-tokens 4096 --hidden 7168 --num-experts 256 --top-k 8 --dtype fp8 --iters 5 --warmup 2 --device-api"
 tcp="$EP_DEC --transport tcp --iters 5 --warmup 2 --device-api"
 for kt in v1 v1_ll async_ll; do
