@@ -110,7 +110,7 @@ fn node_refusals_name_the_users_flags() {
         ),
         (
             &["--kernel-type", "v1", "--num-nodes", "2", "--transport", "tcp", "--combine-staging"],
-            &["--combine-staging chooses how combine over xgmi hands its rows on", "--transport tcp always stages them"],
+            &["--combine-staging chooses how combine over xgmi hands its rows on", "--transport tcp always stages them: drop one of the two"],
         ),
         (
             &["--kernel-type", "v1_ll", "--world-size", "32", "--num-nodes", "2"],

@@ -484,7 +484,7 @@ pub fn config(a: &Args) -> AnyResult<EpConfig> {
     }
     if let Some(t) = a.transport.filter(|_| a.combine_staging) {
         return Err(err(format!(
-            "--combine-staging chooses how combine over xgmi hands its rows on (a staging kernel stores them, instead of the kernels and the proxy reading the input in the window); --transport {} always stages them",
+            "--combine-staging chooses how combine over xgmi hands its rows on (a staging kernel stores them, instead of the kernels and the proxy reading the input in the window); --transport {} always stages them: drop one of the two",
             match t {
                 TransportArg::Tcp => "tcp",
                 TransportArg::Rdma => "rdma",
