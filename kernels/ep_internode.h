@@ -439,6 +439,12 @@ MORI_DEVICE void ie_put_records(const IeParams& p, const IeRank& a, uint32_t t, 
     }
 }
 
+// ie_put_records into n (1 <= n <= IE_FAN) consecutive records from `first`.
+MORI_DEVICE void ie_put_run(const IeParams& p, const IeRank& a, uint32_t t, uint8_t* first, uint32_t n, uint32_t lane) {
+    const uint64_t b = p.rec_bytes;
+    ie_put_records(p, a, t, first, first + b, first + 2 * b, first + 3 * b, n, lane);
+}
+
 // Writes token t's record (rows, weights, ids, scales, flat source) at `rec` with the lanes
 // of one 32-thread group.
 MORI_DEVICE void ie_put_record(const IeParams& p, const IeRank& a, uint32_t t, uint8_t* rec, uint32_t lane) {

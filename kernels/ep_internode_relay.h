@@ -69,15 +69,12 @@ MORI_DEVICE void ie_stage_relay(const IeParams& p, const IeRank& a, uint32_t t0,
                     x[3] = npre[(uint64_t)t * N + m];
                 }
                 if (++n == IE_FAN) {
-                    ie_put_records(p, a, t, seg + (uint64_t)j * p.rec_bytes, seg + (uint64_t)(j + 1) * p.rec_bytes, seg + (uint64_t)(j + 2) * p.rec_bytes,
-                                   seg + (uint64_t)(j + 3) * p.rec_bytes, n, lane);
+                    ie_put_run(p, a, t, seg + (uint64_t)j * p.rec_bytes, n, lane);
                     j += n;
                     n = 0;
                 }
             }
-            if (n)
-                ie_put_records(p, a, t, seg + (uint64_t)j * p.rec_bytes, seg + (uint64_t)(j + 1) * p.rec_bytes, seg + (uint64_t)(j + 2) * p.rec_bytes,
-                               seg + (uint64_t)(j + 3) * p.rec_bytes, n, lane);
+            if (n) ie_put_run(p, a, t, seg + (uint64_t)j * p.rec_bytes, n, lane);
         }
     }
 }
