@@ -191,7 +191,7 @@ MORI_DEVICE void ie_dispatch_hand_over(const IeParams& p, const IeRank& a, uint6
             uint32_t* hdr = (uint32_t*)(p.win[r] + p.lay.out_relay + m * p.lay.seg_relay);
             for (uint32_t c = 0; c < p.gpn; c++) hdr[c] = cnt[m * p.gpn + c];
             hdr[p.gpn] = n;
-            mori_fence_system();
+            // (The ring push's system fence releases the header with the records.)
             ie_hand_over(p, a, ie_relay_of(p, r, m), 0, n, p.lay.relay_hdr + (uint64_t)n * p.rec_bytes, p.lay.out_relay + m * p.lay.seg_relay,
                          p.lay.relay_in + own * p.lay.seg_relay, deadline);
         }
@@ -234,9 +234,10 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS_RESIDENT(512, 2) void mori_ie_dispatch_stage(IePa
                 if (q >= 0) ie_put_record(p, a, t, (uint8_t*)(p.win[r] + p.lay.out_disp + d * p.lay.seg_rec + (uint64_t)q * p.rec_bytes), lane);
             }
     }
-    // Visible system-wide (the proxy reads the staging through the host) before the rank's last
-    // block hands it over.
-    mori_fence_system();
+    // Ordered at device scope before the block counts itself done: the last block's hand-over
+    // then releases every block's records to the proxy with the ring push's system fence (a
+    // fence is cumulative: what this thread saw before it is ordered with it).
+    mori_fence_device();
     mori_sync_block();
     ie_stamp(p, a, b, IE_T_STAGED);
     // The rank's last block to finish staging sees every block's records and the totals (the

@@ -262,7 +262,7 @@ MORI_DEVICE void ie_signal(const IeParams& p, const IeRank& a, uint32_t d, uint3
 }
 
 // Hands the segment for peer d (`bytes` from `local` to `remote`, `count` entries, all staged
-// and fenced) to the proxy: writes the pair (count, count + 1) to the window's sig slot and
+// and ordered before this call, at device scope at least) to the proxy: writes the pair (count, count + 1) to the window's sig slot and
 // pushes one command whose tail write carries the pair into d's window once the bytes landed.
 // One command per (rank, remote peer, phase): called once, by one thread.
 MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
@@ -272,7 +272,8 @@ MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, ui
     volatile uint64_t* pair = (volatile uint64_t*)(p.win[a.rank] + sig);
     pair[0] = count;
     pair[1] = (uint64_t)count + 1;
-    mori_fence_system(); // every block's staged entries and the pair before the command that carries them
+    // The ring push fences at system scope before it publishes the command: every block's
+    // staged entries (ordered before the hand-over at device scope) and the pair go with it.
     if (mori_ring_push(a.ring, d, RING_OP_TAIL, local, remote, bytes, p.lay.ctr + ie_ctr(p.world, phase, a.rank, 0),
                        sig, deadline))
         ie_error((uint32_t*)a.status, IE_ERR_RING_FULL, d, phase + 1, 0);
@@ -284,11 +285,12 @@ MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, ui
 MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
                                uint64_t local, uint64_t remote, uint64_t deadline) {
     uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
-    if (mori_atomic_add_system_u32(staged, 1) != p.blocks_per_rank - 1) return;
+    if (mori_atomic_add_device_u32(staged, 1) != p.blocks_per_rank - 1) return;
     *(volatile uint32_t*)staged = 0;
     // A rank that failed hands nothing over (the peer waits to its deadline); the fence makes
-    // the other blocks' faults, recorded before they counted, visible here.
-    mori_fence_system();
+    // the other blocks' faults, recorded before they counted, visible here (every block is on
+    // this device: device scope; the hand-over's ring push releases to the proxy).
+    mori_fence_device();
     if (!ie_failed((const uint32_t*)a.status)) ie_hand_over(p, a, d, phase, count, bytes, local, remote, deadline);
 }
 
@@ -308,18 +310,20 @@ MORI_DEVICE void ie_zero_phase(const IeParams& p, const IeRank& a, uint32_t phas
 // count for the next call). Every thread of the block gets the answer; the last block's
 // threads see every other block's writes from before its count (each block fences before
 // counting; the last one fences again after seeing the count, and the block barrier passes
-// that on).
+// that on). Device scope: a rank's blocks all run on this device; what the last block then
+// publishes to the host or another device it releases at system scope itself (the ring push's
+// fence, a release store of a counter's total), and fences are cumulative.
 struct IeLast {
     uint32_t last;
 };
 MORI_DEVICE bool ie_last_block(const IeParams& p, const IeRank& a, uint32_t k, IeLast& sh) {
     mori_sync_block();
     if (mori_thread_idx() == 0) {
-        mori_fence_system();
+        mori_fence_device();
         uint32_t* done = (uint32_t*)a.done + k;
-        sh.last = mori_atomic_add_system_u32(done, 1) == p.blocks_per_rank - 1;
+        sh.last = mori_atomic_add_device_u32(done, 1) == p.blocks_per_rank - 1;
         if (sh.last) {
-            mori_fence_system();
+            mori_fence_device();
             *(volatile uint32_t*)done = 0;
         }
     }

@@ -313,7 +313,9 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
             }
             mori_sync_group32();
         }
-        mori_fence_system();
+        // Device scope: the partials lie in this rank's window, read by the proxy's copy once
+        // the hand-over's ring push released them at system scope.
+        mori_fence_device();
         mori_sync_block();
         if (tid == 0)
             ie_stage_done(p, a, s, 1, U, (uint64_t)U * p.part_bytes, stage, p.lay.comb_in + r * p.lay.seg_comb, deadline);
