@@ -93,23 +93,34 @@ fn test(extra: &[String]) -> Result<(), String> {
     kernels::run(&["--check".to_string()])?;
     let mut a = vec!["test", "--workspace"];
     a.extend(extra.iter().map(String::as_str));
-    util::cargo(&a)?;
+    let mut counts = util::TestCounts::default();
+    util::cargo_counted(&a, &mut counts)?;
     // The facade's doc-tests of every feature's module (the workspace run above builds `mori`
     // with its default features only).
-    util::cargo(&["test", "-p", "mori", "--features", "full", "--doc"])?;
+    util::cargo_counted(&["test", "-p", "mori", "--features", "full", "--doc"], &mut counts)?;
     python::main(&["test".to_string()])?;
     fuzz::ci_run()?;
     prune_fuzz_builds()?;
+    let total = |c: util::TestCounts| {
+        println!(
+            "xtask: cargo tests: {} passed, {} failed, {} ignored (the pytest, fuzz and SoftRoCE results are printed above)",
+            c.passed, c.failed, c.ignored
+        )
+    };
     if !root {
         println!("xtask: NOT run (need root): the network-namespace tests (crates/bench/tests/netns.rs) and the RDMA suite in the SoftRoCE guest");
+        total(counts);
         return Ok(());
     }
-    util::cargo(&["test", "-p", "mori-bench", "--test", "netns", "--", "--ignored", "--test-threads=1"])?;
+    util::cargo_counted(&["test", "-p", "mori-bench", "--test", "netns", "--", "--ignored", "--test-threads=1"], &mut counts)?;
     if std::env::var_os("MORI_SKIP_SOFTROCE").is_some() {
         println!("xtask: MORI_SKIP_SOFTROCE is set: the RDMA suite in the SoftRoCE guest was NOT run");
+        total(counts);
         return Ok(());
     }
-    softroce_suite()
+    let r = softroce_suite();
+    total(counts);
+    r
 }
 
 /// With `MORI_PRUNE_BUILDS=1` (`.ci/run` sets it), removes the fuzz workspace's build tree

@@ -14,6 +14,59 @@ pub fn cargo(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Tests counted from libtest's `test result:` lines.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TestCounts {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+}
+
+impl TestCounts {
+    /// Adds the counts of one `test result: ok. 3 passed; 0 failed; 1 ignored; ...` line (any
+    /// other line adds nothing).
+    pub fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.strip_prefix("test result: ") else { return };
+        for part in rest.split(['.', ';']) {
+            let mut w = part.split_whitespace();
+            let (Some(n), Some(what)) = (w.next().and_then(|n| n.parse::<u64>().ok()), w.next()) else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// [`cargo`] with the command's standard output passed through line by line and its libtest
+/// result lines added to `counts` (also when it fails).
+pub fn cargo_counted(args: &[&str], counts: &mut TestCounts) -> Result<(), String> {
+    use std::io::BufRead;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    println!("xtask: cargo {}", args.join(" "));
+    let mut child = Command::new(cargo)
+        .args(args)
+        .current_dir(workspace_root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if let Some(out) = child.stdout.take() {
+        for line in std::io::BufReader::new(out).lines() {
+            let line = line.map_err(|e| format!("reading cargo's output: {e}"))?;
+            println!("{line}");
+            counts.add_line(&line);
+        }
+    }
+    let st = child.wait().map_err(|e| format!("cargo: {e}"))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(format!("cargo {} failed ({st})", args.join(" ")))
+    }
+}
+
 /// The workspace root (parent of xtask/).
 pub fn workspace_root() -> std::path::PathBuf {
     let here = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -99,4 +152,19 @@ pub fn cargo_stdout(args: &[&str]) -> Result<String, String> {
         return Err(format!("cargo {} failed ({})", args.join(" "), o.status));
     }
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TestCounts;
+
+    #[test]
+    fn result_lines_add_up_and_other_lines_add_nothing() {
+        let mut c = TestCounts::default();
+        c.add_line("test result: ok. 24 passed; 0 failed; 3 ignored; 0 measured; 24 filtered out; finished in 43.47s");
+        c.add_line("test result: FAILED. 5 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s");
+        c.add_line("running 24 tests");
+        c.add_line("test foo ... ok");
+        assert_eq!(c, TestCounts { passed: 29, failed: 2, ignored: 3 });
+    }
 }
