@@ -262,9 +262,10 @@ MORI_DEVICE void ie_signal(const IeParams& p, const IeRank& a, uint32_t d, uint3
 }
 
 // Hands the segment for peer d (`bytes` from `local` to `remote`, `count` entries, all staged
-// and ordered before this call, at device scope at least) to the proxy: writes the pair (count, count + 1) to the window's sig slot and
-// pushes one command whose tail write carries the pair into d's window once the bytes landed.
-// One command per (rank, remote peer, phase): called once, by one thread.
+// and ordered before this call, at device scope at least) to the proxy: writes the pair
+// (count, count + 1) to the window's sig slot and pushes one command whose tail write carries
+// the pair into d's window once the bytes landed. One command per (rank, remote peer,
+// phase): called once, by one thread.
 MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
                               uint64_t local, uint64_t remote, uint64_t deadline) {
     ie_stamp_peer(p, a, phase, 0, d); // the hand-over starts (stamped first: the proxy may finish before a later stamp)
@@ -285,6 +286,9 @@ MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, ui
 MORI_DEVICE void ie_stage_done(const IeParams& p, const IeRank& a, uint32_t d, uint32_t phase, uint32_t count, uint64_t bytes,
                                uint64_t local, uint64_t remote, uint64_t deadline) {
     uint32_t* staged = (uint32_t*)a.done + 4 + phase * p.world + d;
+    // The block's entries (ordered by its threads before the barrier that led here) before
+    // its count: a release in the counting thread itself.
+    mori_fence_device();
     if (mori_atomic_add_device_u32(staged, 1) != p.blocks_per_rank - 1) return;
     *(volatile uint32_t*)staged = 0;
     // A rank that failed hands nothing over (the peer waits to its deadline); the fence makes

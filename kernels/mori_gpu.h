@@ -62,7 +62,8 @@ MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) {
 MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) {
     __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
 }
-// Device-scope (one GPU) variants, for ranks that all live on the same device.
+// Device-scope (one GPU) variants: ordering among one rank's blocks, or among ranks that all
+// live on the same device.
 MORI_DEVICE void mori_fence_device() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
 MORI_DEVICE uint32_t mori_atomic_add_device_u32(uint32_t* p, uint32_t v) {
     return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
@@ -129,7 +130,8 @@ MORI_DEVICE uint64_t mori_load_acquire_system(const uint64_t* p) {
 MORI_DEVICE void mori_store_release_system(uint64_t* p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
-// Device-scope (one GPU) variants, for ranks that all live on the same device.
+// Device-scope (one GPU) variants: ordering among one rank's blocks, or among ranks that all
+// live on the same device.
 MORI_DEVICE void mori_fence_device() { __threadfence(); }
 MORI_DEVICE uint32_t mori_atomic_add_device_u32(uint32_t* p, uint32_t v) {
     return atomicAdd((unsigned int*)p, (unsigned int)v);

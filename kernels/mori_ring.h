@@ -36,6 +36,8 @@ MORI_DEVICE uint32_t mori_ring_push(const RingDev& r, uint32_t dst, uint32_t op,
     w64[2] = len;
     w64[3] = counter;
     w64[4] = value;
+    // Callers rely on this system fence to release what other blocks staged and ordered before
+    // the push at device scope only (fences are cumulative): keep it at system scope.
     mori_fence_system();
     mori_store_release_system((uint64_t*)slot, t + 1);
     return 0;
