@@ -47,12 +47,16 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
         Some(TransportArg::Tcp) => InterPath::Tcp { lanes: a.lanes.unwrap_or(4) },
         _ => InterPath::Xgmi,
     };
-    if path == InterPath::Xgmi && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+    let set_connections = path == InterPath::Xgmi && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none();
+    if set_connections {
         // Before the CUDA context exists: a hardware queue per stream (InterNodeGpu::new says why).
         std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
-        println!("CUDA_DEVICE_MAX_CONNECTIONS=32 (set here: every copy and kernel stream of the job on a hardware queue of its own)");
     }
     let rt = mori_gpu::detect()?;
+    // Said once a GPU was found (without one, the error comes first and alone).
+    if set_connections {
+        println!("CUDA_DEVICE_MAX_CONNECTIONS=32 (set here: every copy and kernel stream of the job on a hardware queue of its own)");
+    }
     let inp = gen_inputs(a, cfg)?;
     let (host, oracle) = host_images_and_oracle(a, cfg, &inp, true)?;
     let (orc, handle) = oracle.ok_or_else(|| err("the oracle was not computed"))?;
