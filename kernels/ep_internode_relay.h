@@ -190,6 +190,17 @@ MORI_DEVICE void ie_sum_chunk(uint8_t* dst, const uint64_t* rows, const float* f
     }
 }
 
+// Whether every rank of this launch (this node) holds no fault and a combine input that covers
+// its received rows (status[0] <= comb_rows).
+MORI_DEVICE bool ie_local_ranks_ok(const IeParams& p) {
+    for (uint32_t l = 0; l < p.num_local; l++) {
+        const IeRank& o = ((const IeRank*)p.ranks)[l];
+        const uint32_t* st = (const uint32_t*)o.status;
+        if (ie_failed(st) || st[0] > o.comb_rows) return false;
+    }
+    return true;
+}
+
 // The relay's combine step, by every block: for each other node m, once this node's ranks
 // returned their rows for the origin (gather counters, phase 2, writer slot m * gpn + local
 // index; IE_FLAG_COMB_ROWS: at once, their rows in their windows), one partial per token sent
@@ -206,27 +217,17 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
     // rank of this node (one launch per node), so there is nothing to wait for; but no staging
     // kernel checked them: a rank of this launch that failed or whose input is short of its
     // received rows stops the partials (its send kernel names it, and the origins' ranks wait
-    // to their deadlines, as behind a staging kernel's refusal). One thread a rank, once per
-    // block (thread 0 walking the ranks for each node took the relay's sums from 58-66 to
-    // 75-83 µs at the decode shape on an H100).
+    // to their deadlines, as behind a staging kernel's refusal). Checked by thread 0 once its
+    // block's sums are done, before the block counts itself (a check before the sums, by thread
+    // 0 walking the ranks or one thread a rank, took the relay's sums from 58-68 to 69-83 µs at
+    // the decode shape on an H100: the kernel spilled more registers).
     const bool in_place = ie_comb_rows(p);
-    if (in_place) {
-        if (tid == 0) sh.n = 0;
-        mori_sync_block();
-        for (uint32_t l = tid; l < p.num_local; l += mori_block_dim()) {
-            const IeRank& o = ((const IeRank*)p.ranks)[l];
-            const uint32_t* st = (const uint32_t*)o.status;
-            if (ie_failed(st) || st[0] > o.comb_rows) mori_atomic_add_block_u32(&sh.n, 1);
-        }
-        mori_sync_block();
-        if (sh.n) return;
-        mori_sync_block(); // every thread read sh.n before thread 0 writes it again below
-    }
     for (uint32_t m = 0; m < N; m++) {
         if (m == own) continue;
         const uint32_t s = ie_relay_of(p, r, m);
         if (tid == 0) {
             sh.n = 1;
+            gs.bad = 0;
             for (uint32_t dl = 0; dl < G && sh.n && !in_place; dl++)
                 if (ie_wait_segment(p, a, 2, m * G + dl, false, deadline) == 0xffffffffu) sh.n = 0;
         }
@@ -272,7 +273,8 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
                 uint32_t d, q;
                 if ((dedup || ((const uint32_t*)(rec + tail))[3] == u) && ie_rec_dest(p, rec, own, dedup ? i : 0, &d, &q)) {
                     if (i >= G || d >= p.world || d / G != own) {
-                        ie_error(status, IE_ERR_RELAY, s, dedup ? j : j + i, d);
+                        *(volatile uint32_t*)&gs.bad = (dedup ? j : j + i) + 1;
+                        *(volatile uint32_t*)&gs.bad_d = d;
                     } else {
                         // (q below the header's count, dispatch checked; bounded again here.)
                         const uint64_t at = in_place ? ((uint64_t)((const uint32_t*)(p.win[d] + p.lay.rbase))[s] + q % p.max_tokens) %
@@ -317,8 +319,14 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         // the hand-over's ring push released them at system scope.
         mori_fence_device();
         mori_sync_block();
-        if (tid == 0)
-            ie_stage_done(p, a, s, 1, U, (uint64_t)U * p.part_bytes, stage, p.lay.comb_in + r * p.lay.seg_comb, deadline);
+        if (tid == 0) {
+            // A refused record fails the rank before the block counts itself: no hand-over.
+            if (gs.bad) ie_error(status, IE_ERR_RELAY, s, gs.bad - 1, gs.bad_d);
+            // A failed or short rank of the node: the block does not count itself, so no block
+            // hands the partials over.
+            if (!in_place || ie_local_ranks_ok(p))
+                ie_stage_done(p, a, s, 1, U, (uint64_t)U * p.part_bytes, stage, p.lay.comb_in + r * p.lay.seg_comb, deadline);
+        }
         mori_sync_block();
     }
 }
