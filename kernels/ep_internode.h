@@ -368,10 +368,11 @@ struct IeGather {
     uint8_t node[16][IE_MAX_WORLD]; // V1-LL: the entry's node (its partial when not this rank's)
     uint32_t n[16];
     uint32_t last;
-    // The relay's sums: the first refused record seen by the block (its index + 1, 0: none)
-    // and its destination, reported once after the loop (an error call inside the look-up
-    // took registers from the sums).
-    uint32_t bad, bad_d;
+    // The relay's sums: a refused record seen by the block, its destination in the high 32
+    // bits and its index + 1 in the low (0: none; one store, so the two always match),
+    // reported once after the loop (an error call inside the look-up took registers from
+    // the sums).
+    uint64_t bad;
 };
 
 struct IeSpan {

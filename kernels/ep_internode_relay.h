@@ -219,8 +219,12 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
     // received rows stops the partials (its send kernel names it, and the origins' ranks wait
     // to their deadlines, as behind a staging kernel's refusal). Checked by thread 0 once its
     // block's sums are done, before the block counts itself (a check before the sums, by thread
-    // 0 walking the ranks or one thread a rank, took the relay's sums from 58-68 to 69-83 µs at
-    // the decode shape on an H100: the kernel spilled more registers).
+    // 0 walking the ranks or one thread a rank, cost the relay's sums 10-16 µs at the decode
+    // shape on an H100: the kernel spilled more registers). The sums may so read a short or
+    // failed rank's rows: every read stays in that rank's window (the row index is taken
+    // modulo world x max_tokens, and the rows area holds that many rows). A rank of the node
+    // that fails during the kernel (a refused record here) may stop the other relays' partials
+    // too; the object refuses further calls after any fault.
     const bool in_place = ie_comb_rows(p);
     for (uint32_t m = 0; m < N; m++) {
         if (m == own) continue;
@@ -273,8 +277,7 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
                 uint32_t d, q;
                 if ((dedup || ((const uint32_t*)(rec + tail))[3] == u) && ie_rec_dest(p, rec, own, dedup ? i : 0, &d, &q)) {
                     if (i >= G || d >= p.world || d / G != own) {
-                        *(volatile uint32_t*)&gs.bad = (dedup ? j : j + i) + 1;
-                        *(volatile uint32_t*)&gs.bad_d = d;
+                        *(volatile uint64_t*)&gs.bad = (uint64_t)d << 32 | ((dedup ? j : j + i) + 1);
                     } else {
                         // (q below the header's count, dispatch checked; bounded again here.)
                         const uint64_t at = in_place ? ((uint64_t)((const uint32_t*)(p.win[d] + p.lay.rbase))[s] + q % p.max_tokens) %
@@ -321,7 +324,7 @@ MORI_DEVICE void ie_relay_reduce(const IeParams& p, const IeRank& a, uint32_t b,
         mori_sync_block();
         if (tid == 0) {
             // A refused record fails the rank before the block counts itself: no hand-over.
-            if (gs.bad) ie_error(status, IE_ERR_RELAY, s, gs.bad - 1, gs.bad_d);
+            if ((uint32_t)gs.bad) ie_error(status, IE_ERR_RELAY, s, (uint32_t)gs.bad - 1, (uint32_t)(gs.bad >> 32));
             // A failed or short rank of the node: the block does not count itself, so no block
             // hands the partials over.
             if (!in_place || ie_local_ranks_ok(p))

@@ -273,10 +273,10 @@ fn v1_ll_with_f32_combine_rows_in_the_window_equals_the_reference() {
     three_nodes_of_three(Scheme::V1LL, InWindow { comb_rows: true, recv: false }, None, 4);
 }
 
-/// V1 and V1-LL with rank 4's combine rows in the window one short: with no staging kernel, combine's
-/// send refuses it, and the relays of rank 4's node see it before summing and send no partial,
-/// so every rank fails (the others at their deadlines) instead of the other nodes summing rows
-/// that were never given.
+/// V1 and V1-LL with rank 4's combine rows in the window one short: with no staging kernel,
+/// combine's send refuses it, and the relays of rank 4's node see it before counting their sums
+/// done and send no partial, so every rank fails (the others at their deadlines) instead of the
+/// other nodes summing rows that were never given.
 #[test]
 fn v1_combine_rows_in_the_window_one_short_are_refused_by_the_kernel() {
     for scheme in [Scheme::V1, Scheme::V1LL] {
