@@ -3,8 +3,9 @@
 # relay's sums checking the node's ranks one thread a rank) and the fan-out build
 # ($B/bench_dispatch_combine_prev, fan.sh's): fan.sh's steps, logged to $OUT/fences.txt, the
 # V1-LL traces kept as $OUT/fences-v1_ll.rankR.json; then this build's decode over xgmi with
-# twice the co-resident warps per rank (16 warps a block, or 32 blocks a rank). A fragment,
-# sourced by scripts/gpu-machine.sh (B, OUT, step, rc).
+# twice the co-resident warps per rank (16 warps a block, or 32 blocks a rank, which the
+# bench refuses on a GPU of fewer than 256 multiprocessors: its co-resident grid must fit). A
+# fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc).
 FAN_NAME=fences
 # shellcheck source=scripts/gpu-parts/fan.sh
 . scripts/gpu-parts/fan.sh
