@@ -2,16 +2,28 @@
 
 use std::process::Command;
 
-/// Runs `cargo` with `args` from the workspace root, failing on a non-zero exit.
-pub fn cargo(args: &[&str]) -> Result<(), String> {
+/// `cargo ARGS` from the workspace root ($CARGO when set), announced on stdout.
+fn cargo_command(args: &[&str]) -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("xtask: cargo {}", args.join(" "));
-    let st = Command::new(cargo).args(args).current_dir(workspace_root()).status().map_err(|e| format!("cargo: {e}"))?;
+    let mut c = Command::new(cargo);
+    c.args(args).current_dir(workspace_root());
+    c
+}
+
+/// Ok for a successful exit, else an error naming the command and its status.
+fn cargo_status(args: &[&str], st: std::process::ExitStatus) -> Result<(), String> {
     if st.success() {
         Ok(())
     } else {
         Err(format!("cargo {} failed ({st})", args.join(" ")))
     }
+}
+
+/// Runs `cargo` with `args` from the workspace root, failing on a non-zero exit.
+pub fn cargo(args: &[&str]) -> Result<(), String> {
+    let st = cargo_command(args).status().map_err(|e| format!("cargo: {e}"))?;
+    cargo_status(args, st)
 }
 
 /// Tests counted from libtest's `test result:` lines.
@@ -44,27 +56,18 @@ impl TestCounts {
 /// result lines added to `counts` (also when it fails).
 pub fn cargo_counted(args: &[&str], counts: &mut TestCounts) -> Result<(), String> {
     use std::io::BufRead;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    println!("xtask: cargo {}", args.join(" "));
-    let mut child = Command::new(cargo)
-        .args(args)
-        .current_dir(workspace_root())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cargo: {e}"))?;
+    let mut child = cargo_command(args).stdout(std::process::Stdio::piped()).spawn().map_err(|e| format!("cargo: {e}"))?;
     if let Some(out) = child.stdout.take() {
-        for line in std::io::BufReader::new(out).lines() {
-            let line = line.map_err(|e| format!("reading cargo's output: {e}"))?;
+        // Read as bytes (a line that is not UTF-8 is shown lossily) to the end, so that the
+        // child never blocks on a full pipe before the wait below.
+        for line in std::io::BufReader::new(out).split(b'\n').map_while(Result::ok) {
+            let line = String::from_utf8_lossy(&line);
             println!("{line}");
             counts.add_line(&line);
         }
     }
     let st = child.wait().map_err(|e| format!("cargo: {e}"))?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(format!("cargo {} failed ({st})", args.join(" ")))
-    }
+    cargo_status(args, st)
 }
 
 /// The workspace root (parent of xtask/).
