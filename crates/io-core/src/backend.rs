@@ -154,6 +154,23 @@ pub trait Route: Send + Sync {
     fn post_paged(&self, op: Op, id: TransferId, plan: &Arc<crate::PagedPlan>) -> TransferStatus {
         self.post(op, id, &plan.expand())
     }
+
+    /// This route as `Any`, so that its backend can recognise its own routes among the
+    /// batches handed to [`Backend::post_ordered_routes`].
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// One ordered batch over a session's [`Route`] ([`Backend::post_ordered_routes`]).
+pub struct RoutedBatch {
+    /// The session's route (made by the backend it is handed to).
+    pub route: Arc<dyn Route>,
+    /// The transfer id (reserved by the session).
+    pub id: TransferId,
+    /// One segment per non-empty entry, in the caller's order, checked by the session against
+    /// both descriptors' lengths; each must land before the next one is written.
+    pub segs: Vec<Seg>,
+    /// The status the backend completes (one piece).
+    pub status: TransferStatus,
 }
 
 /// One of an engine's inbound connections, counted against its cap
@@ -247,6 +264,21 @@ pub trait Backend: Send + Sync {
     fn post_many(&self, jobs: Vec<(TransferRequest, TransferStatus)>) {
         for (req, status) in jobs {
             self.post(req, status);
+        }
+    }
+
+    /// Posts ordered batches over sessions' routes, made together (one caller's burst), each
+    /// completing its own status; a backend may queue them with fewer device calls than one
+    /// post each (xgmi: up to 8 segments of several batches in one kernel launch). Default:
+    /// every status fails with `NotSupported` (the backend prepares no routes, or does not
+    /// keep a batch's order).
+    fn post_ordered_routes(&self, _op: Op, batches: Vec<RoutedBatch>) {
+        use crate::status::Completion;
+        for b in batches {
+            b.status.complete_piece(Err(crate::IoError::not_supported(format!(
+                "an ordered batch over a session's route: the {} backend does not post one",
+                self.kind()
+            ))));
         }
     }
 

@@ -7,7 +7,7 @@ use mori_io_core::registry::Region;
 use mori_io_core::status::Completion;
 use mori_io_core::{
     Backend, BackendContext, BackendHandle, BackendKind, EngineDesc, EntryMap, IoError, IoResult, MemId, MemoryDesc, Notifier, Op,
-    PagedPlan, PeerMap, Refusal, Seg, TransferRequest, TransferStatus,
+    PagedPlan, PeerMap, Refusal, RoutedBatch, Seg, TransferRequest, TransferStatus,
 };
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
@@ -363,6 +363,10 @@ impl mori_io_core::Route for XgmiRoute {
     fn post_paged(&self, op: Op, id: u64, plan: &Arc<PagedPlan>) -> TransferStatus {
         self.post_work(op, id, Work::Paged(plan))
     }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl XgmiRoute {
@@ -485,6 +489,16 @@ impl Backend for XgmiBackend {
     fn post_many(&self, jobs: Vec<(TransferRequest, TransferStatus)>) {
         let statuses: Vec<TransferStatus> = jobs.iter().map(|(_, s)| s.clone()).collect();
         self.inner.post_many(jobs);
+        for s in &statuses {
+            self.drive(s);
+        }
+    }
+
+    /// Ordered batches over this backend's routes share ordered-copy kernel launches, as
+    /// [`Backend::post_many`]'s ordered requests do, without the one-shot lookups (`many.rs`).
+    fn post_ordered_routes(&self, op: Op, batches: Vec<RoutedBatch>) {
+        let statuses: Vec<TransferStatus> = batches.iter().map(|b| b.status.clone()).collect();
+        self.inner.post_routed(op, batches);
         for s in &statuses {
             self.drive(s);
         }

@@ -27,6 +27,7 @@ mod listener;
 mod notify;
 mod paged;
 mod session;
+mod session_ordered;
 mod signal;
 
 pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT, MAX_KEY_LEN};
@@ -44,4 +45,5 @@ pub use mori_io_tcp::TcpConfig;
 pub use mori_io_xgmi::XgmiConfig;
 pub use notify::RegionBatch;
 pub use session::Session;
+pub use session_ordered::SessionBatch;
 pub use signal::{Signal, SignalOp};

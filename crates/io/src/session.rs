@@ -20,12 +20,12 @@ use std::sync::Arc;
 /// engine is deregistered, or registered again with another descriptor (it restarted), every
 /// call fails with `RemoteDisconnect`.
 pub struct Session {
-    engine: Arc<EngineInner>,
-    local: Arc<MemoryDesc>,
-    remote: Arc<MemoryDesc>,
-    peer: Arc<EngineDesc>,
-    backend: Arc<dyn Backend>,
-    route: Option<Arc<dyn Route>>,
+    pub(crate) engine: Arc<EngineInner>,
+    pub(crate) local: Arc<MemoryDesc>,
+    pub(crate) remote: Arc<MemoryDesc>,
+    pub(crate) peer: Arc<EngineDesc>,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) route: Option<Arc<dyn Route>>,
     /// The engine's `remote_gen` when the peer was last seen registered.
     gen: AtomicU64,
 }
@@ -45,7 +45,7 @@ impl Session {
 
     /// `BadState` once the engine that made this session was dropped; `RemoteDisconnect` once
     /// the peer is no longer registered there as the engine this session was made against.
-    fn engine_gone(&self) -> Option<TransferStatus> {
+    pub(crate) fn engine_gone(&self) -> Option<TransferStatus> {
         if self.engine.shutdown.load(Ordering::Acquire) {
             return Some(TransferStatus::failed(IoError::bad_state(format!(
                 "session of engine {:?} (to {:?}): the engine was dropped",

@@ -132,3 +132,28 @@ fn ordered_batches_posted_together_are_refused_each_by_tcp() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(b.buf, before, "nothing was written");
 }
+
+/// Ordered batches over a tcp session (`Session::post_ordered_many`): the session says it posts
+/// none (`posts_ordered`), and each batch is refused on its own before anything is written
+/// (`NotSupported` naming the backend and the one-shot call to use).
+#[test]
+fn ordered_batches_over_a_tcp_session_are_refused_each() {
+    let (a, b) = pair(1 << 16, &tcp8);
+    let before = b.buf.clone();
+    let s = a.eng.create_session(&a.mem, &b.mem).unwrap();
+    assert!(!s.posts_ordered(), "tcp sessions post no ordered batch");
+    let ids: Vec<u64> = (0..2).map(|_| a.eng.allocate_transfer_uid()).collect();
+    let batches = [
+        mori_io::SessionBatch { session: &s, local_offs: &[0, 4096], remote_offs: &[0, 4096], sizes: &[4096, 16], id: ids[0] },
+        mori_io::SessionBatch { session: &s, local_offs: &[8192], remote_offs: &[8192], sizes: &[100], id: ids[1] },
+    ];
+    let sts = mori_io::Session::post_ordered_many(mori_io::Op::Write, &batches);
+    assert_eq!(sts.len(), 2, "one status per batch");
+    for (i, st) in sts.into_iter().enumerate() {
+        let e = st.wait_for(T).unwrap_err();
+        assert_eq!(e.code, mori_io::ErrorCode::NotSupported, "batch {i}: {e}");
+        assert!(e.msg.contains("its tcp backend") && e.msg.contains("IoEngine::post_ordered"), "batch {i}: {}", e.msg);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(b.buf, before, "nothing was written");
+}

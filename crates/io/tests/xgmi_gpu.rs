@@ -42,6 +42,8 @@ const SG_NAME: &str = "mori_scatter_gather_copy";
 mod incarnation;
 #[path = "xgmi_gpu/ordered_multi.rs"]
 mod ordered_multi;
+#[path = "xgmi_gpu/ordered_sessions.rs"]
+mod ordered_sessions;
 #[path = "xgmi_gpu/outcomes.rs"]
 mod outcomes;
 #[path = "xgmi_gpu/paged.rs"]
@@ -563,6 +565,15 @@ const ROLE_VAR: &str = "MORI_XGMI_TEST_CHILD";
 const PARENT_VAR: &str = "MORI_XGMI_TEST_PARENT";
 /// Name of the child-entry test (must match the function below).
 const CHILD_ENTRY: &str = "xgmi_child_target";
+
+/// The child test's path inside the test binary: `xgmi_child_target` when this file is the test
+/// crate, `xgmi_tests::xgmi_child_target` when tests/xgmi_fake_driver.rs includes it.
+fn child_entry_path() -> String {
+    match module_path!().split_once("::") {
+        Some((_, rest)) => format!("{rest}::{CHILD_ENTRY}"),
+        None => CHILD_ENTRY.to_string(),
+    }
+}
 const CHILD_LIFETIME: Duration = Duration::from_secs(180);
 const CHILD_REPLY: Duration = Duration::from_secs(30);
 const CHILD_SEED: u8 = 0xc3;
@@ -712,7 +723,7 @@ impl ChildEngine {
     fn spawn() -> (ChildEngine, EngineDesc, MemoryDesc) {
         let exe = std::env::current_exe().expect("path of the test binary");
         let mut child = Command::new(exe)
-            .args(["--exact", CHILD_ENTRY, "--ignored", "--nocapture", "--test-threads=1"])
+            .args(["--exact", &child_entry_path(), "--ignored", "--nocapture", "--test-threads=1"])
             .env(ROLE_VAR, "target")
             .env(PARENT_VAR, std::process::id().to_string())
             .stdin(Stdio::piped())

@@ -1,0 +1,70 @@
+//! Ordered batches over sessions on xgmi (`Session::post_ordered_many`, one process): batches
+//! over two sessions share one ordered-copy kernel launch, each lands in full with its tail
+//! word, a batch with an entry out of range fails alone naming the entry, a second batch under
+//! an id in flight is refused, and a session whose local region was deregistered fails with `NotFound`.
+
+use super::*;
+use mori_io::{Session, SessionBatch};
+
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn ordered_batches_over_two_sessions_share_a_launch() {
+    let rt = rt();
+    let len = 4 * MIB;
+    let a = gpu_side(&rt, "xgmi-os-a", vec![xgmi(32)], len, (0, len), 0x81);
+    let b = gpu_side(&rt, "xgmi-os-b", vec![xgmi(32)], len, (0, len), 0x82);
+    let c = gpu_side(&rt, "xgmi-os-c", vec![xgmi(32)], len, (0, len), 0x83);
+    connect(&a, &b);
+    connect(&a, &c);
+    let (sb, sc) = (a.eng.create_session(&a.mem, &b.mem).unwrap(), a.eng.create_session(&a.mem, &c.mem).unwrap());
+    assert!(sb.posts_ordered() && sc.posts_ordered(), "xgmi sessions post ordered batches");
+    let (b0, c0) = (snapshot(&rt, &b.buf), snapshot(&rt, &c.buf));
+    // Per batch: a segment of about 1 MB (odd offsets) then a 16-byte tail word; contiguous
+    // entries in the second batch (they must stay two copies, in order).
+    let (lo1, ro1, sz1) = ([3u64, 3_000_000], [5u64, 3_500_000], [1_000_000u64, 16]);
+    let (lo2, ro2, sz2) = ([1_100_000u64, 2_300_001], [7u64, 1_200_008], [1_200_001u64, 16]);
+    let (lo3, ro3, sz3) = ([2_000_000u64, 3_000_032], [1_100_000u64, 3_500_032], [900_000u64, 16]);
+    // Out of range at c: entry 1 runs past the end.
+    let (lo4, ro4, sz4) = ([0u64, 16], [0u64, len as u64 - 8], [64u64, 16]);
+    let ids: Vec<u64> = (0..4).map(|_| a.eng.allocate_transfer_uid()).collect();
+    let sbatch = |session, local_offs, remote_offs, sizes, id| SessionBatch { session, local_offs, remote_offs, sizes, id };
+    let batches = [
+        sbatch(&sb, &lo1[..], &ro1[..], &sz1[..], ids[0]),
+        sbatch(&sc, &lo2[..], &ro2[..], &sz2[..], ids[1]),
+        sbatch(&sc, &lo4[..], &ro4[..], &sz4[..], ids[2]),
+        sbatch(&sb, &lo3[..], &ro3[..], &sz3[..], ids[3]),
+        // The first batch's id again, in the same call: refused, nothing queued for it.
+        sbatch(&sb, &lo3[..], &ro1[..], &sz1[..], ids[0]),
+    ];
+    let before = mori_gpu::submit_stats();
+    let sts = Session::post_ordered_many(mori_io::Op::Write, &batches);
+    assert_eq!(sts.len(), 5, "one status per batch");
+    let bad = sts[2].wait_for(T);
+    expect_invalid("the batch out of range", bad, &[&format!("entry 1: remote range offset {} + length 16", len - 8)]);
+    expect_invalid("the reused id", sts[4].wait_for(T), &[&format!("transfer id {} to engine", ids[0]), "is still in flight"]);
+    for (i, st) in sts.into_iter().enumerate().take(4).filter(|(i, _)| *i != 2) {
+        wait(&format!("ordered batch {i}"), st);
+    }
+    let launches = mori_gpu::submit_stats().since(&before).ordered_launches;
+    let expect = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
+        Some(v) => u64::from(v == "1"),
+        None => u64::from(rt.kind() != RuntimeKind::Hip),
+    };
+    assert_eq!(launches, expect, "three good batches of two segments each: one launch of the ordered-copy kernel");
+    let mut want_b = b0.clone();
+    apply(&mut want_b, &ro1, &a.init, &lo1, &sz1);
+    apply(&mut want_b, &ro3, &a.init, &lo3, &sz3);
+    let mut want_c = c0.clone();
+    apply(&mut want_c, &ro2, &a.init, &lo2, &sz2);
+    assert_bytes("b after its two batches", &snapshot(&rt, &b.buf), &want_b);
+    assert_bytes("c after its batch (the refused one wrote nothing)", &snapshot(&rt, &c.buf), &want_c);
+
+    // The local region deregistered: the route notices, the batch fails as NotFound and
+    // writes nothing.
+    a.eng.deregister_memory(&a.mem).unwrap();
+    let e = sb.post_ordered(mori_io::Op::Write, &lo1, &ro1, &sz1, a.eng.allocate_transfer_uid()).wait_for(T).unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+    assert!(e.msg.contains("not xgmi-registered"), "{e}");
+    assert_bytes("b after the refused batch", &snapshot(&rt, &b.buf), &want_b);
+    eprintln!("ordered sessions: 3 batches over 2 sessions in {launches} launch(es), every byte checked; the batch out of range refused alone; {e}");
+}
