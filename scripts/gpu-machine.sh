@@ -76,7 +76,10 @@ step() { echo; echo "=== $*"; }
 # (scripts/gpu-parts/fences.sh: fan.sh's steps for the staging's hand-over ordered at device
 # scope, against the two builds before it, logged to fences.txt), and, only when named,
 # relaycheck (scripts/gpu-parts/relaycheck.sh: the relay's sums checking the node's ranks
-# after the sums, against the build before it carried as .gpu-bundle/bench_dispatch_combine_mid).
+# after the sums, against the build before it carried as .gpu-bundle/bench_dispatch_combine_mid),
+# and, only when named, sessions (scripts/gpu-parts/sessions.sh: the proxies' ordered batches
+# over MORI-IO sessions against the engine's one-shot calls, the leg alone beside
+# bench_engine's split, decode rows and baselines).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -147,7 +150,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay inplace fan fences relaycheck armed grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay inplace fan fences relaycheck sessions armed grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

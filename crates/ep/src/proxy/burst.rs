@@ -5,11 +5,14 @@
 //! batches are all ordered ones goes to the engine in one call,
 //! [`mori_io::IoEngine::post_ordered_multi`]: over xgmi the batches then share kernel launches
 //! (up to 8 segments in one), where one post per destination cost one launch each, and each
-//! launch waits for the other proxies' driver calls (docs/PERFORMANCE.md).
+//! launch waits for the other proxies' driver calls (docs/PERFORMANCE.md). Where every
+//! destination's backend posts ordered batches over a session (xgmi), the call goes through
+//! the sessions ([`mori_io::Session::post_ordered_many`]), made once per destination, so a post
+//! makes none of the engine's one-shot look-ups.
 
 use super::{Cmd, State};
 use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
-use mori_io::{ErrorCode, MemoryDesc, RegionBatch};
+use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -47,9 +50,37 @@ impl State {
             && part.iter().all(|c| matches!(c.op, CmdOp::Tail { .. }))
     }
 
-    /// Posts `parts` (each passed [`State::takes_ordered`]) as ordered batches in one engine
-    /// call; a batch the backend refuses (`NotSupported`) marks its destination and is posted
-    /// again as [`State::post`] does it.
+    /// Whether destination `dst` has a session that posts ordered batches, making it on first
+    /// use (a control-plane look-up of the peer's window); a destination whose session cannot
+    /// be made, or whose backend posts no ordered batch over one (tcp, rdma), keeps the
+    /// engine's one-shot calls.
+    fn session_for(&mut self, dst: usize) -> bool {
+        if let Some(Some(tried)) = self.session.get(dst) {
+            return tried.is_some();
+        }
+        let Some(Some(peer)) = self.peers.get(dst) else { return false };
+        let made = match self.engine.create_session(&self.local, &peer.data) {
+            Ok(s) if s.posts_ordered() => Some(s),
+            Ok(s) => {
+                tracing::debug!(dst, backend = %s.backend(), "proxy: ordered batches to this rank go through the engine's one-shot calls");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(dst, error = %e, "proxy: no session to this rank's window; ordered batches go through the engine's one-shot calls");
+                None
+            }
+        };
+        let ok = made.is_some();
+        if let Some(slot) = self.session.get_mut(dst) {
+            *slot = Some(made);
+        }
+        ok
+    }
+
+    /// Posts `parts` (each passed [`State::takes_ordered`]) as ordered batches in one call:
+    /// over the destinations' sessions when every one has a session that posts them
+    /// (`session_for`), else through the engine; a batch the backend refuses
+    /// (`NotSupported`) marks its destination and is posted again as [`State::post`] does it.
     pub(super) fn post_ordered_parts(&mut self, parts: &[&[Cmd]]) {
         self.first.get_or_insert_with(Instant::now);
         let mut built: Vec<(&[Cmd], Part)> = Vec::with_capacity(parts.len());
@@ -65,8 +96,25 @@ impl State {
             let (lo, ro, sz) = ordered_entries(&data, &tails);
             built.push((p, Part { dst, remote: peer.data.clone(), len: data.iter().map(|c| c.len).sum(), lo, ro, sz }));
         }
+        let via_sessions = self.sessions && built.iter().all(|(_, b)| self.session_for(b.dst));
         let call = Instant::now();
-        let statuses = {
+        // Every destination's session, or none (then the engine's one-shot call).
+        let over_sessions: Option<Vec<SessionBatch<'_>>> = via_sessions
+            .then(|| {
+                built
+                    .iter()
+                    .map(|(_, b)| {
+                        let session = self.session.get(b.dst)?.as_ref()?.as_ref()?;
+                        let id = self.engine.allocate_transfer_uid();
+                        Some(SessionBatch { session, local_offs: &b.lo, remote_offs: &b.ro, sizes: &b.sz, id })
+                    })
+                    .collect()
+            })
+            .flatten();
+        let statuses = if let Some(batches) = over_sessions {
+            self.timing.session_batches.fetch_add(batches.len() as u64, Ordering::Relaxed);
+            Session::post_ordered_many(mori_io::Op::Write, &batches)
+        } else {
             let batches: Vec<RegionBatch<'_>> = built
                 .iter()
                 .map(|(_, b)| RegionBatch {

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 mod burst;
 mod ring_proxy;
 use ring_proxy::SharedStats;
-pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats, GROUPED_ENV};
+pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats, GROUPED_ENV, SESSIONS_ENV};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -86,6 +86,12 @@ struct State {
     unordered: Vec<bool>,
     /// A burst of ordered batches goes to the engine in one call (`burst.rs`).
     grouped: bool,
+    /// Ordered batches go through a session per destination where its backend posts them
+    /// (`burst.rs`).
+    sessions: bool,
+    /// Per destination: its session (`None` inside: none could be made, or its backend posts
+    /// no ordered batch over one); not tried yet when `None`.
+    session: Vec<Option<Option<mori_io::Session>>>,
     failed: Arc<Mutex<Option<(usize, String)>>>,
     bytes: u64,
     /// When the proxy started: the origin of `last_done`.
@@ -172,6 +178,7 @@ impl State {
     fn new(engine: Arc<IoEngine>, local: MemoryDesc, peers: Vec<Option<PeerWindow>>, failed: Arc<Mutex<Option<(usize, String)>>>) -> Self {
         let (follow_tx, follow_rx) = crossbeam_channel::unbounded();
         let unordered = vec![false; peers.len()];
+        let n = peers.len();
         State {
             follow_tx,
             follow_rx,
@@ -182,6 +189,8 @@ impl State {
             inflight: Vec::new(),
             unordered,
             grouped: true,
+            sessions: true,
+            session: (0..n).map(|_| None).collect(),
             failed,
             bytes: 0,
             base: Instant::now(),

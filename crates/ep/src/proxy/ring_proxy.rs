@@ -34,28 +34,43 @@ pub struct RingProxyOptions {
     /// launches) instead of one call per destination. `None` (the default): on, unless
     /// [`GROUPED_ENV`] says `0`.
     pub grouped: Option<bool>,
+    /// Whether ordered batches go through a MORI-IO session per destination
+    /// (`mori_io::Session::post_ordered_many`: the regions resolved once, no per-post lookups)
+    /// where its backend posts them (xgmi), instead of the engine's one-shot
+    /// `post_ordered_multi`. `None` (the default): on, unless [`SESSIONS_ENV`] says `0`.
+    pub sessions: Option<bool>,
 }
 
 /// The environment variable that overrides [`RingProxyOptions::grouped`] (`0` or `1`).
 pub const GROUPED_ENV: &str = "MORI_EP_PROXY_GROUPED";
 
-/// [`RingProxyOptions::grouped`] with the environment's value (`env`) applied
-/// ([`mori_gpu::env_switch`]). Errors: a value other than `0` or `1`, naming the variable.
-fn grouped(configured: Option<bool>, env: Option<&str>) -> std::io::Result<bool> {
-    mori_gpu::env_switch(GROUPED_ENV, configured.unwrap_or(true), env)
+/// The environment variable that overrides [`RingProxyOptions::sessions`] (`0` or `1`).
+pub const SESSIONS_ENV: &str = "MORI_EP_PROXY_SESSIONS";
+
+/// A switch of [`RingProxyOptions`] (on unless configured off) with variable `var`'s value
+/// (`env`) applied ([`mori_gpu::env_switch`]). Errors: a value other than `0` or `1`, naming
+/// the variable.
+fn switch(var: &str, configured: Option<bool>, env: Option<&str>) -> std::io::Result<bool> {
+    mori_gpu::env_switch(var, configured.unwrap_or(true), env)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
+}
+
+/// Variable `var`'s value, if set. Errors: not UTF-8, naming the variable.
+fn env_value(var: &str) -> std::io::Result<Option<String>> {
+    mori_gpu::env_text(var).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))
 }
 
 impl RingProxyOptions {
     /// 200 µs of polling, then naps: for hosts with fewer cores than busy threads (tests whose
     /// producers are host threads standing in for GPU warps), where a polling proxy takes the
     /// CPU its producers need.
-    pub const SHORT_SPIN: Self = Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), grouped: None };
+    pub const SHORT_SPIN: Self =
+        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), grouped: None, sessions: None };
 }
 
 impl Default for RingProxyOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_millis(200), max_sleep: Duration::from_micros(50), grouped: None }
+        Self { spin: Duration::from_millis(200), max_sleep: Duration::from_micros(50), grouped: None, sessions: None }
     }
 }
 
@@ -87,6 +102,8 @@ pub struct RingProxyStats {
     /// Batches whose tail writes rode in the data's ordered batch (the rest with tail writes
     /// waited for the data's completion).
     pub ordered_batches: u64,
+    /// Of those, the batches posted over a MORI-IO session ([`RingProxyOptions::sessions`]).
+    pub session_batches: u64,
     /// Sum of those calls' own durations, ns (the CPU cost of posting).
     pub post_call_ns: u64,
     /// Batches that carried data bytes and succeeded (signals alone and failed batches left
@@ -114,6 +131,7 @@ impl RingProxyStats {
             done_ns_max: self.done_ns_max,
             post_calls: self.post_calls.saturating_sub(earlier.post_calls),
             ordered_batches: self.ordered_batches.saturating_sub(earlier.ordered_batches),
+            session_batches: self.session_batches.saturating_sub(earlier.session_batches),
             post_call_ns: self.post_call_ns.saturating_sub(earlier.post_call_ns),
             write_batches: self.write_batches.saturating_sub(earlier.write_batches),
             write_bytes: self.write_bytes.saturating_sub(earlier.write_bytes),
@@ -142,6 +160,7 @@ pub(super) struct SharedStats {
     pub(super) done_ns_max: AtomicU64,
     pub(super) post_calls: AtomicU64,
     pub(super) ordered_batches: AtomicU64,
+    pub(super) session_batches: AtomicU64,
     pub(super) post_call_ns: AtomicU64,
     pub(super) write_batches: AtomicU64,
     pub(super) write_bytes: AtomicU64,
@@ -167,6 +186,7 @@ impl SharedStats {
             done_ns_max: self.done_ns_max.load(Ordering::Relaxed),
             post_calls: self.post_calls.load(Ordering::Relaxed),
             ordered_batches: self.ordered_batches.load(Ordering::Relaxed),
+            session_batches: self.session_batches.load(Ordering::Relaxed),
             post_call_ns: self.post_call_ns.load(Ordering::Relaxed),
             write_batches: self.write_batches.load(Ordering::Relaxed),
             write_bytes: self.write_bytes.load(Ordering::Relaxed),
@@ -197,7 +217,7 @@ impl RingProxy {
     /// Starts the thread (named `mori-ep-ring-{name}`) consuming `ring` from ticket 0.
     /// `peers[r]` is rank `r`'s windows (`None` for ranks this proxy never writes to: a command
     /// naming one fails the proxy). Errors: the thread could not be spawned; [`GROUPED_ENV`]
-    /// set to something other than `0` or `1`, or not UTF-8.
+    /// or [`SESSIONS_ENV`] set to something other than `0` or `1`, or not UTF-8.
     pub fn start(
         name: &str,
         engine: Arc<IoEngine>,
@@ -209,8 +229,8 @@ impl RingProxy {
         let stop = Arc::new(AtomicBool::new(false));
         let failed = Arc::new(Mutex::new(None));
         let mut st = State::new(engine, local, peers, failed.clone());
-        let env = mori_gpu::env_text(GROUPED_ENV).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-        st.grouped = grouped(opts.grouped, env.as_deref())?;
+        st.grouped = switch(GROUPED_ENV, opts.grouped, env_value(GROUPED_ENV)?.as_deref())?;
+        st.sessions = switch(SESSIONS_ENV, opts.sessions, env_value(SESSIONS_ENV)?.as_deref())?;
         let stats = st.timing.clone();
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
@@ -297,15 +317,17 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::{grouped, RingProxyStats, GROUPED_ENV};
+    use super::{switch, RingProxyStats, GROUPED_ENV, SESSIONS_ENV};
 
     #[test]
-    fn grouped_posting_is_on_unless_told() {
-        assert!(grouped(None, None).unwrap());
-        assert!(!grouped(Some(false), None).unwrap());
-        assert!(!grouped(None, Some("0")).unwrap());
-        assert!(grouped(Some(false), Some("1")).unwrap());
-        assert!(grouped(None, Some("yes")).unwrap_err().to_string().contains(GROUPED_ENV));
+    fn switches_are_on_unless_told() {
+        for var in [GROUPED_ENV, SESSIONS_ENV] {
+            assert!(switch(var, None, None).unwrap());
+            assert!(!switch(var, Some(false), None).unwrap());
+            assert!(!switch(var, None, Some("0")).unwrap());
+            assert!(switch(var, Some(false), Some("1")).unwrap());
+            assert!(switch(var, None, Some("yes")).unwrap_err().to_string().contains(var));
+        }
     }
 
     #[test]
@@ -318,6 +340,7 @@ mod tests {
             done_ns: 80,
             done_ns_max: 30,
             post_calls: 8,
+            session_batches: 1,
             ..Default::default()
         };
         let now = RingProxyStats {
@@ -331,6 +354,7 @@ mod tests {
             done_ns_max: 31,
             post_calls: 18,
             ordered_batches: 5,
+            session_batches: 4,
             post_call_ns: 60,
             write_batches: 3,
             write_bytes: 3000,
@@ -350,6 +374,7 @@ mod tests {
                 done_ns_max: 31,
                 post_calls: 10,
                 ordered_batches: 5,
+                session_batches: 3,
                 post_call_ns: 60,
                 write_batches: 3,
                 write_bytes: 3000,
