@@ -87,6 +87,16 @@ ep_ab() {
   done
 }
 
+# ep_env_ab RUN NAME ORDER VAR ARGS...: this build's bench_dispatch_combine ARGS --device-api
+# through RUN once per character of ORDER (0 or 1), with VAR set to it; named "NAME, VAR=x".
+ep_env_ab() {
+  local run=$1 name=$2 order=$3 var=$4 x
+  shift 4
+  for x in $(echo "$order" | grep -o .); do
+    "$run" "$name, $var=$x" env "$var=$x" "$B/bench_dispatch_combine" "$@" --device-api
+  done
+}
+
 # ep_prev LOG: sets prev to the earlier build's bench_dispatch_combine
 # ($B/bench_dispatch_combine_prev, carried beside the bundle), or to nothing after logging its
 # absence to LOG and setting rc=1.

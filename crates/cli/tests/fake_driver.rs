@@ -9,24 +9,13 @@
 #[path = "gpu.rs"]
 mod gpu_tests;
 
-use std::process::Command;
-
 #[path = "../../gpu/tests/fake_cuda/build_fake.rs"]
 mod fake_build;
 
 #[test]
 fn gpu_tests_pass_against_the_fake_driver() {
-    let Some(dir) = fake_build::build_fake("cli") else { return };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["gpu_tests::", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("LD_LIBRARY_PATH", &dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "the GPU tests failed against the fake driver");
-    assert!(stderr.contains("mori fake GPU"), "the fake driver was not loaded");
-    assert!(stdout.contains("test result: ok. 2 passed; 0 failed"), "not both GPU tests ran");
+    let Some(run) = fake_build::run_module_against_fake("cli", "gpu_tests::", &[], &[]) else { return };
+    assert!(run.success, "the GPU tests failed against the fake driver");
+    assert!(run.stderr.contains("mori fake GPU"), "the fake driver was not loaded");
+    assert!(run.stdout.contains("test result: ok. 2 passed; 0 failed"), "not both GPU tests ran");
 }

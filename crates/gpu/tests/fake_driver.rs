@@ -8,27 +8,15 @@
 #[path = "gpu.rs"]
 mod gpu_tests;
 
-use std::process::Command;
-
 #[path = "fake_cuda/build_fake.rs"]
 mod fake_build;
 
 #[test]
 fn gpu_tests_pass_against_the_fake_driver() {
-    let Some(dir) = fake_build::build_fake("gpu") else { return };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["gpu_tests::", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("MORI_GPU_RUNTIME", "cuda")
-        // The tests pin their own pool configurations (the armed one its own depth).
-        .env_remove(mori_gpu::ARMED_ENV)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "the GPU tests failed against the fake driver");
-    assert!(stdout.contains("runtime: CUDA from "), "the fake driver was not loaded");
-    assert!(stdout.contains("test result: ok. 17 passed; 0 failed"), "not all 17 GPU tests ran");
+    // The tests pin their own pool configurations (the armed one its own depth).
+    let envs = [("MORI_GPU_RUNTIME", "cuda")];
+    let Some(run) = fake_build::run_module_against_fake("gpu", "gpu_tests::", &envs, &[mori_gpu::ARMED_ENV]) else { return };
+    assert!(run.success, "the GPU tests failed against the fake driver");
+    assert!(run.stdout.contains("runtime: CUDA from "), "the fake driver was not loaded");
+    assert!(run.stdout.contains("test result: ok. 17 passed; 0 failed"), "not all 17 GPU tests ran");
 }

@@ -8,26 +8,13 @@
 #[path = "xgmi_gpu.rs"]
 mod xgmi_tests;
 
-use std::process::Command;
-
 #[path = "../../gpu/tests/fake_cuda/build_fake.rs"]
 mod fake_build;
 
 #[test]
 fn xgmi_tests_pass_against_the_fake_driver() {
-    let Some(dir) = fake_build::build_fake("io-xgmi") else { return };
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["xgmi_tests::", "--ignored", "--nocapture", "--test-threads=1"])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("MORI_GPU_RUNTIME", "cuda")
-        .env_remove(mori_gpu::ARMED_ENV)
-        .env_remove(mori_gpu::ORDERED_ENV)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "the xgmi GPU tests failed against the fake driver");
-    assert!(stdout.contains("test result: ok. 12 passed; 0 failed"), "not all 12 xgmi GPU tests ran");
+    let unset = [mori_gpu::ARMED_ENV, mori_gpu::ORDERED_ENV];
+    let Some(run) = fake_build::run_module_against_fake("io-xgmi", "xgmi_tests::", &[("MORI_GPU_RUNTIME", "cuda")], &unset) else { return };
+    assert!(run.success, "the xgmi GPU tests failed against the fake driver");
+    assert!(run.stdout.contains("test result: ok. 12 passed; 0 failed"), "not all 12 xgmi GPU tests ran");
 }

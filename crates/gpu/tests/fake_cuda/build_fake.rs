@@ -32,3 +32,37 @@ pub fn build_fake(tag: &str) -> Option<PathBuf> {
     std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
     Some(dir)
 }
+
+/// What [`run_module_against_fake`] saw: the child's exit, stdout and stderr.
+#[allow(dead_code)]
+pub struct FakeRun {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Builds the fake libcuda (`tag` as for [`build_fake`]) and re-runs this test binary's ignored
+/// tests under `module` (`gpu_tests::`, the GPU tests a fake-driver test includes as a module)
+/// with it on `LD_LIBRARY_PATH`, plus `envs` and without the variables `unset`; prints their
+/// output and removes the library. `None` without a C compiler.
+#[allow(dead_code)]
+pub fn run_module_against_fake(tag: &str, module: &str, envs: &[(&str, &str)], unset: &[&str]) -> Option<FakeRun> {
+    let dir = build_fake(tag)?;
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([module, "--ignored", "--nocapture", "--test-threads=1"]).env("LD_LIBRARY_PATH", &dir);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    for k in unset {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().unwrap();
+    let run = FakeRun {
+        success: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    println!("{}{}", run.stdout, run.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    Some(run)
+}

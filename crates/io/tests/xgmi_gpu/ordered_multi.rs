@@ -39,21 +39,38 @@ fn ordered_batches_to_two_peers_share_a_launch() {
     for (i, st) in sts.into_iter().enumerate().filter(|(i, _)| *i != 2) {
         wait(&format!("ordered batch {i}"), st);
     }
-    let launches = mori_gpu::submit_stats().since(&before).ordered_launches;
-    // The ordered-copy kernel is on by default on CUDA, off on HIP (never run there).
+    let launches =
+        check_launch_and_bytes(&rt, &before, &a, &[(&b, &b0, &[(&lo1, &ro1, &sz1), (&lo3, &ro3, &sz3)]), (&c, &c0, &[(&lo2, &ro2, &sz2)])]);
+    eprintln!(
+        "ordered multi-post: 3 batches to 2 peers in {launches} launch(es), every byte checked; the batch out of range refused alone"
+    );
+}
+
+/// An ordered batch's entries: local offsets, remote offsets, sizes.
+pub(super) type Entries<'a> = (&'a [u64], &'a [u64], &'a [u64]);
+
+/// Asserts that the batches since `before` took one launch of the ordered-copy kernel (on by
+/// default on CUDA, off on HIP, where it never ran; `MORI_GPU_POOL_ORDERED_KERNEL` overrides),
+/// and that each target holds what it held (its snapshot) with its batches from `a` applied and
+/// nothing else. Returns the launches.
+pub(super) fn check_launch_and_bytes(
+    rt: &Arc<dyn Runtime>,
+    before: &mori_gpu::SubmitStats,
+    a: &GpuSide,
+    targets: &[(&GpuSide, &Vec<u8>, &[Entries<'_>])],
+) -> u64 {
+    let launches = mori_gpu::submit_stats().since(before).ordered_launches;
     let expect = match std::env::var(mori_gpu::ORDERED_ENV).ok().as_deref() {
         Some(v) => u64::from(v == "1"),
         None => u64::from(rt.kind() != RuntimeKind::Hip),
     };
-    assert_eq!(launches, expect, "three good batches of two segments each: one launch of the ordered-copy kernel");
-    let mut want_b = b0.clone();
-    apply(&mut want_b, &ro1, &a.init, &lo1, &sz1);
-    apply(&mut want_b, &ro3, &a.init, &lo3, &sz3);
-    let mut want_c = c0.clone();
-    apply(&mut want_c, &ro2, &a.init, &lo2, &sz2);
-    assert_bytes("b after its two batches", &snapshot(&rt, &b.buf), &want_b);
-    assert_bytes("c after its batch (the refused one wrote nothing)", &snapshot(&rt, &c.buf), &want_c);
-    eprintln!(
-        "ordered multi-post: 3 batches to 2 peers in {launches} launch(es), every byte checked; the batch out of range refused alone"
-    );
+    assert_eq!(launches, expect, "the good batches of two segments each: one launch of the ordered-copy kernel");
+    for (t, snap, batches) in targets {
+        let mut want = (*snap).clone();
+        for (lo, ro, sz) in batches.iter() {
+            apply(&mut want, ro, &a.init, lo, sz);
+        }
+        assert_bytes(&format!("{} after its batches (a refused one wrote nothing)", t.key()), &snapshot(rt, &t.buf), &want);
+    }
+    launches
 }
