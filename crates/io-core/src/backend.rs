@@ -267,6 +267,12 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// Whether [`Backend::post_ordered_routes`] posts batches (default false: it refuses them
+    /// all). Sessions ask it before taking ordered batches (`Session::posts_ordered`).
+    fn posts_ordered_routes(&self) -> bool {
+        false
+    }
+
     /// Posts ordered batches over sessions' routes, made together (one caller's burst), each
     /// completing its own status; a backend may queue them with fewer device calls than one
     /// post each (xgmi: up to 8 segments of several batches in one kernel launch). Default:

@@ -194,6 +194,40 @@ pub fn check_batch_mapped(
     Ok((out, EntryMap { repr: Ends::Table(ends) }))
 }
 
+/// [`check_batch`]'s checks and errors in one pass, returning the non-empty entries as one
+/// segment each in batch order (no merging), as an ordered batch needs them (each entry must
+/// land before the next is written).
+pub fn check_ordered_batch(
+    local: (u64, u64),
+    remote: (u64, u64),
+    local_offs: &[u64],
+    remote_offs: &[u64],
+    sizes: &[u64],
+) -> IoResult<Vec<Seg>> {
+    if local_offs.len() != remote_offs.len() || local_offs.len() != sizes.len() {
+        return Err(IoError::invalid(format!(
+            "batch arrays differ in length: {} local offsets, {} remote offsets, {} sizes",
+            local_offs.len(),
+            remote_offs.len(),
+            sizes.len()
+        )));
+    }
+    if sizes.is_empty() {
+        return Err(IoError::invalid("empty batch: no entries"));
+    }
+    if u32::try_from(sizes.len()).is_err() {
+        return Err(IoError::invalid(format!("batch of {} entries exceeds {} entries", sizes.len(), u32::MAX)));
+    }
+    let mut out = Vec::with_capacity(sizes.len().min(1 << 16));
+    for (i, ((&local_off, &remote_off), &len)) in local_offs.iter().zip(remote_offs).zip(sizes).enumerate() {
+        check_entry(i, local, remote, local_off, remote_off, len)?;
+        if len > 0 {
+            out.push(Seg { local_off, remote_off, len });
+        }
+    }
+    Ok(out)
+}
+
 /// The non-empty entries of a checked batch as one segment each, in batch order (no merging:
 /// for an ordered batch, where each entry must land before the next is written).
 pub fn unmerged_segments(local_offs: &[u64], remote_offs: &[u64], sizes: &[u64]) -> Vec<Seg> {
@@ -320,6 +354,16 @@ mod tests {
         );
         // The same entries merge in check_batch.
         assert_eq!(check_batch((1, 64), (2, 256), &[0, 10, 20, 40], &[100, 110, 120, 0], &[10, 10, 0, 5]).unwrap().len(), 2);
+        // One pass: the same segments, and check_batch's errors.
+        assert_eq!(check_ordered_batch((1, 64), (2, 256), &[0, 10, 20, 40], &[100, 110, 120, 0], &[10, 10, 0, 5]).unwrap(), segs);
+        let e = |r: IoResult<Vec<Seg>>| r.unwrap_err().msg;
+        assert!(e(check_ordered_batch((1, 64), (2, 256), &[0], &[0, 1], &[1]))
+            .contains("batch arrays differ in length: 1 local offsets, 2 remote offsets, 1 sizes"));
+        assert_eq!(e(check_ordered_batch((1, 64), (2, 256), &[], &[], &[])), "empty batch: no entries");
+        assert!(
+            e(check_ordered_batch((1, 64), (2, 256), &[0, 60], &[0, 0], &[4, 8])).starts_with("entry 1: local range offset 60 + length 8")
+        );
+        assert!(e(check_ordered_batch((1, 64), (2, 256), &[0], &[250], &[8])).starts_with("entry 0: remote range offset 250 + length 8"));
     }
 
     #[test]

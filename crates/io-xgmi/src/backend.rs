@@ -494,6 +494,10 @@ impl Backend for XgmiBackend {
         }
     }
 
+    fn posts_ordered_routes(&self) -> bool {
+        true
+    }
+
     /// Ordered batches over this backend's routes share ordered-copy kernel launches, as
     /// [`Backend::post_many`]'s ordered requests do, without the one-shot lookups (`many.rs`).
     fn post_ordered_routes(&self, op: Op, batches: Vec<RoutedBatch>) {

@@ -7,9 +7,8 @@
 //! counter pair behind it) for every command it takes; on xgmi the one-shot path's lookups and
 //! copies of both descriptors were a third of its posting call (docs/PERFORMANCE.md).
 
-use crate::paged::Batch;
 use crate::session::Session;
-use mori_io_core::plan::unmerged_segments;
+use mori_io_core::plan::check_ordered_batch;
 use mori_io_core::status::Completion;
 use mori_io_core::{Backend, IoError, Op, RoutedBatch, TransferId, TransferStatus};
 use std::sync::Arc;
@@ -31,27 +30,37 @@ pub struct SessionBatch<'a> {
 
 impl Session {
     /// Whether [`Session::post_ordered_many`] takes this session's batches: its backend
-    /// prepared a route and keeps a batch's order (xgmi). Otherwise use
-    /// `IoEngine::post_ordered`.
+    /// prepared a route, keeps a batch's order and posts ordered batches over routes (xgmi).
+    /// Otherwise use `IoEngine::post_ordered`.
     pub fn posts_ordered(&self) -> bool {
-        self.route.is_some() && self.backend.orders_segments()
+        self.route.is_some() && self.backend.orders_segments() && self.backend.posts_ordered_routes()
     }
 
-    /// One ordered batch ([`Session::post_ordered_many`] with one batch).
+    /// One ordered batch ([`Session::post_ordered_many`] with one batch, with its errors).
     pub fn post_ordered(&self, op: Op, local_offs: &[u64], remote_offs: &[u64], sizes: &[u64], id: TransferId) -> TransferStatus {
         let b = SessionBatch { session: self, local_offs, remote_offs, sizes, id };
-        Self::post_ordered_many(op, &[b]).pop().unwrap_or_else(|| TransferStatus::failed(IoError::bad_state("no status")))
+        Self::post_ordered_many(op, &[b])
+            .pop()
+            .unwrap_or_else(|| TransferStatus::failed(IoError::bad_state("Session::post_ordered: its one batch got no status")))
     }
 
     /// Posts ordered batches in direction `op`, each over its own session (of any engine),
     /// made together: one status per batch, in order. Batches whose sessions share a backend
     /// go to it in one call, which may queue them with fewer device calls (xgmi: up to 8
-    /// segments of several batches in one kernel launch). Each batch is checked on its own:
-    /// `BadState` / `RemoteDisconnect` as the session's other calls, `InvalidArgs` for entries
-    /// outside either region or an id still in flight, `NotSupported` when the session's
-    /// backend does not post ordered batches over a route ([`Session::posts_ordered`] is false;
-    /// nothing is posted for it). A device failure fails every batch that shares the failed
-    /// launch and, on xgmi, the batches after it, which are then not queued.
+    /// segments of several batches in one kernel launch). Each batch is checked on its own,
+    /// before anything of it is queued; errors, through its status:
+    /// - `BadState` once the session's engine was dropped, `RemoteDisconnect` once its peer was
+    ///   deregistered or replaced there;
+    /// - `InvalidArgs` for arrays of different lengths, an empty batch, an entry outside
+    ///   either region (naming the entry, the side and the range) or an id still in flight to
+    ///   that peer;
+    /// - `NotSupported` when the session's backend does not post ordered batches over a route
+    ///   ([`Session::posts_ordered`] is false);
+    /// - `NotFound` once the session's local region was deregistered, or the remote region's
+    ///   owner deregistered it (and said so);
+    /// - `GpuOp` for a device failure: it fails every batch that shares the failed launch and,
+    ///   on xgmi, the batches after it in the same backend call and on the same device, which
+    ///   are then not queued.
     pub fn post_ordered_many(op: Op, batches: &[SessionBatch<'_>]) -> Vec<TransferStatus> {
         let mut out = Vec::with_capacity(batches.len());
         let mut groups: Vec<(Arc<dyn Backend>, Vec<RoutedBatch>)> = Vec::new();
@@ -82,8 +91,8 @@ impl Session {
         if let Some(gone) = self.engine_gone() {
             return Err(gone);
         }
-        let route = match (&self.route, self.backend.orders_segments()) {
-            (Some(r), true) => r.clone(),
+        let route = match &self.route {
+            Some(r) if self.posts_ordered() => r.clone(),
             _ => {
                 return Err(TransferStatus::failed(IoError::not_supported(format!(
                     "an ordered batch over the session of memory {} -> engine {:?} memory {}: its {} backend does not post one over a session (use IoEngine::post_ordered)",
@@ -94,13 +103,11 @@ impl Session {
                 ))))
             }
         };
-        let batch = Batch::Ranges(b.local_offs, b.remote_offs, b.sizes);
-        if let Err(e) = batch.check((self.local.id, self.local.len), (self.remote.id, self.remote.len)) {
-            return Err(TransferStatus::failed(e));
-        }
+        let (local, remote) = ((self.local.id, self.local.len), (self.remote.id, self.remote.len));
+        let segs = check_ordered_batch(local, remote, b.local_offs, b.remote_offs, b.sizes).map_err(TransferStatus::failed)?;
         let slot = self.engine.inflight.reserve(self.peer.epoch, &self.peer.key, b.id).map_err(TransferStatus::failed)?;
         let status = TransferStatus::new(1);
         self.engine.inflight.fill(slot, &status);
-        Ok(RoutedBatch { route, id: b.id, segs: unmerged_segments(b.local_offs, b.remote_offs, b.sizes), status })
+        Ok(RoutedBatch { route, id: b.id, segs, status })
     }
 }

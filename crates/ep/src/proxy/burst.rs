@@ -50,13 +50,30 @@ impl State {
             && part.iter().all(|c| matches!(c.op, CmdOp::Tail { .. }))
     }
 
-    /// Whether destination `dst` has a session that posts ordered batches, making it on first
-    /// use (a control-plane look-up of the peer's window); a destination whose session cannot
-    /// be made, or whose backend posts no ordered batch over one (tcp, rdma), keeps the
-    /// engine's one-shot calls.
+    /// Makes the sessions of every destination with a window (`session_for`) before the first
+    /// command, so that their control-plane look-ups are not on a write's path.
+    pub(super) fn open_sessions(&mut self) {
+        if !self.sessions {
+            return;
+        }
+        for dst in 0..self.peers.len() {
+            if matches!(self.peers.get(dst), Some(Some(_))) {
+                self.session_for(dst);
+            }
+        }
+    }
+
+    /// Whether destination `dst` has a live session that posts ordered batches, making it
+    /// when there is none yet or its peer was replaced since (a control-plane look-up of the
+    /// peer's window); a destination whose session cannot be made, or whose backend posts no
+    /// ordered batch over one (tcp, rdma), keeps the engine's one-shot calls.
     fn session_for(&mut self, dst: usize) -> bool {
-        if let Some(Some(tried)) = self.session.get(dst) {
-            return tried.is_some();
+        match self.session.get(dst) {
+            Some(Some(Some(s))) if s.alive() => return true,
+            // Its peer was replaced or deregistered since: made again (or refused) below.
+            Some(Some(Some(_))) => {}
+            Some(Some(None)) => return false,
+            _ => {}
         }
         let Some(Some(peer)) = self.peers.get(dst) else { return false };
         let made = match self.engine.create_session(&self.local, &peer.data) {
@@ -112,7 +129,6 @@ impl State {
             })
             .flatten();
         let statuses = if let Some(batches) = over_sessions {
-            self.timing.session_batches.fetch_add(batches.len() as u64, Ordering::Relaxed);
             Session::post_ordered_many(mori_io::Op::Write, &batches)
         } else {
             let batches: Vec<RegionBatch<'_>> = built
@@ -140,6 +156,9 @@ impl State {
                 continue;
             }
             self.timing.ordered_batches.fetch_add(1, Ordering::Relaxed);
+            if via_sessions {
+                self.timing.session_batches.fetch_add(1, Ordering::Relaxed);
+            }
             self.track(b.dst, b.len, st);
         }
     }

@@ -132,6 +132,8 @@ impl Proxy {
         let inject = inject.map(|i| (i, SplitMix64::new(i.seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))));
         let mut st = State::new(engine, local, peers, failed.clone());
         st.inject = inject;
+        // The host executor's windows are host memory, which no backend takes over a session.
+        st.sessions = false;
         let thread = std::thread::Builder::new().name(format!("mori-ep-proxy-{rank}")).spawn(move || st.run(&rx))?;
         Ok(Self { tx: Some(tx), failed, thread: Some(thread) })
     }

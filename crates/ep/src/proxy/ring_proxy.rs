@@ -276,6 +276,7 @@ impl Drop for RingProxy {
 
 impl State {
     fn run_ring(&mut self, mut ring: RingConsumer, stop: &AtomicBool, stats: &SharedStats, opts: RingProxyOptions) {
+        self.open_sessions();
         let mut cmds = Vec::with_capacity(RING_BURST);
         let mut last = Instant::now();
         let mut sleep = Duration::from_micros(1);

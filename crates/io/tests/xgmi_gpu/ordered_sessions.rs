@@ -20,8 +20,9 @@ fn ordered_batches_over_two_sessions_share_a_launch() {
     let (sb, sc) = (a.eng.create_session(&a.mem, &b.mem).unwrap(), a.eng.create_session(&a.mem, &c.mem).unwrap());
     assert!(sb.posts_ordered() && sc.posts_ordered(), "xgmi sessions post ordered batches");
     let (b0, c0) = (snapshot(&rt, &b.buf), snapshot(&rt, &c.buf));
-    // Per batch: a segment of about 1 MB (odd offsets) then a 16-byte tail word; contiguous
-    // entries in the second batch (they must stay two copies, in order).
+    // Per batch: a segment of about 1 MB (odd offsets) then a 16-byte tail word; the second
+    // batch's entries are contiguous on both sides (kept as two segments; the bytes are the same
+    // either way).
     let (lo1, ro1, sz1) = ([3u64, 3_000_000], [5u64, 3_500_000], [1_000_000u64, 16]);
     let (lo2, ro2, sz2) = ([1_100_000u64, 2_300_001], [7u64, 1_200_008], [1_200_001u64, 16]);
     let (lo3, ro3, sz3) = ([2_000_000u64, 3_000_032], [1_100_000u64, 3_500_032], [900_000u64, 16]);
