@@ -22,6 +22,7 @@ mod arg_types;
 mod args;
 mod cpu;
 mod cpu_supervisor;
+mod flag_words;
 mod gpu;
 mod gpu_check;
 mod gpu_device_api;
@@ -57,7 +58,8 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            say(&format!("bench_dispatch_combine: error: {e}"));
+            let msg = flag_words::reworded(e.as_ref()).unwrap_or_else(|| e.to_string());
+            say(&format!("bench_dispatch_combine: error: {msg}"));
             ExitCode::FAILURE
         }
     }
