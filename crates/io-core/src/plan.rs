@@ -161,20 +161,7 @@ pub fn check_batch_mapped(
 ) -> IoResult<(Vec<Seg>, EntryMap)> {
     let (lid, llen) = local;
     let (rid, rlen) = remote;
-    if local_offs.len() != remote_offs.len() || local_offs.len() != sizes.len() {
-        return Err(IoError::invalid(format!(
-            "batch arrays differ in length: {} local offsets, {} remote offsets, {} sizes",
-            local_offs.len(),
-            remote_offs.len(),
-            sizes.len()
-        )));
-    }
-    if sizes.is_empty() {
-        return Err(IoError::invalid("empty batch: no entries"));
-    }
-    if u32::try_from(sizes.len()).is_err() {
-        return Err(IoError::invalid(format!("batch of {} entries exceeds {} entries", sizes.len(), u32::MAX)));
-    }
+    check_arrays(local_offs, remote_offs, sizes)?;
     let mut out: Vec<Seg> = Vec::with_capacity(sizes.len().min(1 << 16));
     let mut ends: Vec<u64> = Vec::with_capacity(sizes.len());
     let mut stream = 0u64;
@@ -194,16 +181,8 @@ pub fn check_batch_mapped(
     Ok((out, EntryMap { repr: Ends::Table(ends) }))
 }
 
-/// [`check_batch`]'s checks and errors in one pass, returning the non-empty entries as one
-/// segment each in batch order (no merging), as an ordered batch needs them (each entry must
-/// land before the next is written).
-pub fn check_ordered_batch(
-    local: (u64, u64),
-    remote: (u64, u64),
-    local_offs: &[u64],
-    remote_offs: &[u64],
-    sizes: &[u64],
-) -> IoResult<Vec<Seg>> {
+/// A batch's arrays: the same length, at least one entry, at most `u32::MAX`.
+fn check_arrays(local_offs: &[u64], remote_offs: &[u64], sizes: &[u64]) -> IoResult<()> {
     if local_offs.len() != remote_offs.len() || local_offs.len() != sizes.len() {
         return Err(IoError::invalid(format!(
             "batch arrays differ in length: {} local offsets, {} remote offsets, {} sizes",
@@ -218,6 +197,20 @@ pub fn check_ordered_batch(
     if u32::try_from(sizes.len()).is_err() {
         return Err(IoError::invalid(format!("batch of {} entries exceeds {} entries", sizes.len(), u32::MAX)));
     }
+    Ok(())
+}
+
+/// [`check_batch`]'s checks and errors in one pass, returning the non-empty entries as one
+/// segment each in batch order (no merging), as an ordered batch needs them (each entry must
+/// land before the next is written).
+pub fn check_ordered_batch(
+    local: (u64, u64),
+    remote: (u64, u64),
+    local_offs: &[u64],
+    remote_offs: &[u64],
+    sizes: &[u64],
+) -> IoResult<Vec<Seg>> {
+    check_arrays(local_offs, remote_offs, sizes)?;
     let mut out = Vec::with_capacity(sizes.len().min(1 << 16));
     for (i, ((&local_off, &remote_off), &len)) in local_offs.iter().zip(remote_offs).zip(sizes).enumerate() {
         check_entry(i, local, remote, local_off, remote_off, len)?;
