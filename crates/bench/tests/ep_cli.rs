@@ -54,3 +54,18 @@ fn without_a_gpu_the_missing_runtime_is_named() {
         println!("path: a GPU runtime is present; the small run passed its check");
     }
 }
+
+#[test]
+fn long_help_names_the_environment_switches() {
+    let (code, text) = run(&["--help"]);
+    assert_eq!(code, 0, "{text}");
+    for var in [
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "MORI_EP_PROXY_SESSIONS=0",
+        "MORI_EP_PROXY_GROUPED=0",
+        "MORI_GPU_POOL_ORDERED_KERNEL=0",
+        "MORI_GPU_POOL_ARMED",
+    ] {
+        assert!(text.contains(var), "--help lacks {var}: {text}");
+    }
+}

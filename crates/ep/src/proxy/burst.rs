@@ -12,7 +12,7 @@
 
 use super::{Cmd, State};
 use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
-use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch};
+use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch, TransferStatus};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -31,9 +31,10 @@ fn ordered_entries(data: &[&Cmd], tails: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, 
 }
 
 /// One destination's ordered batch, built.
-struct Part {
+struct Part<'a> {
     dst: usize,
-    remote: MemoryDesc,
+    /// The destination's window (borrowed from the proxy's peers: nothing is cloned per post).
+    remote: &'a MemoryDesc,
     len: u64,
     lo: Vec<u64>,
     ro: Vec<u64>,
@@ -100,34 +101,42 @@ impl State {
     /// (`NotSupported`) marks its destination and is posted again as [`State::post`] does it.
     pub(super) fn post_ordered_parts(&mut self, parts: &[&[Cmd]]) {
         self.first.get_or_insert_with(Instant::now);
-        let mut built: Vec<(&[Cmd], Part)> = Vec::with_capacity(parts.len());
+        // Sessions first (making one may need `&mut self`); the batches then borrow the peers.
+        let via_sessions = self.sessions && parts.iter().all(|p| self.session_for(p[0].dst as usize));
+        let mut built: Vec<(&[Cmd], Part<'_>)> = Vec::with_capacity(parts.len());
+        let mut unknown: Vec<&[Cmd]> = Vec::new();
         for &p in parts {
             let dst = p[0].dst as usize;
             let Some(Some(peer)) = self.peers.get(dst) else {
-                self.post(p);
+                unknown.push(p);
                 continue;
             };
             let data: Vec<&Cmd> = p.iter().filter(|c| c.len > 0).collect();
             let tails: Vec<(u64, u64)> =
                 p.iter().filter_map(|c| if let CmdOp::Tail { src } = c.op { Some((src, c.counter)) } else { None }).collect();
             let (lo, ro, sz) = ordered_entries(&data, &tails);
-            built.push((p, Part { dst, remote: peer.data.clone(), len: data.iter().map(|c| c.len).sum(), lo, ro, sz }));
+            built.push((p, Part { dst, remote: &peer.data, len: data.iter().map(|c| c.len).sum(), lo, ro, sz }));
         }
-        let via_sessions = self.sessions && built.iter().all(|(_, b)| self.session_for(b.dst));
         let call = Instant::now();
-        // Every destination's session, or none (then the engine's one-shot call).
-        let over_sessions: Option<Vec<SessionBatch<'_>>> = via_sessions
-            .then(|| {
-                built
-                    .iter()
-                    .map(|(_, b)| {
-                        let session = self.session.get(b.dst)?.as_ref()?.as_ref()?;
-                        let id = self.engine.allocate_transfer_uid();
-                        Some(SessionBatch { session, local_offs: &b.lo, remote_offs: &b.ro, sizes: &b.sz, id })
+        // Every batch over its destination's session, or all through the engine.
+        let over_sessions: Option<Vec<SessionBatch<'_>>> = if via_sessions {
+            built
+                .iter()
+                .map(|(_, b)| {
+                    let session = self.session.get(b.dst)?.as_ref()?.as_ref()?;
+                    Some(SessionBatch {
+                        session,
+                        local_offs: &b.lo,
+                        remote_offs: &b.ro,
+                        sizes: &b.sz,
+                        id: self.engine.allocate_transfer_uid(),
                     })
-                    .collect()
-            })
-            .flatten();
+                })
+                .collect()
+        } else {
+            None
+        };
+        let via_sessions = over_sessions.is_some();
         let statuses = if let Some(batches) = over_sessions {
             Session::post_ordered_many(mori_io::Op::Write, &batches)
         } else {
@@ -136,7 +145,7 @@ impl State {
                 .map(|(_, b)| RegionBatch {
                     local: &self.local,
                     local_offs: &b.lo,
-                    remote: &b.remote,
+                    remote: b.remote,
                     remote_offs: &b.ro,
                     sizes: &b.sz,
                     id: self.engine.allocate_transfer_uid(),
@@ -149,9 +158,12 @@ impl State {
         if !statuses.iter().all(refused) {
             self.timing.count_call(call);
         }
-        for ((part, b), st) in built.into_iter().zip(statuses) {
+        // What to do next, taken out of `built` (which borrows the peers) before posting again.
+        let outcomes: Vec<(&[Cmd], usize, u64, TransferStatus)> =
+            built.into_iter().zip(statuses).map(|((p, b), st)| (p, b.dst, b.len, st)).collect();
+        for (part, dst, len, st) in outcomes {
             if refused(&st) {
-                self.unordered[b.dst] = true;
+                self.unordered[dst] = true;
                 self.post(part);
                 continue;
             }
@@ -159,7 +171,11 @@ impl State {
             if via_sessions {
                 self.timing.session_batches.fetch_add(1, Ordering::Relaxed);
             }
-            self.track(b.dst, b.len, st);
+            self.track(dst, len, st);
+        }
+        // A destination with no window: `post` fails it, naming the rank.
+        for part in unknown {
+            self.post(part);
         }
     }
 }

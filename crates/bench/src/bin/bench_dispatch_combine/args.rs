@@ -17,11 +17,24 @@ pub fn err(msg: impl Into<String>) -> Box<dyn std::error::Error> {
     msg.into().into()
 }
 
+/// The environment variables the inter-node GPU path reads (`--help`).
+const ENV_HELP: &str = "Environment (inter-node on GPUs, --num-nodes above 1):
+  CUDA_DEVICE_MAX_CONNECTIONS   hardware queues for the job's streams; set to 32 when unset over xgmi
+                                (the run refuses fewer than 2 x ranks + nodes)
+  MORI_EP_PROXY_SESSIONS=0      the proxies post ordered batches through the engine's one-shot calls
+                                instead of a MORI-IO session per destination (the default, where the
+                                backend takes them: xgmi); the proxies' line counts those over sessions
+  MORI_EP_PROXY_GROUPED=0       one engine call per destination instead of a burst's batches in one
+  MORI_GPU_POOL_ORDERED_KERNEL=0
+                                an ordered batch as one copy per segment instead of one launch of the
+                                ordered-copy kernel
+  MORI_GPU_POOL_ARMED           refused above 0 over xgmi (armed launches stall under the EP load)";
+
 /// MORI-EP dispatch/combine benchmark, checked against the host reference: the GPU kernels
 /// (`--device gpu`: intranode, or V1 / V1-LL / AsyncLL across nodes with every rank on one
 /// GPU) or the host implementation (`--device cpu`, intra- and inter-node).
 #[derive(Debug, Clone, Parser)]
-#[command(name = "bench_dispatch_combine")]
+#[command(name = "bench_dispatch_combine", after_long_help = ENV_HELP)]
 pub struct Args {
     /// Where the ranks run: the GPU kernels or the host implementation.
     #[arg(long, value_enum, default_value = "gpu")]
