@@ -49,5 +49,5 @@ pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};
 pub use types::{
     numa_node_from_sysfs, Capabilities, Device, DeviceProperties, LaunchConfig, MemInfo, PciBusId, RuntimeChoice, RuntimeKind,
-    WaitCondition,
+    StreamWrite, WaitCondition, STREAM_WRITES_MAX,
 };

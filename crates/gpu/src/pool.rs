@@ -44,6 +44,7 @@ mod ordered;
 mod paged;
 mod slot;
 mod stats;
+mod words;
 pub use armed::{ARMED_ENV, ARMED_MAX};
 pub use config::{env_switch, env_text, CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
 pub use ordered::{ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS};

@@ -10,7 +10,7 @@ use crate::handles::{dmabuf_window, DmabufFd, HandleKinds, IpcHandle, ShareableH
 use crate::memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocation};
 use crate::module::{Function, Module, ModuleImage, ModuleInner};
 use crate::stream::{Event, Stream};
-use crate::types::{round_up, Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeChoice, RuntimeKind, WaitCondition};
+use crate::types::{round_up, Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeChoice, RuntimeKind, StreamWrite, WaitCondition};
 
 pub(crate) mod sealed {
     pub trait Sealed {}
@@ -78,6 +78,8 @@ pub trait RawDriver: Send + Sync {
     unsafe fn stream_wait_event(&self, dev: Device, s: u64, e: u64) -> Result<()>;
     unsafe fn stream_write_value32(&self, dev: Device, s: u64, addr: u64, value: u32) -> Result<()>;
     unsafe fn stream_wait_value32(&self, dev: Device, s: u64, addr: u64, value: u32, cond: WaitCondition) -> Result<()>;
+    /// 1 to [`crate::STREAM_WRITES_MAX`] aligned words, in order (CUDA: one batch call).
+    unsafe fn stream_write_values(&self, dev: Device, s: u64, writes: &[StreamWrite]) -> Result<()>;
     fn event_create(&self, dev: Device, timing: bool) -> Result<u64>;
     unsafe fn event_destroy(&self, dev: Device, e: u64) -> Result<()>;
     unsafe fn event_record(&self, dev: Device, e: u64, s: u64) -> Result<()>;

@@ -283,6 +283,49 @@ impl WaitCondition {
     }
 }
 
+/// Most writes of one [`crate::Stream::write_values`] call (one `cuStreamBatchMemOp` takes
+/// fewer than 256 operations).
+pub const STREAM_WRITES_MAX: usize = 255;
+
+/// One store of [`crate::Stream::write_values`]: a word written at a device address (device
+/// memory, or mapped host memory through its device address) once the stream's earlier work
+/// finished, behind a memory fence that orders that work's writes before it (CUDA: a stream
+/// memory operation with flags 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamWrite {
+    /// A `u32` at a 4-byte aligned address.
+    U32 {
+        /// Device address.
+        addr: u64,
+        /// The value.
+        value: u32,
+    },
+    /// A `u64` at an 8-byte aligned address.
+    U64 {
+        /// Device address.
+        addr: u64,
+        /// The value.
+        value: u64,
+    },
+}
+
+impl StreamWrite {
+    /// The word's device address.
+    pub fn addr(&self) -> u64 {
+        match *self {
+            StreamWrite::U32 { addr, .. } | StreamWrite::U64 { addr, .. } => addr,
+        }
+    }
+
+    /// The word's bytes (4 or 8).
+    pub fn bytes(&self) -> u64 {
+        match self {
+            StreamWrite::U32 { .. } => 4,
+            StreamWrite::U64 { .. } => 8,
+        }
+    }
+}
+
 /// `x` rounded up to a multiple of `align` (a power of two or any non-zero value).
 pub(crate) fn round_up(x: usize, align: usize) -> Option<usize> {
     if align == 0 {

@@ -18,5 +18,5 @@ fn gpu_tests_pass_against_the_fake_driver() {
     let Some(run) = fake_build::run_module_against_fake("gpu", "gpu_tests::", &envs, &[mori_gpu::ARMED_ENV]) else { return };
     assert!(run.success, "the GPU tests failed against the fake driver");
     assert!(run.stdout.contains("runtime: CUDA from "), "the fake driver was not loaded");
-    assert!(run.stdout.contains("test result: ok. 17 passed; 0 failed"), "not all 17 GPU tests ran");
+    assert!(run.stdout.contains("test result: ok. 18 passed; 0 failed"), "not all 18 GPU tests ran");
 }

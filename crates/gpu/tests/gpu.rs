@@ -1344,6 +1344,83 @@ unsafe fn groups_wait(pool: &mori_gpu::CopyPool, what: &str, groups: &[&[mori_gp
     })
 }
 
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_copies_then_stream_writes() -> R {
+    // Completion told by the flag in the same batch as the words, then by events alone.
+    copy_then_write(true)?;
+    copy_then_write(false)
+}
+
+/// Ten submissions of two groups (a 1 MiB segment at odd offsets with a counter pair behind
+/// it, a 4 KiB segment with one word), every byte and word checked once done; then the
+/// checks that refuse a submission before queueing anything.
+fn copy_then_write(host_flags: bool) -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg, StreamWrite};
+    let rt = rt()?;
+    let cfg = CopyPoolConfig { num_events: 4, host_flags: Some(host_flags), ..CopyPoolConfig::default() };
+    let (big, len) = (1usize << 20, 2usize << 20);
+    let a = rt.alloc(DEV, len)?;
+    let b = rt.alloc(DEV, len)?;
+    let pool = CopyPool::new(rt.clone(), cfg, "test-words")?;
+    let what = format!("copies then stream writes (host_flags {host_flags})");
+    let (src, dst) = (a.ptr(), b.ptr());
+    for k in 0..10u8 {
+        rt.copy_htod(&a.slice(), &pattern(len, k))?;
+        rt.memset(&b.slice(), 0)?;
+        let first = [CopySeg { src: src + 3, dst: dst + 5, len: big as u64 }];
+        let pair = [
+            StreamWrite::U64 { addr: dst + 1_600_000, value: 100 + k as u64 },
+            StreamWrite::U64 { addr: dst + 1_600_008, value: 101 + k as u64 },
+        ];
+        let second = [CopySeg { src: src + 1_700_000, dst: dst + 1_800_000, len: 4096 }];
+        let one = [StreamWrite::U64 { addr: dst + 1_900_000, value: u64::MAX - k as u64 }];
+        pool_wait(&pool, &what, |tx| {
+            // SAFETY: every range and word lies inside `a` or `b`, which outlive the wait.
+            unsafe {
+                pool.copy_then_write(DEV, &[(&first, &pair), (&second, &one)], move || {
+                    move |r| {
+                        let _ = tx.send(r);
+                    }
+                })
+            }?;
+            Ok(())
+        })?;
+        let mut back = vec![0u8; len];
+        rt.copy_dtoh(&mut back, &b.slice())?;
+        check(&format!("{what}: submission {k}, segment 1"), &back[5..5 + big], |i| pat(i + 3, k))?;
+        check(&format!("{what}: submission {k}, segment 2"), &back[1_800_000..1_804_096], |i| pat(i + 1_700_000, k))?;
+        let word = |o: usize| u64::from_le_bytes(back[o..o + 8].try_into().unwrap());
+        let got = (word(1_600_000), word(1_600_008), word(1_900_000));
+        if got != (100 + k as u64, 101 + k as u64, u64::MAX - k as u64) {
+            return fail(format!("{what}: submission {k}: words {got:?}"));
+        }
+        let outside = back[..5].iter().chain(&back[5 + big..1_600_000]).chain(&back[1_600_016..1_800_000]);
+        if outside.chain(&back[1_804_096..1_900_000]).chain(&back[1_900_008..]).any(|&x| x != 0) {
+            return fail(format!("{what}: submission {k} wrote outside its segments and words"));
+        }
+    }
+    let seg = [CopySeg { src, dst, len: 64 }];
+    for (words, want) in [
+        (vec![StreamWrite::U64 { addr: dst + 4, value: 1 }], "8-byte stream write"),
+        (vec![StreamWrite::U64 { addr: dst, value: 1 }; mori_gpu::STREAM_WRITES_MAX], "at most 254"),
+    ] {
+        rt.memset(&b.slice(), 0)?;
+        // SAFETY: as above; the submission is refused before anything is queued.
+        let r = unsafe { pool.copy_then_write(DEV, &[(&seg, &words)], || |_| {}) };
+        match r {
+            Err(e) if e.to_string().contains(want) => {}
+            other => return fail(format!("{what}: {want}: {other:?}")),
+        }
+        let mut back = vec![0u8; 64];
+        rt.copy_dtoh(&mut back, &b.sub(0, 64)?)?;
+        if back.iter().any(|&x| x != 0) {
+            return fail(format!("{what}: a refused submission ({want}) wrote"));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `submit` (which queues one pool submission reporting to the sender) and drives the
 /// pool until that submission completed; its outcome.
 fn pool_wait(pool: &mori_gpu::CopyPool, what: &str, submit: impl FnOnce(std::sync::mpsc::Sender<mori_gpu::Result<()>>) -> R) -> R {

@@ -90,6 +90,7 @@ cuda_api! {
     cuStreamWaitEvent(CUstream, CUevent, c_uint);
     cuStreamWriteValue32_v2(CUstream, Dptr, u32, c_uint);
     cuStreamWaitValue32_v2(CUstream, Dptr, u32, c_uint);
+    cuStreamBatchMemOp_v2(CUstream, c_uint, *mut c_void, c_uint);
     cuEventCreate(*mut CUevent, c_uint);
     cuEventDestroy_v2(CUevent);
     cuEventRecord(CUevent, CUstream);

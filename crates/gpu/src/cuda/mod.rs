@@ -6,6 +6,7 @@
 //! differs).
 
 mod ffi;
+mod memops;
 mod ops;
 
 use std::borrow::Cow;

@@ -13,7 +13,7 @@ use crate::error::{GpuError, Result, CUDA_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_SU
 use crate::handles::{HandleKinds, ShareableKind};
 use crate::module::ModuleImage;
 use crate::runtime::{RawDriver, RawExport, RawImport};
-use crate::types::{Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeKind, WaitCondition};
+use crate::types::{Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeKind, StreamWrite, WaitCondition};
 
 fn ptr<T>(h: u64) -> *mut T {
     h as usize as *mut T
@@ -283,6 +283,16 @@ impl RawDriver for CudaRuntime {
         self.bind_ctx(dev)?;
         // SAFETY: as in stream_write_value32.
         self.check("cuStreamWaitValue32_v2", unsafe { (self.api.cuStreamWaitValue32_v2)(ptr(s), addr, value, cond.flag()) })
+    }
+
+    unsafe fn stream_write_values(&self, dev: Device, s: u64, writes: &[StreamWrite]) -> Result<()> {
+        self.bind_ctx(dev)?;
+        let mut ops = super::memops::batch_writes(writes);
+        // SAFETY: caller passes a live stream and aligned device words; `ops` holds
+        // `writes.len()` (below 256) CUstreamBatchMemOpParams of 48 bytes each.
+        self.check("cuStreamBatchMemOp_v2", unsafe {
+            (self.api.cuStreamBatchMemOp_v2)(ptr(s), ops.len() as c_uint, ops.as_mut_ptr() as *mut c_void, 0)
+        })
     }
 
     fn event_create(&self, dev: Device, timing: bool) -> Result<u64> {

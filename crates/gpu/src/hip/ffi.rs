@@ -100,6 +100,7 @@ hip_api! {
         hipStreamQuery(Stream);
         hipStreamWaitEvent(Stream, Event, c_uint);
         hipStreamWriteValue32(Stream, *mut c_void, u32, c_uint);
+        hipStreamWriteValue64(Stream, *mut c_void, u64, c_uint);
         hipStreamWaitValue32(Stream, *mut c_void, u32, c_uint, u32);
         hipEventCreateWithFlags(*mut Event, c_uint);
         hipEventDestroy(Event);

@@ -11,7 +11,7 @@ use crate::error::{GpuError, Result};
 use crate::handles::{HandleKinds, ShareableKind};
 use crate::module::ModuleImage;
 use crate::runtime::{RawDriver, RawExport, RawImport};
-use crate::types::{Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeKind, WaitCondition};
+use crate::types::{Device, DeviceProperties, LaunchConfig, MemInfo, RuntimeKind, StreamWrite, WaitCondition};
 
 fn ptr<T>(v: u64) -> *mut T {
     v as usize as *mut T
@@ -261,6 +261,23 @@ impl RawDriver for HipRuntime {
         self.set(dev)?;
         // SAFETY: as above; the mask keeps every bit.
         self.check("hipStreamWaitValue32", unsafe { (self.api.hipStreamWaitValue32)(ptr(s), ptr(addr), value, cond.flag(), u32::MAX) })
+    }
+
+    unsafe fn stream_write_values(&self, dev: Device, s: u64, writes: &[StreamWrite]) -> Result<()> {
+        self.set(dev)?;
+        // One call per word (hipStreamBatchMemOp is beta; never run on an AMD GPU here).
+        for w in writes {
+            // SAFETY: caller passes a live stream and aligned device words.
+            match *w {
+                StreamWrite::U32 { addr, value } => self.check("hipStreamWriteValue32", unsafe {
+                    (self.api.hipStreamWriteValue32)(ptr(s), ptr(addr), value, 0)
+                })?,
+                StreamWrite::U64 { addr, value } => self.check("hipStreamWriteValue64", unsafe {
+                    (self.api.hipStreamWriteValue64)(ptr(s), ptr(addr), value, 0)
+                })?,
+            }
+        }
+        Ok(())
     }
 
     fn event_create(&self, dev: Device, timing: bool) -> Result<u64> {

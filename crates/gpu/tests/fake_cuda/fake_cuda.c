@@ -199,7 +199,7 @@ static int new_memfd(uint64_t size) {
 }
 
 /* ---- streams and events ---- */
-enum { OP_COPY, OP_SET, OP_WRITE32, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE, OP_ORDERED, OP_ORDERED_ARMED };
+enum { OP_COPY, OP_SET, OP_WRITE32, OP_WRITE64, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE, OP_ORDERED, OP_ORDERED_ARMED };
 struct event { int done, timing; double t; };
 struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; void *blob; struct op *next; };
 struct stream { struct op *head, *tail; struct stream *next_stream; };
@@ -225,6 +225,7 @@ static void run(struct op *o) {
     case OP_COPY: memmove((void *)(uintptr_t)o->a, (void *)(uintptr_t)o->b, o->n); break;
     case OP_SET: memset((void *)(uintptr_t)o->a, (int)o->v, o->n); break;
     case OP_WRITE32: *(volatile uint32_t *)(uintptr_t)o->a = o->v; break;
+    case OP_WRITE64: *(volatile uint64_t *)(uintptr_t)o->a = o->b; break;
     case OP_RECORD: o->ev->t = now_ms(); o->ev->done = 1; break;
     case OP_FILL: for (uint64_t i = 0; i < o->n; i++) ((uint32_t *)(uintptr_t)o->a)[i] = o->v + 3u * (uint32_t)i; break;
     case OP_SG: run_sg(o->a, o->n); break;
@@ -409,6 +410,7 @@ static int op_touches(const struct op *o, uint64_t base, uint64_t size) {
     case OP_COPY: return overlaps(o->a, o->n, base, size) || overlaps(o->b, o->n, base, size);
     case OP_SET: return overlaps(o->a, o->n, base, size);
     case OP_WRITE32: case OP_WAIT32: return overlaps(o->a, 4, base, size);
+    case OP_WRITE64: return overlaps(o->a, 8, base, size);
     case OP_FILL: return overlaps(o->a, o->n * 4, base, size);
     case OP_SG: return overlaps(o->a, o->n * 24, base, size);
     default: return 0;
@@ -507,6 +509,28 @@ API CUresult cuStreamWriteValue32_v2(void *s, CUdeviceptr a, uint32_t v, unsigne
     NEED_CTX; if (flags || a % 4) return INVALID_VALUE;
     pthread_mutex_lock(&mu);
     CUresult r = usable(a, 4) ? submit(s, (struct op){.kind = OP_WRITE32, .a = a, .v = v}) : INVALID_VALUE;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+/* CUstreamBatchMemOpParams (CUDA 13.0): 48 bytes; a write is {u32 operation, pad, u64 address,
+ * u64 value (u32 in its low half for 32-bit writes), u32 flags, pad, u64 alias, pad}. Only
+ * writes are taken (2: 32-bit, 5: 64-bit), queued in the array's order; the whole batch is
+ * checked before any of it is queued. */
+API CUresult cuStreamBatchMemOp_v2(void *s, unsigned count, void *params, unsigned flags) {
+    NEED_CTX; if (flags || !count || count >= 256 || !params) return INVALID_VALUE;
+    const uint64_t *w = params;
+    pthread_mutex_lock(&mu);
+    CUresult r = OK;
+    for (unsigned i = 0; i < count && r == OK; i++) {
+        const uint64_t *p = w + 6 * i;
+        uint32_t kind = (uint32_t)p[0], size = kind == 2 ? 4 : kind == 5 ? 8 : 0;
+        if (!size || (uint32_t)p[3] || p[1] % size || !usable(p[1], size)) r = INVALID_VALUE;
+    }
+    for (unsigned i = 0; i < count && r == OK; i++) {
+        const uint64_t *p = w + 6 * i;
+        r = (uint32_t)p[0] == 2 ? submit(s, (struct op){.kind = OP_WRITE32, .a = p[1], .v = (uint32_t)p[2]})
+                                : submit(s, (struct op){.kind = OP_WRITE64, .a = p[1], .b = p[2]});
+    }
     pthread_mutex_unlock(&mu);
     return r;
 }
