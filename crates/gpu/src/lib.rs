@@ -48,6 +48,6 @@ pub use pool::{
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};
 pub use types::{
-    numa_node_from_sysfs, Capabilities, Device, DeviceProperties, LaunchConfig, MemInfo, PciBusId, RuntimeChoice, RuntimeKind,
-    StreamWrite, WaitCondition, STREAM_WRITES_MAX,
+    numa_node_from_sysfs, Capabilities, Device, DeviceProperties, LaunchConfig, MemInfo, PciBusId, RuntimeChoice, RuntimeKind, StreamWrite,
+    WaitCondition, STREAM_WRITES_MAX,
 };

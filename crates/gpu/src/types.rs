@@ -283,11 +283,11 @@ impl WaitCondition {
     }
 }
 
-/// Most writes of one [`crate::Stream::write_values`] call (one `cuStreamBatchMemOp` takes
-/// fewer than 256 operations).
+/// Most stream writes queued by one call (one `cuStreamBatchMemOp` takes fewer than 256
+/// operations); [`crate::CopyPool::copy_then_write`] keeps one of them for its completion flag.
 pub const STREAM_WRITES_MAX: usize = 255;
 
-/// One store of [`crate::Stream::write_values`]: a word written at a device address (device
+/// One store queued on a stream ([`crate::CopyPool::copy_then_write`]): a word written at a device address (device
 /// memory, or mapped host memory through its device address) once the stream's earlier work
 /// finished, behind a memory fence that orders that work's writes before it (CUDA: a stream
 /// memory operation with flags 0).

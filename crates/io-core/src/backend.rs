@@ -169,8 +169,22 @@ pub struct RoutedBatch {
     /// One segment per non-empty entry, in the caller's order, checked by the session against
     /// both descriptors' lengths; each must land before the next one is written.
     pub segs: Vec<Seg>,
+    /// Words stored into the remote region after every segment landed, in order
+    /// ([`Backend::posts_tail_words`]; empty for a plain ordered batch), checked by the session.
+    pub words: Vec<TailWord>,
     /// The status the backend completes (one piece).
     pub status: TransferStatus,
+}
+
+/// A `u64` stored at byte `offset` of a session's remote region once an ordered batch's
+/// entries landed there (8-aligned, inside the region): a counter or flag the peer polls, so
+/// the batch needs no source bytes for it (`Session::post_ordered_many`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailWord {
+    /// Byte offset in the remote region (a multiple of 8).
+    pub offset: u64,
+    /// The value (little-endian in memory).
+    pub value: u64,
 }
 
 /// One of an engine's inbound connections, counted against its cap
@@ -270,6 +284,12 @@ pub trait Backend: Send + Sync {
     /// Whether [`Backend::post_ordered_routes`] posts batches (default false: it refuses them
     /// all). Sessions ask it before taking ordered batches (`Session::posts_ordered`).
     fn posts_ordered_routes(&self) -> bool {
+        false
+    }
+
+    /// Whether [`Backend::post_ordered_routes`] takes batches with [`RoutedBatch::words`]
+    /// (default false: a session refuses such batches with `NotSupported`).
+    fn posts_tail_words(&self) -> bool {
         false
     }
 

@@ -29,7 +29,9 @@ pub mod status;
 pub mod wire;
 pub mod wr_plan;
 
-pub use backend::{Backend, BackendContext, BackendKind, ControlClient, InboundSlot, Op, Refusal, Route, RoutedBatch, TransferRequest};
+pub use backend::{
+    Backend, BackendContext, BackendKind, ControlClient, InboundSlot, Op, Refusal, Route, RoutedBatch, TailWord, TransferRequest,
+};
 pub use counter::SignalOp;
 pub use desc::{new_epoch, BackendHandle, EngineDesc, MemId, MemLoc, MemoryDesc, Secret, DESC_VERSION};
 pub use error::{ErrorCode, IoError, IoResult};

@@ -200,6 +200,21 @@ fn check_arrays(local_offs: &[u64], remote_offs: &[u64], sizes: &[u64]) -> IoRes
     Ok(())
 }
 
+/// Checks an ordered batch's tail words against the remote region `(id, len)`: each at an
+/// 8-aligned offset with its 8 bytes inside the region. Errors: `InvalidArgs` naming the word,
+/// its offset and the region's length.
+pub fn check_tail_words(remote: (u64, u64), words: &[crate::TailWord]) -> IoResult<()> {
+    for (i, w) in words.iter().enumerate() {
+        if !w.offset.is_multiple_of(8) || w.offset.checked_add(8).is_none_or(|end| end > remote.1) {
+            return Err(IoError::invalid(format!(
+                "tail word {i}: offset {} of remote memory {} ({} bytes): must be 8-aligned with its 8 bytes inside",
+                w.offset, remote.0, remote.1
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// [`check_batch`]'s checks and errors in one pass, returning the non-empty entries as one
 /// segment each in batch order (no merging), as an ordered batch needs them (each entry must
 /// land before the next is written).
@@ -357,6 +372,19 @@ mod tests {
             e(check_ordered_batch((1, 64), (2, 256), &[0, 60], &[0, 0], &[4, 8])).starts_with("entry 1: local range offset 60 + length 8")
         );
         assert!(e(check_ordered_batch((1, 64), (2, 256), &[0], &[250], &[8])).starts_with("entry 0: remote range offset 250 + length 8"));
+    }
+
+    #[test]
+    fn tail_words_are_aligned_and_inside_the_remote_region() {
+        use crate::TailWord;
+        let w = |offset| TailWord { offset, value: 1 };
+        assert!(check_tail_words((2, 256), &[]).is_ok());
+        assert!(check_tail_words((2, 256), &[w(0), w(248)]).is_ok());
+        let e = |ws: &[TailWord]| check_tail_words((2, 256), ws).unwrap_err().msg;
+        assert_eq!(e(&[w(0), w(252)]), "tail word 1: offset 252 of remote memory 2 (256 bytes): must be 8-aligned with its 8 bytes inside");
+        assert!(e(&[w(256)]).starts_with("tail word 0: offset 256"));
+        assert!(e(&[w(12)]).starts_with("tail word 0: offset 12"));
+        assert!(e(&[w(u64::MAX - 7)]).starts_with("tail word 0:"), "no overflow");
     }
 
     #[test]

@@ -498,6 +498,11 @@ impl Backend for XgmiBackend {
         true
     }
 
+    /// Tail words follow the copies in one stream memory-operation batch (`many.rs`).
+    fn posts_tail_words(&self) -> bool {
+        true
+    }
+
     /// Ordered batches over this backend's routes share ordered-copy kernel launches, as
     /// [`Backend::post_many`]'s ordered requests do, without the one-shot lookups (`many.rs`).
     fn post_ordered_routes(&self, op: Op, batches: Vec<RoutedBatch>) {

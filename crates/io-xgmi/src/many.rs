@@ -7,13 +7,22 @@
 //! Why: the inter-node EP proxy posts one ordered batch per peer in a burst (a segment and the
 //! counter pair behind it), and under load each launch waits for the other threads' driver
 //! calls (docs/PERFORMANCE.md), so a burst to four peers cost four such waits.
+//!
+//! Routed batches with tail words ([`RoutedBatch::words`]) go another way: their segments as
+//! copy-engine copies, then every word and the completion flag in one stream memory-operation
+//! batch ([`mori_gpu::CopyPool::copy_then_write`]), one submission per device. A segment and
+//! its counter pair then cost two driver calls and the copy engine's latency, where the
+//! ordered-copy kernel's launch waits several µs longer for the pair to land.
 
 use super::{copy_seg, Done, Inner, Keep, XgmiRoute};
-use mori_gpu::{CopySeg, Device};
-use mori_io_core::plan::{check_segs, check_segs_mapped};
+use mori_gpu::{CopySeg, Device, StreamWrite};
+use mori_io_core::plan::{check_segs, check_segs_mapped, check_tail_words};
 use mori_io_core::status::Completion;
 use mori_io_core::{IoError, IoResult, Op, RoutedBatch, TransferRequest, TransferStatus};
 use std::sync::Arc;
+
+/// A batch's copies and the tail words behind them.
+type Worded = (Vec<CopySeg>, Vec<StreamWrite>);
 
 impl Inner {
     /// Posts `jobs`: ordered requests of plain segments grouped per device (in order), the
@@ -45,11 +54,23 @@ impl Inner {
     /// leave the mapped regions fails on its own; nothing of it is queued.
     pub(super) fn post_routed(self: &Arc<Self>, op: Op, batches: Vec<RoutedBatch>) {
         let mut ready: Vec<(Device, Vec<CopySeg>, Done)> = Vec::with_capacity(batches.len());
+        let mut worded: Vec<(Device, Worded, Done)> = Vec::new();
         for b in batches {
             match self.routed_segs(op, &b) {
-                Ok((dev, segs, keep, peer)) => ready.push((dev, segs, Done { status: b.status, peer, id: b.id, keep })),
+                Ok((dev, segs, keep, peer, words)) => {
+                    let done = Done { status: b.status, peer, id: b.id, keep };
+                    match words {
+                        Some(w) => worded.push((dev, (segs, w), done)),
+                        None => ready.push((dev, segs, done)),
+                    }
+                }
                 Err(e) => b.status.complete_piece(Err(e)),
             }
+        }
+        while let Some(dev) = worded.first().map(|r| r.0) {
+            let (mine, rest): (Vec<_>, Vec<_>) = worded.into_iter().partition(|r| r.0 == dev);
+            worded = rest;
+            self.queue_worded(dev, mine);
         }
         while let Some(dev) = ready.first().map(|r| r.0) {
             let (mine, rest): (Vec<_>, Vec<_>) = ready.into_iter().partition(|r| r.0 == dev);
@@ -58,16 +79,59 @@ impl Inner {
         }
     }
 
+    /// Queues one device's batches with tail words as one submission: their copies, then
+    /// their words and the completion flag in one batch (`copy_then_write`).
+    fn queue_worded(&self, dev: Device, mine: Vec<(Device, Worded, Done)>) {
+        let (work, dones): (Vec<Worded>, Vec<Done>) = mine.into_iter().map(|(_, w, d)| (w, d)).unzip();
+        let groups: Vec<(&[CopySeg], &[StreamWrite])> = work.iter().map(|(s, w)| (s.as_slice(), w.as_slice())).collect();
+        let mut dones = Some(dones);
+        let notifier = self.notifier.clone();
+        // SAFETY: every segment lies inside its batch's local registration and remote region,
+        // and every word inside the remote region (checked by the session and in routed_segs),
+        // all mapped for as long as the completion lives (it holds the remote mapping and the
+        // registry handle that deregistration waits for).
+        let r = unsafe {
+            self.pool.copy_then_write(dev, &groups, || {
+                let these = dones.take().unwrap_or_default();
+                move |r: mori_gpu::Result<()>| {
+                    for d in these {
+                        d.finish(&r, &notifier);
+                    }
+                }
+            })
+        };
+        if let Err(e) = r {
+            for d in dones.take().unwrap_or_default() {
+                d.status.complete_piece(Err(IoError::gpu("queue xgmi transfer with tail words", &e)));
+            }
+        }
+    }
+
     /// A routed batch's device and copies (every segment checked against the regions as
-    /// resolved for its route), its holds and its peer.
-    fn routed_segs(self: &Arc<Self>, op: Op, b: &RoutedBatch) -> IoResult<(Device, Vec<CopySeg>, Keep, Arc<mori_io_core::EngineDesc>)> {
+    /// resolved for its route), its holds, its peer and its tail words as stream writes into
+    /// the remote region (none for a batch without words).
+    #[allow(clippy::type_complexity)]
+    fn routed_segs(
+        self: &Arc<Self>,
+        op: Op,
+        b: &RoutedBatch,
+    ) -> IoResult<(Device, Vec<CopySeg>, Keep, Arc<mori_io_core::EngineDesc>, Option<Vec<StreamWrite>>)> {
         let r =
             b.route.as_any().downcast_ref::<XgmiRoute>().filter(|r| Arc::ptr_eq(&r.inner, self)).ok_or_else(|| {
                 IoError::invalid(format!("ordered batch {}: its session's route was not made by this xgmi backend", b.id))
             })?;
         let keep = r.keep()?;
         check_segs((r.ids.0, r.at.llen), (r.ids.1, r.at.rlen), &b.segs)?;
-        Ok((r.at.dev, b.segs.iter().map(|s| copy_seg(op, &r.at, s)).collect(), keep, r.peer.clone()))
+        let words = if b.words.is_empty() {
+            None
+        } else {
+            if op != Op::Write {
+                return Err(IoError::invalid(format!("ordered batch {}: tail words go with writes only", b.id)));
+            }
+            check_tail_words((r.ids.1, r.at.rlen), &b.words)?;
+            Some(b.words.iter().map(|w| StreamWrite::U64 { addr: r.at.rbase + w.offset, value: w.value }).collect())
+        };
+        Ok((r.at.dev, b.segs.iter().map(|s| copy_seg(op, &r.at, s)).collect(), keep, r.peer.clone(), words))
     }
 
     /// The request's device and copies (every segment checked against the local registration

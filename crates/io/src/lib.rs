@@ -33,7 +33,7 @@ mod signal;
 pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT, MAX_KEY_LEN};
 pub use mori_io_core::{
     BackendKind, EngineDesc, EntryFailure, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, PagedBatch, PagedLayout, Secret,
-    TransferId, TransferStatus,
+    TailWord, TransferId, TransferStatus,
 };
 pub use mori_io_core::{Op, MAX_NOTIF_LEN};
 #[cfg(feature = "fabric")]

@@ -144,8 +144,8 @@ fn ordered_batches_over_a_tcp_session_are_refused_each() {
     assert!(!s.posts_ordered(), "tcp sessions post no ordered batch");
     let ids: Vec<u64> = (0..2).map(|_| a.eng.allocate_transfer_uid()).collect();
     let batches = [
-        mori_io::SessionBatch { session: &s, local_offs: &[0, 4096], remote_offs: &[0, 4096], sizes: &[4096, 16], id: ids[0] },
-        mori_io::SessionBatch { session: &s, local_offs: &[8192], remote_offs: &[8192], sizes: &[100], id: ids[1] },
+        mori_io::SessionBatch { session: &s, local_offs: &[0, 4096], remote_offs: &[0, 4096], sizes: &[4096, 16], words: &[], id: ids[0] },
+        mori_io::SessionBatch { session: &s, local_offs: &[8192], remote_offs: &[8192], sizes: &[100], words: &[], id: ids[1] },
     ];
     let sts = mori_io::Session::post_ordered_many(mori_io::Op::Write, &batches);
     assert_eq!(sts.len(), 2, "one status per batch");

@@ -17,5 +17,5 @@ fn xgmi_tests_pass_against_the_fake_driver() {
     let Some(run) = fake_build::run_module_against_fake("io-xgmi", "xgmi_tests::", &[("MORI_GPU_RUNTIME", "cuda")], &unset) else { return };
     assert!(run.success, "the xgmi GPU tests failed against the fake driver");
     assert!(format!("{}{}", run.stdout, run.stderr).contains("mori fake GPU"), "the fake driver was not loaded");
-    assert!(run.stdout.contains("test result: ok. 12 passed; 0 failed"), "not all 12 xgmi GPU tests ran");
+    assert!(run.stdout.contains("test result: ok. 13 passed; 0 failed"), "not all 13 xgmi GPU tests ran");
 }

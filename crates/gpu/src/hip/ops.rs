@@ -269,12 +269,12 @@ impl RawDriver for HipRuntime {
         for w in writes {
             // SAFETY: caller passes a live stream and aligned device words.
             match *w {
-                StreamWrite::U32 { addr, value } => self.check("hipStreamWriteValue32", unsafe {
-                    (self.api.hipStreamWriteValue32)(ptr(s), ptr(addr), value, 0)
-                })?,
-                StreamWrite::U64 { addr, value } => self.check("hipStreamWriteValue64", unsafe {
-                    (self.api.hipStreamWriteValue64)(ptr(s), ptr(addr), value, 0)
-                })?,
+                StreamWrite::U32 { addr, value } => {
+                    self.check("hipStreamWriteValue32", unsafe { (self.api.hipStreamWriteValue32)(ptr(s), ptr(addr), value, 0) })?
+                }
+                StreamWrite::U64 { addr, value } => {
+                    self.check("hipStreamWriteValue64", unsafe { (self.api.hipStreamWriteValue64)(ptr(s), ptr(addr), value, 0) })?
+                }
             }
         }
         Ok(())
