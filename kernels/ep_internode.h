@@ -275,8 +275,9 @@ MORI_DEVICE void ie_hand_over(const IeParams& p, const IeRank& a, uint32_t d, ui
     pair[1] = (uint64_t)count + 1;
     // The ring push fences at system scope before it publishes the command: every block's
     // staged entries (ordered before the hand-over at device scope) and the pair go with it.
+    // The command carries the pair's total too, so a proxy may store the two words itself.
     if (mori_ring_push(a.ring, d, RING_OP_TAIL, local, remote, bytes, p.lay.ctr + ie_ctr(p.world, phase, a.rank, 0),
-                       sig, deadline))
+                       sig, (uint64_t)count + 1, deadline))
         ie_error((uint32_t*)a.status, IE_ERR_RING_FULL, d, phase + 1, 0);
 }
 

@@ -47,7 +47,7 @@ MORI_KERNEL void mori_ep_ring_roundtrip(RoundtripParams p) {
     for (uint32_t i = 0; i < p.iters; i++) {
         const uint64_t t0 = mori_clock_ns();
         const uint64_t deadline = t0 + p.timeout_ns;
-        if (mori_ring_push(p.ring, p.dst, RING_OP_ADD, p.local_off, p.remote_off, p.len, p.counter_off, 1, deadline)) {
+        if (mori_ring_push(p.ring, p.dst, RING_OP_ADD, p.local_off, p.remote_off, p.len, p.counter_off, 1, 0, deadline)) {
             status[0] = RING_ERR_FULL;
             status[1] = i;
             return;
@@ -110,7 +110,7 @@ MORI_KERNEL void mori_ep_ring_flood(FloodParams p) {
         mori_sync_group32();
         if (lane == 0) {
             const uint64_t off = (uint64_t)c * p.chunk;
-            if (mori_ring_push(p.ring, p.dst, RING_OP_ADD, off, off, p.len, p.counter_base + 8ull * (c % p.counters), 1, deadline)) {
+            if (mori_ring_push(p.ring, p.dst, RING_OP_ADD, off, off, p.len, p.counter_base + 8ull * (c % p.counters), 1, 0, deadline)) {
                 if (mori_atomic_cas_system_u32(status, 0, RING_ERR_FULL) == 0) {
                     status[1] = gw;
                     status[2] = c;

@@ -7,7 +7,8 @@
 #define RING_SLOT_BYTES 64
 #define RING_OP_ADD 1u
 #define RING_OP_SET 2u
-#define RING_OP_TAIL 3u // value: source offset of 16 bytes written to `counter` of the peer's window after the bytes landed
+#define RING_OP_TAIL 3u // value: source offset of 16 bytes written to `counter` of the peer's window after the bytes landed;
+                        // total: those bytes' second u64 (the first is total - 1), 0 when not carried
 
 struct RingDev {
     uint64_t head;   // u64* next ticket (device memory)
@@ -16,11 +17,11 @@ struct RingDev {
     uint32_t pad;
 };
 
-// Writes one command; 0 on success, 1 when no slot freed before `deadline` (the
-// ticket then stays reserved: the job must be failed).
+// Writes one command (slot bytes 8..64); 0 on success, 1 when no slot freed before `deadline`
+// (the ticket then stays reserved: the job must be failed).
 MORI_DEVICE uint32_t mori_ring_push(const RingDev& r, uint32_t dst, uint32_t op, uint64_t local_off,
                                     uint64_t remote_off, uint64_t len, uint64_t counter, uint64_t value,
-                                    uint64_t deadline) {
+                                    uint64_t total, uint64_t deadline) {
     const uint64_t t = mori_atomic_add_system((uint64_t*)r.head, 1);
     const uint64_t* tail = (const uint64_t*)r.region;
     while (t - mori_load_acquire_system(tail) >= (uint64_t)r.slots) {
@@ -36,6 +37,7 @@ MORI_DEVICE uint32_t mori_ring_push(const RingDev& r, uint32_t dst, uint32_t op,
     w64[2] = len;
     w64[3] = counter;
     w64[4] = value;
+    w64[5] = total;
     // Callers rely on this system fence to release what other blocks staged and ordered before
     // the push at device scope only (fences are cumulative): keep it at system scope.
     mori_fence_system();

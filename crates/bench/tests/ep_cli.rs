@@ -62,6 +62,7 @@ fn long_help_names_the_environment_switches() {
     for var in [
         "CUDA_DEVICE_MAX_CONNECTIONS",
         "MORI_EP_PROXY_SESSIONS=0",
+        "MORI_EP_PROXY_TAIL_WORDS",
         "MORI_EP_PROXY_GROUPED=0",
         "MORI_GPU_POOL_ORDERED_KERNEL=0",
         "MORI_GPU_POOL_ARMED",

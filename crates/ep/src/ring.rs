@@ -8,7 +8,9 @@
 //!   `slots` slots of [`SLOT_BYTES`] bytes. Slot `t % slots` carries ticket `t`:
 //!   `seq: u64` at byte 0 (`t + 1` once the command is written; 0 before the first lap),
 //!   `dst: u32` at 8, `op: u32` at 12 ([`OP_ADD`], [`OP_SET`] or [`OP_TAIL`]), then u64s at
-//!   16 `local_off`, 24 `remote_off`, 32 `len`, 40 `counter`, 48 `value`.
+//!   16 `local_off`, 24 `remote_off`, 32 `len`, 40 `counter`, 48 `value`, 56 `total` (a tail
+//!   write's pair carried in the command: the second word of the 16 bytes it writes, whose
+//!   first is `total - 1`; 0 when not carried).
 //! - the **head** (`u64`, the next ticket), anywhere the producers can reach atomically: device
 //!   memory when the producers are GPU warps (their atomics stay on the GPU), host memory for
 //!   host producers. The consumer never reads it.
@@ -27,6 +29,8 @@ use std::time::Instant;
 
 /// Bytes of one slot.
 pub const SLOT_BYTES: usize = 64;
+/// Bytes of a command in its slot (after `seq`).
+pub const CMD_BYTES: usize = SLOT_BYTES - 8;
 /// Bytes before the first slot (the tail's cache line).
 pub const TAIL_BYTES: usize = 64;
 /// Most slots of a ring.
@@ -53,6 +57,11 @@ pub enum CmdOp {
     Tail {
         /// Byte offset of the 16 bytes in the producer's window.
         src: u64,
+        /// The pair's second word when the producer carries it in the command (the 16 bytes
+        /// at `src` are then `(total - 1, total)`, little-endian u64s): a transport may store
+        /// the two words itself instead of copying them ([`mori_io::TailWord`]). `None` when
+        /// not carried (slot bytes 56..64 zero).
+        total: Option<u64>,
     },
 }
 
@@ -124,24 +133,24 @@ pub struct RingCmd {
 }
 
 impl RingCmd {
-    /// The slot bytes after `seq` (bytes 8..56 of a slot).
-    pub fn encode(&self) -> [u8; 48] {
-        let (code, value) = match self.op {
-            CmdOp::Add(v) => (OP_ADD, v),
-            CmdOp::Set(v) => (OP_SET, v),
-            CmdOp::Tail { src } => (OP_TAIL, src),
+    /// The slot bytes after `seq` (bytes 8..64 of a slot).
+    pub fn encode(&self) -> [u8; CMD_BYTES] {
+        let (code, value, total) = match self.op {
+            CmdOp::Add(v) => (OP_ADD, v, 0),
+            CmdOp::Set(v) => (OP_SET, v, 0),
+            CmdOp::Tail { src, total } => (OP_TAIL, src, total.unwrap_or(0)),
         };
-        let mut b = [0u8; 48];
+        let mut b = [0u8; CMD_BYTES];
         b[0..4].copy_from_slice(&self.dst.to_le_bytes());
         b[4..8].copy_from_slice(&code.to_le_bytes());
-        for (i, v) in [self.local_off, self.remote_off, self.len, self.counter, value].into_iter().enumerate() {
+        for (i, v) in [self.local_off, self.remote_off, self.len, self.counter, value, total].into_iter().enumerate() {
             b[8 + i * 8..16 + i * 8].copy_from_slice(&v.to_le_bytes());
         }
         b
     }
 
-    /// Decodes bytes 8..56 of a slot. Errors: [`RingError::BadOp`] naming the ticket.
-    pub fn decode(b: &[u8; 48], ticket: u64) -> Result<Self, RingError> {
+    /// Decodes bytes 8..64 of a slot. Errors: [`RingError::BadOp`] naming the ticket.
+    pub fn decode(b: &[u8; CMD_BYTES], ticket: u64) -> Result<Self, RingError> {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| {
             let mut v = [0u8; 8];
@@ -151,7 +160,7 @@ impl RingCmd {
         let op = match u32_at(4) {
             OP_ADD => CmdOp::Add(u64_at(40)),
             OP_SET => CmdOp::Set(u64_at(40)),
-            OP_TAIL => CmdOp::Tail { src: u64_at(40) },
+            OP_TAIL => CmdOp::Tail { src: u64_at(40), total: Some(u64_at(48)).filter(|&t| t != 0) },
             code => return Err(RingError::BadOp { ticket, code }),
         };
         Ok(Self { dst: u32_at(0), local_off: u64_at(8), remote_off: u64_at(16), len: u64_at(24), counter: u64_at(32), op })
@@ -272,7 +281,7 @@ impl<'a> RingProducer<'a> {
         }
         let off = lay.slot_offset(t);
         let bytes = cmd.encode();
-        // SAFETY: slot bytes 8..56 of ticket t's slot are inside the region; the seq protocol
+        // SAFETY: slot bytes 8..64 of ticket t's slot are inside the region; the seq protocol
         // gives them to this producer alone (the consumer passed ticket t - slots, and no other
         // producer holds ticket t).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.base.add(off + 8), bytes.len()) };
@@ -310,7 +319,7 @@ impl RingConsumer {
             if self.mem.word(off).load(Ordering::Acquire) != self.tail + 1 {
                 break;
             }
-            let mut b = [0u8; 48];
+            let mut b = [0u8; CMD_BYTES];
             // SAFETY: the slot is inside the region and, its seq being tail + 1, written and
             // released by its producer; no producer writes it again before tail passes it.
             unsafe { std::ptr::copy_nonoverlapping(self.mem.base.add(off + 8), b.as_mut_ptr(), b.len()) };
@@ -351,9 +360,14 @@ mod tests {
     fn encode_decode() {
         let c = RingCmd { dst: 7, local_off: 1 << 40, remote_off: 3, len: 5, counter: 16, op: CmdOp::Set(9) };
         assert_eq!(RingCmd::decode(&c.encode(), 0).unwrap(), c);
-        let t = RingCmd { op: CmdOp::Tail { src: 1 << 33 }, ..c };
+        let t = RingCmd { op: CmdOp::Tail { src: 1 << 33, total: None }, ..c };
         assert_eq!(RingCmd::decode(&t.encode(), 0).unwrap(), t);
         assert_eq!(t.encode()[4], OP_TAIL as u8);
+        assert_eq!(&t.encode()[48..56], &[0u8; 8], "no pair carried: slot bytes 56..64 zero");
+        let p = RingCmd { op: CmdOp::Tail { src: 64, total: Some(0x0102_0304_0506_0708) }, ..c };
+        assert_eq!(RingCmd::decode(&p.encode(), 0).unwrap(), p);
+        assert_eq!(&p.encode()[48..56], &0x0102_0304_0506_0708u64.to_le_bytes(), "the pair's total at slot byte 56");
+        assert_eq!(c.encode()[48..56], [0u8; 8], "a signal carries nothing there");
         let mut b = c.encode();
         b[4] = 4;
         let e = RingCmd::decode(&b, 12).unwrap_err().to_string();

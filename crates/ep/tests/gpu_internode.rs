@@ -154,7 +154,21 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
             if round >= rounds { " (timed)" } else { "" }
         );
     }
-    println!("proxies: {:?}", ep.proxy_stats());
+    let ps = ep.proxy_stats();
+    println!("proxies: {ps:?}");
+    // Over xgmi every pair rides in its segment's ordered batch, over a session; with one
+    // destination per proxy (V1, V1-LL on 2 nodes: the relay) every burst is a single one, so
+    // its pairs go as tail words (unless the environment says otherwise).
+    let default_env = [mori_ep::proxy::SESSIONS_ENV, mori_ep::proxy::TAIL_WORDS_ENV].iter().all(|v| std::env::var_os(v).is_none());
+    if path == InterPath::Xgmi && default_env {
+        let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
+        let (batches, ordered, sessions, words) =
+            (sum(|p| p.batches), sum(|p| p.ordered_batches), sum(|p| p.session_batches), sum(|p| p.word_batches));
+        assert!(batches > 0 && ordered == batches && sessions == batches, "ordered batches over sessions: {ps:?}");
+        if scheme != Scheme::AsyncLL && s.w / s.g == 2 {
+            assert_eq!(words, batches, "single-destination bursts send their pairs as tail words: {ps:?}");
+        }
+    }
 }
 
 const SMALL: Shape = Shape { w: 8, g: 4, t: 48, h: 256, e: 64, k: 8, scales: 2 };

@@ -350,7 +350,7 @@ fn ring_proxy_tail_writes_never_run_ahead_of_the_data() {
             remote_off: (c * CHUNK) as u64,
             len: len_of(c) as u64,
             counter: (pairs_at + c * 16) as u64,
-            op: CmdOp::Tail { src: (pairs_at + c * 16) as u64 },
+            op: CmdOp::Tail { src: (pairs_at + c * 16) as u64, total: None },
         }
     };
     std::thread::scope(|sc| {

@@ -825,7 +825,12 @@ fn assert_handed_over(l: &InterLayout, m: &RankMem, cnt: &[u32], nodes: &[u32], 
         };
         let want = if relay { l.lay.relay_hdr + n as u64 * l.rec_bytes as u64 } else { n as u64 * l.rec_bytes as u64 };
         assert_eq!(c.len, want, "{what}: bytes for rank {d}");
-        assert!(matches!(c.op, CmdOp::Tail { .. }), "{what}: rank {d}'s counter pair as the tail write, {c:?}");
+        let CmdOp::Tail { src, total } = c.op else { panic!("{what}: rank {d}'s counter pair as the tail write, {c:?}") };
+        // The command carries the pair it points at: (total - 1, total), as in the window.
+        let pair = &m.win.bytes()[src as usize..][..16];
+        let pair = [0, 8].map(|o| u64::from_le_bytes(pair[o..o + 8].try_into().unwrap()));
+        assert_eq!(total, Some(pair[1]), "{what}: rank {d}'s command carries its pair's total");
+        assert_eq!(pair[0] + 1, pair[1], "{what}: rank {d}'s pair is (count, count + 1)");
         if relay {
             let hdr = &m.win.bytes()[c.local_off as usize..][..4 * (G + 1)];
             let hdr: Vec<u32> = hdr.chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect();

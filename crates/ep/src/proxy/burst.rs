@@ -8,11 +8,14 @@
 //! launch waits for the other proxies' driver calls (docs/PERFORMANCE.md). Where every
 //! destination's backend posts ordered batches over a session (xgmi), the call goes through
 //! the sessions ([`mori_io::Session::post_ordered_many`]), made once per destination, so a post
-//! makes none of the engine's one-shot look-ups.
+//! makes none of the engine's one-shot look-ups. Where the session stores tail words and the
+//! burst's size suits [`super::TailWords`], a batch whose commands carry their pairs' values
+//! ([`CmdOp::Tail`]'s `total`) sends each pair as two tail words instead of a 16-byte copy from
+//! the window (over xgmi: the segment's copy-engine copy, then the words in one stream batch).
 
 use super::{Cmd, State};
 use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
-use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch, TransferStatus};
+use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch, TailWord, TransferStatus};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -30,6 +33,18 @@ fn ordered_entries(data: &[&Cmd], tails: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, 
     (lo, ro, sz)
 }
 
+/// The tail writes of `tails` (`(src, counter, total)`) as tail words, `(total - 1, total)` at
+/// each counter, if every one carries its total (else `None`: they are copied from the window).
+fn pair_words(tails: &[(u64, u64, Option<u64>)]) -> Option<Vec<TailWord>> {
+    let mut out = Vec::with_capacity(2 * tails.len());
+    for &(_, counter, total) in tails {
+        let total = total.filter(|&t| t > 0)?;
+        out.push(TailWord { offset: counter, value: total - 1 });
+        out.push(TailWord { offset: counter + 8, value: total });
+    }
+    Some(out)
+}
+
 /// One destination's ordered batch, built.
 struct Part<'a> {
     dst: usize,
@@ -39,6 +54,8 @@ struct Part<'a> {
     lo: Vec<u64>,
     ro: Vec<u64>,
     sz: Vec<u64>,
+    /// The pairs as tail words (empty: they are entries of the batch).
+    words: Vec<TailWord>,
 }
 
 impl State {
@@ -103,6 +120,7 @@ impl State {
         self.first.get_or_insert_with(Instant::now);
         // Sessions first (making one may need `&mut self`); the batches then borrow the peers.
         let via_sessions = self.sessions && parts.iter().all(|p| self.session_for(p[0].dst as usize));
+        let words_burst = via_sessions && self.tail_words.takes(parts.len());
         let mut built: Vec<(&[Cmd], Part<'_>)> = Vec::with_capacity(parts.len());
         let mut unknown: Vec<&[Cmd]> = Vec::new();
         for &p in parts {
@@ -112,10 +130,16 @@ impl State {
                 continue;
             };
             let data: Vec<&Cmd> = p.iter().filter(|c| c.len > 0).collect();
-            let tails: Vec<(u64, u64)> =
-                p.iter().filter_map(|c| if let CmdOp::Tail { src } = c.op { Some((src, c.counter)) } else { None }).collect();
-            let (lo, ro, sz) = ordered_entries(&data, &tails);
-            built.push((p, Part { dst, remote: &peer.data, len: data.iter().map(|c| c.len).sum(), lo, ro, sz }));
+            let tails: Vec<(u64, u64, Option<u64>)> =
+                p.iter().filter_map(|c| if let CmdOp::Tail { src, total } = c.op { Some((src, c.counter, total)) } else { None }).collect();
+            // Tail words need data to follow (a batch has at least one entry) and a session
+            // that stores them.
+            let stores_words = || self.session.get(dst).and_then(|s| s.as_ref()?.as_ref()).is_some_and(|s| s.posts_tail_words());
+            let words = if words_burst && !data.is_empty() && stores_words() { pair_words(&tails) } else { None };
+            let copied: Vec<(u64, u64)> = if words.is_some() { Vec::new() } else { tails.iter().map(|&(s, c, _)| (s, c)).collect() };
+            let (lo, ro, sz) = ordered_entries(&data, &copied);
+            let len = data.iter().map(|c| c.len).sum();
+            built.push((p, Part { dst, remote: &peer.data, len, lo, ro, sz, words: words.unwrap_or_default() }));
         }
         let call = Instant::now();
         // Every batch over its destination's session, or all through the engine.
@@ -129,6 +153,7 @@ impl State {
                         local_offs: &b.lo,
                         remote_offs: &b.ro,
                         sizes: &b.sz,
+                        words: &b.words,
                         id: self.engine.allocate_transfer_uid(),
                     })
                 })
@@ -159,9 +184,9 @@ impl State {
             self.timing.count_call(call);
         }
         // What to do next, taken out of `built` (which borrows the peers) before posting again.
-        let outcomes: Vec<(&[Cmd], usize, u64, TransferStatus)> =
-            built.into_iter().zip(statuses).map(|((p, b), st)| (p, b.dst, b.len, st)).collect();
-        for (part, dst, len, st) in outcomes {
+        let outcomes: Vec<(&[Cmd], usize, u64, bool, TransferStatus)> =
+            built.into_iter().zip(statuses).map(|((p, b), st)| (p, b.dst, b.len, !b.words.is_empty(), st)).collect();
+        for (part, dst, len, worded, st) in outcomes {
             if refused(&st) {
                 self.unordered[dst] = true;
                 self.post(part);
@@ -171,11 +196,29 @@ impl State {
             if via_sessions {
                 self.timing.session_batches.fetch_add(1, Ordering::Relaxed);
             }
+            if worded {
+                self.timing.word_batches.fetch_add(1, Ordering::Relaxed);
+            }
             self.track(dst, len, st);
         }
         // A destination with no window: `post` fails it, naming the rank.
         for part in unknown {
             self.post(part);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_go_as_two_words_only_when_every_command_carries_its_total() {
+        let w = pair_words(&[(64, 4096, Some(8)), (80, 8192, Some(1))]).unwrap();
+        let want = [(4096, 7), (4104, 8), (8192, 0), (8200, 1)].map(|(offset, value)| TailWord { offset, value });
+        assert_eq!(w, want);
+        assert_eq!(pair_words(&[(64, 4096, Some(8)), (80, 8192, None)]), None, "one pair not carried: all copied");
+        assert_eq!(pair_words(&[(64, 4096, Some(0))]), None, "a total of 0 is no pair");
+        assert_eq!(pair_words(&[]), Some(vec![]));
     }
 }

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 mod burst;
 mod ring_proxy;
 use ring_proxy::SharedStats;
-pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats, GROUPED_ENV, SESSIONS_ENV};
+pub use ring_proxy::{RingProxy, RingProxyOptions, RingProxyStats, TailWords, GROUPED_ENV, SESSIONS_ENV, TAIL_WORDS_ENV};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -89,6 +89,8 @@ struct State {
     /// Ordered batches go through a session per destination where its backend posts them
     /// (`burst.rs`).
     sessions: bool,
+    /// Which bursts send their counter pairs as tail words (`burst.rs`).
+    tail_words: TailWords,
     /// Per destination: its session (`None` inside: none could be made, or its backend posts
     /// no ordered batch over one); not tried yet when `None`.
     session: Vec<Option<Option<mori_io::Session>>>,
@@ -192,6 +194,7 @@ impl State {
             unordered,
             grouped: true,
             sessions: true,
+            tail_words: TailWords::Off,
             session: (0..n).map(|_| None).collect(),
             failed,
             bytes: 0,
@@ -290,7 +293,7 @@ impl State {
             let op = match c.op {
                 CmdOp::Add(v) => mori_io::SignalOp::Add(v),
                 CmdOp::Set(v) => mori_io::SignalOp::Set(v),
-                CmdOp::Tail { src } => {
+                CmdOp::Tail { src, .. } => {
                     tails.push((src, c.counter));
                     continue;
                 }

@@ -39,6 +39,61 @@ pub struct RingProxyOptions {
     /// where its backend posts them (xgmi), instead of the engine's one-shot
     /// `post_ordered_multi`. `None` (the default): on, unless [`SESSIONS_ENV`] says `0`.
     pub sessions: Option<bool>,
+    /// Which bursts send their counter pairs as tail words (`mori_io::TailWord`: the transport
+    /// stores the two words after the segment, from the values the command carries) instead
+    /// of copying them from the window, where the destination's session stores them (xgmi:
+    /// copy-engine copies then one stream batch, against one ordered-copy kernel launch).
+    /// `None` (the default): [`TailWords::Single`], unless [`TAIL_WORDS_ENV`] says otherwise.
+    pub tail_words: Option<TailWords>,
+}
+
+/// Which bursts' counter pairs go as tail words ([`RingProxyOptions::tail_words`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailWords {
+    /// None: every pair is copied from the window in the segment's ordered batch.
+    Off,
+    /// Bursts to one destination (a copy and a stream batch); a burst to several keeps one
+    /// ordered-copy launch for all of them (over xgmi each destination's copy is a driver
+    /// call of its own).
+    Single,
+    /// Every burst.
+    All,
+}
+
+impl TailWords {
+    /// [`TAIL_WORDS_ENV`]'s spelling: `0`, `single` or `all`.
+    pub fn parse(v: &str) -> Option<Self> {
+        match v {
+            "0" | "off" => Some(TailWords::Off),
+            "1" | "single" => Some(TailWords::Single),
+            "all" => Some(TailWords::All),
+            _ => None,
+        }
+    }
+
+    /// Whether a burst of `parts` destinations sends its pairs as tail words.
+    pub fn takes(self, parts: usize) -> bool {
+        match self {
+            TailWords::Off => false,
+            TailWords::Single => parts == 1,
+            TailWords::All => true,
+        }
+    }
+}
+
+/// The environment variable that overrides [`RingProxyOptions::tail_words`]: `0` (off),
+/// `single` (bursts to one destination) or `all`.
+pub const TAIL_WORDS_ENV: &str = "MORI_EP_PROXY_TAIL_WORDS";
+
+/// `configured` with [`TAIL_WORDS_ENV`]'s value (`env`) applied. Errors: any other value,
+/// naming the variable and the values it takes.
+fn tail_words(configured: Option<TailWords>, env: Option<&str>) -> std::io::Result<TailWords> {
+    match env {
+        None => Ok(configured.unwrap_or(TailWords::Single)),
+        Some(v) => TailWords::parse(v).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{TAIL_WORDS_ENV}={v}: must be 0, single or all"))
+        }),
+    }
 }
 
 /// The environment variable that overrides [`RingProxyOptions::grouped`] (`0` or `1`).
@@ -65,12 +120,12 @@ impl RingProxyOptions {
     /// producers are host threads standing in for GPU warps), where a polling proxy takes the
     /// CPU its producers need.
     pub const SHORT_SPIN: Self =
-        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), grouped: None, sessions: None };
+        Self { spin: Duration::from_micros(200), max_sleep: Duration::from_micros(50), grouped: None, sessions: None, tail_words: None };
 }
 
 impl Default for RingProxyOptions {
     fn default() -> Self {
-        Self { spin: Duration::from_millis(200), max_sleep: Duration::from_micros(50), grouped: None, sessions: None }
+        Self { spin: Duration::from_millis(200), max_sleep: Duration::from_micros(50), grouped: None, sessions: None, tail_words: None }
     }
 }
 
@@ -104,6 +159,9 @@ pub struct RingProxyStats {
     pub ordered_batches: u64,
     /// Of those, the batches posted over a MORI-IO session ([`RingProxyOptions::sessions`]).
     pub session_batches: u64,
+    /// Of those, the batches whose counter pairs went as tail words
+    /// ([`RingProxyOptions::tail_words`]).
+    pub word_batches: u64,
     /// Sum of those calls' own durations, ns (the CPU cost of posting).
     pub post_call_ns: u64,
     /// Batches that carried data bytes and succeeded (signals alone and failed batches left
@@ -132,6 +190,7 @@ impl RingProxyStats {
             post_calls: self.post_calls.saturating_sub(earlier.post_calls),
             ordered_batches: self.ordered_batches.saturating_sub(earlier.ordered_batches),
             session_batches: self.session_batches.saturating_sub(earlier.session_batches),
+            word_batches: self.word_batches.saturating_sub(earlier.word_batches),
             post_call_ns: self.post_call_ns.saturating_sub(earlier.post_call_ns),
             write_batches: self.write_batches.saturating_sub(earlier.write_batches),
             write_bytes: self.write_bytes.saturating_sub(earlier.write_bytes),
@@ -161,6 +220,7 @@ pub(super) struct SharedStats {
     pub(super) post_calls: AtomicU64,
     pub(super) ordered_batches: AtomicU64,
     pub(super) session_batches: AtomicU64,
+    pub(super) word_batches: AtomicU64,
     pub(super) post_call_ns: AtomicU64,
     pub(super) write_batches: AtomicU64,
     pub(super) write_bytes: AtomicU64,
@@ -187,6 +247,7 @@ impl SharedStats {
             post_calls: self.post_calls.load(Ordering::Relaxed),
             ordered_batches: self.ordered_batches.load(Ordering::Relaxed),
             session_batches: self.session_batches.load(Ordering::Relaxed),
+            word_batches: self.word_batches.load(Ordering::Relaxed),
             post_call_ns: self.post_call_ns.load(Ordering::Relaxed),
             write_batches: self.write_batches.load(Ordering::Relaxed),
             write_bytes: self.write_bytes.load(Ordering::Relaxed),
@@ -217,7 +278,8 @@ impl RingProxy {
     /// Starts the thread (named `mori-ep-ring-{name}`) consuming `ring` from ticket 0.
     /// `peers[r]` is rank `r`'s windows (`None` for ranks this proxy never writes to: a command
     /// naming one fails the proxy). Errors: the thread could not be spawned; [`GROUPED_ENV`]
-    /// or [`SESSIONS_ENV`] set to something other than `0` or `1`, or not UTF-8.
+    /// or [`SESSIONS_ENV`] set to something other than `0` or `1`, [`TAIL_WORDS_ENV`] to
+    /// something other than `0`, `single` or `all`, or any of them not UTF-8.
     pub fn start(
         name: &str,
         engine: Arc<IoEngine>,
@@ -231,6 +293,7 @@ impl RingProxy {
         let mut st = State::new(engine, local, peers, failed.clone());
         st.grouped = switch(GROUPED_ENV, opts.grouped, env_value(GROUPED_ENV)?.as_deref())?;
         st.sessions = switch(SESSIONS_ENV, opts.sessions, env_value(SESSIONS_ENV)?.as_deref())?;
+        st.tail_words = tail_words(opts.tail_words, env_value(TAIL_WORDS_ENV)?.as_deref())?;
         let stats = st.timing.clone();
         let (stop2, stats2) = (stop.clone(), stats.clone());
         let thread = std::thread::Builder::new()
@@ -318,7 +381,20 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::{switch, RingProxyStats, GROUPED_ENV, SESSIONS_ENV};
+    use super::{switch, tail_words, RingProxyStats, TailWords, GROUPED_ENV, SESSIONS_ENV, TAIL_WORDS_ENV};
+
+    #[test]
+    fn tail_words_are_for_single_destination_bursts_unless_told() {
+        assert_eq!(tail_words(None, None).unwrap(), TailWords::Single);
+        assert_eq!(tail_words(Some(TailWords::All), None).unwrap(), TailWords::All);
+        assert_eq!(tail_words(Some(TailWords::All), Some("0")).unwrap(), TailWords::Off);
+        assert_eq!(tail_words(None, Some("all")).unwrap(), TailWords::All);
+        assert_eq!(tail_words(Some(TailWords::Off), Some("single")).unwrap(), TailWords::Single);
+        let e = tail_words(None, Some("2")).unwrap_err().to_string();
+        assert_eq!(e, format!("{TAIL_WORDS_ENV}=2: must be 0, single or all"));
+        assert!(TailWords::Single.takes(1) && !TailWords::Single.takes(2));
+        assert!(TailWords::All.takes(4) && !TailWords::Off.takes(1));
+    }
 
     #[test]
     fn switches_are_on_unless_told() {
@@ -356,6 +432,7 @@ mod tests {
             post_calls: 18,
             ordered_batches: 5,
             session_batches: 4,
+            word_batches: 2,
             post_call_ns: 60,
             write_batches: 3,
             write_bytes: 3000,
@@ -376,6 +453,7 @@ mod tests {
                 post_calls: 10,
                 ordered_batches: 5,
                 session_batches: 3,
+                word_batches: 2,
                 post_call_ns: 60,
                 write_batches: 3,
                 write_bytes: 3000,

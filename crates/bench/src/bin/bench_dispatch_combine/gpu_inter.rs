@@ -277,11 +277,12 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             ps.iter().map(|s| s.done_ns_max).max().unwrap_or(0) as f64 / 1e3
         );
         println!(
-            "proxies: {} posting calls into the engines, {:.1} µs each on average (the calls' own time); {} writes carried their counter pair in the same ordered batch ({} of them over MORI-IO sessions, the rest through the engine's one-shot calls), the other {} posted it once their bytes landed",
+            "proxies: {} posting calls into the engines, {:.1} µs each on average (the calls' own time); {} writes carried their counter pair in the same ordered batch ({} of them over MORI-IO sessions, the rest through the engine's one-shot calls; {} with the pair as tail words, the rest copied from the window), the other {} posted it once their bytes landed",
             sum(|s| s.post_calls),
             sum(|s| s.post_call_ns) as f64 / sum(|s| s.post_calls).max(1) as f64 / 1e3,
             sum(|s| s.ordered_batches),
             sum(|s| s.session_batches),
+            sum(|s| s.word_batches),
             batches - sum(|s| s.ordered_batches)
         );
     }
@@ -360,6 +361,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 "to_landed_us": mean(sum(|s| s.data_ns), data_batches), "to_completed_us": mean(sum(|s| s.done_ns), batches),
                 "posting_calls": sum(|s| s.post_calls), "posting_call_us": mean(sum(|s| s.post_call_ns), sum(|s| s.post_calls)),
                 "ordered_batches": sum(|s| s.ordered_batches), "session_batches": sum(|s| s.session_batches),
+                "word_batches": sum(|s| s.word_batches),
                 "data_writes": writes.write_batches, "data_write_bytes": writes.write_bytes,
                 "data_write_us": mean(writes.write_done_ns, writes.write_batches), "data_write_gbps": writes.write_gbps() },
             "busy_cores": busy_cores,
