@@ -182,6 +182,22 @@ fn claim_lane(busy: &[AtomicUsize], next: &AtomicUsize) -> usize {
     i
 }
 
+/// Queues `segs` on `stream` as one async device-to-device copy each (the copy engines), in
+/// order.
+///
+/// # Safety
+/// Every segment's ranges are device memory mapped in this process and accessible from `dev`
+/// until the stream ran the copies.
+unsafe fn copy_engine(rt: &Arc<dyn Runtime>, dev: Device, segs: impl Iterator<Item = CopySeg>, stream: &Stream) -> Result<()> {
+    for seg in segs {
+        let len = usize::try_from(seg.len).map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
+        // SAFETY: forwarded contract: both ranges are mapped device memory of this process.
+        let (d, sr) = unsafe { (DeviceSlice::from_raw(seg.dst, len, dev), DeviceSlice::from_raw(seg.src, len, dev)) };
+        rt.copy_dtod_async(&d, &sr, stream)?;
+    }
+    Ok(())
+}
+
 impl CopyPool {
     /// Starts the completion thread (named `thread_name`). Streams and slots are created per
     /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
@@ -466,15 +482,8 @@ impl CopyPool {
             return unsafe { self.submit_on(dp, enqueue, make_done) };
         }
         let rt = &s.rt;
-        let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
-            for seg in segs {
-                let len = usize::try_from(seg.len).map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
-                // SAFETY: forwarded contract: both ranges are mapped device memory of this process.
-                let (d, sr) = unsafe { (DeviceSlice::from_raw(seg.dst, len, dev), DeviceSlice::from_raw(seg.src, len, dev)) };
-                rt.copy_dtod_async(&d, &sr, lane.stream())?;
-            }
-            Ok(())
-        };
+        // SAFETY: forwarded contract.
+        let enqueue = |lane: &mut Lane<'_>| unsafe { copy_engine(rt, dev, segs, lane.stream()) };
         // SAFETY: forwarded contract.
         unsafe { self.submit_on(dp, enqueue, make_done) }
     }

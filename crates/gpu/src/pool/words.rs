@@ -5,9 +5,8 @@
 //! latency, where the ordered-copy kernel costs one call but waits for a launch, and two
 //! copies cost two calls plus a flag write (docs/PERFORMANCE.md, "The inter-node leg alone").
 
-use super::{CopyPool, CopySeg, Lane};
+use super::{copy_engine, CopyPool, CopySeg, Lane};
 use crate::error::{GpuError, Result};
-use crate::memory::DeviceSlice;
 use crate::types::{Device, StreamWrite, STREAM_WRITES_MAX};
 
 /// Checks `groups`' words: at least one segment or word in all, at most
@@ -56,12 +55,9 @@ impl CopyPool {
         let dp = self.shared.dev_pool(dev)?;
         let rt = &self.shared.rt;
         let enqueue = |lane: &mut Lane<'_>| -> Result<()> {
-            for seg in groups.iter().flat_map(|(s, _)| s.iter()).filter(|s| s.len > 0) {
-                let len = usize::try_from(seg.len).map_err(|_| GpuError::invalid(format!("copy of {} bytes exceeds usize", seg.len)))?;
-                // SAFETY: forwarded contract: both ranges are mapped device memory of this process.
-                let (d, sr) = unsafe { (DeviceSlice::from_raw(seg.dst, len, dev), DeviceSlice::from_raw(seg.src, len, dev)) };
-                rt.copy_dtod_async(&d, &sr, lane.stream())?;
-            }
+            let segs = groups.iter().flat_map(|(s, _)| s.iter().copied()).filter(|s| s.len > 0);
+            // SAFETY: forwarded contract.
+            unsafe { copy_engine(rt, dev, segs, lane.stream()) }?;
             let mut all: Vec<StreamWrite> = Vec::with_capacity(words + 1);
             all.extend(groups.iter().flat_map(|(_, w)| w.iter().copied()));
             if let Some((addr, value)) = lane.flag {
