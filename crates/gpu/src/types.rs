@@ -287,10 +287,19 @@ impl WaitCondition {
 /// operations); [`crate::CopyPool::copy_then_write`] keeps one of them for its completion flag.
 pub const STREAM_WRITES_MAX: usize = 255;
 
-/// One store queued on a stream ([`crate::CopyPool::copy_then_write`]): a word written at a device address (device
-/// memory, or mapped host memory through its device address) once the stream's earlier work
-/// finished, behind a memory fence that orders that work's writes before it (CUDA: a stream
-/// memory operation with flags 0).
+/// Errors: `InvalidArgument` unless 1 to [`STREAM_WRITES_MAX`] stream writes.
+pub(crate) fn check_write_count(n: usize) -> crate::error::Result<()> {
+    if !(1..=STREAM_WRITES_MAX).contains(&n) {
+        return Err(crate::error::GpuError::invalid(format!("{n} stream writes in one call: 1 to {STREAM_WRITES_MAX}")));
+    }
+    Ok(())
+}
+
+/// One store queued on a stream ([`crate::CopyPool::copy_then_write`]): a word written at a
+/// device address (device memory, or mapped host memory through its device address) once the
+/// stream's earlier work finished. On CUDA a memory fence orders that work's writes before it
+/// (a stream memory operation with flags 0); HIP's `hipStreamWriteValue*` documents no such
+/// fence, so a reader there must not take the word as proof that earlier writes landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamWrite {
     /// A `u32` at a 4-byte aligned address.

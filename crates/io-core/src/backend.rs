@@ -177,8 +177,9 @@ pub struct RoutedBatch {
 }
 
 /// A `u64` stored at byte `offset` of a session's remote region once an ordered batch's
-/// entries landed there (8-aligned, inside the region): a counter or flag the peer polls, so
-/// the batch needs no source bytes for it (`Session::post_ordered_many`).
+/// entries landed there (8-aligned, inside the region, at an 8-aligned address; at most
+/// [`crate::plan::MAX_TAIL_WORDS`] a batch): a counter or flag the peer polls, so the batch
+/// needs no source bytes for it (`Session::post_ordered_many`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TailWord {
     /// Byte offset in the remote region (a multiple of 8).

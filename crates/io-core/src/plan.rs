@@ -200,10 +200,17 @@ fn check_arrays(local_offs: &[u64], remote_offs: &[u64], sizes: &[u64]) -> IoRes
     Ok(())
 }
 
-/// Checks an ordered batch's tail words against the remote region `(id, len)`: each at an
-/// 8-aligned offset with its 8 bytes inside the region. Errors: `InvalidArgs` naming the word,
-/// its offset and the region's length.
+/// Most tail words of one ordered batch.
+pub const MAX_TAIL_WORDS: usize = 64;
+
+/// Checks an ordered batch's tail words against the remote region `(id, len)`: at most
+/// [`MAX_TAIL_WORDS`], each at an 8-aligned offset with its 8 bytes inside the region.
+/// Errors: `InvalidArgs` naming the count and the limit, or the word, its offset and the
+/// region's length.
 pub fn check_tail_words(remote: (u64, u64), words: &[crate::TailWord]) -> IoResult<()> {
+    if words.len() > MAX_TAIL_WORDS {
+        return Err(IoError::invalid(format!("{} tail words in one ordered batch: at most {MAX_TAIL_WORDS}", words.len())));
+    }
     for (i, w) in words.iter().enumerate() {
         if !w.offset.is_multiple_of(8) || w.offset.checked_add(8).is_none_or(|end| end > remote.1) {
             return Err(IoError::invalid(format!(
@@ -385,6 +392,8 @@ mod tests {
         assert!(e(&[w(256)]).starts_with("tail word 0: offset 256"));
         assert!(e(&[w(12)]).starts_with("tail word 0: offset 12"));
         assert!(e(&[w(u64::MAX - 7)]).starts_with("tail word 0:"), "no overflow");
+        assert!(check_tail_words((2, 1024), &vec![w(0); MAX_TAIL_WORDS]).is_ok());
+        assert_eq!(e(&vec![w(0); MAX_TAIL_WORDS + 1]), "65 tail words in one ordered batch: at most 64");
     }
 
     #[test]

@@ -498,9 +498,11 @@ impl Backend for XgmiBackend {
         true
     }
 
-    /// Tail words follow the copies in one stream memory-operation batch (`many.rs`).
+    /// Tail words follow the copies in one stream memory-operation batch (`many.rs`), on
+    /// CUDA, whose stream writes fence the work before them; not on HIP, where
+    /// `hipStreamWriteValue*` documents no such fence (and which never ran here).
     fn posts_tail_words(&self) -> bool {
-        true
+        self.inner.rt.kind() != mori_gpu::RuntimeKind::Hip
     }
 
     /// Ordered batches over this backend's routes share ordered-copy kernel launches, as

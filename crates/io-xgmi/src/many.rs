@@ -48,8 +48,9 @@ impl Inner {
         }
     }
 
-    /// Posts ordered batches over routes (this backend's, made by sessions): grouped per
-    /// device, in order, as [`Inner::post_many`]'s ordered requests. A batch whose route is
+    /// Posts ordered batches over routes (this backend's, made by sessions): those with tail
+    /// words first, in `copy_then_write` submissions per device (`queue_worded`), then the
+    /// others grouped per device, in order, as [`Inner::post_many`]'s ordered requests. A batch whose route is
     /// another backend's or another xgmi backend's, whose regions went away, or whose segments
     /// leave the mapped regions fails on its own; nothing of it is queued.
     pub(super) fn post_routed(self: &Arc<Self>, op: Op, batches: Vec<RoutedBatch>) {
@@ -79,9 +80,25 @@ impl Inner {
         }
     }
 
-    /// Queues one device's batches with tail words as one submission: their copies, then
-    /// their words and the completion flag in one batch (`copy_then_write`).
-    fn queue_worded(&self, dev: Device, mine: Vec<(Device, Worded, Done)>) {
+    /// Queues one device's batches with tail words: their copies, then their words and the
+    /// completion flag in one stream batch (`copy_then_write`), as few submissions as keep
+    /// each within the batch's word limit (a failed submission fails the batches it carries).
+    fn queue_worded(&self, dev: Device, mut mine: Vec<(Device, Worded, Done)>) {
+        let cap = mori_gpu::STREAM_WRITES_MAX - 1;
+        while !mine.is_empty() {
+            let (mut n, mut words) = (0, 0);
+            while n < mine.len() && (n == 0 || words + mine[n].1 .1.len() <= cap) {
+                words += mine[n].1 .1.len();
+                n += 1;
+            }
+            let rest = mine.split_off(n);
+            self.queue_worded_one(dev, mine);
+            mine = rest;
+        }
+    }
+
+    /// One `copy_then_write` submission of `mine`.
+    fn queue_worded_one(&self, dev: Device, mine: Vec<(Device, Worded, Done)>) {
         let (work, dones): (Vec<Worded>, Vec<Done>) = mine.into_iter().map(|(_, w, d)| (w, d)).unzip();
         let groups: Vec<(&[CopySeg], &[StreamWrite])> = work.iter().map(|(s, w)| (s.as_slice(), w.as_slice())).collect();
         let mut dones = Some(dones);
@@ -129,6 +146,16 @@ impl Inner {
                 return Err(IoError::invalid(format!("ordered batch {}: tail words go with writes only", b.id)));
             }
             check_tail_words((r.ids.1, r.at.rlen), &b.words)?;
+            if let Some(w) = b.words.iter().find(|w| !(r.at.rbase + w.offset).is_multiple_of(8)) {
+                return Err(IoError::invalid(format!(
+                    "ordered batch {}: tail word at offset {} of remote memory {} is at device address {:#x}, not 8-aligned (the region starts at {:#x})",
+                    b.id,
+                    w.offset,
+                    r.ids.1,
+                    r.at.rbase + w.offset,
+                    r.at.rbase
+                )));
+            }
             Some(b.words.iter().map(|w| StreamWrite::U64 { addr: r.at.rbase + w.offset, value: w.value }).collect())
         };
         Ok((r.at.dev, b.segs.iter().map(|s| copy_seg(op, &r.at, s)).collect(), keep, r.peer.clone(), words))

@@ -25,8 +25,9 @@ pub struct SessionBatch<'a> {
     /// Entry lengths (bytes); empty entries are skipped.
     pub sizes: &'a [u64],
     /// Words stored into the remote region after every entry landed, in order (writes only;
-    /// empty for none): a completion counter the peer polls costs no source bytes and, on
-    /// xgmi, no copy of its own ([`Session::posts_tail_words`]).
+    /// empty for none; at most `mori_io_core::plan::MAX_TAIL_WORDS`): a completion counter
+    /// the peer polls costs no source bytes and, on xgmi, no copy of its own
+    /// ([`Session::posts_tail_words`]).
     pub words: &'a [TailWord],
     /// The transfer id (unique among this engine's unfinished transfers to that peer).
     pub id: TransferId,
@@ -63,9 +64,10 @@ impl Session {
     /// - `BadState` once the session's engine was dropped, `RemoteDisconnect` once its peer was
     ///   deregistered or replaced there;
     /// - `InvalidArgs` for arrays of different lengths, an empty batch, an entry outside
-    ///   either region (naming the entry, the side and the range), a tail word not 8-aligned
-    ///   or outside the remote region (naming the word), tail words on a read, or an id still
-    ///   in flight to that peer;
+    ///   either region (naming the entry, the side and the range), more than
+    ///   `MAX_TAIL_WORDS` tail words, a tail word not 8-aligned (by offset or, on xgmi, by
+    ///   address) or outside the remote region (naming the word), tail words on a read, or an
+    ///   id still in flight to that peer;
     /// - `NotSupported` when the session's backend does not post ordered batches over a route
     ///   ([`Session::posts_ordered`] is false), or for tail words where
     ///   [`Session::posts_tail_words`] is false;
@@ -73,7 +75,8 @@ impl Session {
     ///   owner deregistered it (and said so);
     /// - `GpuOp` for a device failure: it fails every batch that shares the failed launch and,
     ///   on xgmi, the batches after it in the same backend call and on the same device, which
-    ///   are then not queued.
+    ///   are then not queued (batches with tail words go first, in submissions of their own:
+    ///   a failed one fails the batches it carries).
     pub fn post_ordered_many(op: Op, batches: &[SessionBatch<'_>]) -> Vec<TransferStatus> {
         let mut out = Vec::with_capacity(batches.len());
         let mut groups: Vec<(Arc<dyn Backend>, Vec<RoutedBatch>)> = Vec::new();

@@ -56,6 +56,23 @@ struct Part<'a> {
     sz: Vec<u64>,
     /// The pairs as tail words (empty: they are entries of the batch).
     words: Vec<TailWord>,
+    /// The pairs' copies (`(src, counter)`), for when `words` cannot go (`Part::copy_pairs`).
+    pairs: Vec<(u64, u64)>,
+}
+
+impl Part<'_> {
+    /// Sends the pairs as copies from the window (the last entries) instead of tail words.
+    fn copy_pairs(&mut self) {
+        if self.words.is_empty() {
+            return;
+        }
+        self.words.clear();
+        for &(src, counter) in &self.pairs {
+            self.lo.push(src);
+            self.ro.push(counter);
+            self.sz.push(TAIL_WRITE_BYTES);
+        }
+    }
 }
 
 impl State {
@@ -136,10 +153,10 @@ impl State {
             // that stores them.
             let stores_words = || self.session.get(dst).and_then(|s| s.as_ref()?.as_ref()).is_some_and(|s| s.posts_tail_words());
             let words = if words_burst && !data.is_empty() && stores_words() { pair_words(&tails) } else { None };
-            let copied: Vec<(u64, u64)> = if words.is_some() { Vec::new() } else { tails.iter().map(|&(s, c, _)| (s, c)).collect() };
-            let (lo, ro, sz) = ordered_entries(&data, &copied);
+            let pairs: Vec<(u64, u64)> = tails.iter().map(|&(s, c, _)| (s, c)).collect();
+            let (lo, ro, sz) = ordered_entries(&data, if words.is_some() { &[] } else { &pairs });
             let len = data.iter().map(|c| c.len).sum();
-            built.push((p, Part { dst, remote: &peer.data, len, lo, ro, sz, words: words.unwrap_or_default() }));
+            built.push((p, Part { dst, remote: &peer.data, len, lo, ro, sz, words: words.unwrap_or_default(), pairs }));
         }
         let call = Instant::now();
         // Every batch over its destination's session, or all through the engine.
@@ -165,6 +182,8 @@ impl State {
         let statuses = if let Some(batches) = over_sessions {
             Session::post_ordered_many(mori_io::Op::Write, &batches)
         } else {
+            // The engine's calls take no tail words: every pair goes as a copy.
+            built.iter_mut().for_each(|(_, b)| b.copy_pairs());
             let batches: Vec<RegionBatch<'_>> = built
                 .iter()
                 .map(|(_, b)| RegionBatch {

@@ -64,8 +64,8 @@ impl TailWords {
     /// [`TAIL_WORDS_ENV`]'s spelling: `0`, `single` or `all`.
     pub fn parse(v: &str) -> Option<Self> {
         match v {
-            "0" | "off" => Some(TailWords::Off),
-            "1" | "single" => Some(TailWords::Single),
+            "0" => Some(TailWords::Off),
+            "single" => Some(TailWords::Single),
             "all" => Some(TailWords::All),
             _ => None,
         }

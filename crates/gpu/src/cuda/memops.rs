@@ -11,7 +11,11 @@ use crate::types::StreamWrite;
 pub(crate) fn batch_writes(writes: &[StreamWrite]) -> Vec<[u64; 6]> {
     const WRITE_32: u64 = cu::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_32 as u64;
     const WRITE_64: u64 = cu::CUstreamBatchMemOpType::CU_STREAM_MEM_OP_WRITE_VALUE_64 as u64;
+    type W = cu::CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st;
     const _: () = assert!(std::mem::size_of::<cu::CUstreamBatchMemOpParams>() == 48);
+    const _: () = assert!(std::mem::offset_of!(W, operation) == 0 && std::mem::offset_of!(W, address) == 8);
+    const _: () = assert!(std::mem::offset_of!(W, __bindgen_anon_1) == 16 && std::mem::offset_of!(W, flags) == 24);
+    const _: () = assert!(std::mem::offset_of!(W, alias) == 32);
     writes
         .iter()
         .map(|w| match *w {

@@ -286,6 +286,7 @@ impl RawDriver for CudaRuntime {
     }
 
     unsafe fn stream_write_values(&self, dev: Device, s: u64, writes: &[StreamWrite]) -> Result<()> {
+        super::super::types::check_write_count(writes.len())?;
         self.bind_ctx(dev)?;
         let mut ops = super::memops::batch_writes(writes);
         // SAFETY: caller passes a live stream and aligned device words; `ops` holds

@@ -264,6 +264,7 @@ impl RawDriver for HipRuntime {
     }
 
     unsafe fn stream_write_values(&self, dev: Device, s: u64, writes: &[StreamWrite]) -> Result<()> {
+        crate::types::check_write_count(writes.len())?;
         self.set(dev)?;
         // One call per word (hipStreamBatchMemOp is beta; never run on an AMD GPU here).
         for w in writes {

@@ -33,9 +33,10 @@ impl CopyPool {
     /// Queues `groups` on `dev` as one submission: each group's segments (empty ones skipped)
     /// as one async copy each, in order on the submission's stream, then every group's words
     /// and the completion flag in one stream memory-operation batch (CUDA:
-    /// `cuStreamBatchMemOp`; each write is fenced behind the copies before it). So each
-    /// group's words land only after its segments, as with
-    /// [`CopyPool::copy_in_order_with`], and the groups share the one batch. `make_done` as in
+    /// `cuStreamBatchMemOp`; each write is fenced behind the copies before it). So on CUDA
+    /// each group's words land only after its segments, as with
+    /// [`CopyPool::copy_in_order_with`], and the groups share the one batch (on HIP the
+    /// writes are not documented to fence the copies: [`StreamWrite`]). `make_done` as in
     /// [`CopyPool::copy_with`]; the submission completes once the last word was written.
     ///
     /// Errors (nothing queued): `InvalidArgument` for more than [`STREAM_WRITES_MAX`] - 1

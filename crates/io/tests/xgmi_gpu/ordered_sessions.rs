@@ -2,8 +2,9 @@
 //! over two sessions share one ordered-copy kernel launch, each lands in full with its tail
 //! word, a batch with an entry out of range fails alone naming the entry, a second batch under
 //! an id in flight is refused, and a session whose local region was deregistered fails with `NotFound`;
-//! batches with tail words land their segments, then their words (a word out of range and a
-//! read with words are refused).
+//! batches with tail words land their segments and their words (a word out of range and a
+//! read with words are refused; that the words land after the bytes, as seen by a polling
+//! kernel, is what the inter-node EP GPU tests rely on).
 
 use super::ordered_multi::{check_launch_and_bytes, Entries};
 use super::*;
@@ -70,7 +71,7 @@ fn word_at(bytes: &[u8], off: u64) -> u64 {
 
 #[test]
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
-fn ordered_batches_with_tail_words_land_words_after_bytes() {
+fn ordered_batches_with_tail_words_land_segments_and_words() {
     use mori_io::TailWord;
     let rt = rt();
     let len = 4 * MIB;
