@@ -6,6 +6,7 @@
 
 use mori_ep::gpu_internode::{ElemSizes, InterNodeGpu, InterNodeOptions, InterPath, RankBytes};
 use mori_ep::internode::Scheme;
+use mori_ep::proxy::{RingProxyOptions, RingProxyStats, TailWords};
 use mori_ep::routing::SplitMix64;
 use mori_ep::{bf16, combine, dispatch, CombineOptions, DispatchOptions, EpConfig, KernelType, RankInput, Tensor2, Weighting};
 use mori_gpu::Device;
@@ -88,6 +89,13 @@ fn shape_config(s: &Shape, scheme: Scheme) -> (EpConfig, ElemSizes) {
 /// `run` with [`InterNodeOptions::combine_rows`] and [`InterNodeOptions::recv_in_window`] as
 /// given.
 fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: usize, combine_rows: bool, recv_in_window: bool) {
+    run_words(s, scheme, path, (rounds, timed), (combine_rows, recv_in_window), None);
+}
+
+/// `run_with` with the proxies' [`RingProxyOptions::tail_words`] as given (`None`: the
+/// default).
+fn run_words(s: &Shape, scheme: Scheme, path: InterPath, rt_rounds: (usize, usize), win: (bool, bool), tail_words: Option<TailWords>) {
+    let ((rounds, timed), (combine_rows, recv_in_window)) = (rt_rounds, win);
     // Before the CUDA context exists (every test sets it; the first one creates the context).
     std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
     let rt = mori_gpu::detect().expect("a CUDA or HIP runtime");
@@ -98,6 +106,7 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
         timeout: Duration::from_secs(20),
         combine_rows,
         recv_in_window,
+        proxy: RingProxyOptions { tail_words, ..RingProxyOptions::default() },
         ..InterNodeOptions::default()
     };
     let mut ep = InterNodeGpu::new(rt, Device(0), &cfg, sz, opts).unwrap();
@@ -156,17 +165,23 @@ fn run_with(s: &Shape, scheme: Scheme, path: InterPath, rounds: usize, timed: us
     }
     let ps = ep.proxy_stats();
     println!("proxies: {ps:?}");
-    // Over xgmi every pair rides in its segment's ordered batch, over a session; with one
-    // destination per proxy (V1, V1-LL on 2 nodes: the relay) every burst is a single one, so
-    // its pairs go as tail words (unless the environment says otherwise).
+    // Over xgmi every pair rides in its segment's ordered batch, over a session. Tail words
+    // (off by default) go with every batch that has data under `all`, and under `single` with
+    // every one of V1's and V1-LL's on 2 nodes (one destination a proxy: the relay).
     let default_env = [mori_ep::proxy::SESSIONS_ENV, mori_ep::proxy::TAIL_WORDS_ENV].iter().all(|v| std::env::var_os(v).is_none());
     if path == InterPath::Xgmi && default_env {
-        let sum = |f: fn(&mori_ep::proxy::RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
-        let (batches, ordered, sessions, words) =
-            (sum(|p| p.batches), sum(|p| p.ordered_batches), sum(|p| p.session_batches), sum(|p| p.word_batches));
+        let sum = |f: fn(&RingProxyStats) -> u64| ps.iter().map(f).sum::<u64>();
+        let (batches, ordered, sessions, words, with_data) =
+            (sum(|p| p.batches), sum(|p| p.ordered_batches), sum(|p| p.session_batches), sum(|p| p.word_batches), sum(|p| p.write_batches));
         assert!(batches > 0 && ordered == batches && sessions == batches, "ordered batches over sessions: {ps:?}");
-        if scheme != Scheme::AsyncLL && s.w / s.g == 2 {
-            assert_eq!(words, batches, "single-destination bursts send their pairs as tail words: {ps:?}");
+        let want = match tail_words {
+            None | Some(TailWords::Off) => Some(0),
+            Some(TailWords::All) => Some(with_data),
+            Some(TailWords::Single) => (scheme != Scheme::AsyncLL && s.w / s.g == 2).then_some(with_data),
+        };
+        if let Some(want) = want {
+            assert!(tail_words.is_none() || want > 0, "tail words asked for, but no batch with data: {ps:?}");
+            assert_eq!(words, want, "batches whose pairs went as tail words ({tail_words:?}): {ps:?}");
         }
     }
 }
@@ -178,6 +193,16 @@ const DECODE: Shape = Shape { w: 8, g: 4, t: 128, h: 7168, e: 256, k: 8, scales:
 #[ignore = "needs a CUDA device"]
 fn async_ll_2x4_on_one_gpu_over_xgmi_equals_the_reference() {
     run(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, 3, 0);
+}
+
+/// The counter pairs as tail words (copy-engine copies, then the words in one stream batch):
+/// V1 and V1-LL's single-destination bursts, and AsyncLL's bursts to 4 ranks, all worded.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn tail_words_over_xgmi_equal_the_reference() {
+    run_words(&SMALL, Scheme::V1, InterPath::Xgmi, (3, 0), (true, true), Some(TailWords::Single));
+    run_words(&SMALL, Scheme::V1LL, InterPath::Xgmi, (3, 0), (true, true), Some(TailWords::Single));
+    run_words(&SMALL, Scheme::AsyncLL, InterPath::Xgmi, (3, 0), (true, true), Some(TailWords::All));
 }
 
 #[test]

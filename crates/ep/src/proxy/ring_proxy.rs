@@ -43,7 +43,11 @@ pub struct RingProxyOptions {
     /// stores the two words after the segment, from the values the command carries) instead
     /// of copying them from the window, where the destination's session stores them (xgmi:
     /// copy-engine copies then one stream batch, against one ordered-copy kernel launch).
-    /// `None` (the default): [`TailWords::Single`], unless [`TAIL_WORDS_ENV`] says otherwise.
+    /// `None` (the default): [`TailWords::Off`], unless [`TAIL_WORDS_ENV`] says otherwise.
+    /// Off because on an H100 the two driver calls cost more than the shorter wait saved:
+    /// the leg alone took 25.1-29.9 µs with tail words against 24.4-32.3 µs without, and V1
+    /// decode at 2 x 4 dispatched in 150.7 µs against 122.5 µs (docs/PERFORMANCE.md, "Counter
+    /// pairs as tail words").
     pub tail_words: Option<TailWords>,
 }
 
@@ -89,7 +93,7 @@ pub const TAIL_WORDS_ENV: &str = "MORI_EP_PROXY_TAIL_WORDS";
 /// naming the variable and the values it takes.
 fn tail_words(configured: Option<TailWords>, env: Option<&str>) -> std::io::Result<TailWords> {
     match env {
-        None => Ok(configured.unwrap_or(TailWords::Single)),
+        None => Ok(configured.unwrap_or(TailWords::Off)),
         Some(v) => TailWords::parse(v).ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{TAIL_WORDS_ENV}={v}: must be 0, single or all"))
         }),
@@ -384,8 +388,8 @@ mod tests {
     use super::{switch, tail_words, RingProxyStats, TailWords, GROUPED_ENV, SESSIONS_ENV, TAIL_WORDS_ENV};
 
     #[test]
-    fn tail_words_are_for_single_destination_bursts_unless_told() {
-        assert_eq!(tail_words(None, None).unwrap(), TailWords::Single);
+    fn tail_words_are_off_unless_told() {
+        assert_eq!(tail_words(None, None).unwrap(), TailWords::Off);
         assert_eq!(tail_words(Some(TailWords::All), None).unwrap(), TailWords::All);
         assert_eq!(tail_words(Some(TailWords::All), Some("0")).unwrap(), TailWords::Off);
         assert_eq!(tail_words(None, Some("all")).unwrap(), TailWords::All);

@@ -26,8 +26,9 @@ const ENV_HELP: &str = "Environment (inter-node on GPUs, --num-nodes above 1):
                                 backend takes them: xgmi); the proxies' line counts those over sessions
   MORI_EP_PROXY_TAIL_WORDS      0 | single | all: which bursts send each counter pair as two tail words
                                 stored after the segment (xgmi: a copy-engine copy, then one stream
-                                batch) instead of copying it from the window (default single: bursts
-                                to one destination; the proxies' line counts them)
+                                batch) instead of copying it from the window in the ordered-copy
+                                launch (default 0; single: bursts to one destination; the proxies'
+                                line counts them)
   MORI_EP_PROXY_GROUPED=0       one engine call per destination instead of a burst's batches in one
   MORI_GPU_POOL_ORDERED_KERNEL=0
                                 an ordered batch as one copy per segment instead of one launch of the
