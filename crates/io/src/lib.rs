@@ -31,6 +31,7 @@ mod session_ordered;
 mod signal;
 
 pub use engine::{auth_from_env, BackendConfig, EngineConfig, IoEngine, MAX_INBOUND_LIMIT, MAX_KEY_LEN};
+pub use mori_io_core::plan::MAX_TAIL_WORDS;
 pub use mori_io_core::{
     BackendKind, EngineDesc, EntryFailure, ErrorCode, IoError, IoResult, MemId, MemLoc, MemoryDesc, PagedBatch, PagedLayout, Secret,
     TailWord, TransferId, TransferStatus,

@@ -25,9 +25,11 @@ pub struct SessionBatch<'a> {
     /// Entry lengths (bytes); empty entries are skipped.
     pub sizes: &'a [u64],
     /// Words stored into the remote region after every entry landed, in order (writes only;
-    /// empty for none; at most `mori_io_core::plan::MAX_TAIL_WORDS`): a completion counter
-    /// the peer polls costs no source bytes and, on xgmi, no copy of its own
-    /// ([`Session::posts_tail_words`]).
+    /// empty for none; at most [`crate::MAX_TAIL_WORDS`]; a batch of words alone still needs
+    /// one entry, which may be empty): a completion counter the peer polls costs no source
+    /// bytes and, on xgmi, no copy of its own ([`Session::posts_tail_words`]; xgmi also
+    /// needs each word's device address 8-aligned, so a remote region registered at an
+    /// unaligned address takes none).
     pub words: &'a [TailWord],
     /// The transfer id (unique among this engine's unfinished transfers to that peer).
     pub id: TransferId,

@@ -15,7 +15,7 @@
 
 use super::{Cmd, State};
 use crate::ring::{CmdOp, TAIL_WRITE_BYTES};
-use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch, TailWord, TransferStatus};
+use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch, TailWord, TransferStatus, MAX_TAIL_WORDS};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -34,8 +34,13 @@ fn ordered_entries(data: &[&Cmd], tails: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, 
 }
 
 /// The tail writes of `tails` (`(src, counter, total)`) as tail words, `(total - 1, total)` at
-/// each counter, if every one carries its total (else `None`: they are copied from the window).
+/// each counter, if every one carries its total and they fit one batch's
+/// [`MAX_TAIL_WORDS`] (else `None`: they are copied from the window; a backlog in the ring can
+/// put more than 32 pairs for one rank in one burst).
 fn pair_words(tails: &[(u64, u64, Option<u64>)]) -> Option<Vec<TailWord>> {
+    if 2 * tails.len() > MAX_TAIL_WORDS {
+        return None;
+    }
     let mut out = Vec::with_capacity(2 * tails.len());
     for &(_, counter, total) in tails {
         let total = total.filter(|&t| t > 0)?;
@@ -239,5 +244,9 @@ mod tests {
         assert_eq!(pair_words(&[(64, 4096, Some(8)), (80, 8192, None)]), None, "one pair not carried: all copied");
         assert_eq!(pair_words(&[(64, 4096, Some(0))]), None, "a total of 0 is no pair");
         assert_eq!(pair_words(&[]), Some(vec![]));
+        // A backlog of more pairs for one rank than a batch's words: copied instead.
+        let pairs = |n: u64| (0..n).map(|i| (64 * i, 4096 + 16 * i, Some(i + 1))).collect::<Vec<_>>();
+        assert_eq!(pair_words(&pairs(32)).map(|w| w.len()), Some(MAX_TAIL_WORDS));
+        assert_eq!(pair_words(&pairs(33)), None);
     }
 }

@@ -95,7 +95,7 @@ fn tail_words(configured: Option<TailWords>, env: Option<&str>) -> std::io::Resu
     match env {
         None => Ok(configured.unwrap_or(TailWords::Off)),
         Some(v) => TailWords::parse(v).ok_or_else(|| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{TAIL_WORDS_ENV}={v}: must be 0, single or all"))
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{TAIL_WORDS_ENV}={v:?}: must be 0, single or all"))
         }),
     }
 }
@@ -395,7 +395,7 @@ mod tests {
         assert_eq!(tail_words(None, Some("all")).unwrap(), TailWords::All);
         assert_eq!(tail_words(Some(TailWords::Off), Some("single")).unwrap(), TailWords::Single);
         let e = tail_words(None, Some("2")).unwrap_err().to_string();
-        assert_eq!(e, format!("{TAIL_WORDS_ENV}=2: must be 0, single or all"));
+        assert_eq!(e, format!("{TAIL_WORDS_ENV}=\"2\": must be 0, single or all"));
         assert!(TailWords::Single.takes(1) && !TailWords::Single.takes(2));
         assert!(TailWords::All.takes(4) && !TailWords::Off.takes(1));
     }

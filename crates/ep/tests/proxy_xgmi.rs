@@ -1,0 +1,108 @@
+//! The ring proxy over MORI-IO xgmi with host producers (no EP kernel): a burst of tail
+//! commands to one rank, each carrying its counter pair's total, lands every segment and every
+//! pair under each `RingProxyOptions::tail_words` setting; a burst with more pairs for one rank
+//! than a batch's tail words (32 pairs) copies its pairs instead of failing. Ignored: needs a
+//! GPU, or the stand-in libcuda (`proxy_xgmi_fake.rs` runs it on the CPU in CI).
+
+use mori_ep::proxy::{PeerWindow, RingProxy, RingProxyOptions, TailWords};
+use mori_ep::ring::{CmdOp, RingCmd, RingLayout, RingMem, RingProducer};
+use mori_io::{BackendConfig, EngineConfig, IoEngine, MemLoc, XgmiConfig};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LEN: usize = 1 << 20;
+/// Where command k's pair lies in the producer's window, and where it lands in the peer's.
+const PAIR_SRC: u64 = 600 << 10;
+const PAIR_DST: u64 = 512 << 10;
+
+fn engine(key: &str) -> Arc<IoEngine> {
+    let e = IoEngine::new(key, EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap();
+    e.create_backend(BackendConfig::Xgmi(XgmiConfig::default())).unwrap();
+    Arc::new(e)
+}
+
+/// `n` commands to rank 0 (1 KiB of data each, then pair `(k + 4, k + 5)`, also staged in the
+/// producer's window as the kernels stage it) pushed before the proxy starts, so they form one
+/// burst; checks every byte and pair at the peer; returns the proxy's tail-word batches.
+fn burst(n: u64, mode: Option<TailWords>) -> u64 {
+    let rt = mori_gpu::detect().expect("a CUDA runtime (or the stand-in)");
+    let dev = mori_gpu::Device(0);
+    eprintln!("device: {}", rt.device_properties(dev).unwrap().name);
+    let tag = format!("{n}-{mode:?}");
+    let (ea, eb) = (engine(&format!("pxa-{tag}")), engine(&format!("pxb-{tag}")));
+    ea.register_remote_engine(eb.desc().clone()).unwrap();
+    eb.register_remote_engine(ea.desc().clone()).unwrap();
+    let (ba, bb) = (rt.alloc(dev, LEN).unwrap(), rt.alloc(dev, LEN).unwrap());
+    let mut src: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    for k in 0..n {
+        let at = (PAIR_SRC + 16 * k) as usize;
+        src[at..at + 8].copy_from_slice(&(k + 4).to_le_bytes());
+        src[at + 8..at + 16].copy_from_slice(&(k + 5).to_le_bytes());
+    }
+    rt.copy_htod(&ba.slice(), &src).unwrap();
+    rt.copy_htod(&bb.slice(), &vec![0u8; LEN]).unwrap();
+    let loc = MemLoc::Gpu { device: 0 };
+    // SAFETY: both buffers are live device memory of LEN bytes until after deregistration.
+    let (ma, mb) = unsafe {
+        (
+            ea.register_memory(ba.ptr() as usize as *mut u8, LEN, loc).unwrap(),
+            eb.register_memory(bb.ptr() as usize as *mut u8, LEN, loc).unwrap(),
+        )
+    };
+    let lay = RingLayout::new(64).unwrap();
+    let ring_layout = Layout::from_size_align(lay.bytes(), 64).unwrap();
+    // SAFETY: a non-zero size; freed below, after the proxy stopped.
+    let ring = unsafe { alloc_zeroed(ring_layout) };
+    // SAFETY: 64-aligned, zeroed, lay.bytes() long, used by this producer and the proxy only.
+    let mem = unsafe { RingMem::new(ring, lay).unwrap() };
+    let head = AtomicU64::new(0);
+    let prod = RingProducer::new(mem, &head);
+    for k in 0..n {
+        let cmd = RingCmd {
+            dst: 0,
+            local_off: k * 1024,
+            remote_off: k * 1024,
+            len: 1024,
+            counter: PAIR_DST + 16 * k,
+            op: CmdOp::Tail { src: PAIR_SRC + 16 * k, total: Some(k + 5) },
+        };
+        prod.push(&cmd, Instant::now() + Duration::from_secs(5)).unwrap();
+    }
+    let peers = vec![Some(PeerWindow { data: mb.clone(), counters: mb.clone() })];
+    let opts = RingProxyOptions { tail_words: mode, ..RingProxyOptions::SHORT_SPIN };
+    let proxy = RingProxy::start(&tag, ea.clone(), ma.clone(), peers, mem, opts).unwrap();
+    let t0 = Instant::now();
+    while proxy.stats().bytes < n * 1024 && proxy.failure().is_none() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(proxy.failure(), None, "{tag}: the proxy failed");
+    let stats = proxy.stop().unwrap_or_else(|e| panic!("{tag}: {e}"));
+    // SAFETY: the proxy stopped; nothing touches the ring any more.
+    unsafe { dealloc(ring, ring_layout) };
+    let mut out = vec![0u8; LEN];
+    rt.copy_dtoh(&mut out, &bb.slice()).unwrap();
+    assert_eq!(&out[..(n * 1024) as usize], &src[..(n * 1024) as usize], "{tag}: the segments");
+    for k in 0..n {
+        let at = (PAIR_DST + 16 * k) as usize;
+        let pair = [0, 8].map(|o| u64::from_le_bytes(out[at + o..at + o + 8].try_into().unwrap()));
+        assert_eq!(pair, [k + 4, k + 5], "{tag}: pair {k}");
+    }
+    assert_eq!((stats.commands, stats.bytes), (n, n * 1024), "{tag}: {stats:?}");
+    ea.deregister_memory(&ma).unwrap();
+    eb.deregister_memory(&mb).unwrap();
+    stats.word_batches
+}
+
+#[test]
+#[ignore = "needs a GPU (or the stand-in libcuda: proxy_xgmi_fake.rs)"]
+fn a_burst_lands_its_segments_and_pairs_with_or_without_tail_words() {
+    assert_eq!(burst(20, None), 0, "off by default");
+    assert_eq!(burst(20, Some(TailWords::Off)), 0);
+    assert_eq!(burst(20, Some(TailWords::Single)), 1, "one batch for the one rank, its 20 pairs as 40 words");
+    assert_eq!(burst(20, Some(TailWords::All)), 1);
+    // 40 pairs are 80 words, over a batch's 64: copied from the window, not refused.
+    assert_eq!(burst(40, Some(TailWords::Single)), 0);
+    assert_eq!(burst(40, Some(TailWords::All)), 0);
+}
