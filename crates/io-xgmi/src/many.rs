@@ -24,6 +24,47 @@ use std::sync::Arc;
 /// A batch's copies and the tail words behind them.
 type Worded = (Vec<CopySeg>, Vec<StreamWrite>);
 
+/// A routed batch resolved: its device, copies, holds, peer and tail words as stream writes
+/// into the remote region (`None` for a batch without words).
+struct Routed {
+    dev: Device,
+    segs: Vec<CopySeg>,
+    keep: Keep,
+    peer: Arc<mori_io_core::EngineDesc>,
+    words: Option<Vec<StreamWrite>>,
+}
+
+/// Hands `items` to `queue` one device at a time (the first item's device first), each
+/// device's items in their order.
+fn per_device<T>(mut items: Vec<(Device, T, Done)>, mut queue: impl FnMut(Device, Vec<(Device, T, Done)>)) {
+    while let Some(dev) = items.first().map(|r| r.0) {
+        let (mine, rest): (Vec<_>, Vec<_>) = items.into_iter().partition(|r| r.0 == dev);
+        items = rest;
+        queue(dev, mine);
+    }
+}
+
+/// `b`'s tail words as stream writes into the remote region of route `r`: a write's, each
+/// inside the region as the route resolved it and at an 8-aligned device address (the session
+/// checked them against the descriptor; the route's length and base are what the copies use).
+fn tail_writes(op: Op, b: &RoutedBatch, r: &XgmiRoute) -> IoResult<Vec<StreamWrite>> {
+    if op != Op::Write {
+        return Err(IoError::invalid(format!("ordered batch {}: tail words go with writes only", b.id)));
+    }
+    check_tail_words((r.ids.1, r.at.rlen), &b.words)?;
+    if let Some(w) = b.words.iter().find(|w| !(r.at.rbase + w.offset).is_multiple_of(8)) {
+        return Err(IoError::invalid(format!(
+            "ordered batch {}: tail word at offset {} of remote memory {} is at device address {:#x}, not 8-aligned (the region starts at {:#x})",
+            b.id,
+            w.offset,
+            r.ids.1,
+            r.at.rbase + w.offset,
+            r.at.rbase
+        )));
+    }
+    Ok(b.words.iter().map(|w| StreamWrite::U64 { addr: r.at.rbase + w.offset, value: w.value }).collect())
+}
+
 impl Inner {
     /// Posts `jobs`: ordered requests of plain segments grouped per device (in order), the
     /// rest one by one. Every status is completed, with its own error where its checks fail.
@@ -41,11 +82,7 @@ impl Inner {
                 Err(e) => st.complete_piece(Err(e)),
             }
         }
-        while let Some(dev) = ready.first().map(|r| r.0) {
-            let (mine, rest): (Vec<_>, Vec<_>) = ready.into_iter().partition(|r| r.0 == dev);
-            ready = rest;
-            self.queue_groups(dev, mine);
-        }
+        per_device(ready, |dev, mine| self.queue_groups(dev, mine));
     }
 
     /// Posts ordered batches over routes (this backend's, made by sessions): those with tail
@@ -58,7 +95,7 @@ impl Inner {
         let mut worded: Vec<(Device, Worded, Done)> = Vec::new();
         for b in batches {
             match self.routed_segs(op, &b) {
-                Ok((dev, segs, keep, peer, words)) => {
+                Ok(Routed { dev, segs, keep, peer, words }) => {
                     let done = Done { status: b.status, peer, id: b.id, keep };
                     match words {
                         Some(w) => worded.push((dev, (segs, w), done)),
@@ -68,16 +105,8 @@ impl Inner {
                 Err(e) => b.status.complete_piece(Err(e)),
             }
         }
-        while let Some(dev) = worded.first().map(|r| r.0) {
-            let (mine, rest): (Vec<_>, Vec<_>) = worded.into_iter().partition(|r| r.0 == dev);
-            worded = rest;
-            self.queue_worded(dev, mine);
-        }
-        while let Some(dev) = ready.first().map(|r| r.0) {
-            let (mine, rest): (Vec<_>, Vec<_>) = ready.into_iter().partition(|r| r.0 == dev);
-            ready = rest;
-            self.queue_groups(dev, mine);
-        }
+        per_device(worded, |dev, mine| self.queue_worded(dev, mine));
+        per_device(ready, |dev, mine| self.queue_groups(dev, mine));
     }
 
     /// Queues one device's batches with tail words: their copies, then their words and the
@@ -124,41 +153,17 @@ impl Inner {
         }
     }
 
-    /// A routed batch's device and copies (every segment checked against the regions as
-    /// resolved for its route), its holds, its peer and its tail words as stream writes into
-    /// the remote region (none for a batch without words).
-    #[allow(clippy::type_complexity)]
-    fn routed_segs(
-        self: &Arc<Self>,
-        op: Op,
-        b: &RoutedBatch,
-    ) -> IoResult<(Device, Vec<CopySeg>, Keep, Arc<mori_io_core::EngineDesc>, Option<Vec<StreamWrite>>)> {
+    /// A routed batch resolved (every segment checked against the regions as resolved for its
+    /// route, every tail word by `tail_writes`).
+    fn routed_segs(self: &Arc<Self>, op: Op, b: &RoutedBatch) -> IoResult<Routed> {
         let r =
             b.route.as_any().downcast_ref::<XgmiRoute>().filter(|r| Arc::ptr_eq(&r.inner, self)).ok_or_else(|| {
                 IoError::invalid(format!("ordered batch {}: its session's route was not made by this xgmi backend", b.id))
             })?;
         let keep = r.keep()?;
         check_segs((r.ids.0, r.at.llen), (r.ids.1, r.at.rlen), &b.segs)?;
-        let words = if b.words.is_empty() {
-            None
-        } else {
-            if op != Op::Write {
-                return Err(IoError::invalid(format!("ordered batch {}: tail words go with writes only", b.id)));
-            }
-            check_tail_words((r.ids.1, r.at.rlen), &b.words)?;
-            if let Some(w) = b.words.iter().find(|w| !(r.at.rbase + w.offset).is_multiple_of(8)) {
-                return Err(IoError::invalid(format!(
-                    "ordered batch {}: tail word at offset {} of remote memory {} is at device address {:#x}, not 8-aligned (the region starts at {:#x})",
-                    b.id,
-                    w.offset,
-                    r.ids.1,
-                    r.at.rbase + w.offset,
-                    r.at.rbase
-                )));
-            }
-            Some(b.words.iter().map(|w| StreamWrite::U64 { addr: r.at.rbase + w.offset, value: w.value }).collect())
-        };
-        Ok((r.at.dev, b.segs.iter().map(|s| copy_seg(op, &r.at, s)).collect(), keep, r.peer.clone(), words))
+        let words = (!b.words.is_empty()).then(|| tail_writes(op, b, r)).transpose()?;
+        Ok(Routed { dev: r.at.dev, segs: b.segs.iter().map(|s| copy_seg(op, &r.at, s)).collect(), keep, peer: r.peer.clone(), words })
     }
 
     /// The request's device and copies (every segment checked against the local registration

@@ -19,25 +19,29 @@ use mori_io::{ErrorCode, MemoryDesc, RegionBatch, Session, SessionBatch, TailWor
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// The entries of an ordered batch: the data commands' (local offset, remote offset, length),
-/// then each tail write's (its 16 bytes from `src` to the counter's offset).
-fn ordered_entries(data: &[&Cmd], tails: &[(u64, u64)]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
-    let mut lo: Vec<u64> = data.iter().map(|c| c.local_off).collect();
-    let mut ro: Vec<u64> = data.iter().map(|c| c.remote_off).collect();
-    let mut sz: Vec<u64> = data.iter().map(|c| c.len).collect();
-    for &(src, off) in tails {
+/// A tail write of a command: `(src, counter, total)` ([`CmdOp::Tail`]).
+type Tail = (u64, u64, Option<u64>);
+
+/// The data commands' entries of an ordered batch: (local offsets, remote offsets, lengths).
+pub(super) fn data_entries(data: &[&Cmd]) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+    (data.iter().map(|c| c.local_off).collect(), data.iter().map(|c| c.remote_off).collect(), data.iter().map(|c| c.len).collect())
+}
+
+/// Appends each tail write of `tails` to the entries `(lo, ro, sz)`: its 16 bytes from `src` to
+/// the counter's offset.
+fn push_pair_copies((lo, ro, sz): (&mut Vec<u64>, &mut Vec<u64>, &mut Vec<u64>), tails: &[Tail]) {
+    for &(src, counter, _) in tails {
         lo.push(src);
-        ro.push(off);
+        ro.push(counter);
         sz.push(TAIL_WRITE_BYTES);
     }
-    (lo, ro, sz)
 }
 
 /// The tail writes of `tails` (`(src, counter, total)`) as tail words, `(total - 1, total)` at
 /// each counter, if every one carries its total and they fit one batch's
 /// [`MAX_TAIL_WORDS`] (else `None`: they are copied from the window; a backlog in the ring can
 /// put more than 32 pairs for one rank in one burst).
-fn pair_words(tails: &[(u64, u64, Option<u64>)]) -> Option<Vec<TailWord>> {
+fn pair_words(tails: &[Tail]) -> Option<Vec<TailWord>> {
     if 2 * tails.len() > MAX_TAIL_WORDS {
         return None;
     }
@@ -61,21 +65,16 @@ struct Part<'a> {
     sz: Vec<u64>,
     /// The pairs as tail words (empty: they are entries of the batch).
     words: Vec<TailWord>,
-    /// The pairs' copies (`(src, counter)`), for when `words` cannot go (`Part::copy_pairs`).
-    pairs: Vec<(u64, u64)>,
+    /// The commands' tail writes, for when `words` cannot go (`Part::copy_pairs`).
+    tails: Vec<Tail>,
 }
 
 impl Part<'_> {
     /// Sends the pairs as copies from the window (the last entries) instead of tail words.
     fn copy_pairs(&mut self) {
-        if self.words.is_empty() {
-            return;
-        }
-        self.words.clear();
-        for &(src, counter) in &self.pairs {
-            self.lo.push(src);
-            self.ro.push(counter);
-            self.sz.push(TAIL_WRITE_BYTES);
+        if !self.words.is_empty() {
+            self.words.clear();
+            push_pair_copies((&mut self.lo, &mut self.ro, &mut self.sz), &self.tails);
         }
     }
 }
@@ -152,16 +151,18 @@ impl State {
                 continue;
             };
             let data: Vec<&Cmd> = p.iter().filter(|c| c.len > 0).collect();
-            let tails: Vec<(u64, u64, Option<u64>)> =
+            let tails: Vec<Tail> =
                 p.iter().filter_map(|c| if let CmdOp::Tail { src, total } = c.op { Some((src, c.counter, total)) } else { None }).collect();
             // Tail words need data to follow (a batch has at least one entry) and a session
             // that stores them.
             let stores_words = || self.session.get(dst).and_then(|s| s.as_ref()?.as_ref()).is_some_and(|s| s.posts_tail_words());
             let words = if words_burst && !data.is_empty() && stores_words() { pair_words(&tails) } else { None };
-            let pairs: Vec<(u64, u64)> = tails.iter().map(|&(s, c, _)| (s, c)).collect();
-            let (lo, ro, sz) = ordered_entries(&data, if words.is_some() { &[] } else { &pairs });
+            let (mut lo, mut ro, mut sz) = data_entries(&data);
+            if words.is_none() {
+                push_pair_copies((&mut lo, &mut ro, &mut sz), &tails);
+            }
             let len = data.iter().map(|c| c.len).sum();
-            built.push((p, Part { dst, remote: &peer.data, len, lo, ro, sz, words: words.unwrap_or_default(), pairs }));
+            built.push((p, Part { dst, remote: &peer.data, len, lo, ro, sz, words: words.unwrap_or_default(), tails }));
         }
         let call = Instant::now();
         // Every batch over its destination's session, or all through the engine.

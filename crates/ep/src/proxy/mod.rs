@@ -307,8 +307,7 @@ impl State {
         // Signals alone go through MORI-IO's signalled write (which checks every counter
         // before anything is posted); tail writes here are this proxy's own second step.
         let call = Instant::now();
-        let (lo, ro, sz): (Vec<u64>, Vec<u64>, Vec<u64>) =
-            (data.iter().map(|c| c.local_off).collect(), data.iter().map(|c| c.remote_off).collect(), data.iter().map(|c| c.len).collect());
+        let (lo, ro, sz) = burst::data_entries(&data);
         let b = RegionBatch {
             local: &self.local,
             local_offs: &lo,
