@@ -2,8 +2,10 @@
 //! segments as copy-engine copies, then small words (a counter pair that tells a peer the
 //! segment landed) and the slot's completion flag in one stream memory-operation batch behind
 //! them. A batch of a segment and its pair then costs two driver calls and the copy engine's
-//! latency, where the ordered-copy kernel costs one call but waits for a launch, and two
-//! copies cost two calls plus a flag write (docs/PERFORMANCE.md, "The inter-node leg alone").
+//! latency, where the ordered-copy kernel costs one call but waits for a launch. Measured under
+//! the inter-node EP on an H100, the second call cost more than the shorter wait saved
+//! (docs/PERFORMANCE.md, "Counter pairs as tail words"), so the EP proxy uses it only when
+//! told to.
 
 use super::{copy_engine, CopyPool, CopySeg, Lane};
 use crate::error::{GpuError, Result};
