@@ -12,7 +12,9 @@
 //! copy-engine copies, then every word and the completion flag in one stream memory-operation
 //! batch ([`mori_gpu::CopyPool::copy_then_write`]), one submission per device. A segment and
 //! its counter pair then cost two driver calls and the copy engine's latency, where the
-//! ordered-copy kernel's launch waits several µs longer for the pair to land.
+//! ordered-copy kernel's launch waits several µs longer for the pair to land (the second call
+//! cost more than that under the inter-node EP: docs/PERFORMANCE.md, "Counter pairs as tail
+//! words").
 
 use super::{copy_seg, Done, Inner, Keep, XgmiRoute};
 use mori_gpu::{CopySeg, Device, StreamWrite};
