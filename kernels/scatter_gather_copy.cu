@@ -98,6 +98,38 @@
 //   writes no flag). A table with n = 0 copies nothing and writes no flag (how a launch that is
 //   no longer needed is let go).
 //
+// mori_ordered_copy_resident  (extern "C", unmangled): a grid that stays on the device and runs
+// mori_ordered_copy tables as the host posts them into mapped host memory, so that posting an
+// ordered batch makes no driver call and waits for no launch (the copy pool's resident copier).
+//   params  0: ResidentParams p       40 bytes, offset 0, BY VALUE (8-aligned)
+//   ResidentParams (40 bytes): { u64 ring (0): device address of the ring, host memory the
+//           device maps; u64 scratch (8): device memory of the grid's own, 256 + depth * 256
+//           bytes; u64 idle_ns (16): how long the grid waits with nothing posted before it
+//           exits; u32 depth (24): table slots, a power of two from 1 to 64; u32 start (28):
+//           the number of the last table already run (the next is start + 1, cyclic); u32 gen
+//           (32): this launch's number, different from the previous launch's on the same
+//           scratch; u32 pad (36) }.
+//   The ring: u32 posted (0), the number of the last table posted (the host's); u32 stop (4),
+//           non-zero: exit once nothing is posted (the host's); u32 state (8), the grid's:
+//           1 running, 2 about to exit, 3 exited (the host writes 0 before a launch); u32 done
+//           (12), the grid's: the number of the last table it ran, written before state 3;
+//           table s (an OrderedCopy) at byte 256 + (s % depth) * 256.
+//   Block 0 reads `posted` and each new table from the ring, copies the table into scratch
+//   (byte 256 + (s % depth) * 256) and publishes its number in the u64 at scratch byte 0
+//   (gen << 33 | exit << 32 | s); the other blocks read both from scratch, so only block 0
+//   polls host memory. Every block runs every table, in order, as mori_ordered_copy's grid
+//   would (the table's arrival words, flag and groups as there; the grid must be a multiple of
+//   each table's group count, else the table copies nothing and writes no flag). With nothing
+//   posted for idle_ns, or stop set and nothing posted, block 0 writes state 2, fences at
+//   system scope and reads `posted` again: unchanged, it publishes the exit, writes done, then
+//   state 3, and the grid exits; changed, it writes state 1 and runs the table. The host
+//   writes a table, then `posted`, fences, then reads state (the same store-fence-load on both
+//   sides: one of them sees the other's store): 2 means wait for 1 or 3, 3 means launch again
+//   with start = done. A block other than 0 that sees nothing published for idle_ns + 1 s
+//   exits (block 0 was never scheduled); the host's wait for the flag then times out. Launch
+//   1-D, no dynamic shared memory, block 256, every block co-resident (the grid's blocks wait
+//   for block 0): a few blocks per multiprocessor at most; one grid at a time per ring.
+//
 // The copy: threads copy elements of the widest width src and dst share: 16 bytes when
 // (src ^ dst) % 16 == 0, else 8, 4, 2 or 1, with byte copies before the first and after the
 // last aligned element.
@@ -170,6 +202,23 @@ struct OrderedCopy {
     uint32_t pad;
 };
 static_assert(sizeof(OrderedCopy) == 232, "OrderedCopy is 232 bytes");
+
+struct ResidentParams {
+    uint64_t ring;
+    uint64_t scratch;
+    uint64_t idle_ns;
+    uint32_t depth;
+    uint32_t start;
+    uint32_t gen;
+    uint32_t pad;
+};
+static_assert(sizeof(ResidentParams) == 40, "ResidentParams is 40 bytes");
+
+// The resident grid's states (ring word 2) and its table slots' stride.
+#define MORI_RESIDENT_RUNNING 1u
+#define MORI_RESIDENT_EXITING 2u
+#define MORI_RESIDENT_EXITED 3u
+#define MORI_RESIDENT_STRIDE 256u
 
 // Copies count elements of T: this thread takes elements lane, lane + stride, ..., U loads in
 // flight at a time.
@@ -346,4 +395,96 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_armed(const OrderedC
     const uint32_t groups = t.groups > 1 ? t.groups : 1;
     if (mori_grid_dim() % groups != 0) return;
     mori_ordered_runs(t, mori_grid_dim() / groups);
+}
+
+// The word block 0 publishes in scratch for the other blocks (see the ABI above).
+MORI_DEVICE uint64_t mori_resident_word(uint32_t gen, uint32_t exit, uint32_t seq) {
+    return ((uint64_t)gen << 33) | ((uint64_t)exit << 32) | seq;
+}
+
+// Block 0's wait for the next table (see the ABI above): true when one was posted, false when
+// the grid exits. Thread 0 only.
+MORI_DEVICE bool mori_resident_lead(const ResidentParams& p, volatile uint32_t* ring, uint32_t seq,
+                                    uint64_t since) {
+    for (;;) {
+        if (ring[0] != seq) return true;
+        if (ring[1] == 0 && mori_clock_ns() - since < p.idle_ns) continue;
+        ring[2] = MORI_RESIDENT_EXITING;
+        mori_fence_system();
+        if (ring[0] == seq) return false;
+        ring[2] = MORI_RESIDENT_RUNNING;
+        mori_fence_system();
+        return true;
+    }
+}
+
+// The other blocks' wait for block 0's word: true when a table after `seq` was published,
+// false on the exit (or with nothing published for idle_ns + 1 s). Thread 0 only.
+MORI_DEVICE bool mori_resident_follow(const ResidentParams& p, volatile uint64_t* word, uint32_t seq,
+                                      uint64_t since) {
+    for (;;) {
+        const uint64_t w = *word;
+        if ((uint32_t)(w >> 33) == p.gen) {
+            if ((uint32_t)w != seq) return true;
+            if ((w >> 32) & 1) return false;
+        }
+        if (mori_clock_ns() - since > p.idle_ns + 1000000000ull) return false;
+    }
+}
+
+MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_GRID_CONSTANT ResidentParams p) {
+    if (p.depth == 0 || p.depth > 64 || (p.depth & (p.depth - 1)) != 0) return;
+    volatile uint32_t* ring = (volatile uint32_t*)p.ring;
+    volatile uint64_t* word = (volatile uint64_t*)p.scratch;
+    MORI_SHARED_STRUCT(OrderedCopy, t);
+    MORI_SHARED uint32_t more;
+    const uint32_t tid = mori_thread_idx();
+    const bool lead = mori_block_idx() == 0;
+    uint32_t seq = p.start;
+    if (lead && tid == 0) {
+        *word = mori_resident_word(p.gen, 0, seq);
+        ring[2] = MORI_RESIDENT_RUNNING;
+        mori_fence_system();
+    }
+    uint64_t since = mori_clock_ns();
+    for (;;) {
+        if (tid == 0) {
+            more = lead ? mori_resident_lead(p, ring, seq, since) : mori_resident_follow(p, word, seq, since);
+            mori_fence_device();
+        }
+        mori_sync_block();
+        if (!more) break;
+        seq += 1;
+        const uint32_t off = MORI_RESIDENT_STRIDE + (seq & (p.depth - 1)) * MORI_RESIDENT_STRIDE;
+        uint32_t* dst = (uint32_t*)&t;
+        const uint32_t words = sizeof(OrderedCopy) / 4;
+        if (lead) {
+            const volatile uint32_t* src = (const volatile uint32_t*)(p.ring + off);
+            volatile uint32_t* rel = (volatile uint32_t*)(p.scratch + off);
+            for (uint32_t i = tid; i < words; i += mori_block_dim()) {
+                const uint32_t v = src[i];
+                dst[i] = v;
+                rel[i] = v;
+            }
+            mori_fence_device();
+            mori_sync_block();
+            if (tid == 0) *word = mori_resident_word(p.gen, 0, seq);
+        } else {
+            const volatile uint32_t* src = (const volatile uint32_t*)(p.scratch + off);
+            for (uint32_t i = tid; i < words; i += mori_block_dim()) dst[i] = src[i];
+            mori_sync_block();
+        }
+        const uint32_t groups = t.groups > 1 ? t.groups : 1;
+        if (mori_grid_dim() % groups == 0) mori_ordered_runs(t, mori_grid_dim() / groups);
+        // Every thread is done with `t` and `more` before thread 0 waits for the next table.
+        mori_sync_block();
+        since = mori_clock_ns();
+    }
+    if (lead && tid == 0) {
+        *word = mori_resident_word(p.gen, 1, seq);
+        ring[3] = seq;
+        mori_fence_system();
+        ring[2] = MORI_RESIDENT_EXITED;
+        mori_fence_system();
+    }
 }
