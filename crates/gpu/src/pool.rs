@@ -42,6 +42,7 @@ mod config;
 mod flags;
 mod ordered;
 mod paged;
+mod resident;
 mod slot;
 mod stats;
 mod words;
@@ -49,6 +50,7 @@ pub use armed::{ARMED_ENV, ARMED_MAX};
 pub use config::{env_switch, env_text, CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
 pub use ordered::{ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS};
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
+pub use resident::{RESIDENT_DEADLINE, RESIDENT_ENV, RESIDENT_IDLE, RESIDENT_MAX_BLOCKS};
 pub use slot::Lane;
 use slot::Slot;
 pub use stats::{submit_stats, SubmitStats};
@@ -73,10 +75,12 @@ pub struct CopySeg {
 /// completion thread, or a thread inside [`CopyPool::progress`]).
 pub type CopyDone = Box<dyn FnOnce(Result<()>) + Send>;
 
-// Fields drop in declaration order: the armed launches (let go, their stream drained) and the
-// slots (each waits for its last submission, or leaks what it may still touch) before the
+// Fields drop in declaration order: the resident copier (its grid exited), the armed launches
+// (let go, their stream drained) and the slots (each waits for its last submission, or leaks what it may still touch) before the
 // kernels' module and the streams.
 struct DevPool {
+    /// The resident copier ([`CopyPoolConfig::resident_blocks`]), when on.
+    resident: Option<resident::Resident>,
     /// The armed ordered-copy launches ([`CopyPoolConfig::armed_depth`]), when on.
     armed: Option<armed::Armed>,
     device: Device,
@@ -114,12 +118,18 @@ pub fn armed_depth(configured: usize) -> Result<usize> {
 /// [`Pending::stream`] of a fired armed launch (on the armed stream, not a lane).
 const ARMED_LANE: usize = usize::MAX;
 
+/// [`Pending::stream`] of a table posted to the resident copier ([`Pending::table`] its table
+/// slot): no event follows it, its flag alone tells.
+const RESIDENT_LANE: usize = usize::MAX - 1;
+
 struct Pending {
     /// Device ordinal: the index of its pool in `Shared::devs`.
     dev: u32,
     slot: usize,
-    /// Its lane, or [`ARMED_LANE`].
+    /// Its lane, [`ARMED_LANE`] or [`RESIDENT_LANE`].
     stream: usize,
+    /// Its table slot in the resident copier ([`RESIDENT_LANE`] only).
+    table: usize,
     done: CopyDone,
     /// Enqueueing failed part-way: the submission fails with this once the event fired.
     failed: Option<GpuError>,
@@ -127,6 +137,24 @@ struct Pending {
     /// flag; the event tells), and when a completion step last asked the event.
     flag_seq: u32,
     asked: Instant,
+}
+
+impl Pending {
+    /// When it was posted: a resident table's ([`RESIDENT_LANE`]) `asked` is not moved by the
+    /// checks of its grid, so it is that instant (the deadline counts from it).
+    fn posted_at(&self) -> Instant {
+        self.asked
+    }
+}
+
+/// The copy module's kernels on a device (all none when it does not load).
+#[derive(Default)]
+struct Kernels {
+    sg: Option<Function>,
+    paged: Option<paged::PagedKernels>,
+    ordered: Option<Function>,
+    armed: Option<Function>,
+    resident: Option<Function>,
 }
 
 /// Called by the completion thread between rounds (see [`CopyPool::set_idle_hook`]).
@@ -203,8 +231,11 @@ impl CopyPool {
     /// device on first use. `MORI_GPU_PAGED_INLINE_RUNS`, when set, replaces
     /// `cfg.paged_inline_runs`, [`SPIN_ENV`] `cfg.spin_in_flight` and [`FLAGS_ENV`]
     /// `cfg.host_flags`, [`ARMED_ENV`] `cfg.armed_depth` (which HIP, and a pool without the
-    /// ordered-copy kernel, set to 0). Errors: `InvalidArgument` for zero streams or events,
-    /// an armed depth above [`ARMED_MAX`] or (where it arms) not below `num_events`, a
+    /// ordered-copy kernel, set to 0), [`RESIDENT_ENV`] `cfg.resident_blocks` (which HIP, and a
+    /// pool without the ordered-copy kernel or flags, set to 0). Errors: `InvalidArgument` for
+    /// zero streams or events, an armed depth above [`ARMED_MAX`] or (where it arms) not below
+    /// `num_events`, resident blocks above [`RESIDENT_MAX_BLOCKS`] or a `resident_idle` outside
+    /// 1 ms to 10 s, a
     /// `paged_inline_runs` (or that variable) that is not a number from 0 to
     /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (any of
     /// the three not UTF-8 too); `Io` if the thread cannot be spawned.
@@ -240,6 +271,20 @@ impl CopyPool {
                 cfg.num_events,
                 cfg.num_events - 1
             )));
+        }
+        cfg.resident_blocks = resident::blocks(cfg.resident_blocks, env_text(RESIDENT_ENV)?.as_deref())?;
+        if !(Duration::from_millis(1)..=Duration::from_secs(10)).contains(&cfg.resident_idle) {
+            return Err(GpuError::invalid(format!("copy pool: resident_idle {:?}: 1 ms to 10 s", cfg.resident_idle)));
+        }
+        if rt.kind() == crate::RuntimeKind::Hip && cfg.resident_blocks > 0 {
+            tracing::info!(
+                "copy pool: HIP runtime: ordered batches are launched when posted (the resident copier never ran on an AMD GPU)"
+            );
+            cfg.resident_blocks = 0;
+        }
+        if cfg.resident_blocks > 0 && (cfg.ordered_kernel != Some(true) || cfg.kernel_threshold == 0 || cfg.host_flags != Some(true)) {
+            tracing::warn!("copy pool: the resident copier needs the ordered-copy kernel and completion flags, which this pool does not use: ordered batches are launched when posted");
+            cfg.resident_blocks = 0;
         }
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
@@ -360,7 +405,7 @@ impl CopyPool {
         }
         // Made and boxed only now: the device work is already queued, so this overlaps it.
         let done: CopyDone = Box::new(make_done());
-        s.pending.lock().push(Pending { dev: dev.0, slot, stream: si, done, failed, flag_seq, asked: Instant::now() });
+        s.pending.lock().push(Pending { dev: dev.0, slot, stream: si, table: 0, done, failed, flag_seq, asked: Instant::now() });
         Ok(())
     }
 
@@ -507,6 +552,15 @@ impl CopyPool {
         M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
+        let make_done = match dp.resident.as_ref().filter(|r| r.takes(groups)) {
+            // SAFETY: forwarded contract.
+            Some(r) => match unsafe { self.post_resident(dp, r, table, make_done) } {
+                Ok(r) => return r,
+                // Every table slot busy, or the copier failed (said once): launched.
+                Err(m) => m,
+            },
+            None => make_done,
+        };
         let make_done = match dp.armed.as_ref().filter(|a| a.can_fire(groups)) {
             // SAFETY: forwarded contract.
             Some(a) => match unsafe { self.fire_armed(dp, a, table, make_done) } {
@@ -575,8 +629,67 @@ impl CopyPool {
         stats::count_armed();
         // Made and boxed only now: the device already runs the copy.
         let done: CopyDone = Box::new(make_done());
-        self.shared.pending.lock().push(Pending { dev: dp.device.0, slot, stream: ARMED_LANE, done, failed: None, flag_seq, asked: t1 });
+        self.shared.pending.lock().push(Pending {
+            dev: dp.device.0,
+            slot,
+            stream: ARMED_LANE,
+            table: 0,
+            done,
+            failed: None,
+            flag_seq,
+            asked: t1,
+        });
         dp.top_up(true);
+        Ok(Ok(()))
+    }
+
+    /// Posts `table` to `dp`'s resident copier (see [`CopyPoolConfig::resident_blocks`]): a
+    /// free slot taken for its completion flag, the table written into host memory, no driver
+    /// call unless no grid runs. Returns `Err(make_done)` when the copier does not take it
+    /// now (every table slot busy, no flag, a failed launch: the caller launches).
+    ///
+    /// # Safety
+    /// As [`CopyPool::copy`], for the table's segments.
+    unsafe fn post_resident<M, D>(
+        &self,
+        dp: &DevPool,
+        r: &resident::Resident,
+        table: ordered::OrderedCopy,
+        make_done: M,
+    ) -> std::result::Result<Result<()>, M>
+    where
+        M: FnOnce() -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        let t0 = Instant::now();
+        let Ok(slot) = self.shared.take_slot(dp) else { return Err(make_done) };
+        let t1 = Instant::now();
+        let Some((w, flag_seq)) = dp.next_flag(slot).map(|(w, seq)| (w.ptr(), seq)) else {
+            dp.free.lock().push(slot);
+            return Err(make_done);
+        };
+        let table_slot = match r.post(table, (w, flag_seq)) {
+            Ok(Some(t)) => t,
+            Ok(None) | Err(_) => {
+                dp.free.lock().push(slot);
+                return Err(make_done);
+            }
+        };
+        let t2 = Instant::now();
+        stats::count_submit([t0, t1, t2, t2]);
+        stats::count_resident();
+        // Made and boxed only now: the device may already run the copy.
+        let done: CopyDone = Box::new(make_done());
+        self.shared.pending.lock().push(Pending {
+            dev: dp.device.0,
+            slot,
+            stream: RESIDENT_LANE,
+            table: table_slot,
+            done,
+            failed: None,
+            flag_seq,
+            asked: t2,
+        });
         Ok(Ok(()))
     }
 
@@ -682,8 +795,8 @@ impl Shared {
             _ => Vec::new(),
         };
         flags.resize_with(self.cfg.num_events, || None);
-        let (kernel, paged, ordered, armed_fn) =
-            if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { (None, None, None, None) };
+        let Kernels { sg: kernel, paged, ordered, armed: armed_fn, resident: resident_fn } =
+            if self.cfg.kernel_threshold > 0 { self.load_kernels(dev) } else { Kernels::default() };
         let arrivals = match ordered.as_ref().filter(|_| self.cfg.ordered_kernel == Some(true)) {
             Some(_) => match ordered::alloc_arrivals(&self.rt, dev, self.cfg.num_events) {
                 Ok(b) => Some(b),
@@ -708,7 +821,9 @@ impl Shared {
         let ordered = ordered.filter(|_| arrivals.is_some());
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
         let armed = self.arm(dev, ordered.is_some(), armed_fn, sms);
+        let resident = self.resident(dev, ordered.is_some() && slots.iter().all(|s| s.flag.is_some()), resident_fn);
         Ok(cell.get_or_init(|| DevPool {
+            resident,
             armed,
             device: dev,
             kernel,
@@ -725,25 +840,56 @@ impl Shared {
         }))
     }
 
-    /// The scatter/gather, paged-copy, ordered-copy and armed ordered-copy kernels on `dev`
-    /// (one module); all none (logged) if no image loads or any is missing, and batches then
-    /// use one copy per segment, paged copies one copy per range.
-    #[allow(clippy::type_complexity)]
-    fn load_kernels(&self, dev: Device) -> (Option<Function>, Option<paged::PagedKernels>, Option<Function>, Option<Function>) {
+    /// The scatter/gather, paged-copy, ordered-copy, armed and resident ordered-copy kernels
+    /// on `dev` (one module); all none (logged) if no image loads or any is missing, and
+    /// batches then use one copy per segment, paged copies one copy per range.
+    fn load_kernels(&self, dev: Device) -> Kernels {
         let images = KernelImages { cubin: SG_CUBIN, ptx: SG_PTX, hsaco: SG_GFX942 };
         let loaded = images.load(&*self.rt, dev).and_then(|m| {
-            let paged = paged::PagedKernels { table: m.function("mori_paged_copy")?, inline: m.function("mori_paged_copy_inline")? };
-            Ok((m.function("mori_scatter_gather_copy")?, paged, m.function("mori_ordered_copy")?, m.function("mori_ordered_copy_armed")?))
+            Ok(Kernels {
+                sg: Some(m.function("mori_scatter_gather_copy")?),
+                paged: Some(paged::PagedKernels { table: m.function("mori_paged_copy")?, inline: m.function("mori_paged_copy_inline")? }),
+                ordered: Some(m.function("mori_ordered_copy")?),
+                armed: Some(m.function("mori_ordered_copy_armed")?),
+                resident: Some(m.function("mori_ordered_copy_resident")?),
+            })
         });
         match loaded {
-            Ok((sg, paged, ord, armed)) => (Some(sg), Some(paged), Some(ord), Some(armed)),
+            Ok(k) => k,
             Err(e) => {
                 tracing::warn!(
                     device = dev.0,
                     error = %e,
                     "no scatter/gather kernels: batches use one copy per segment, paged copies one per range"
                 );
-                (None, None, None, None)
+                Kernels::default()
+            }
+        }
+    }
+
+    /// `dev`'s resident copier when [`CopyPoolConfig::resident_blocks`] asks for one and the
+    /// ordered-copy kernel and flags are in use (`usable`); the path taken is logged either way.
+    fn resident(&self, dev: Device, usable: bool, f: Option<Function>) -> Option<resident::Resident> {
+        let blocks = self.cfg.resident_blocks;
+        if blocks == 0 {
+            return None;
+        }
+        let Some(f) = f.filter(|_| usable) else {
+            tracing::warn!(device = dev.0, "copy pool: a resident copier of {blocks} blocks asked for, but ordered batches do not use the ordered-copy kernel with flags here: each is launched when posted");
+            return None;
+        };
+        match resident::Resident::new(&self.rt, dev, f, blocks, self.cfg.resident_idle) {
+            Ok(r) => {
+                tracing::info!(
+                    device = dev.0,
+                    blocks = r.grid(),
+                    "copy pool: ordered batches go to a resident copier (no driver call to post one)"
+                );
+                Some(r)
+            }
+            Err(e) => {
+                tracing::warn!(device = dev.0, error = %e, "copy pool: no resident copier: ordered batches are launched when posted");
+                None
             }
         }
     }
@@ -827,21 +973,31 @@ impl Shared {
             };
             let p = &mut mine[i];
             let flag = dp.slots[p.slot].flag.as_ref().filter(|_| p.flag_seq != 0);
-            let fired = match flag {
-                Some(f) if f.fired(p.flag_seq) => Ok(true),
-                Some(_) if p.asked.elapsed() < FLAG_FALLBACK => Ok(false),
-                _ => {
-                    p.asked = Instant::now();
-                    let r = dp.slots[p.slot].event.query();
-                    tally.query(p.asked);
-                    // The flag is written before the event is recorded: an event that fired
-                    // with its flag unseen means flags do not reach this host.
-                    if matches!(r, Ok(true)) && flag.is_some_and(|f| !f.fired(p.flag_seq)) {
-                        tally.flag_miss();
-                        flags::warn_once(&flags::SAID_MISSED, "an event fired before its completion flag was seen: flags do not reach the host here; completions wait for the once-a-millisecond event check");
+            let fired = match (flag, dp.resident.as_ref().filter(|_| p.stream == RESIDENT_LANE)) {
+                // A resident table: no event follows it; its flag, the grid's stream (a
+                // fault) and the deadline tell.
+                (Some(f), Some(_)) if f.fired(p.flag_seq) => Ok(true),
+                (_, Some(r)) => match r.fault() {
+                    Some(e) => Err(e),
+                    None if p.posted_at().elapsed() > resident::RESIDENT_DEADLINE => Err(r.overdue()),
+                    None => Ok(false),
+                },
+                (flag, None) => match flag {
+                    Some(f) if f.fired(p.flag_seq) => Ok(true),
+                    Some(_) if p.asked.elapsed() < FLAG_FALLBACK => Ok(false),
+                    _ => {
+                        p.asked = Instant::now();
+                        let r = dp.slots[p.slot].event.query();
+                        tally.query(p.asked);
+                        // The flag is written before the event is recorded: an event that fired
+                        // with its flag unseen means flags do not reach this host.
+                        if matches!(r, Ok(true)) && flag.is_some_and(|f| !f.fired(p.flag_seq)) {
+                            tally.flag_miss();
+                            flags::warn_once(&flags::SAID_MISSED, "an event fired before its completion flag was seen: flags do not reach the host here; completions wait for the once-a-millisecond event check");
+                        }
+                        r
                     }
-                    r
-                }
+                },
             };
             let r = match fired {
                 Ok(false) => {
@@ -852,12 +1008,17 @@ impl Shared {
                 Err(e) => Err(e),
             };
             let p = mine.swap_remove(i);
+            if p.stream == RESIDENT_LANE {
+                if let (Some(res), Ok(_)) = (dp.resident.as_ref(), r.as_ref()) {
+                    res.completed(p.table);
+                }
+            }
             match (p.stream, dp.armed.as_ref()) {
                 (ARMED_LANE, Some(a)) => {
                     a.completed();
                     rearm.push(p.dev);
                 }
-                (ARMED_LANE, None) => {}
+                (ARMED_LANE | RESIDENT_LANE, _) => {}
                 (lane, _) => {
                     dp.busy[lane].fetch_sub(1, Ordering::AcqRel);
                 }

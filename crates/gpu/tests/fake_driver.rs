@@ -15,8 +15,10 @@ mod fake_build;
 fn gpu_tests_pass_against_the_fake_driver() {
     // The tests pin their own pool configurations (the armed one its own depth).
     let envs = [("MORI_GPU_RUNTIME", "cuda")];
-    let Some(run) = fake_build::run_module_against_fake("gpu", "gpu_tests::", &envs, &[mori_gpu::ARMED_ENV]) else { return };
+    let Some(run) = fake_build::run_module_against_fake("gpu", "gpu_tests::", &envs, &[mori_gpu::ARMED_ENV, mori_gpu::RESIDENT_ENV]) else {
+        return;
+    };
     assert!(run.success, "the GPU tests failed against the fake driver");
     assert!(run.stdout.contains("runtime: CUDA from "), "the fake driver was not loaded");
-    assert!(run.stdout.contains("test result: ok. 18 passed; 0 failed"), "not all 18 GPU tests ran");
+    assert!(run.stdout.contains("test result: ok. 19 passed; 0 failed"), "not all 19 GPU tests ran");
 }

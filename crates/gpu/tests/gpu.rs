@@ -1561,3 +1561,141 @@ fn copy_pool_paged_copies_and_staged_tables() -> R {
     println!("copy pool: paged copies (merged and strided, both directions, inline and uploaded run tables, 512 runs, per range) and a staged descriptor table");
     Ok(())
 }
+
+/// The resident copier (`CopyPoolConfig::resident_blocks`): ordered batches posted one at a
+/// time, several in flight at once, and several in one post, all run by one grid launched by
+/// the first post (no launch per batch); the grid exits once idle, memory is then freed while
+/// the pool lives, and the next post launches a new grid that starts where the old one
+/// stopped. Every byte checked, and nothing written outside the segments.
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    if std::env::var_os(mori_gpu::RESIDENT_ENV).is_some() {
+        return fail(format!("unset {} for this test: it counts the resident copier's launches", mori_gpu::RESIDENT_ENV));
+    }
+    let rt = rt()?;
+    let what = "resident copier";
+    let len = 4usize << 20;
+    let a = rt.alloc(DEV, len)?;
+    let b = rt.alloc(DEV, len)?;
+    // Freed while the pool lives, once its grid exited.
+    let spare = rt.alloc(DEV, 4096)?;
+    // 24 blocks: one, two, three or four groups a post. An idle wait longer than a round of
+    // this test takes (the debug build's checks against the stand-in driver included).
+    let idle = Duration::from_secs(1);
+    let cfg = CopyPoolConfig {
+        num_events: 32,
+        ordered_kernel: Some(true),
+        resident_blocks: 24,
+        resident_idle: idle,
+        ..CopyPoolConfig::default()
+    };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-resident")?;
+    let quarter = (len / 4) as u64;
+    // A batch: most of a quarter, then a 16-byte pair from the quarter's end.
+    let pair = |g: u64| {
+        vec![
+            CopySeg { src: a.ptr() + g * quarter + 3, dst: b.ptr() + g * quarter + 8, len: quarter - 4096 - g * 777 },
+            CopySeg { src: a.ptr() + g * quarter + quarter - 64, dst: b.ptr() + g * quarter + quarter - 32, len: 16 },
+        ]
+    };
+    let verify = |name: &str, seed: u8, batches: &[u64]| -> R {
+        let mut back = vec![0u8; len];
+        rt.copy_dtoh(&mut back, &b.slice())?;
+        let mut covered = vec![false; len];
+        for &g in batches {
+            for sg in pair(g) {
+                let (so, d) = ((sg.src - a.ptr()) as usize, (sg.dst - b.ptr()) as usize);
+                check(&format!("{what}: {name}, batch {g}, segment at {d}"), &back[d..d + sg.len as usize], |i| pat(i + so, seed))?;
+                covered[d..d + sg.len as usize].iter_mut().for_each(|c| *c = true);
+            }
+        }
+        if back.iter().zip(&covered).any(|(&x, &c)| !c && x != 0) {
+            return fail(format!("{what}: {name}: bytes written outside the batches"));
+        }
+        Ok(())
+    };
+    let s0 = mori_gpu::submit_stats();
+    for k in 0..20u8 {
+        rt.copy_htod(&a.slice(), &pattern(len, k))?;
+        rt.memset(&b.slice(), 0)?;
+        // SAFETY: inside `a` and `b`, which outlive the wait.
+        unsafe { ordered_wait(&pool, what, pair(u64::from(k % 4))) }?;
+        verify(&format!("one at a time, round {k}"), k, &[u64::from(k % 4)])?;
+    }
+    // Four posted back to back (in flight together), then four in one post (four groups).
+    rt.copy_htod(&a.slice(), &pattern(len, 90))?;
+    rt.memset(&b.slice(), 0)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    for g in 0..4u64 {
+        let tx = tx.clone();
+        // SAFETY: inside `a` and `b`, which outlive the waits below.
+        unsafe {
+            pool.copy_in_order_with(DEV, pair(g), move || {
+                move |r| {
+                    let _ = tx.send(r);
+                }
+            })
+        }?;
+    }
+    let t = Instant::now();
+    let mut done = 0;
+    while done < 4 {
+        pool.progress();
+        if let Ok(r) = rx.try_recv() {
+            r.map_err(|e| Fail(format!("{what}: a batch posted back to back: {e}")))?;
+            done += 1;
+        }
+        if t.elapsed() > WAIT_TIMEOUT {
+            return fail(format!("{what}: {done} of 4 batches posted back to back done after {WAIT_TIMEOUT:?}"));
+        }
+        std::thread::yield_now();
+    }
+    verify("four back to back", 90, &[0, 1, 2, 3])?;
+    rt.copy_htod(&a.slice(), &pattern(len, 91))?;
+    rt.memset(&b.slice(), 0)?;
+    let groups: Vec<Vec<CopySeg>> = (0..4).map(pair).collect();
+    let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
+    // SAFETY: as above.
+    unsafe { groups_wait(&pool, what, &refs) }?;
+    verify("four in one post", 91, &[0, 1, 2, 3])?;
+    let st = mori_gpu::submit_stats().since(&s0);
+    if (st.ordered_launches, st.resident_posts, st.resident_launches) != (0, 25, 1) {
+        return fail(format!(
+            "{what}: {} launches, {} resident posts and {} resident grids for 25 posts, expected 0, 25 and 1",
+            st.ordered_launches, st.resident_posts, st.resident_launches
+        ));
+    }
+    // Idle past its wait, the grid exits: memory is freed while the pool lives, without
+    // waiting for the pool, and the next post launches a grid again.
+    std::thread::sleep(idle + Duration::from_millis(100));
+    let t = Instant::now();
+    drop(spare);
+    let free_took = t.elapsed();
+    let s1 = mori_gpu::submit_stats();
+    rt.copy_htod(&a.slice(), &pattern(len, 92))?;
+    rt.memset(&b.slice(), 0)?;
+    for g in [2u64, 3] {
+        // SAFETY: as above.
+        unsafe { ordered_wait(&pool, what, pair(g)) }?;
+    }
+    verify("after the idle exit", 92, &[2, 3])?;
+    let st = mori_gpu::submit_stats().since(&s1);
+    if (st.ordered_launches, st.resident_posts, st.resident_launches) != (0, 2, 1) {
+        return fail(format!(
+            "{what}: after the idle exit {} launches, {} resident posts and {} resident grids, expected 0, 2 and 1",
+            st.ordered_launches, st.resident_posts, st.resident_launches
+        ));
+    }
+    let t = Instant::now();
+    drop(pool);
+    let took = t.elapsed();
+    if took > Duration::from_secs(2) || free_took > Duration::from_secs(1) {
+        return fail(format!("{what}: freeing a buffer after the idle exit took {free_took:?}, dropping the pool {took:?}"));
+    }
+    println!(
+        "{what}: 20 batches one at a time, 4 back to back and 4 in one post on one grid (0 launches, 25 posts), checked byte for byte; idle exit, a buffer freed in {free_took:?}, 2 more batches on a new grid, checked; the pool dropped in {took:?}"
+    );
+    Ok(())
+}

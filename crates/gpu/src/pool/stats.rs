@@ -41,6 +41,11 @@ pub struct SubmitStats {
     /// Ordered batches that fired an armed launch ([`super::CopyPoolConfig::armed_depth`]):
     /// no driver call when posted (counted in `submissions` too, with no slot wait).
     pub armed_fires: u64,
+    /// Ordered batches posted to the resident copier ([`super::CopyPoolConfig::resident_blocks`]):
+    /// no driver call unless its grid had to be launched (counted in `submissions` too).
+    pub resident_posts: u64,
+    /// Grids of the resident copier launched (the first post, then one after each idle exit).
+    pub resident_launches: u64,
 }
 
 impl SubmitStats {
@@ -58,6 +63,8 @@ impl SubmitStats {
             flag_misses: self.flag_misses.saturating_sub(earlier.flag_misses),
             ordered_launches: self.ordered_launches.saturating_sub(earlier.ordered_launches),
             armed_fires: self.armed_fires.saturating_sub(earlier.armed_fires),
+            resident_posts: self.resident_posts.saturating_sub(earlier.resident_posts),
+            resident_launches: self.resident_launches.saturating_sub(earlier.resident_launches),
         }
     }
 
@@ -83,6 +90,8 @@ struct Submits {
     max_ns: AtomicU64,
     ordered: AtomicU64,
     armed: AtomicU64,
+    resident: AtomicU64,
+    resident_launches: AtomicU64,
 }
 
 /// The completion steps' counters, on a cache line apart from the submitters'.
@@ -101,6 +110,8 @@ static SUBMITS: Submits = Submits {
     max_ns: AtomicU64::new(0),
     ordered: AtomicU64::new(0),
     armed: AtomicU64::new(0),
+    resident: AtomicU64::new(0),
+    resident_launches: AtomicU64::new(0),
 };
 static QUERIES: Queries = Queries { n: AtomicU64::new(0), ns: AtomicU64::new(0), flag_misses: AtomicU64::new(0) };
 
@@ -117,6 +128,8 @@ pub fn submit_stats() -> SubmitStats {
         flag_misses: QUERIES.flag_misses.load(Ordering::Relaxed),
         ordered_launches: SUBMITS.ordered.load(Ordering::Relaxed),
         armed_fires: SUBMITS.armed.load(Ordering::Relaxed),
+        resident_posts: SUBMITS.resident.load(Ordering::Relaxed),
+        resident_launches: SUBMITS.resident_launches.load(Ordering::Relaxed),
     }
 }
 
@@ -141,6 +154,16 @@ pub(super) fn count_ordered() {
 /// Counts one fired armed launch.
 pub(super) fn count_armed() {
     SUBMITS.armed.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one table posted to a resident copier.
+pub(super) fn count_resident() {
+    SUBMITS.resident.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one launch of a resident copier's grid.
+pub(super) fn count_resident_launch() {
+    SUBMITS.resident_launches.fetch_add(1, Ordering::Relaxed);
 }
 
 /// One completion step's tally, added to the totals once when dropped.
@@ -194,6 +217,8 @@ mod tests {
             flag_misses: 1,
             ordered_launches: 1,
             armed_fires: 2,
+            resident_posts: 1,
+            resident_launches: 1,
         };
         let b = SubmitStats {
             submissions: 6,
@@ -206,6 +231,8 @@ mod tests {
             flag_misses: 3,
             ordered_launches: 4,
             armed_fires: 7,
+            resident_posts: 4,
+            resident_launches: 3,
         };
         let d = b.since(&a);
         assert_eq!(
@@ -220,7 +247,9 @@ mod tests {
                 event_query_ns: 40,
                 flag_misses: 2,
                 ordered_launches: 3,
-                armed_fires: 5
+                armed_fires: 5,
+                resident_posts: 3,
+                resident_launches: 2
             }
         );
         assert_eq!(d.mean_us(), (0.1, 2.0, 0.2));

@@ -21,7 +21,9 @@
  *     mori_scatter_gather_copy, mori_paged_copy, mori_paged_copy_inline (run table in
  *     the by-value parameter), mori_ordered_copy (its table checked as the kernel does,
  *     the arrival words' check, segments in order, then the flag write) and
- *     mori_ordered_copy_armed (the same, its table read from memory when it runs), run in stream order on the host: their effect by the
+ *     mori_ordered_copy_armed (the same, its table read from memory when it runs), and
+ *     mori_ordered_copy_resident (a host thread that runs the tables posted to its ring, exits
+ *     when idle or stopped, and holds its stream until then), run in stream order on the host: their effect by the
  *     ABI, not the kernels' code (the fences and the last-block arrival run only on a GPU); a range
  *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
@@ -199,10 +201,13 @@ static int new_memfd(uint64_t size) {
 }
 
 /* ---- streams and events ---- */
-enum { OP_COPY, OP_SET, OP_WRITE32, OP_WRITE64, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE, OP_ORDERED, OP_ORDERED_ARMED };
+enum { OP_COPY, OP_SET, OP_WRITE32, OP_WRITE64, OP_WAIT32, OP_RECORD, OP_WAIT_EVENT, OP_FILL, OP_SG, OP_PAGED, OP_PAGED_INLINE, OP_ORDERED, OP_ORDERED_ARMED, OP_RESIDENT };
 struct event { int done, timing; double t; };
 struct op { int kind; uint64_t a, b, n; uint32_t v, cond; struct event *ev; void *blob; struct op *next; };
-struct stream { struct op *head, *tail; struct stream *next_stream; };
+struct resident_run;
+/* `res`: the resident grid this stream last started; the stream runs nothing after it until
+ * it exited. */
+struct stream { struct op *head, *tail; struct stream *next_stream; struct resident_run *res; };
 static struct stream *streams;
 
 static double now_ms(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6; }
@@ -258,13 +263,71 @@ static void run(struct op *o) {
     free(o->blob);
     o->blob = NULL;
 }
+/* mori_ordered_copy_resident's by-value parameter (kernels/README.md): 40 bytes; the grid as a
+ * host thread that follows the ABI: it polls the ring, runs each posted table as
+ * mori_ordered_copy (under the driver's lock), and exits after idle_ns with nothing posted, or
+ * on stop, with the same store-fence-load on the state word as the kernel. */
+struct resident_params { uint64_t ring, scratch, idle_ns; uint32_t depth, start, gen, pad; };
+_Static_assert(sizeof(struct resident_params) == 40, "ResidentParams is 40 bytes");
+struct resident_run { struct resident_params p; uint64_t grid; volatile int running; pthread_t th; };
+static void *resident_main(void *arg) {
+    struct resident_run *r = arg;
+    volatile uint32_t *ring = (volatile uint32_t *)(uintptr_t)r->p.ring;
+    uint32_t seq = r->p.start;
+    ring[2] = 1;
+    __sync_synchronize();
+    double since = now_ms();
+    for (;;) {
+        if (ring[0] != seq) {
+            seq++;
+            struct ordered_copy t;
+            memcpy(&t, (const void *)(uintptr_t)(r->p.ring + 256 + (uint64_t)(seq & (r->p.depth - 1)) * 256), sizeof t);
+            pthread_mutex_lock(&mu);
+            if (ordered_table_ok(&t, r->grid)) {
+                kernel_range("mori_ordered_copy_resident", "arrival words", t.arrivals, 4);
+                run_ordered(&t);
+            }
+            pthread_mutex_unlock(&mu);
+            since = now_ms();
+            continue;
+        }
+        if (ring[1] == 0 && now_ms() - since < (double)r->p.idle_ns / 1e6) { sched_yield(); continue; }
+        ring[2] = 2;
+        __sync_synchronize();
+        if (ring[0] == seq) break;
+        ring[2] = 1;
+        __sync_synchronize();
+    }
+    ring[3] = seq;
+    __sync_synchronize();
+    ring[2] = 3;
+    __sync_synchronize();
+    r->running = 0;
+    return NULL;
+}
+/* Whether `s` still runs a resident grid (one that exited is joined and let go). */
+static int resident_running(struct stream *s) {
+    if (!s->res) return 0;
+    if (s->res->running) return 1;
+    pthread_join(s->res->th, NULL);
+    free(s->res);
+    s->res = NULL;
+    return 0;
+}
+
 /* Runs every runnable operation of every stream until nothing moves. */
 static void progress(void) {
     for (int moved = 1; moved;) {
         moved = 0;
         for (struct stream *s = streams; s; s = s->next_stream)
-            while (s->head && ready(s->head)) {
+            while (s->head && !resident_running(s) && ready(s->head)) {
                 struct op *o = s->head;
+                if (o->kind == OP_RESIDENT) {
+                    s->res = o->blob;
+                    o->blob = NULL;
+                    s->res->running = 1;
+                    if (pthread_create(&s->res->th, NULL, resident_main, s->res)) { fprintf(stderr, "fake libcuda: no thread for the resident grid\n"); abort(); }
+                }
                 run(o);
                 s->head = o->next;
                 if (!s->head) s->tail = NULL;
@@ -278,6 +341,17 @@ static void progress(void) {
  * forever when nothing else gives it. Here such a call aborts, naming itself. */
 static void device_wide(const char *call) {
     progress();
+    /* A resident grid exits by itself once nothing is posted (its idle wait): waited for, the
+     * lock let go meanwhile so that it can run what is posted. */
+    for (int i = 0; i < 10000; i++) {
+        int running = 0;
+        for (struct stream *s = streams; s; s = s->next_stream) running |= resident_running(s);
+        if (!running) break;
+        pthread_mutex_unlock(&mu);
+        usleep(1000);
+        pthread_mutex_lock(&mu);
+        progress();
+    }
     for (struct stream *s = streams; s; s = s->next_stream)
         if (s->head && !ready(s->head)) {
             fprintf(stderr, "fake libcuda: %s waits for the whole device, but a stream is blocked on a %s the host has not given: a GPU would block here until it is\n",
@@ -478,7 +552,7 @@ API CUresult cuStreamCreate(void **s, unsigned flags) { NEED_CTX; LOCKED(stream_
 static CUresult stream_destroy(struct stream *s) {
     if (!live_stream(s)) return INVALID_HANDLE;
     progress();
-    if (s->head) return UNKNOWN; /* destroyed while blocked: a test bug */
+    if (s->head || resident_running(s)) return UNKNOWN; /* destroyed while blocked: a test bug */
     for (struct stream **p = &streams; *p; p = &(*p)->next_stream) if (*p == s) { *p = s->next_stream; break; }
     free(s);
     return OK;
@@ -487,7 +561,7 @@ API CUresult cuStreamDestroy_v2(void *s) { NEED_CTX; LOCKED(stream_destroy(s)); 
 static CUresult stream_query(struct stream *s) {
     if (s && !live_stream(s)) return INVALID_HANDLE;
     progress();
-    return s && s->head ? NOT_READY : OK;
+    return s && (s->head || resident_running(s)) ? NOT_READY : OK;
 }
 API CUresult cuStreamQuery(void *s) { NEED_CTX; LOCKED(stream_query(s)); }
 API CUresult cuStreamSynchronize(void *s) {
@@ -887,6 +961,22 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
         memcpy(&table, params[0], 8);
         if (!table || table % 4) return INVALID_VALUE;
         LOCKED(submit(s, (struct op){.kind = OP_ORDERED_ARMED, .a = table, .n = gx}));
+    }
+    if (!strcmp(fn->name, "mori_ordered_copy_resident")) {
+        struct resident_run *r = calloc(1, sizeof *r);
+        if (!r) return 2;
+        memcpy(&r->p, params[0], sizeof r->p);
+        r->grid = gx;
+        const struct resident_params *p = &r->p;
+        /* The kernel exits at once on a depth it does not take; no caller of ours should pass one. */
+        if (!p->ring || p->ring % 4 || !p->scratch || !p->depth || p->depth > 64 || (p->depth & (p->depth - 1))) { free(r); return INVALID_VALUE; }
+        pthread_mutex_lock(&mu);
+        CUresult res = usable(p->ring, 256 + 256 * (uint64_t)p->depth) && usable(p->scratch, 256 + 256 * (uint64_t)p->depth)
+                           ? submit(s, (struct op){.kind = OP_RESIDENT, .blob = r})
+                           : INVALID_VALUE;
+        pthread_mutex_unlock(&mu);
+        if (res != OK) free(r);
+        return res;
     }
     if (strcmp(fn->name, "mori_test_fill")) return 98;
     uint64_t out; uint32_t n, base;

@@ -1,0 +1,411 @@
+//! The resident copier ([`super::CopyPoolConfig::resident_blocks`]): a grid of
+//! `mori_ordered_copy_resident` (kernels/scatter_gather_copy.cu) that stays on the device and
+//! runs ordered-copy tables as the host writes them into mapped host memory. Posting an
+//! ordered batch then writes its table and a counter: no driver call, no launch to wait for,
+//! and no stream wait for the device's front end to notice. Completion is the table's flag
+//! (the slot's completion flag), which the last block writes after every segment landed.
+//!
+//! Lifecycle: the grid is launched by the first post that finds none running and exits by
+//! itself once nothing was posted for [`super::CopyPoolConfig::resident_idle`] (or when the
+//! pool drops): its wait has
+//! a deadline, and a device-wide synchronisation or a `cuMemFree` waits at most that long for
+//! it. Posting and exiting meet through the ring's `posted` and `state` words with the same
+//! store-fence-load on both sides (kernels/README.md): a table posted while the grid decides
+//! to exit is either run by it or finds it exited, and then launches the next grid, which
+//! starts after the last table the old one ran (same stream, so after the old grid ended).
+//!
+//! Why: a launch of the ordered-copy kernel costs 8.6-13.3 µs of queueing inside the
+//! inter-node EP process on an H100, where bench_engine's whole batch-1 write takes 11-18 µs;
+//! armed launches (a stream wait, then the launch) avoid the call but stalled for milliseconds
+//! beside the EP kernels' grids (docs/PERFORMANCE.md).
+//!
+//! Costs: the grid holds its blocks on the device while it runs (a few per multiprocessor at
+//! most, [`RESIDENT_MAX_BLOCKS`] in all), block 0 polls one word of host memory, and every
+//! table runs after the previous one (one grid). Every block must be co-resident: launched
+//! when the device is already full, the tables wait for the blocks that are not, until the
+//! host's deadline ([`RESIDENT_DEADLINE`]) fails them. So it is off unless asked for; HIP turns
+//! it off (never run on an AMD GPU).
+
+use bytemuck::{Pod, Zeroable};
+use parking_lot::Mutex;
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::ordered::{OrderedCopy, ORDERED_BLOCK};
+use super::slot::drain;
+use crate::error::{GpuError, Result};
+use crate::memory::{DeviceBuffer, PinnedBuffer};
+use crate::module::{Function, KernelArgs};
+use crate::stream::Stream;
+use crate::types::Device;
+use crate::{LaunchConfig, Runtime};
+
+/// The environment variable that overrides [`super::CopyPoolConfig::resident_blocks`] (`0`
+/// off, else the grid's blocks, at most [`RESIDENT_MAX_BLOCKS`]).
+pub const RESIDENT_ENV: &str = "MORI_GPU_POOL_RESIDENT";
+
+/// Most blocks of a resident grid.
+pub const RESIDENT_MAX_BLOCKS: u32 = 1024;
+
+/// How long the grid waits with nothing posted before it exits, by default
+/// ([`super::CopyPoolConfig::resident_idle`]).
+pub const RESIDENT_IDLE: Duration = Duration::from_millis(50);
+
+/// How long a posted table may take to complete before its submission fails (and the pool
+/// stops posting to the grid).
+pub const RESIDENT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Table slots (a power of two, at most 64: the kernel's limit).
+pub(super) const DEPTH: u32 = 16;
+
+/// Bytes of a table slot and of the ring's header.
+const STRIDE: usize = 256;
+
+/// How long a post waits for a grid that is deciding to exit.
+const EXITING_WAIT: Duration = Duration::from_millis(100);
+
+/// How long dropping the pool waits for the grid to exit.
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
+/// The ring's state word (kernels/README.md): launched (set by the host), running, deciding to
+/// exit, exited.
+const LAUNCHED: u32 = 0;
+const RUNNING: u32 = 1;
+const EXITING: u32 = 2;
+const EXITED: u32 = 3;
+
+/// `mori_ordered_copy_resident`'s parameter (kernels/README.md): 40 bytes, by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct ResidentParams {
+    ring: u64,
+    scratch: u64,
+    idle_ns: u64,
+    depth: u32,
+    start: u32,
+    gen: u32,
+    pad: u32,
+}
+const _: () = assert!(std::mem::size_of::<ResidentParams>() == 40);
+
+/// `configured`, unless `env` (the value of [`RESIDENT_ENV`]) says otherwise. Errors:
+/// `InvalidArgument` naming the variable for a value that is not a number from 0 to
+/// [`RESIDENT_MAX_BLOCKS`], and for a configured count above it.
+pub(super) fn blocks(configured: u32, env: Option<&str>) -> Result<u32> {
+    let b = match env.map(str::trim) {
+        None => configured,
+        Some(v) => v.parse::<u32>().map_err(|_| {
+            GpuError::invalid(format!("{RESIDENT_ENV}={v:?}: must be the resident copier's blocks, 0 (off) to {RESIDENT_MAX_BLOCKS}"))
+        })?,
+    };
+    if b > RESIDENT_MAX_BLOCKS {
+        return Err(GpuError::invalid(format!(
+            "copy pool: a resident copier of {b} blocks (resident_blocks or {RESIDENT_ENV}): at most {RESIDENT_MAX_BLOCKS}"
+        )));
+    }
+    Ok(b)
+}
+
+/// The sans-IO part: the last number posted, which table slots hold a table not yet complete,
+/// the launch count.
+#[derive(Debug, Default)]
+pub(super) struct Book {
+    posted: u32,
+    busy: [bool; DEPTH as usize],
+    gen: u32,
+}
+
+impl Book {
+    /// The next table's number and slot, if that slot is free (its table of `DEPTH` numbers
+    /// earlier completed).
+    fn next(&self) -> Option<(u32, usize)> {
+        let seq = self.posted.wrapping_add(1);
+        let slot = (seq % DEPTH) as usize;
+        (!self.busy[slot]).then_some((seq, slot))
+    }
+
+    fn posted(&mut self, seq: u32, slot: usize) {
+        self.posted = seq;
+        self.busy[slot] = true;
+    }
+
+    /// The table posted as `seq` into `slot` was taken back (its grid could not be launched).
+    fn unposted(&mut self, seq: u32, slot: usize) {
+        self.posted = seq.wrapping_sub(1);
+        self.busy[slot] = false;
+    }
+
+    fn completed(&mut self, slot: usize) {
+        if let Some(b) = self.busy.get_mut(slot) {
+            *b = false;
+        }
+    }
+}
+
+/// A device's resident copier (see the module docs).
+pub(super) struct Resident {
+    rt: Arc<dyn Runtime>,
+    stream: Stream,
+    f: Function,
+    grid: u32,
+    /// How long the grid waits with nothing posted before it exits.
+    idle: Duration,
+    /// The header (posted, stop, state, done) and `DEPTH` table slots; mapped. Leaked rather
+    /// than freed when the grid does not exit (Drop).
+    ring: ManuallyDrop<PinnedBuffer>,
+    /// The grid's word and table copies, then `DEPTH` arrival blocks of 64 bytes; leaked
+    /// likewise.
+    scratch: ManuallyDrop<DeviceBuffer>,
+    book: Mutex<Book>,
+    /// Set after a failed launch or a table past its deadline: later batches are launched as
+    /// before (said once).
+    off: AtomicBool,
+    /// When [`Resident::fault`] last asked the stream.
+    asked: Mutex<Instant>,
+}
+
+impl Resident {
+    /// The stream, the ring and the scratch; no grid yet (the first post launches it).
+    /// Errors: the allocations', a ring that is not mapped, a grid of 0 blocks.
+    pub(super) fn new(rt: &Arc<dyn Runtime>, dev: Device, f: Function, grid: u32, idle: Duration) -> Result<Resident> {
+        if grid == 0 || grid > RESIDENT_MAX_BLOCKS {
+            return Err(GpuError::invalid(format!("copy pool: a resident copier of {grid} blocks: 1 to {RESIDENT_MAX_BLOCKS}")));
+        }
+        let ring = rt.alloc_mapped(dev, STRIDE * (1 + DEPTH as usize))?;
+        if ring.device_ptr().is_none() {
+            return Err(GpuError::invalid(format!("copy pool: the resident copier's ring on {dev} is not mapped into the device")));
+        }
+        // SAFETY: the buffer is ours, live and `len` bytes long; nothing reads it yet.
+        unsafe { std::ptr::write_bytes(ring.ptr() as *mut u8, 0, ring.len()) };
+        let scratch = rt.alloc(dev, STRIDE * (1 + DEPTH as usize) + 64 * DEPTH as usize)?;
+        rt.memset(&scratch.slice(), 0)?;
+        let r = Resident {
+            stream: rt.stream(dev)?,
+            rt: rt.clone(),
+            f,
+            grid,
+            idle,
+            ring: ManuallyDrop::new(ring),
+            scratch: ManuallyDrop::new(scratch),
+            book: Mutex::new(Book::default()),
+            off: AtomicBool::new(false),
+            asked: Mutex::new(Instant::now()),
+        };
+        // No grid ran: the first post launches one, starting after number 0.
+        r.word(2).store(EXITED, Ordering::Release);
+        Ok(r)
+    }
+
+    /// The grid's blocks.
+    pub(super) fn grid(&self) -> u32 {
+        self.grid
+    }
+
+    /// Word `i` of the ring's header (0 posted, 1 stop, 2 state, 3 done).
+    fn word(&self, i: usize) -> &AtomicU32 {
+        let p = (self.ring.ptr() as usize + 4 * i) as *mut u32;
+        // SAFETY: the word lies inside the live buffer (page-aligned allocation); the host
+        // only accesses it atomically, the device from outside.
+        unsafe { AtomicU32::from_ptr(p) }
+    }
+
+    /// Whether a table of `groups` groups can be posted: the grid is a multiple of the group
+    /// count (the kernel runs no other) and the copier is on.
+    pub(super) fn takes(&self, groups: u32) -> bool {
+        !self.off.load(Ordering::Relaxed) && self.grid.is_multiple_of(groups.max(1))
+    }
+
+    /// Writes `table` (its arrival words set here, its flag `flag`) into the next table slot
+    /// and posts it; launches a grid when none runs. Returns the table slot (for
+    /// [`Resident::completed`]), or `Ok(None)` when the next slot still holds a table not yet
+    /// complete (the caller launches). Errors: a failed launch (the table is taken back and the
+    /// copier is off from then on: the caller launches this batch and every later one), a grid
+    /// that kept deciding to exit for 100 ms.
+    pub(super) fn post(&self, table: OrderedCopy, flag: (u64, u32)) -> Result<Option<usize>> {
+        let mut book = self.book.lock();
+        let Some((seq, slot)) = book.next() else { return Ok(None) };
+        let arrivals = self.scratch.ptr() + (STRIDE * (1 + DEPTH as usize) + 64 * slot) as u64;
+        let t = table.finish(arrivals, Some(flag));
+        let bytes = bytemuck::bytes_of(&t);
+        let dst = (self.ring.ptr() as usize + STRIDE * (1 + slot)) as *mut u8;
+        // SAFETY: the slot lies inside the live buffer; the grid read the table it held last
+        // before that table completed (every block reads a table before the last one arrives),
+        // and it reads this one only after `posted` below.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        // The table's bytes before `posted` (a full fence: pinned memory may be write-combined).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.word(0).store(seq, Ordering::Release);
+        book.posted(seq, slot);
+        // Store `posted`, fence, load `state`: the grid does the same the other way round.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let t0 = Instant::now();
+        loop {
+            match self.word(2).load(Ordering::Acquire) {
+                LAUNCHED | RUNNING => return Ok(Some(slot)),
+                EXITED => break,
+                EXITING if t0.elapsed() < EXITING_WAIT => std::hint::spin_loop(),
+                s => {
+                    return Err(GpuError::Io {
+                        op: "copy pool: posting to the resident copier",
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!(
+                                "its grid on {} in state {s} after {EXITING_WAIT:?} (2: deciding to exit; 0-3 are the only states)",
+                                self.stream.device()
+                            ),
+                        ),
+                    })
+                }
+            }
+        }
+        match self.launch(&mut book) {
+            Ok(()) => Ok(Some(slot)),
+            Err(e) => {
+                book.unposted(seq, slot);
+                self.word(0).store(seq.wrapping_sub(1), Ordering::Release);
+                self.stop(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Launches a grid that starts after the last table the previous one ran.
+    fn launch(&self, book: &mut Book) -> Result<()> {
+        let (Some(ring), start) = (self.ring.device_ptr(), self.word(3).load(Ordering::Acquire)) else {
+            return Err(GpuError::invalid("copy pool: the resident copier's ring lost its mapping"));
+        };
+        book.gen = book.gen.wrapping_add(1);
+        self.word(2).store(LAUNCHED, Ordering::Release);
+        let p = ResidentParams {
+            ring,
+            scratch: self.scratch.ptr(),
+            idle_ns: self.idle.as_nanos().min(u64::MAX as u128) as u64,
+            depth: DEPTH,
+            start,
+            gen: book.gen,
+            pad: 0,
+        };
+        let mut args = KernelArgs::new();
+        args.push(p);
+        let cfg = LaunchConfig { grid: (self.grid, 1, 1), block: (ORDERED_BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel's ABI is (ResidentParams by value) (kernels/README.md); the ring
+        // is this copier's mapped host buffer and the scratch its device buffer, both live
+        // until the stream drained (Drop); the tables' segments are the posters' (their
+        // contract, as for a launch).
+        let r = unsafe { self.rt.launch(&self.f, &self.stream, &cfg, &args.params()) };
+        match r {
+            Ok(()) => super::stats::count_resident_launch(),
+            Err(_) => self.word(2).store(EXITED, Ordering::Release),
+        }
+        tracing::debug!(device = self.stream.device().0, gen = book.gen, start, "copy pool: resident copier launched");
+        r
+    }
+
+    /// The table in `slot` completed (its flag said so): the slot is free again.
+    pub(super) fn completed(&self, slot: usize) {
+        self.book.lock().completed(slot);
+    }
+
+    /// A table has waited [`RESIDENT_DEADLINE`]: its slot stays taken (the grid may still write
+    /// it) and the copier is off from then on.
+    pub(super) fn overdue(&self) -> GpuError {
+        let e = GpuError::Io {
+            op: "copy pool: waiting for the resident copier",
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a table posted to its grid of {} blocks on {} did not complete in {RESIDENT_DEADLINE:?} (state {})",
+                    self.grid,
+                    self.stream.device(),
+                    self.word(2).load(Ordering::Acquire)
+                ),
+            ),
+        };
+        self.stop(&e);
+        e
+    }
+
+    /// An error of the grid's stream (a fault), if any.
+    /// Asks the stream at most once per [`super::FLAG_FALLBACK`] (a driver call; the
+    /// completion steps spin): `None` between. The copier is off from then on.
+    pub(super) fn fault(&self) -> Option<GpuError> {
+        {
+            let mut last = self.asked.try_lock()?;
+            if last.elapsed() < super::FLAG_FALLBACK {
+                return None;
+            }
+            *last = Instant::now();
+        }
+        let e = self.stream.query().err()?;
+        self.stop(&e);
+        Some(e)
+    }
+
+    fn stop(&self, e: &GpuError) {
+        if !self.off.swap(true, Ordering::Relaxed) {
+            tracing::warn!(device = self.stream.device().0, error = %e, "copy pool: the resident copier failed: this device's ordered batches are launched when posted from now on");
+        }
+    }
+}
+
+impl Drop for Resident {
+    fn drop(&mut self) {
+        // The grid exits once nothing is posted; stop makes it do so without its idle wait.
+        self.word(1).store(1, Ordering::Release);
+        if let Err(r) = drain(DRAIN_WAIT, || self.stream.query()) {
+            tracing::warn!(device = self.stream.device().0, outcome = ?r.map(|_| "still running"), "copy pool: the resident copier's grid did not exit in {DRAIN_WAIT:?}: its buffers are leaked");
+            return;
+        }
+        // SAFETY: dropped once, here; the grid has exited.
+        unsafe {
+            ManuallyDrop::drop(&mut self.ring);
+            ManuallyDrop::drop(&mut self.scratch);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_blocks_come_from_the_config_unless_the_variable_says_otherwise() {
+        assert_eq!(blocks(0, None).unwrap(), 0);
+        assert_eq!(blocks(24, None).unwrap(), 24);
+        assert_eq!(blocks(24, Some("0")).unwrap(), 0);
+        assert_eq!(blocks(0, Some(" 120")).unwrap(), 120);
+        let e = blocks(0, Some("many")).unwrap_err().to_string();
+        assert!(e.contains("MORI_GPU_POOL_RESIDENT=\"many\"") && e.contains("0 (off) to 1024"), "{e}");
+        let e = blocks(0, Some("1025")).unwrap_err().to_string();
+        assert!(e.contains("1025 blocks") && e.contains("at most 1024"), "{e}");
+    }
+
+    #[test]
+    fn a_slot_is_posted_again_only_once_its_table_completed() {
+        let mut b = Book::default();
+        let mut live = std::collections::VecDeque::new();
+        for round in 0..3 * DEPTH {
+            let (seq, slot) = b.next().expect("a free slot");
+            assert_eq!(seq, round + 1);
+            assert_eq!(slot, ((round + 1) % DEPTH) as usize);
+            b.posted(seq, slot);
+            live.push_back(slot);
+            if live.len() == DEPTH as usize {
+                assert_eq!(b.next(), None, "every slot holds a live table");
+                b.completed(live.pop_front().unwrap());
+            }
+        }
+        // A table taken back leaves its number for the next post.
+        let (seq, slot) = b.next().unwrap();
+        b.posted(seq, slot);
+        b.unposted(seq, slot);
+        assert_eq!(b.next(), Some((seq, slot)));
+        // Numbers wrap.
+        let mut b = Book { posted: u32::MAX, ..Book::default() };
+        assert_eq!(b.next(), Some((0, 0)));
+        b.posted(0, 0);
+        assert_eq!(b.next(), Some((1, 1)));
+    }
+}
