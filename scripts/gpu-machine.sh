@@ -84,7 +84,9 @@ step() { echo; echo "=== $*"; }
 # copy-engine copies, beside bench_engine's split), and, only when named, words
 # (scripts/gpu-parts/words.sh: the proxies' counter pairs as MORI-IO tail words against the
 # pair copied in the ordered-copy kernel's launch, the leg alone beside bench_engine's split,
-# decode rows and baselines).
+# decode rows and baselines), and, only when named, resident (scripts/gpu-parts/resident.sh:
+# the copy pool's resident copier against a launch per post, the EP GPU tests both ways, the
+# leg alone beside bench_engine's split, decode rows and baselines).
 # One run
 # stays under the device tool's 10-minute limit with
 # PARTS="base xgmi fabric", PARTS="xgmi xgmibw" or PARTS="ep".
@@ -155,7 +157,7 @@ if has multi; then
   export ONLY_MULTI=1
   PARTS="$PARTS xgmi ep"
 fi
-for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay inplace fan fences relaycheck sessions legwait words armed grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
+for part in py pair paged proxy ordered grouped combrows recvwin figures devapi fused handover breadth depth legs relay inplace fan fences relaycheck sessions legwait words resident armed grid2 relays rowcopy asyncll post flags grid spin xgmi lat xgmibw fabric ep; do
   if has "$part"; then
     # shellcheck source=/dev/null
     . "scripts/gpu-parts/$part.sh"

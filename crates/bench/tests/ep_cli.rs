@@ -66,6 +66,7 @@ fn long_help_names_the_environment_switches() {
         "MORI_EP_PROXY_GROUPED=0",
         "MORI_GPU_POOL_ORDERED_KERNEL=0",
         "MORI_GPU_POOL_ARMED",
+        "MORI_GPU_POOL_RESIDENT",
     ] {
         assert!(text.contains(var), "--help lacks {var}: {text}");
     }

@@ -2,7 +2,8 @@
 //! commands to one rank, each carrying its counter pair's total, lands every segment and every
 //! pair under each `RingProxyOptions::tail_words` setting; a burst with more pairs for one rank
 //! than a batch's tail words (32 pairs) copies its pairs instead of failing. Ignored: needs a
-//! GPU, or the stand-in libcuda (`proxy_xgmi_fake.rs` runs it on the CPU in CI).
+//! GPU, or the stand-in libcuda (`proxy_xgmi_fake.rs` runs it on the CPU in CI, also with the
+//! copy pool's resident copier).
 
 use mori_ep::proxy::{PeerWindow, RingProxy, RingProxyOptions, TailWords};
 use mori_ep::ring::{CmdOp, RingCmd, RingLayout, RingMem, RingProducer};
@@ -105,4 +106,10 @@ fn a_burst_lands_its_segments_and_pairs_with_or_without_tail_words() {
     // 40 pairs are 80 words, over a batch's 64: copied from the window, not refused.
     assert_eq!(burst(40, Some(TailWords::Single)), 0);
     assert_eq!(burst(40, Some(TailWords::All)), 0);
+    // A burst of 3 (6 segments: within one ordered-copy table) goes as one ordered batch: a
+    // launch, or with MORI_GPU_POOL_RESIDENT set a post to the resident copier.
+    let before = mori_gpu::submit_stats();
+    assert_eq!(burst(3, Some(TailWords::Off)), 0);
+    let st = mori_gpu::submit_stats().since(&before);
+    println!("copy pool: {} ordered launches, {} resident posts", st.ordered_launches, st.resident_posts);
 }

@@ -9,13 +9,29 @@ mod proxy_tests;
 #[path = "../../gpu/tests/fake_cuda/build_fake.rs"]
 mod fake_build;
 
-#[test]
-fn proxy_xgmi_tests_pass_against_the_fake_driver() {
-    let unset = [mori_gpu::ARMED_ENV, mori_gpu::ORDERED_ENV, mori_ep::proxy::TAIL_WORDS_ENV, mori_ep::proxy::SESSIONS_ENV];
-    let Some(run) = fake_build::run_module_against_fake("ep-proxy", "proxy_tests::", &[("MORI_GPU_RUNTIME", "cuda")], &unset) else {
-        return;
-    };
-    assert!(run.success, "the proxy's xgmi tests failed against the fake driver");
+const UNSET: [&str; 5] =
+    [mori_gpu::ARMED_ENV, mori_gpu::ORDERED_ENV, mori_gpu::RESIDENT_ENV, mori_ep::proxy::TAIL_WORDS_ENV, mori_ep::proxy::SESSIONS_ENV];
+
+/// Runs the module with `envs` (and the CUDA runtime); returns its standard output.
+fn run_with(tag: &str, envs: &[(&str, &str)]) -> Option<String> {
+    let mut all = vec![("MORI_GPU_RUNTIME", "cuda")];
+    all.extend_from_slice(envs);
+    let unset: Vec<&str> = UNSET.into_iter().filter(|u| !envs.iter().any(|(k, _)| k == u)).collect();
+    let run = fake_build::run_module_against_fake(tag, "proxy_tests::", &all, &unset)?;
+    assert!(run.success, "the proxy's xgmi tests failed against the fake driver ({envs:?})");
     assert!(format!("{}{}", run.stdout, run.stderr).contains("mori fake GPU"), "the fake driver was not loaded");
     assert!(run.stdout.contains("test result: ok. 1 passed; 0 failed"), "the proxy's xgmi test did not run");
+    Some(run.stdout)
+}
+
+#[test]
+fn proxy_xgmi_tests_pass_against_the_fake_driver() {
+    let Some(out) = run_with("ep-proxy", &[]) else { return };
+    assert!(out.contains("copy pool: 1 ordered launches, 0 resident posts"), "no resident copier unless asked for: {out}");
+}
+
+#[test]
+fn proxy_xgmi_tests_pass_over_the_resident_copier() {
+    let Some(out) = run_with("ep-proxy-resident", &[(mori_gpu::RESIDENT_ENV, "24")]) else { return };
+    assert!(out.contains("copy pool: 0 ordered launches, 1 resident posts"), "the ordered batch went to the resident copier: {out}");
 }

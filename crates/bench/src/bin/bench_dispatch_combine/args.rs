@@ -33,7 +33,10 @@ const ENV_HELP: &str = "Environment (inter-node on GPUs, --num-nodes above 1):
   MORI_GPU_POOL_ORDERED_KERNEL=0
                                 an ordered batch as one copy per segment instead of one launch of the
                                 ordered-copy kernel
-  MORI_GPU_POOL_ARMED           refused above 0 over xgmi (armed launches stall under the EP load)";
+  MORI_GPU_POOL_ARMED           refused above 0 over xgmi (armed launches stall under the EP load)
+  MORI_GPU_POOL_RESIDENT        blocks of a resident copier per proxy engine (default 0: each ordered
+                                batch is a launch): a grid that stays on the GPU and runs the batches
+                                the proxies write into host memory; the copy pools' line counts them";
 
 /// MORI-EP dispatch/combine benchmark, checked against the host reference: the GPU kernels
 /// (`--device gpu`: intranode, or V1 / V1-LL / AsyncLL across nodes with every rank on one

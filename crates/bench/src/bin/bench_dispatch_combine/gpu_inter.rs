@@ -308,13 +308,15 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
     let (wait_us, enqueue_us, record_us) = pool.mean_us();
     if pool.submissions > 0 {
         println!(
-            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed; {} of the submissions ordered batches in one launch of the ordered-copy kernel",
+            "copy pools (host clock, timed iterations): {} submissions, µs each: {wait_us:.1} waiting for a slot, {enqueue_us:.1} queueing the copies (driver calls), {record_us:.1} closing it (flag write, event record); longest since the process started {:.1} µs; {} event queries by completion steps, {:.2} µs each; {} completion flags missed; {} of the submissions ordered batches in one launch of the ordered-copy kernel, {} posted to a resident copier ({} grids launched)",
             pool.submissions,
             pool.max_submit_ns as f64 / 1e3,
             pool.event_queries,
             pool.mean_query_us(),
             pool.flag_misses,
-            pool.ordered_launches
+            pool.ordered_launches,
+            pool.resident_posts,
+            pool.resident_launches
         );
     }
     let mut pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
@@ -367,7 +369,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "busy_cores": busy_cores,
             "copy_pools": { "submissions": pool.submissions, "slot_wait_us": wait_us, "enqueue_us": enqueue_us,
                 "record_us": record_us, "max_submit_us_since_start": pool.max_submit_ns as f64 / 1e3, "flag_misses": pool.flag_misses,
-                "ordered_launches": pool.ordered_launches, "event_queries": pool.event_queries, "event_query_us": pool.mean_query_us() },
+                "ordered_launches": pool.ordered_launches, "resident_posts": pool.resident_posts, "resident_launches": pool.resident_launches, "event_queries": pool.event_queries, "event_query_us": pool.mean_query_us() },
             "legs": { "dispatch": legs(0), "combine": legs(1) },
             "ranks": rank_json,
             "check": ok,
