@@ -449,8 +449,14 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
     uint64_t since = mori_clock_ns();
     for (;;) {
         if (tid == 0) {
-            more = lead ? mori_resident_lead(p, ring, seq, since) : mori_resident_follow(p, word, seq, since);
-            mori_fence_device();
+            // Acquire: block 0 then reads the host's table, the others block 0's copy.
+            if (lead) {
+                more = mori_resident_lead(p, ring, seq, since);
+                mori_fence_system();
+            } else {
+                more = mori_resident_follow(p, word, seq, since);
+                mori_fence_device();
+            }
         }
         mori_sync_block();
         if (!more) break;

@@ -1,22 +1,21 @@
 # The copy pool's resident copier (MORI_GPU_POOL_RESIDENT=<blocks>: a grid that stays on the
 # device and runs the proxies' ordered batches as they are written into mapped host memory, no
 # launch per post) against the ordered-copy kernel launched per post (the default, same
-# binary), alternating: the inter-node EP GPU tests with the default and with the copier,
-# mori-gpu's resident-copier test, then the leg alone (2 x 1, rank 0 routing every token to
-# node 1) at T = 32, 128 and 512 in two rounds beside bench_engine's batch-1 xgmi write of the
-# dispatch write's size (post and wait split), the 2 x 4 decode rows of the three schemes, and
-# the targets' baselines. A fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc);
-# appends to $OUT/resident.txt. RES_LEG and RES_DEC set the copier's blocks for the leg alone
-# (two grids) and for 2 x 4 (eight grids).
+# binary), alternating: mori-gpu's resident-copier test, then the leg alone (2 x 1, rank 0
+# routing every token to node 1) at T = 32, 128 and 512 in two rounds beside bench_engine's
+# batch-1 xgmi write of the dispatch write's size (post and wait split), the 2 x 4 decode rows
+# of the three schemes, the inter-node EP GPU tests with the copier and without, and the
+# targets' baselines. After a failed run with the copier the later ones are skipped. A
+# fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to
+# $OUT/resident.txt. RES_LEG and RES_DEC set the copier's blocks for the leg alone (two grids)
+# and for 2 x 4 (eight grids).
 rs_log="$OUT/resident.txt"
-rsl() { ep_logged "$rs_log" 14 "^calls: |^spread|^host time" "$@"; }
+# 60 s a bench (a stalled copier should not eat the run).
+rsl() { logged "$rs_log" 60 14 "$EP_RUN_DROP|^calls: |^spread|^host time" "$@"; }
 rs_leg_blocks=${RES_LEG:-96}
 rs_dec_blocks=${RES_DEC:-24}
 rs_rec=14448
-logged "$rs_log" 120 6 "^$" "mori-gpu resident copier" "$B/gpu" --ignored --test-threads=1 copy_pool_resident
-ep_tests "$rs_log" resident
-step "resident: inter-node EP GPU tests with the copier ($rs_dec_blocks blocks)"
-logged "$rs_log" 300 20 "^$" "ep internode GPU tests, MORI_GPU_POOL_RESIDENT=$rs_dec_blocks" env MORI_GPU_POOL_RESIDENT=$rs_dec_blocks "$B/ep_internode_gpu" --ignored --test-threads=1
+logged "$rs_log" 60 6 "^$" "mori-gpu resident copier" "$B/gpu" --ignored --test-threads=1 copy_pool_resident
 # rs_ab NAME ORDER BLOCKS ARGS...: bench_dispatch_combine ARGS --device-api once per letter of
 # ORDER: l launched per post (MORI_GPU_POOL_RESIDENT=0), r the copier of BLOCKS blocks.
 rs_ab() {
@@ -27,9 +26,18 @@ rs_ab() {
       l) v=0 ;;
       r) v=$blocks ;;
     esac
+    if [ "$x" = r ] && [ "$rs_bad" = 1 ]; then
+      echo "--- $name, MORI_GPU_POOL_RESIDENT=$v: skipped (an earlier run with the copier failed)" | tee -a "$rs_log"
+      continue
+    fi
+    local before=$rc
+    rc=0
     rsl "$name, MORI_GPU_POOL_RESIDENT=$v" env MORI_GPU_POOL_RESIDENT=$v "$B/bench_dispatch_combine" "$@" --device-api
+    [ "$x" = r ] && [ "$rc" != 0 ] && rs_bad=1
+    [ "$before" != 0 ] && rc=$before
   done
 }
+rs_bad=0
 rs_leg="--world-size 2 --num-nodes 2 --zero-token-ranks 1 --remote-only-ranks 0 --iters 50 --warmup 5"
 for round in 1 2; do
   ord=lr
@@ -58,6 +66,9 @@ for kt in v1_ll async_ll v1 v1_ll; do
   # shellcheck disable=SC2086
   rs_ab "$kt decode xgmi ($round)" "$ord" "$rs_dec_blocks" --kernel-type "$kt" --num-nodes 2 $EP_DEC
 done
+step "resident: inter-node EP GPU tests with the copier ($rs_dec_blocks blocks)"
+logged "$rs_log" 150 20 "^$" "ep internode GPU tests, MORI_GPU_POOL_RESIDENT=$rs_dec_blocks" env MORI_GPU_POOL_RESIDENT=$rs_dec_blocks "$B/ep_internode_gpu" --ignored --test-threads=1
+ep_tests "$rs_log" resident
 step "resident: the targets' baselines"
 # shellcheck disable=SC2086
 ep_targets "$rs_log" $EP_DEC
