@@ -3,7 +3,8 @@
 //! pair under each `RingProxyOptions::tail_words` setting; a burst with more pairs for one rank
 //! than a batch's tail words (32 pairs) copies its pairs instead of failing. Ignored: needs a
 //! GPU, or the stand-in libcuda (`proxy_xgmi_fake.rs` runs it on the CPU in CI, also with the
-//! copy pool's resident copier).
+//! copy pool's resident copier). A replaced peer (window or engine) fails the proxy with the
+//! rank named and receives nothing.
 
 use mori_ep::proxy::{PeerWindow, RingProxy, RingProxyOptions, TailWords};
 use mori_ep::ring::{CmdOp, RingCmd, RingLayout, RingMem, RingProducer};
@@ -112,4 +113,119 @@ fn a_burst_lands_its_segments_and_pairs_with_or_without_tail_words() {
     assert_eq!(burst(3, Some(TailWords::Off)), 0);
     let st = mori_gpu::submit_stats().since(&before);
     println!("copy pool: {} ordered launches, {} resident posts", st.ordered_launches, st.resident_posts);
+}
+
+/// The peer replaced after two commands landed over the proxy's session: its window
+/// deregistered and registered again (`engine_too` false), or its engine replaced by a new one of
+/// the same key holding the same memory (`engine_too` true). The proxy still holds the old window,
+/// so the next command fails the proxy with an error naming the rank, and nothing lands in the
+/// new registration. A replaced window fails the session's post (the route finds the window
+/// gone); a replaced engine kills the session, which the proxy makes again from the old
+/// window: refused, as is the engine's one-shot call it then falls back to.
+fn replaced(engine_too: bool) {
+    let rt = mori_gpu::detect().expect("a CUDA runtime (or the stand-in)");
+    let dev = mori_gpu::Device(0);
+    let tag = if engine_too { "engine" } else { "window" };
+    let (ea, eb) = (engine(&format!("pxa-replaced-{tag}")), engine(&format!("pxb-replaced-{tag}")));
+    ea.register_remote_engine(eb.desc().clone()).unwrap();
+    eb.register_remote_engine(ea.desc().clone()).unwrap();
+    let (ba, bb) = (rt.alloc(dev, LEN).unwrap(), rt.alloc(dev, LEN).unwrap());
+    let src: Vec<u8> = (0..LEN).map(|i| (i % 241) as u8).collect();
+    rt.copy_htod(&ba.slice(), &src).unwrap();
+    rt.copy_htod(&bb.slice(), &vec![0u8; LEN]).unwrap();
+    let loc = MemLoc::Gpu { device: 0 };
+    // SAFETY: both buffers are live device memory of LEN bytes until after deregistration.
+    let (ma, mb) = unsafe {
+        (
+            ea.register_memory(ba.ptr() as usize as *mut u8, LEN, loc).unwrap(),
+            eb.register_memory(bb.ptr() as usize as *mut u8, LEN, loc).unwrap(),
+        )
+    };
+    let lay = RingLayout::new(64).unwrap();
+    let ring_layout = Layout::from_size_align(lay.bytes(), 64).unwrap();
+    // SAFETY: a non-zero size; freed below, after the proxy stopped.
+    let ring = unsafe { alloc_zeroed(ring_layout) };
+    // SAFETY: 64-aligned, zeroed, lay.bytes() long, used by this producer and the proxy only.
+    let mem = unsafe { RingMem::new(ring, lay).unwrap() };
+    let head = AtomicU64::new(0);
+    let prod = RingProducer::new(mem, &head);
+    let cmd = |k: u64| RingCmd {
+        dst: 0,
+        local_off: k * 1024,
+        remote_off: k * 1024,
+        len: 1024,
+        counter: PAIR_DST + 16 * k,
+        op: CmdOp::Tail { src: PAIR_SRC + 16 * k, total: None },
+    };
+    let peers = vec![Some(PeerWindow { data: mb.clone(), counters: mb.clone() })];
+    let proxy = RingProxy::start(&format!("replaced-{tag}"), ea.clone(), ma.clone(), peers, mem, RingProxyOptions::SHORT_SPIN).unwrap();
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !done() && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(done(), "{what}: not after 20 s; stats {:?}, failure {:?}", proxy.stats(), proxy.failure());
+    };
+    for k in 0..2 {
+        prod.push(&cmd(k), Instant::now() + Duration::from_secs(5)).unwrap();
+    }
+    wait("the first two commands", &|| proxy.stats().bytes == 2048);
+    assert_eq!(proxy.failure(), None);
+    let mut out = vec![0u8; LEN];
+    rt.copy_dtoh(&mut out, &bb.slice()).unwrap();
+    assert_eq!(&out[..2048], &src[..2048], "the commands before the replacement");
+    rt.copy_htod(&bb.slice(), &vec![0u8; LEN]).unwrap();
+    // What stays registered at the end, and the engine that holds it.
+    let (owner, mb2) = if engine_too {
+        // A new engine of the same key (a restarted peer) with the same memory; this engine
+        // drops what it knew of the old one when told of the new one (synchronously).
+        let e2 = Arc::new(IoEngine::new(&format!("pxb-replaced-{tag}"), EngineConfig::new("127.0.0.1", 0).unwrap()).unwrap());
+        e2.create_backend(BackendConfig::Xgmi(XgmiConfig::default())).unwrap();
+        ea.register_remote_engine(e2.desc().clone()).unwrap();
+        // SAFETY: as above.
+        let m = unsafe { e2.register_memory(bb.ptr() as usize as *mut u8, LEN, loc).unwrap() };
+        (e2, m)
+    } else {
+        // The same memory registered again, under a new descriptor. The owner's
+        // deregistration reaches this engine as a message (asynchronously, as with any
+        // transfer engine: a job quiesces its writers before it deregisters), so the command
+        // is pushed once a probe write of this engine to the old window's last 16 bytes fails.
+        let probe = ea.create_session(&ma, &mb).unwrap();
+        let tail = (LEN - 16) as u64;
+        eb.deregister_memory(&mb).unwrap();
+        // SAFETY: as above.
+        let m = unsafe { eb.register_memory(bb.ptr() as usize as *mut u8, LEN, loc).unwrap() };
+        wait("this engine told of the deregistration", &|| {
+            probe.write(tail, tail, 16, ea.allocate_transfer_uid()).wait_for(Duration::from_secs(5)).is_err()
+        });
+        (eb.clone(), m)
+    };
+    prod.push(&cmd(2), Instant::now() + Duration::from_secs(5)).unwrap();
+    wait("the failure after the replacement", &|| proxy.failure().is_some());
+    let failure = proxy.failure().unwrap();
+    assert!(failure.contains("rank 0"), "the failure names the destination rank: {failure}");
+    let stats = proxy.stop();
+    assert!(stats.is_err(), "stop reports the failure");
+    // SAFETY: the proxy stopped; nothing touches the ring any more.
+    unsafe { dealloc(ring, ring_layout) };
+    rt.copy_dtoh(&mut out, &bb.slice()).unwrap();
+    assert!(out[..LEN - 16].iter().all(|&b| b == 0), "nothing landed in the replaced window (but the probe's bytes)");
+    println!("replaced peer {tag}: the proxy failed with: {failure}");
+    ea.deregister_memory(&ma).unwrap();
+    owner.deregister_memory(&mb2).unwrap();
+    if engine_too {
+        eb.deregister_memory(&mb).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU (or the stand-in libcuda: proxy_xgmi_fake.rs)"]
+fn a_replaced_peer_window_fails_the_proxy_and_receives_nothing() {
+    replaced(false);
+}
+
+#[test]
+#[ignore = "needs a GPU (or the stand-in libcuda: proxy_xgmi_fake.rs)"]
+fn a_replaced_peer_engine_fails_the_proxy_and_receives_nothing() {
+    replaced(true);
 }

@@ -20,7 +20,7 @@ fn run_with(tag: &str, envs: &[(&str, &str)]) -> Option<String> {
     let run = fake_build::run_module_against_fake(tag, "proxy_tests::", &all, &unset)?;
     assert!(run.success, "the proxy's xgmi tests failed against the fake driver ({envs:?})");
     assert!(format!("{}{}", run.stdout, run.stderr).contains("mori fake GPU"), "the fake driver was not loaded");
-    assert!(run.stdout.contains("test result: ok. 1 passed; 0 failed"), "the proxy's xgmi test did not run");
+    assert!(run.stdout.contains("test result: ok. 3 passed; 0 failed"), "the proxy's xgmi tests did not all run");
     Some(run.stdout)
 }
 
