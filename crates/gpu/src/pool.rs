@@ -627,18 +627,7 @@ impl CopyPool {
         let t1 = Instant::now();
         stats::count_submit([t0, t0, t1, t1]);
         stats::count_armed();
-        // Made and boxed only now: the device already runs the copy.
-        let done: CopyDone = Box::new(make_done());
-        self.shared.pending.lock().push(Pending {
-            dev: dp.device.0,
-            slot,
-            stream: ARMED_LANE,
-            table: 0,
-            done,
-            failed: None,
-            flag_seq,
-            asked: t1,
-        });
+        self.pend_flagged(dp, slot, (ARMED_LANE, 0), flag_seq, t1, make_done);
         dp.top_up(true);
         Ok(Ok(()))
     }
@@ -678,19 +667,22 @@ impl CopyPool {
         let t2 = Instant::now();
         stats::count_submit([t0, t1, t2, t2]);
         stats::count_resident();
-        // Made and boxed only now: the device may already run the copy.
-        let done: CopyDone = Box::new(make_done());
-        self.shared.pending.lock().push(Pending {
-            dev: dp.device.0,
-            slot,
-            stream: RESIDENT_LANE,
-            table: table_slot,
-            done,
-            failed: None,
-            flag_seq,
-            asked: t2,
-        });
+        self.pend_flagged(dp, slot, (RESIDENT_LANE, table_slot), flag_seq, t2, make_done);
         Ok(Ok(()))
+    }
+
+    /// Adds a submission that ran with no driver call (an armed fire, a resident post) to the
+    /// pending ones: slot `slot`, its (lane, table slot), the flag value that completes it and
+    /// when it was posted. The completion is made and boxed only now: the device may already
+    /// run the copy.
+    fn pend_flagged<M, D>(&self, dp: &DevPool, slot: usize, (stream, table): (usize, usize), flag_seq: u32, at: Instant, make_done: M)
+    where
+        M: FnOnce() -> D,
+        D: FnOnce(Result<()>) + Send + 'static,
+    {
+        let done: CopyDone = Box::new(make_done());
+        let p = Pending { dev: dp.device.0, slot, stream, table, done, failed: None, flag_seq, asked: at };
+        self.shared.pending.lock().push(p);
     }
 
     /// Lets every armed ordered-copy launch go ([`CopyPoolConfig::armed_depth`]) and waits for
