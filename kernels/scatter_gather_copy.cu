@@ -107,13 +107,15 @@
 //           bytes; u64 idle_ns (16): how long the grid waits with nothing posted before it
 //           exits; u32 depth (24): table slots, a power of two from 1 to 64; u32 start (28):
 //           the number of the last table already run (the next is start + 1, cyclic); u32 gen
-//           (32): this launch's number, different from the previous launch's on the same
-//           scratch; u32 pad (36) }.
+//           (32): this launch's number, 1 to 2^31 - 1 (31 bits are compared), different from
+//           the previous launch's on the same scratch; u32 pad (36) }.
 //   The ring: u32 posted (0), the number of the last table posted (the host's); u32 stop (4),
 //           non-zero: exit once nothing is posted (the host's); u32 state (8), the grid's:
 //           1 running, 2 about to exit, 3 exited (the host writes 0 before a launch); u32 done
 //           (12), the grid's: the number of the last table it ran, written before state 3;
-//           table s (an OrderedCopy) at byte 256 + (s % depth) * 256.
+//           table s (an OrderedCopy) at byte 256 + (s % depth) * 256; then, at byte
+//           256 + depth * 256, a u32 per block, which block b sets to gen when it starts (the
+//           host counts them to learn whether the whole grid is on the device).
 //   Block 0 reads `posted` and each new table from the ring, copies the table into scratch
 //   (byte 256 + (s % depth) * 256) and publishes its number in the u64 at scratch byte 0
 //   (gen << 33 | exit << 32 | s); the other blocks read both from scratch, so only block 0
@@ -126,7 +128,9 @@
 //   writes a table, then `posted`, fences, then reads state (the same store-fence-load on both
 //   sides: one of them sees the other's store): 2 means wait for 1 or 3, 3 means launch again
 //   with start = done. A block other than 0 that sees nothing published for idle_ns + 1 s
-//   exits (block 0 was never scheduled); the host's wait for the flag then times out. Launch
+//   exits (block 0 was never scheduled); the host's wait for the flag then times out. A depth
+//   it does not take (0, above 64, not a power of two): block 0 writes state 3 and the grid
+//   exits at once. Launch
 //   1-D, no dynamic shared memory, block 256, every block co-resident (the grid's blocks wait
 //   for block 0): a few blocks per multiprocessor at most; one grid at a time per ring.
 //
@@ -399,7 +403,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_armed(const OrderedC
 
 // The word block 0 publishes in scratch for the other blocks (see the ABI above).
 MORI_DEVICE uint64_t mori_resident_word(uint32_t gen, uint32_t exit, uint32_t seq) {
-    return ((uint64_t)gen << 33) | ((uint64_t)exit << 32) | seq;
+    return ((uint64_t)(gen & 0x7fffffffu) << 33) | ((uint64_t)exit << 32) | seq;
 }
 
 // Block 0's wait for the next table (see the ABI above): true when one was posted, false when
@@ -424,23 +428,28 @@ MORI_DEVICE bool mori_resident_follow(const ResidentParams& p, volatile uint64_t
                                       uint64_t since) {
     for (;;) {
         const uint64_t w = *word;
-        if ((uint32_t)(w >> 33) == p.gen) {
+        if ((uint32_t)(w >> 33) == (p.gen & 0x7fffffffu)) {
             if ((uint32_t)w != seq) return true;
             if ((w >> 32) & 1) return false;
         }
         if (mori_clock_ns() - since > p.idle_ns + 1000000000ull) return false;
+        mori_backoff();
     }
 }
 
 MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_GRID_CONSTANT ResidentParams p) {
-    if (p.depth == 0 || p.depth > 64 || (p.depth & (p.depth - 1)) != 0) return;
     volatile uint32_t* ring = (volatile uint32_t*)p.ring;
+    if (p.depth == 0 || p.depth > 64 || (p.depth & (p.depth - 1)) != 0) {
+        if (mori_block_idx() == 0 && mori_thread_idx() == 0) ring[2] = MORI_RESIDENT_EXITED;
+        return;
+    }
     volatile uint64_t* word = (volatile uint64_t*)p.scratch;
     MORI_SHARED_STRUCT(OrderedCopy, t);
     MORI_SHARED uint32_t more;
     const uint32_t tid = mori_thread_idx();
     const bool lead = mori_block_idx() == 0;
     uint32_t seq = p.start;
+    if (tid == 0) ring[(MORI_RESIDENT_STRIDE + p.depth * MORI_RESIDENT_STRIDE) / 4 + mori_block_idx()] = p.gen;
     if (lead && tid == 0) {
         *word = mori_resident_word(p.gen, 0, seq);
         ring[2] = MORI_RESIDENT_RUNNING;
@@ -472,9 +481,12 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
                 dst[i] = v;
                 rel[i] = v;
             }
-            mori_fence_device();
+            // Release: the block's copies, then thread 0's fence, then the word.
             mori_sync_block();
-            if (tid == 0) *word = mori_resident_word(p.gen, 0, seq);
+            if (tid == 0) {
+                mori_fence_device();
+                *word = mori_resident_word(p.gen, 0, seq);
+            }
         } else {
             const volatile uint32_t* src = (const volatile uint32_t*)(p.scratch + off);
             for (uint32_t i = tid; i < words; i += mori_block_dim()) dst[i] = src[i];

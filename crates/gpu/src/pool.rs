@@ -552,7 +552,7 @@ impl CopyPool {
         M: FnOnce() -> D,
         D: FnOnce(Result<()>) + Send + 'static,
     {
-        let make_done = match dp.resident.as_ref().filter(|r| r.takes(groups)) {
+        let make_done = match dp.resident.as_ref().filter(|r| r.takes(&table)) {
             // SAFETY: forwarded contract.
             Some(r) => match unsafe { self.post_resident(dp, r, table, make_done) } {
                 Ok(r) => return r,
@@ -724,6 +724,18 @@ impl Drop for CopyPool {
     }
 }
 
+impl Drop for DevPool {
+    fn drop(&mut self) {
+        // The resident grid first (it may still write the slots' flags and copy their
+        // tables): a grid that does not exit leaves every slot retired, so their flags leak.
+        if let Some(r) = self.resident.take() {
+            if !r.shut() {
+                self.slots.iter().for_each(|s| s.retired.store(true, Ordering::Release));
+            }
+        }
+    }
+}
+
 impl DevPool {
     /// Slot `slot`'s completion-flag word and its next sequence number, when this device's
     /// submissions use flags (none: the event tells).
@@ -813,7 +825,7 @@ impl Shared {
         let ordered = ordered.filter(|_| arrivals.is_some());
         let sms = self.rt.device_properties(dev)?.multiprocessors.max(1);
         let armed = self.arm(dev, ordered.is_some(), armed_fn, sms);
-        let resident = self.resident(dev, ordered.is_some() && slots.iter().all(|s| s.flag.is_some()), resident_fn);
+        let resident = self.resident(dev, ordered.is_some() && slots.iter().all(|s| s.flag.is_some()), resident_fn, sms);
         Ok(cell.get_or_init(|| DevPool {
             resident,
             armed,
@@ -861,7 +873,7 @@ impl Shared {
 
     /// `dev`'s resident copier when [`CopyPoolConfig::resident_blocks`] asks for one and the
     /// ordered-copy kernel and flags are in use (`usable`); the path taken is logged either way.
-    fn resident(&self, dev: Device, usable: bool, f: Option<Function>) -> Option<resident::Resident> {
+    fn resident(&self, dev: Device, usable: bool, f: Option<Function>, sms: u32) -> Option<resident::Resident> {
         let blocks = self.cfg.resident_blocks;
         if blocks == 0 {
             return None;
@@ -870,7 +882,7 @@ impl Shared {
             tracing::warn!(device = dev.0, "copy pool: a resident copier of {blocks} blocks asked for, but ordered batches do not use the ordered-copy kernel with flags here: each is launched when posted");
             return None;
         };
-        match resident::Resident::new(&self.rt, dev, f, blocks, self.cfg.resident_idle) {
+        match resident::Resident::new(&self.rt, dev, f, blocks, self.cfg.resident_idle, sms) {
             Ok(r) => {
                 tracing::info!(
                     device = dev.0,
@@ -1001,8 +1013,15 @@ impl Shared {
             };
             let p = mine.swap_remove(i);
             if p.stream == RESIDENT_LANE {
-                if let (Some(res), Ok(_)) = (dp.resident.as_ref(), r.as_ref()) {
-                    res.completed(p.table);
+                match (dp.resident.as_ref(), r.as_ref()) {
+                    (Some(res), Ok(_)) => res.completed(p.table),
+                    // Failed by the deadline or a fault, the table may still run: its flag
+                    // word is never handed out again.
+                    (_, Err(_)) => {
+                        dp.slots[p.slot].retired.store(true, Ordering::Release);
+                        dp.retired.fetch_add(1, Ordering::AcqRel);
+                    }
+                    _ => {}
                 }
             }
             match (p.stream, dp.armed.as_ref()) {
@@ -1015,7 +1034,9 @@ impl Shared {
                     dp.busy[lane].fetch_sub(1, Ordering::AcqRel);
                 }
             }
-            dp.free.lock().push(p.slot);
+            if !dp.slots[p.slot].retired.load(Ordering::Acquire) {
+                dp.free.lock().push(p.slot);
+            }
             // A panicking callback must not take the completion thread (or a waiter's step)
             // down with it: every later submission would then never complete.
             let done_fn = p.done;

@@ -14,11 +14,12 @@ mod fake_build;
 #[test]
 fn gpu_tests_pass_against_the_fake_driver() {
     // The tests pin their own pool configurations (the armed one its own depth).
-    let envs = [("MORI_GPU_RUNTIME", "cuda")];
+    // The resident copier's grid held 150 ms in its exit decision (the test of a post made then).
+    let envs = [("MORI_GPU_RUNTIME", "cuda"), ("MORI_FAKE_RESIDENT_EXIT_PAUSE_MS", "150")];
     let Some(run) = fake_build::run_module_against_fake("gpu", "gpu_tests::", &envs, &[mori_gpu::ARMED_ENV, mori_gpu::RESIDENT_ENV]) else {
         return;
     };
     assert!(run.success, "the GPU tests failed against the fake driver");
     assert!(run.stdout.contains("runtime: CUDA from "), "the fake driver was not loaded");
-    assert!(run.stdout.contains("test result: ok. 19 passed; 0 failed"), "not all 19 GPU tests ran");
+    assert!(run.stdout.contains("test result: ok. 20 passed; 0 failed"), "not all 20 GPU tests ran");
 }

@@ -1581,9 +1581,11 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
     let b = rt.alloc(DEV, len)?;
     // Freed while the pool lives, once its grid exited.
     let spare = rt.alloc(DEV, 4096)?;
-    // 24 blocks: one, two, three or four groups a post. An idle wait longer than a round of
-    // this test takes (the debug build's checks against the stand-in driver included).
-    let idle = Duration::from_secs(1);
+    // 24 blocks: one, two, three or four groups a post. An idle wait well over a round of
+    // this test (about 0.25 s for the debug build's checks against the stand-in driver on two
+    // busy cores); the longest gap between posts is measured, and one grid is expected only
+    // when no gap reached it.
+    let idle = Duration::from_secs(3);
     let cfg = CopyPoolConfig {
         num_events: 32,
         ordered_kernel: Some(true),
@@ -1617,11 +1619,14 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
         Ok(())
     };
     let s0 = mori_gpu::submit_stats();
+    let (mut last_post, mut gap) = (Instant::now(), Duration::ZERO);
     for k in 0..20u8 {
         rt.copy_htod(&a.slice(), &pattern(len, k))?;
         rt.memset(&b.slice(), 0)?;
+        gap = gap.max(last_post.elapsed());
         // SAFETY: inside `a` and `b`, which outlive the wait.
         unsafe { ordered_wait(&pool, what, pair(u64::from(k % 4))) }?;
+        last_post = Instant::now();
         verify(&format!("one at a time, round {k}"), k, &[u64::from(k % 4)])?;
     }
     // Four posted back to back (in flight together), then four in one post (four groups).
@@ -1657,13 +1662,15 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
     rt.memset(&b.slice(), 0)?;
     let groups: Vec<Vec<CopySeg>> = (0..4).map(pair).collect();
     let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
+    gap = gap.max(last_post.elapsed());
     // SAFETY: as above.
     unsafe { groups_wait(&pool, what, &refs) }?;
     verify("four in one post", 91, &[0, 1, 2, 3])?;
     let st = mori_gpu::submit_stats().since(&s0);
-    if (st.ordered_launches, st.resident_posts, st.resident_launches) != (0, 25, 1) {
+    let grids_ok = if gap < idle { st.resident_launches == 1 } else { (1..=25).contains(&st.resident_launches) };
+    if (st.ordered_launches, st.resident_posts) != (0, 25) || !grids_ok {
         return fail(format!(
-            "{what}: {} launches, {} resident posts and {} resident grids for 25 posts, expected 0, 25 and 1",
+            "{what}: {} launches, {} resident posts and {} resident grids for 25 posts (longest gap between posts {gap:?}, idle wait {idle:?}), expected 0, 25 and 1",
             st.ordered_launches, st.resident_posts, st.resident_launches
         ));
     }
@@ -1697,5 +1704,62 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
     println!(
         "{what}: 20 batches one at a time, 4 back to back and 4 in one post on one grid (0 launches, 25 posts), checked byte for byte; idle exit, a buffer freed in {free_took:?}, 2 more batches on a new grid, checked; the pool dropped in {took:?}"
     );
+    Ok(())
+}
+
+/// A batch posted while the resident grid is deciding to exit (held there: on the stand-in
+/// driver by `MORI_FAKE_RESIDENT_EXIT_PAUSE_MS`, which the harness sets to 150; on a GPU the
+/// window is a fence and a read wide, so the post usually lands on either side of it) runs
+/// exactly once: by that grid, or by the one the post launches, never also by a launch of its
+/// own. Its destination is zeroed after its completion and must stay zero.
+#[test]
+#[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
+fn copy_pool_resident_copier_runs_a_batch_posted_during_its_exit_once() -> R {
+    use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
+    if std::env::var_os(mori_gpu::RESIDENT_ENV).is_some() {
+        return fail(format!("unset {} for this test: it counts the resident copier's launches", mori_gpu::RESIDENT_ENV));
+    }
+    let rt = rt()?;
+    let what = "resident copier, a post during its exit";
+    let len = 1usize << 20;
+    let a = rt.alloc(DEV, len)?;
+    let b = rt.alloc(DEV, len)?;
+    rt.copy_htod(&a.slice(), &pattern(len, 7))?;
+    let idle = Duration::from_millis(20);
+    let cfg = CopyPoolConfig { ordered_kernel: Some(true), resident_blocks: 8, resident_idle: idle, ..CopyPoolConfig::default() };
+    let pool = CopyPool::new(rt.clone(), cfg, "test-resident-exit")?;
+    let segs = vec![
+        CopySeg { src: a.ptr(), dst: b.ptr(), len: (len / 2) as u64 },
+        CopySeg { src: a.ptr() + (len - 16) as u64, dst: b.ptr() + (len - 16) as u64, len: 16 },
+    ];
+    let s0 = mori_gpu::submit_stats();
+    for round in 0..4 {
+        rt.memset(&b.slice(), 0)?;
+        // SAFETY: inside `a` and `b`, which outlive the wait and the check after it.
+        unsafe { ordered_wait(&pool, what, segs.clone()) }?;
+        let mut back = vec![0u8; len];
+        rt.copy_dtoh(&mut back, &b.slice())?;
+        check(&format!("{what}: round {round}, segment"), &back[..len / 2], |i| pat(i, 7))?;
+        check(&format!("{what}: round {round}, pair"), &back[len - 16..], |i| pat(i + len - 16, 7))?;
+        // The grid goes idle and starts its exit (held there on the stand-in); the next round
+        // posts into that window.
+        std::thread::sleep(idle + Duration::from_millis(30));
+    }
+    // Nothing runs a batch again after its completion.
+    rt.memset(&b.slice(), 0)?;
+    std::thread::sleep(Duration::from_millis(400));
+    let mut back = vec![0u8; len];
+    rt.copy_dtoh(&mut back, &b.slice())?;
+    if let Some(i) = back.iter().position(|&x| x != 0) {
+        return fail(format!("{what}: byte {i} written after every batch completed (a batch ran twice)"));
+    }
+    let st = mori_gpu::submit_stats().since(&s0);
+    if (st.ordered_launches, st.resident_posts) != (0, 4) || !(1..=4).contains(&st.resident_launches) {
+        return fail(format!(
+            "{what}: {} launches, {} resident posts, {} resident grids for 4 posts, expected 0, 4 and 1 to 4",
+            st.ordered_launches, st.resident_posts, st.resident_launches
+        ));
+    }
+    println!("{what}: 4 posts, {} grids, each batch checked, nothing written after the last completion", st.resident_launches);
     Ok(())
 }

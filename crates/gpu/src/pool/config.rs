@@ -77,16 +77,18 @@ pub struct CopyPoolConfig {
     /// turns it off (never run on an AMD GPU).
     pub armed_depth: usize,
     /// Blocks of the resident copier per device (0, the default: none; at most
-    /// [`super::RESIDENT_MAX_BLOCKS`]): a grid of the ordered-copy kernel that stays on the
-    /// device and runs ordered batches as they are written into mapped host memory, so posting
-    /// one makes no driver call (`pool/resident.rs`). A table whose group count does not divide
-    /// the blocks, or one posted while all 16 table slots are in flight, is launched as
-    /// before. The grid exits after [`super::RESIDENT_IDLE`] with nothing posted (a device-wide
-    /// synchronisation or a `cuMemFree` waits that long for it) and is launched again by the
-    /// next post ([`CopyPoolConfig::resident_idle`]). Needs the ordered-copy kernel and completion flags. Off by default: its
-    /// blocks stay on the device while it runs, all of them must be co-resident, and a grid
-    /// launched beside other grids that fill the device waits for room. The environment
-    /// variable `MORI_GPU_POOL_RESIDENT` (a number of blocks), when set, overrides it
+    /// [`super::RESIDENT_MAX_BLOCKS`], and cut to 4 per multiprocessor): a grid of the
+    /// ordered-copy kernel that stays on the device and runs ordered batches as they are
+    /// written into mapped host memory, so posting one makes no driver call
+    /// (`pool/resident.rs`). A table whose group count does not divide the blocks, or one
+    /// posted while all 16 table slots are in flight, is launched as before. The grid exits
+    /// after [`CopyPoolConfig::resident_idle`] with nothing posted (a device-wide
+    /// synchronisation or a `cuMemFree` waits for it until posting paused that long) and is
+    /// launched again by the next post. Needs the ordered-copy kernel and completion flags.
+    /// Off by default: its blocks stay on the device while it runs, all of them must be
+    /// co-resident (a grid whose blocks did not all start within 1 ms turns the copier off),
+    /// and its stream holds a hardware queue while it runs. The environment variable
+    /// `MORI_GPU_POOL_RESIDENT` (a number of blocks), when set, overrides it
     /// ([`CopyPool::new`]); HIP turns it off (never run on an AMD GPU).
     pub resident_blocks: u32,
     /// How long the resident copier's grid waits with nothing posted before it exits

@@ -7,9 +7,9 @@
 //!
 //! Lifecycle: the grid is launched by the first post that finds none running and exits by
 //! itself once nothing was posted for [`super::CopyPoolConfig::resident_idle`] (or when the
-//! pool drops): its wait has
-//! a deadline, and a device-wide synchronisation or a `cuMemFree` waits at most that long for
-//! it. Posting and exiting meet through the ring's `posted` and `state` words with the same
+//! pool drops): its wait has a deadline, and a device-wide synchronisation or a `cuMemFree`
+//! (also the pool's own, when another path grows a slot's buffer) waits for it until posting
+//! paused that long. Posting and exiting meet through the ring's `posted` and `state` words with the same
 //! store-fence-load on both sides (kernels/README.md): a table posted while the grid decides
 //! to exit is either run by it or finds it exited, and then launches the next grid, which
 //! starts after the last table the old one ran (same stream, so after the old grid ended).
@@ -19,12 +19,15 @@
 //! armed launches (a stream wait, then the launch) avoid the call but stalled for milliseconds
 //! beside the EP kernels' grids (docs/PERFORMANCE.md).
 //!
-//! Costs: the grid holds its blocks on the device while it runs (a few per multiprocessor at
-//! most, [`RESIDENT_MAX_BLOCKS`] in all), block 0 polls one word of host memory, and every
-//! table runs after the previous one (one grid). Every block must be co-resident: launched
-//! when the device is already full, the tables wait for the blocks that are not, until the
-//! host's deadline ([`RESIDENT_DEADLINE`]) fails them. So it is off unless asked for; HIP turns
-//! it off (never run on an AMD GPU).
+//! Costs: the grid holds its blocks on the device while it runs (at most 4 per multiprocessor
+//! and [`RESIDENT_MAX_BLOCKS`] in all), block 0 polls one word of host memory, every table runs
+//! on the grid's blocks after the previous one (a launch would size its grid by the first
+//! segment and run beside other launches), and every table needs every block. Each block
+//! marks itself started in the ring: a grid whose blocks have not all started 1 ms after its
+//! launch (the device was full) turns the copier off, and the tables already posted wait for
+//! the missing blocks until the host's deadline ([`RESIDENT_DEADLINE`]) fails them. A table
+//! failed by the deadline or a fault may still run later: its pool slot is retired, never
+//! reused. So it is off unless asked for; HIP turns it off (never run on an AMD GPU).
 
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
@@ -63,8 +66,8 @@ pub(super) const DEPTH: u32 = 16;
 /// Bytes of a table slot and of the ring's header.
 const STRIDE: usize = 256;
 
-/// How long a post waits for a grid that is deciding to exit.
-const EXITING_WAIT: Duration = Duration::from_millis(100);
+/// How long after a launch every block must have started (else the copier turns off).
+const START_WAIT: Duration = Duration::from_millis(1);
 
 /// How long dropping the pool waits for the grid to exit.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
@@ -115,6 +118,8 @@ pub(super) struct Book {
     posted: u32,
     busy: [bool; DEPTH as usize],
     gen: u32,
+    /// The last launch, until every block of it was seen started.
+    starting: Option<Instant>,
 }
 
 impl Book {
@@ -142,18 +147,29 @@ impl Book {
             *b = false;
         }
     }
+
+    /// The next launch's number: 1 to 2^31 - 1 (the kernel compares 31 bits), never 0 (the
+    /// scratch word's value before any launch).
+    fn next_gen(&mut self) -> u32 {
+        self.gen = match (self.gen + 1) & 0x7fff_ffff {
+            0 => 1,
+            g => g,
+        };
+        self.gen
+    }
 }
 
 /// A device's resident copier (see the module docs).
 pub(super) struct Resident {
     rt: Arc<dyn Runtime>,
     stream: Stream,
-    f: Function,
+    /// Leaked with the buffers when the grid does not exit (its module stays loaded).
+    f: ManuallyDrop<Function>,
     grid: u32,
     /// How long the grid waits with nothing posted before it exits.
     idle: Duration,
-    /// The header (posted, stop, state, done) and `DEPTH` table slots; mapped. Leaked rather
-    /// than freed when the grid does not exit (Drop).
+    /// The header (posted, stop, state, done), `DEPTH` table slots and a started word per
+    /// block; mapped. Leaked rather than freed when the grid does not exit (Drop).
     ring: ManuallyDrop<PinnedBuffer>,
     /// The grid's word and table copies, then `DEPTH` arrival blocks of 64 bytes; leaked
     /// likewise.
@@ -167,13 +183,26 @@ pub(super) struct Resident {
 }
 
 impl Resident {
-    /// The stream, the ring and the scratch; no grid yet (the first post launches it).
+    /// The stream, the ring and the scratch; no grid yet (the first post launches it). A grid
+    /// above 4 blocks per multiprocessor (`sms` of them) is cut to that, said once.
     /// Errors: the allocations', a ring that is not mapped, a grid of 0 blocks.
-    pub(super) fn new(rt: &Arc<dyn Runtime>, dev: Device, f: Function, grid: u32, idle: Duration) -> Result<Resident> {
+    pub(super) fn new(rt: &Arc<dyn Runtime>, dev: Device, f: Function, grid: u32, idle: Duration, sms: u32) -> Result<Resident> {
         if grid == 0 || grid > RESIDENT_MAX_BLOCKS {
             return Err(GpuError::invalid(format!("copy pool: a resident copier of {grid} blocks: 1 to {RESIDENT_MAX_BLOCKS}")));
         }
-        let ring = rt.alloc_mapped(dev, STRIDE * (1 + DEPTH as usize))?;
+        let cap = 4 * sms.max(1);
+        let grid = if grid > cap {
+            tracing::warn!(
+                device = dev.0,
+                asked = grid,
+                blocks = cap,
+                "copy pool: the resident copier's grid is cut to 4 blocks per multiprocessor (every block must stay on the device)"
+            );
+            cap
+        } else {
+            grid
+        };
+        let ring = rt.alloc_mapped(dev, STRIDE * (1 + DEPTH as usize) + 4 * RESIDENT_MAX_BLOCKS as usize)?;
         if ring.device_ptr().is_none() {
             return Err(GpuError::invalid(format!("copy pool: the resident copier's ring on {dev} is not mapped into the device")));
         }
@@ -184,7 +213,7 @@ impl Resident {
         let r = Resident {
             stream: rt.stream(dev)?,
             rt: rt.clone(),
-            f,
+            f: ManuallyDrop::new(f),
             grid,
             idle,
             ring: ManuallyDrop::new(ring),
@@ -211,18 +240,21 @@ impl Resident {
         unsafe { AtomicU32::from_ptr(p) }
     }
 
-    /// Whether a table of `groups` groups can be posted: the grid is a multiple of the group
-    /// count (the kernel runs no other) and the copier is on.
-    pub(super) fn takes(&self, groups: u32) -> bool {
-        !self.off.load(Ordering::Relaxed) && self.grid.is_multiple_of(groups.max(1))
+    /// Whether `table` can be posted now: the copier is on, the kernel runs the table on this
+    /// grid (its group count divides the grid, and the rest of its checks), and the next
+    /// table slot is free.
+    pub(super) fn takes(&self, table: &OrderedCopy) -> bool {
+        !self.off.load(Ordering::Relaxed) && table.takes(self.grid) && self.book.lock().next().is_some()
     }
 
     /// Writes `table` (its arrival words set here, its flag `flag`) into the next table slot
     /// and posts it; launches a grid when none runs. Returns the table slot (for
     /// [`Resident::completed`]), or `Ok(None)` when the next slot still holds a table not yet
-    /// complete (the caller launches). Errors: a failed launch (the table is taken back and the
-    /// copier is off from then on: the caller launches this batch and every later one), a grid
-    /// that kept deciding to exit for 100 ms.
+    /// complete (the caller launches). Once posted, a table is the copier's: a grid that stays
+    /// in its exit decision past [`RESIDENT_DEADLINE`] turns the copier off and the table is
+    /// left to the deadline (`Ok`). Errors: a failed launch (the table is taken back before any
+    /// grid could see it and the copier is off from then on: the caller launches this batch
+    /// and every later one).
     pub(super) fn post(&self, table: OrderedCopy, flag: (u64, u32)) -> Result<Option<usize>> {
         let mut book = self.book.lock();
         let Some((seq, slot)) = book.next() else { return Ok(None) };
@@ -245,18 +277,20 @@ impl Resident {
             match self.word(2).load(Ordering::Acquire) {
                 LAUNCHED | RUNNING => return Ok(Some(slot)),
                 EXITED => break,
-                EXITING if t0.elapsed() < EXITING_WAIT => std::hint::spin_loop(),
+                // The grid holds this state for one fence and one read of host memory.
+                EXITING if t0.elapsed() < RESIDENT_DEADLINE => std::thread::yield_now(),
                 s => {
-                    return Err(GpuError::Io {
+                    self.stop(&GpuError::Io {
                         op: "copy pool: posting to the resident copier",
                         source: std::io::Error::new(
                             std::io::ErrorKind::TimedOut,
                             format!(
-                                "its grid on {} in state {s} after {EXITING_WAIT:?} (2: deciding to exit; 0-3 are the only states)",
+                                "its grid on {} in state {s} after {RESIDENT_DEADLINE:?} (2: deciding to exit; 0-3 are the only states)",
                                 self.stream.device()
                             ),
                         ),
-                    })
+                    });
+                    return Ok(Some(slot));
                 }
             }
         }
@@ -276,7 +310,7 @@ impl Resident {
         let (Some(ring), start) = (self.ring.device_ptr(), self.word(3).load(Ordering::Acquire)) else {
             return Err(GpuError::invalid("copy pool: the resident copier's ring lost its mapping"));
         };
-        book.gen = book.gen.wrapping_add(1);
+        let gen = book.next_gen();
         self.word(2).store(LAUNCHED, Ordering::Release);
         let p = ResidentParams {
             ring,
@@ -284,7 +318,7 @@ impl Resident {
             idle_ns: self.idle.as_nanos().min(u64::MAX as u128) as u64,
             depth: DEPTH,
             start,
-            gen: book.gen,
+            gen,
             pad: 0,
         };
         let mut args = KernelArgs::new();
@@ -296,10 +330,13 @@ impl Resident {
         // contract, as for a launch).
         let r = unsafe { self.rt.launch(&self.f, &self.stream, &cfg, &args.params()) };
         match r {
-            Ok(()) => super::stats::count_resident_launch(),
+            Ok(()) => {
+                super::stats::count_resident_launch();
+                book.starting = Some(Instant::now());
+                tracing::debug!(device = self.stream.device().0, gen, start, "copy pool: resident copier launched");
+            }
             Err(_) => self.word(2).store(EXITED, Ordering::Release),
         }
-        tracing::debug!(device = self.stream.device().0, gen = book.gen, start, "copy pool: resident copier launched");
         r
     }
 
@@ -329,7 +366,9 @@ impl Resident {
 
     /// An error of the grid's stream (a fault), if any.
     /// Asks the stream at most once per [`super::FLAG_FALLBACK`] (a driver call; the
-    /// completion steps spin): `None` between. The copier is off from then on.
+    /// completion steps spin): `None` between. The copier is off from then on. Also checks,
+    /// [`START_WAIT`] after a launch, that every block started: if not, the copier turns off
+    /// (said once) and the tables posted wait for the missing blocks.
     pub(super) fn fault(&self) -> Option<GpuError> {
         {
             let mut last = self.asked.try_lock()?;
@@ -338,9 +377,41 @@ impl Resident {
             }
             *last = Instant::now();
         }
+        self.check_started();
         let e = self.stream.query().err()?;
         self.stop(&e);
         Some(e)
+    }
+
+    /// Counts the blocks of the last launch that marked themselves started, once
+    /// [`START_WAIT`] passed (see [`Resident::fault`]).
+    fn check_started(&self) {
+        let Some(mut book) = self.book.try_lock() else { return };
+        let Some(at) = book.starting.filter(|at| at.elapsed() > START_WAIT) else { return };
+        let base = self.ring.ptr() as usize + STRIDE * (1 + DEPTH as usize);
+        let started = (0..self.grid as usize)
+            .filter(|b| {
+                // SAFETY: word b lies inside the live ring (RESIDENT_MAX_BLOCKS words follow the
+                // tables, grid <= RESIDENT_MAX_BLOCKS); only the device writes it, and the host
+                // reads it atomically.
+                let w = unsafe { AtomicU32::from_ptr((base + 4 * b) as *mut u32) };
+                w.load(Ordering::Acquire) == book.gen
+            })
+            .count();
+        if started == self.grid as usize {
+            book.starting = None;
+        } else if started == 0 && matches!(self.word(2).load(Ordering::Acquire), EXITED) {
+            // It ran and exited (idle) before this look: nothing to learn.
+            book.starting = None;
+        } else {
+            book.starting = None;
+            self.stop(&GpuError::invalid(format!(
+                "only {started} of its {} blocks started {:?} after the launch on {} (the device is full: every block must stay on it)",
+                self.grid,
+                at.elapsed(),
+                self.stream.device()
+            )));
+        }
     }
 
     fn stop(&self, e: &GpuError) {
@@ -350,19 +421,25 @@ impl Resident {
     }
 }
 
-impl Drop for Resident {
-    fn drop(&mut self) {
-        // The grid exits once nothing is posted; stop makes it do so without its idle wait.
+impl Resident {
+    /// Stops the grid (it exits once nothing is posted, without its idle wait) and waits for it
+    /// ([`DRAIN_WAIT`] at most). Returns false when it did not exit: the caller must then leak
+    /// whatever the posted tables name (the pool's completion flags), as this leaks the ring,
+    /// the scratch and the module.
+    pub(super) fn shut(mut self) -> bool {
         self.word(1).store(1, Ordering::Release);
         if let Err(r) = drain(DRAIN_WAIT, || self.stream.query()) {
-            tracing::warn!(device = self.stream.device().0, outcome = ?r.map(|_| "still running"), "copy pool: the resident copier's grid did not exit in {DRAIN_WAIT:?}: its buffers are leaked");
-            return;
+            tracing::warn!(device = self.stream.device().0, outcome = ?r.map(|_| "still running"), "copy pool: the resident copier's grid did not exit in {DRAIN_WAIT:?}: its buffers, its module and the pool's completion flags are leaked");
+            return false;
         }
-        // SAFETY: dropped once, here; the grid has exited.
+        // SAFETY: dropped once, here (`shut` takes self; Drop drops nothing else); the grid
+        // has exited.
         unsafe {
             ManuallyDrop::drop(&mut self.ring);
             ManuallyDrop::drop(&mut self.scratch);
+            ManuallyDrop::drop(&mut self.f);
         }
+        true
     }
 }
 
@@ -402,6 +479,11 @@ mod tests {
         b.posted(seq, slot);
         b.unposted(seq, slot);
         assert_eq!(b.next(), Some((seq, slot)));
+        // Launch numbers: 31 bits (the kernel compares 31), never 0.
+        let mut g = Book::default();
+        assert_eq!(g.next_gen(), 1);
+        g.gen = 0x7fff_fffe;
+        assert_eq!((g.next_gen(), g.next_gen(), g.next_gen()), (0x7fff_ffff, 1, 2));
         // Numbers wrap.
         let mut b = Book { posted: u32::MAX, ..Book::default() };
         assert_eq!(b.next(), Some((0, 0)));

@@ -23,7 +23,8 @@
  *     the arrival words' check, segments in order, then the flag write) and
  *     mori_ordered_copy_armed (the same, its table read from memory when it runs), and
  *     mori_ordered_copy_resident (a host thread that runs the tables posted to its ring, exits
- *     when idle or stopped, and holds its stream until then), run in stream order on the host: their effect by the
+ *     when idle or stopped, and holds its stream until then; MORI_FAKE_RESIDENT_EXIT_PAUSE_MS
+ *     holds it that long in its exit decision), run in stream order on the host: their effect by the
  *     ABI, not the kernels' code (the fences and the last-block arrival run only on a GPU); a range
  *     outside device memory aborts the process (as a GPU would fault), naming it.
  * The structure layouts below restate cuda.h (CUDA 13.0).
@@ -269,17 +270,20 @@ static void run(struct op *o) {
  * on stop, with the same store-fence-load on the state word as the kernel. */
 struct resident_params { uint64_t ring, scratch, idle_ns; uint32_t depth, start, gen, pad; };
 _Static_assert(sizeof(struct resident_params) == 40, "ResidentParams is 40 bytes");
-struct resident_run { struct resident_params p; uint64_t grid; volatile int running; pthread_t th; };
+struct resident_run { struct resident_params p; uint64_t grid; int running; pthread_t th; };
 static void *resident_main(void *arg) {
     struct resident_run *r = arg;
     volatile uint32_t *ring = (volatile uint32_t *)(uintptr_t)r->p.ring;
     uint32_t seq = r->p.start;
+    /* Every block marks itself started (all of them: the host has nothing else on the "GPU"). */
+    for (uint64_t b = 0; b < r->grid; b++) ring[(256 + 256 * (uint64_t)r->p.depth) / 4 + b] = r->p.gen;
     ring[2] = 1;
     __sync_synchronize();
     double since = now_ms();
     for (;;) {
         if (ring[0] != seq) {
             seq++;
+            __sync_synchronize(); /* the kernel's acquire after it sees a post */
             struct ordered_copy t;
             memcpy(&t, (const void *)(uintptr_t)(r->p.ring + 256 + (uint64_t)(seq & (r->p.depth - 1)) * 256), sizeof t);
             pthread_mutex_lock(&mu);
@@ -294,6 +298,10 @@ static void *resident_main(void *arg) {
         if (ring[1] == 0 && now_ms() - since < (double)r->p.idle_ns / 1e6) { sched_yield(); continue; }
         ring[2] = 2;
         __sync_synchronize();
+        /* A grid held between its two steps (preempted, time-sliced): the host's post must wait
+         * for its decision, not run the batch elsewhere. Tests ask for it by this variable. */
+        const char *pause = getenv("MORI_FAKE_RESIDENT_EXIT_PAUSE_MS");
+        if (pause) usleep((useconds_t)atoi(pause) * 1000);
         if (ring[0] == seq) break;
         ring[2] = 1;
         __sync_synchronize();
@@ -301,14 +309,13 @@ static void *resident_main(void *arg) {
     ring[3] = seq;
     __sync_synchronize();
     ring[2] = 3;
-    __sync_synchronize();
-    r->running = 0;
+    __atomic_store_n(&r->running, 0, __ATOMIC_RELEASE);
     return NULL;
 }
 /* Whether `s` still runs a resident grid (one that exited is joined and let go). */
 static int resident_running(struct stream *s) {
     if (!s->res) return 0;
-    if (s->res->running) return 1;
+    if (__atomic_load_n(&s->res->running, __ATOMIC_ACQUIRE)) return 1;
     pthread_join(s->res->th, NULL);
     free(s->res);
     s->res = NULL;
@@ -325,7 +332,7 @@ static void progress(void) {
                 if (o->kind == OP_RESIDENT) {
                     s->res = o->blob;
                     o->blob = NULL;
-                    s->res->running = 1;
+                    __atomic_store_n(&s->res->running, 1, __ATOMIC_RELEASE);
                     if (pthread_create(&s->res->th, NULL, resident_main, s->res)) { fprintf(stderr, "fake libcuda: no thread for the resident grid\n"); abort(); }
                 }
                 run(o);
@@ -343,10 +350,14 @@ static void device_wide(const char *call) {
     progress();
     /* A resident grid exits by itself once nothing is posted (its idle wait): waited for, the
      * lock let go meanwhile so that it can run what is posted. */
-    for (int i = 0; i < 10000; i++) {
+    for (int i = 0;; i++) {
         int running = 0;
         for (struct stream *s = streams; s; s = s->next_stream) running |= resident_running(s);
         if (!running) break;
+        if (i == 10000) {
+            fprintf(stderr, "fake libcuda: %s waits for the whole device, but a resident grid has not exited in 10 s (something keeps posting to it)\n", call);
+            abort();
+        }
         pthread_mutex_unlock(&mu);
         usleep(1000);
         pthread_mutex_lock(&mu);
@@ -449,6 +460,9 @@ static CUresult mem_free(CUdeviceptr p) {
     struct region *r = find(p, 1);
     if (!r || r->kind != R_ALLOC || r->base != p) return INVALID_VALUE;
     device_wide("cuMemFree");
+    /* Looked up again: device_wide lets the lock go while a resident grid runs. */
+    r = find(p, 1);
+    if (!r || r->kind != R_ALLOC || r->base != p) return INVALID_VALUE;
     munmap((void *)(uintptr_t)p, (r->size + PAGE - 1) / PAGE * PAGE);
     close(r->fd);
     r->kind = 0;
@@ -971,7 +985,7 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
         /* The kernel exits at once on a depth it does not take; no caller of ours should pass one. */
         if (!p->ring || p->ring % 4 || !p->scratch || !p->depth || p->depth > 64 || (p->depth & (p->depth - 1))) { free(r); return INVALID_VALUE; }
         pthread_mutex_lock(&mu);
-        CUresult res = usable(p->ring, 256 + 256 * (uint64_t)p->depth) && usable(p->scratch, 256 + 256 * (uint64_t)p->depth)
+        CUresult res = usable(p->ring, 256 + 256 * (uint64_t)p->depth + 4 * (uint64_t)gx) && usable(p->scratch, 256 + 256 * (uint64_t)p->depth)
                            ? submit(s, (struct op){.kind = OP_RESIDENT, .blob = r})
                            : INVALID_VALUE;
         pthread_mutex_unlock(&mu);
