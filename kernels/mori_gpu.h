@@ -227,6 +227,11 @@ MORI_DEVICE uint64_t mori_clock_ns() {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 MORI_DEVICE uint32_t mori_ctz64(uint64_t v) { return (uint32_t)__builtin_ctzll(v); }
+// Sleeps `us` microseconds (tests hold an emulated kernel at a chosen step with it).
+MORI_DEVICE void mori_emu_sleep_us(uint32_t us) {
+    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
+    nanosleep(&ts, nullptr);
+}
 
 // The calling block's instance of shared struct T (zeroed at first use).
 template <typename T>

@@ -108,7 +108,9 @@
 //           exits; u32 depth (24): table slots, a power of two from 1 to 64; u32 start (28):
 //           the number of the last table already run (the next is start + 1, cyclic); u32 gen
 //           (32): this launch's number, 1 to 2^31 - 1 (31 bits are compared), different from
-//           the previous launch's on the same scratch; u32 pad (36) }.
+//           the previous launch's on the same scratch; u32 pad (36): 0 (on the CPU
+//           emulation, MORI_HOST_EMU, microseconds block 0 holds its exit decision before it
+//           writes state 2, for tests) }.
 //   The ring: u32 posted (0), the number of the last table posted (the host's); u32 stop (4),
 //           non-zero: exit once nothing is posted (the host's); u32 state (8), the grid's:
 //           1 running, 2 about to exit, 3 exited (the host writes 0 before a launch); u32 done
@@ -151,6 +153,14 @@
 // A contiguous copy_ of the same bytes: 2101 / 2552 (L2-resident) / 2068 GB/s.
 #ifndef MORI_PAGED_UNROLL
 #define MORI_PAGED_UNROLL 4
+#endif
+
+// A full unroll of the loop that follows (nothing on the CPU emulation, whose compiler does not
+// know the pragma).
+#ifdef MORI_HOST_EMU
+#define MORI_UNROLL_ALL
+#else
+#define MORI_UNROLL_ALL _Pragma("unroll")
 #endif
 
 struct CopyDesc {
@@ -218,6 +228,11 @@ struct ResidentParams {
 };
 static_assert(sizeof(ResidentParams) == 40, "ResidentParams is 40 bytes");
 
+// A block's flag in shared memory (a struct: MORI_HOST_EMU emulates shared structs only).
+struct MoriFlagSh {
+    uint32_t v;
+};
+
 // The resident grid's states (ring word 2) and its table slots' stride.
 #define MORI_RESIDENT_RUNNING 1u
 #define MORI_RESIDENT_EXITING 2u
@@ -232,9 +247,9 @@ MORI_DEVICE void mori_copy_elems(const T* __restrict__ s, T* __restrict__ d, uin
     uint64_t i = lane;
     for (; i + (U - 1) * stride < count; i += U * stride) {
         T v[U];
-#pragma unroll
+MORI_UNROLL_ALL
         for (int u = 0; u < U; u++) v[u] = s[i + u * stride];
-#pragma unroll
+MORI_UNROLL_ALL
         for (int u = 0; u < U; u++) d[i + u * stride] = v[u];
     }
     for (; i < count; i += stride) d[i] = s[i];
@@ -350,14 +365,14 @@ MORI_DEVICE void mori_ordered_runs(const OrderedCopy& t, uint32_t run) {
     mori_copy_range<2>(t.segs[lo].src, t.segs[lo].dst, t.segs[lo].len,
                        (uint64_t)(mori_block_idx() - g * run) * nt + tid, (uint64_t)run * nt);
     mori_sync_block();
-    MORI_SHARED uint32_t last;
+    MORI_SHARED_STRUCT(MoriFlagSh, last);
     if (tid == 0) {
         mori_fence_system();
-        last = mori_atomic_add_system_u32(&arrivals[g], 1) == run - 1;
-        if (last) mori_fence_system();
+        last.v = mori_atomic_add_system_u32(&arrivals[g], 1) == run - 1;
+        if (last.v) mori_fence_system();
     }
     mori_sync_block();
-    if (!last) return;
+    if (!last.v) return;
     for (uint32_t i = lo + 1; i < hi; i++) {
         mori_copy_range<2>(t.segs[i].src, t.segs[i].dst, t.segs[i].len, tid, nt);
         mori_fence_system();
@@ -413,6 +428,10 @@ MORI_DEVICE bool mori_resident_lead(const ResidentParams& p, volatile uint32_t* 
     for (;;) {
         if (ring[0] != seq) return true;
         if (ring[1] == 0 && mori_clock_ns() - since < p.idle_ns) continue;
+#ifdef MORI_HOST_EMU
+        // Tests hold the decision here (a post then finds state 1 and relies on the read below).
+        if (p.pad != 0) mori_emu_sleep_us(p.pad);
+#endif
         ring[2] = MORI_RESIDENT_EXITING;
         mori_fence_system();
         if (ring[0] == seq) return false;
@@ -445,7 +464,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
     }
     volatile uint64_t* word = (volatile uint64_t*)p.scratch;
     MORI_SHARED_STRUCT(OrderedCopy, t);
-    MORI_SHARED uint32_t more;
+    MORI_SHARED_STRUCT(MoriFlagSh, more);
     const uint32_t tid = mori_thread_idx();
     const bool lead = mori_block_idx() == 0;
     uint32_t seq = p.start;
@@ -460,15 +479,15 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
         if (tid == 0) {
             // Acquire: block 0 then reads the host's table, the others block 0's copy.
             if (lead) {
-                more = mori_resident_lead(p, ring, seq, since);
+                more.v = mori_resident_lead(p, ring, seq, since);
                 mori_fence_system();
             } else {
-                more = mori_resident_follow(p, word, seq, since);
+                more.v = mori_resident_follow(p, word, seq, since);
                 mori_fence_device();
             }
         }
         mori_sync_block();
-        if (!more) break;
+        if (!more.v) break;
         seq += 1;
         const uint32_t off = MORI_RESIDENT_STRIDE + (seq & (p.depth - 1)) * MORI_RESIDENT_STRIDE;
         uint32_t* dst = (uint32_t*)&t;
@@ -506,3 +525,8 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
         mori_fence_system();
     }
 }
+
+#ifdef MORI_HOST_EMU
+// The resident grid on CPU threads, for its protocol's tests (crates/ep/src/copy_emu_tests.rs).
+MORI_EMU_EXPORT(mori_ordered_copy_resident, ResidentParams)
+#endif

@@ -60,6 +60,8 @@
 pub mod accounting;
 mod combine;
 mod config;
+#[cfg(test)]
+mod copy_emu_tests;
 mod dispatch;
 mod dtype;
 #[cfg(test)]
