@@ -283,8 +283,14 @@ impl CopyPool {
             cfg.resident_blocks = 0;
         }
         if cfg.resident_blocks > 0 && (cfg.ordered_kernel != Some(true) || cfg.kernel_threshold == 0 || cfg.host_flags != Some(true)) {
-            tracing::warn!("copy pool: the resident copier needs the ordered-copy kernel and completion flags, which this pool does not use: ordered batches are launched when posted");
+            tracing::warn!("copy pool: the resident copier needs the ordered-copy kernel and completion flags, which this pool does not use: ordered batches take the pool's other paths");
             cfg.resident_blocks = 0;
+        }
+        if cfg.resident_blocks > 0 && cfg.armed_depth > 0 {
+            // The copier takes the ordered batches first: armed launches would never fire, yet
+            // hold event slots and make device-wide calls wait.
+            tracing::warn!("copy pool: both armed launches and a resident copier asked for: the resident copier takes the ordered batches, none is armed");
+            cfg.armed_depth = 0;
         }
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
@@ -685,19 +691,21 @@ impl CopyPool {
         self.shared.pending.lock().push(p);
     }
 
-    /// Lets every armed ordered-copy launch go ([`CopyPoolConfig::armed_depth`]) and waits for
-    /// them: afterwards nothing this pool queued waits for the host, so the process may free
-    /// device or pinned memory, allocate, or synchronise the device, as long as it posts
-    /// nothing meanwhile: the next ordered batch posted on that device arms again;
-    /// completions do not. Nothing to do (Ok) without armed launches. Errors: `Io` (timed
-    /// out) when a device's armed stream did not drain in 10 s (the first such device's;
-    /// every device is tried).
+    /// Lets every armed ordered-copy launch go ([`CopyPoolConfig::armed_depth`]) and stops the
+    /// resident copier's grid ([`CopyPoolConfig::resident_blocks`]), and waits for them:
+    /// afterwards nothing this pool queued waits for the host, so the process may free device
+    /// or pinned memory, allocate, or synchronise the device, as long as it posts nothing
+    /// meanwhile: the next ordered batch posted on that device arms again (or launches the
+    /// grid again); completions do not. Nothing to do (Ok) without either. Errors: `Io` (timed
+    /// out) when a device's armed stream or grid did not finish in 10 s (the first such
+    /// device's; every device is tried).
     pub fn disarm(&self) -> Result<()> {
         // Every device asked (`fold` runs them all), the first error kept (`and`).
         let devs = self.shared.devs.iter().filter_map(OnceLock::get);
-        devs.filter_map(|dp| Some((dp, dp.armed.as_ref()?)))
-            .map(|(dp, a)| a.disarm().map(|back| dp.free.lock().extend(back)))
-            .fold(Ok(()), Result::and)
+        let armed =
+            devs.clone().filter_map(|dp| Some((dp, dp.armed.as_ref()?))).map(|(dp, a)| a.disarm().map(|back| dp.free.lock().extend(back)));
+        let resident = devs.filter_map(|dp| dp.resident.as_ref()).map(|r| r.quiesce());
+        armed.chain(resident).fold(Ok(()), Result::and)
     }
 
     /// One completion step, run by the calling thread: completes every submission whose

@@ -16,7 +16,12 @@ fn gpu_tests_pass_against_the_fake_driver() {
     // The tests pin their own pool configurations (the armed one its own depth).
     // The resident copier's grid held 150 ms in its exit decision (the test of a post made then).
     let envs = [("MORI_GPU_RUNTIME", "cuda"), ("MORI_FAKE_RESIDENT_EXIT_PAUSE_MS", "150")];
-    let Some(run) = fake_build::run_module_against_fake("gpu", "gpu_tests::", &envs, &[mori_gpu::ARMED_ENV, mori_gpu::RESIDENT_ENV]) else {
+    let Some(run) = fake_build::run_module_against_fake(
+        "gpu",
+        "gpu_tests::",
+        &envs,
+        &[mori_gpu::ARMED_ENV, mori_gpu::RESIDENT_ENV, mori_gpu::FLAGS_ENV, mori_gpu::ORDERED_ENV],
+    ) else {
         return;
     };
     assert!(run.success, "the GPU tests failed against the fake driver");

@@ -1562,6 +1562,17 @@ fn copy_pool_paged_copies_and_staged_tables() -> R {
     Ok(())
 }
 
+/// The resident copier's tests pin their own pool configurations: the variables that would
+/// override them must be unset.
+fn resident_env_clear() -> R {
+    for v in [mori_gpu::RESIDENT_ENV, mori_gpu::FLAGS_ENV, mori_gpu::ORDERED_ENV, mori_gpu::ARMED_ENV] {
+        if std::env::var_os(v).is_some() {
+            return fail(format!("unset {v} for the resident copier's tests: they pin the pool's paths and count its posts"));
+        }
+    }
+    Ok(())
+}
+
 /// The resident copier (`CopyPoolConfig::resident_blocks`): ordered batches posted one at a
 /// time, several in flight at once, and several in one post, all run by one grid launched by
 /// the first post (no launch per batch); the grid exits once idle, memory is then freed while
@@ -1571,9 +1582,7 @@ fn copy_pool_paged_copies_and_staged_tables() -> R {
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
 fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
-    if std::env::var_os(mori_gpu::RESIDENT_ENV).is_some() {
-        return fail(format!("unset {} for this test: it counts the resident copier's launches", mori_gpu::RESIDENT_ENV));
-    }
+    resident_env_clear()?;
     let rt = rt()?;
     let what = "resident copier";
     let len = 4usize << 20;
@@ -1674,6 +1683,23 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
             st.ordered_launches, st.resident_posts, st.resident_launches
         ));
     }
+    // Stopped by disarm (as IoEngine::quiesce does), the grid is gone well before its idle
+    // wait: memory is freed at once, and the next post launches a grid again.
+    let t = Instant::now();
+    pool.disarm()?;
+    let spare2 = rt.alloc(DEV, 4096)?;
+    drop(spare2);
+    let disarm_took = t.elapsed();
+    let s2 = mori_gpu::submit_stats();
+    // SAFETY: as above.
+    unsafe { ordered_wait(&pool, what, pair(1)) }?;
+    let st = mori_gpu::submit_stats().since(&s2);
+    if (st.resident_posts, st.resident_launches) != (1, 1) || disarm_took > idle / 2 {
+        return fail(format!(
+            "{what}: after disarm ({disarm_took:?} with a free) {} resident posts and {} grids, expected 1 and 1",
+            st.resident_posts, st.resident_launches
+        ));
+    }
     // Idle past its wait, the grid exits: memory is freed while the pool lives, without
     // waiting for the pool, and the next post launches a grid again.
     std::thread::sleep(idle + Duration::from_millis(100));
@@ -1702,7 +1728,7 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
         return fail(format!("{what}: freeing a buffer after the idle exit took {free_took:?}, dropping the pool {took:?}"));
     }
     println!(
-        "{what}: 20 batches one at a time, 4 back to back and 4 in one post on one grid (0 launches, 25 posts), checked byte for byte; idle exit, a buffer freed in {free_took:?}, 2 more batches on a new grid, checked; the pool dropped in {took:?}"
+        "{what}: 20 batches one at a time, 4 back to back and 4 in one post on one grid (0 launches, 25 posts), checked byte for byte; disarmed and a buffer allocated and freed in {disarm_took:?}, a batch on a new grid; idle exit, a buffer freed in {free_took:?}, 2 more batches on a new grid, checked; the pool dropped in {took:?}"
     );
     Ok(())
 }
@@ -1716,9 +1742,7 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
 #[ignore = "needs a GPU: run by scripts/gpu-machine.sh"]
 fn copy_pool_resident_copier_runs_a_batch_posted_during_its_exit_once() -> R {
     use mori_gpu::{CopyPool, CopyPoolConfig, CopySeg};
-    if std::env::var_os(mori_gpu::RESIDENT_ENV).is_some() {
-        return fail(format!("unset {} for this test: it counts the resident copier's launches", mori_gpu::RESIDENT_ENV));
-    }
+    resident_env_clear()?;
     let rt = rt()?;
     let what = "resident copier, a post during its exit";
     let len = 1usize << 20;

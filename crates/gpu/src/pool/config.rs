@@ -89,7 +89,9 @@ pub struct CopyPoolConfig {
     /// co-resident (a grid whose blocks did not all start within 1 ms turns the copier off),
     /// and its stream holds a hardware queue while it runs. The environment variable
     /// `MORI_GPU_POOL_RESIDENT` (a number of blocks), when set, overrides it
-    /// ([`CopyPool::new`]); HIP turns it off (never run on an AMD GPU).
+    /// ([`CopyPool::new`]); HIP turns it off (never run on an AMD GPU), and it turns
+    /// `armed_depth` off (it takes the ordered batches first). [`CopyPool::disarm`] stops
+    /// the grid.
     pub resident_blocks: u32,
     /// How long the resident copier's grid waits with nothing posted before it exits
     /// ([`super::RESIDENT_IDLE`] by default, 1 ms to 10 s): longer keeps it on the device

@@ -422,6 +422,30 @@ impl Resident {
 }
 
 impl Resident {
+    /// Stops the grid if one runs (it exits once nothing is posted, without its idle wait) and
+    /// waits for it ([`DRAIN_WAIT`] at most); the next post launches one again. Posts wait
+    /// meanwhile. Errors: `Io` (timed out) when the grid did not exit.
+    pub(super) fn quiesce(&self) -> Result<()> {
+        let _book = self.book.lock();
+        self.word(1).store(1, Ordering::Release);
+        let r = drain(DRAIN_WAIT, || self.stream.query());
+        self.word(1).store(0, Ordering::Release);
+        r.map_err(|r| GpuError::Io {
+            op: "copy pool: stopping the resident copier",
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "its grid on {} still {} after {DRAIN_WAIT:?}",
+                    self.stream.device(),
+                    match r {
+                        Ok(_) => "running".to_string(),
+                        Err(e) => format!("failing ({e})"),
+                    }
+                ),
+            ),
+        })
+    }
+
     /// Stops the grid (it exits once nothing is posted, without its idle wait) and waits for it
     /// ([`DRAIN_WAIT`] at most). Returns false when it did not exit: the caller must then leak
     /// whatever the posted tables name (the pool's completion flags), as this leaks the ring,
