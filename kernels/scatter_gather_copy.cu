@@ -228,8 +228,12 @@ struct ResidentParams {
 };
 static_assert(sizeof(ResidentParams) == 40, "ResidentParams is 40 bytes");
 
-// A block's flag in shared memory (a struct: MORI_HOST_EMU emulates shared structs only).
-struct MoriFlagSh {
+// Block-wide flags in shared memory (structs: MORI_HOST_EMU emulates shared structs only, one
+// per type and block, so each flag has a type of its own).
+struct MoriLastSh {
+    uint32_t v;
+};
+struct MoriMoreSh {
     uint32_t v;
 };
 
@@ -365,7 +369,7 @@ MORI_DEVICE void mori_ordered_runs(const OrderedCopy& t, uint32_t run) {
     mori_copy_range<2>(t.segs[lo].src, t.segs[lo].dst, t.segs[lo].len,
                        (uint64_t)(mori_block_idx() - g * run) * nt + tid, (uint64_t)run * nt);
     mori_sync_block();
-    MORI_SHARED_STRUCT(MoriFlagSh, last);
+    MORI_SHARED_STRUCT(MoriLastSh, last);
     if (tid == 0) {
         mori_fence_system();
         last.v = mori_atomic_add_system_u32(&arrivals[g], 1) == run - 1;
@@ -464,7 +468,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
     }
     volatile uint64_t* word = (volatile uint64_t*)p.scratch;
     MORI_SHARED_STRUCT(OrderedCopy, t);
-    MORI_SHARED_STRUCT(MoriFlagSh, more);
+    MORI_SHARED_STRUCT(MoriMoreSh, more);
     const uint32_t tid = mori_thread_idx();
     const bool lead = mori_block_idx() == 0;
     uint32_t seq = p.start;

@@ -80,6 +80,11 @@ impl Host {
             running: None,
         };
         h.word(2).store(3, Ordering::Release);
+        // A launch with a depth the kernel does not take returns at once (state 3): it builds
+        // the emulation library here, outside the tests' waits.
+        let p = ResidentParams { ring: h.ring.addr(), scratch: h.scratch.addr(), idle_ns: 0, depth: 0, start: 0, gen: 0, pad: 0 };
+        launch("scatter_gather_copy", "mori_ordered_copy_resident", 1, BLOCK, &p);
+        assert_eq!(h.word(2).load(Ordering::Acquire), 3, "a depth of 0: state 3 at once");
         h
     }
 

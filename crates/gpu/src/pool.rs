@@ -101,7 +101,8 @@ struct DevPool {
     next: AtomicUsize,
     /// Indices of the free slots.
     free: Mutex<Vec<usize>>,
-    /// Slots retired for good after a failed event record.
+    /// Slots retired for good: after a failed event record, or a resident-copier table failed
+    /// by its deadline or a fault (it may still run).
     retired: AtomicUsize,
     /// A completion-flag write failed on this device: its later submissions are told complete
     /// by their events, without trying the write again.
@@ -263,15 +264,6 @@ impl CopyPool {
             tracing::info!("copy pool: armed launches need the ordered-copy kernel, which this pool does not use: none armed");
             cfg.armed_depth = 0;
         }
-        if cfg.armed_depth > 0 && cfg.armed_depth >= cfg.num_events {
-            // Each armed launch holds a slot until fired: other submissions need one left.
-            return Err(GpuError::invalid(format!(
-                "copy pool: {} armed launches (armed_depth or {ARMED_ENV}) with {} event slots: at most {} (each holds a slot until fired)",
-                cfg.armed_depth,
-                cfg.num_events,
-                cfg.num_events - 1
-            )));
-        }
         cfg.resident_blocks = resident::blocks(cfg.resident_blocks, env_text(RESIDENT_ENV)?.as_deref())?;
         if !(Duration::from_millis(1)..=Duration::from_secs(10)).contains(&cfg.resident_idle) {
             return Err(GpuError::invalid(format!("copy pool: resident_idle {:?}: 1 ms to 10 s", cfg.resident_idle)));
@@ -291,6 +283,15 @@ impl CopyPool {
             // hold event slots and make device-wide calls wait.
             tracing::warn!("copy pool: both armed launches and a resident copier asked for: the resident copier takes the ordered batches, none is armed");
             cfg.armed_depth = 0;
+        }
+        if cfg.armed_depth > 0 && cfg.armed_depth >= cfg.num_events {
+            // Each armed launch holds a slot until fired: other submissions need one left.
+            return Err(GpuError::invalid(format!(
+                "copy pool: {} armed launches (armed_depth or {ARMED_ENV}) with {} event slots: at most {} (each holds a slot until fired)",
+                cfg.armed_depth,
+                cfg.num_events,
+                cfg.num_events - 1
+            )));
         }
         if rt.kind() == crate::RuntimeKind::Hip && cfg.paged_inline_runs > 0 {
             // HIP adds 256 bytes of hidden kernel arguments: 3928 + 256 = 4184 bytes of
@@ -890,7 +891,7 @@ impl Shared {
             tracing::warn!(device = dev.0, "copy pool: a resident copier of {blocks} blocks asked for, but ordered batches do not use the ordered-copy kernel with flags here: each is launched when posted");
             return None;
         };
-        match resident::Resident::new(&self.rt, dev, f, blocks, self.cfg.resident_idle, sms) {
+        match resident::Resident::new(&self.rt, dev, f, blocks, self.cfg.resident_idle, sms, self.cfg.num_events) {
             Ok(r) => {
                 tracing::info!(
                     device = dev.0,
@@ -951,10 +952,13 @@ impl Shared {
             let retired = dp.retired.load(Ordering::Acquire);
             if retired >= dp.slots.len() || t0.elapsed() > self.cfg.admission_timeout {
                 let why = if retired >= dp.slots.len() {
-                    format!("all {retired} event slots of {} were retired after failed event records", dp.device)
+                    format!(
+                        "all {retired} event slots of {} were retired (failed event records, or resident-copier tables failed that may still run)",
+                        dp.device
+                    )
                 } else {
                     format!(
-                        "{} submissions still in flight on {} after {:?} ({retired} slot(s) retired after failed event records)",
+                        "{} submissions still in flight on {} after {:?} ({retired} slot(s) retired: failed event records, or resident-copier tables failed that may still run)",
                         dp.slots.len() - retired,
                         dp.device,
                         self.cfg.admission_timeout

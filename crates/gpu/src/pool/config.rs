@@ -86,7 +86,7 @@ pub struct CopyPoolConfig {
     /// synchronisation or a `cuMemFree` waits for it until posting paused that long) and is
     /// launched again by the next post. Needs the ordered-copy kernel and completion flags.
     /// Off by default: its blocks stay on the device while it runs, all of them must be
-    /// co-resident (a grid whose blocks did not all start within 1 ms turns the copier off),
+    /// co-resident (a grid whose blocks did not all start within 100 ms turns the copier off),
     /// and its stream holds a hardware queue while it runs. The environment variable
     /// `MORI_GPU_POOL_RESIDENT` (a number of blocks), when set, overrides it
     /// ([`CopyPool::new`]); HIP turns it off (never run on an AMD GPU), and it turns

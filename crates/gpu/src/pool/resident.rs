@@ -23,8 +23,8 @@
 //! and [`RESIDENT_MAX_BLOCKS`] in all), block 0 polls one word of host memory, every table runs
 //! on the grid's blocks after the previous one (a launch would size its grid by the first
 //! segment and run beside other launches), and every table needs every block. Each block
-//! marks itself started in the ring: a grid whose blocks have not all started 1 ms after its
-//! launch (the device was full) turns the copier off, and the tables already posted wait for
+//! marks itself started in the ring: a grid whose blocks have not all started 100 ms after
+//! its launch (the device was full) turns the copier off, and the tables already posted wait for
 //! the missing blocks until the host's deadline ([`RESIDENT_DEADLINE`]) fails them. A table
 //! failed by the deadline or a fault may still run later: its pool slot is retired, never
 //! reused. So it is off unless asked for; HIP turns it off (never run on an AMD GPU).
@@ -66,8 +66,11 @@ pub(super) const DEPTH: u32 = 16;
 /// Bytes of a table slot and of the ring's header.
 const STRIDE: usize = 256;
 
-/// How long after a launch every block must have started (else the copier turns off).
-const START_WAIT: Duration = Duration::from_millis(1);
+/// How long after a launch every block must have started (else the copier turns off): the
+/// grid may wait behind the previous one's last blocks, another context's time slice or a
+/// long kernel on a shared hardware queue; only a grid still short after this is taken for a
+/// device without room for it. Checked from 1 ms on, once a millisecond.
+const START_WAIT: Duration = Duration::from_millis(100);
 
 /// How long dropping the pool waits for the grid to exit.
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
@@ -120,6 +123,9 @@ pub(super) struct Book {
     gen: u32,
     /// The last launch, until every block of it was seen started.
     starting: Option<Instant>,
+    /// Most tables in flight: below the pool's event slots, so that tables failed by the
+    /// deadline (their slots retired for good) never take the pool's last slot.
+    limit: usize,
 }
 
 impl Book {
@@ -128,7 +134,8 @@ impl Book {
     fn next(&self) -> Option<(u32, usize)> {
         let seq = self.posted.wrapping_add(1);
         let slot = (seq % DEPTH) as usize;
-        (!self.busy[slot]).then_some((seq, slot))
+        let room = self.busy.iter().filter(|&&b| b).count() < self.limit.min(DEPTH as usize);
+        (room && !self.busy[slot]).then_some((seq, slot))
     }
 
     fn posted(&mut self, seq: u32, slot: usize) {
@@ -186,7 +193,19 @@ impl Resident {
     /// The stream, the ring and the scratch; no grid yet (the first post launches it). A grid
     /// above 4 blocks per multiprocessor (`sms` of them) is cut to that, said once.
     /// Errors: the allocations', a ring that is not mapped, a grid of 0 blocks.
-    pub(super) fn new(rt: &Arc<dyn Runtime>, dev: Device, f: Function, grid: u32, idle: Duration, sms: u32) -> Result<Resident> {
+    /// `slots`: the pool's event slots (at most `slots - 1` tables are in flight).
+    pub(super) fn new(
+        rt: &Arc<dyn Runtime>,
+        dev: Device,
+        f: Function,
+        grid: u32,
+        idle: Duration,
+        sms: u32,
+        slots: usize,
+    ) -> Result<Resident> {
+        if slots < 2 {
+            return Err(GpuError::invalid(format!("copy pool: a resident copier needs 2 event slots or more (the pool has {slots})")));
+        }
         if grid == 0 || grid > RESIDENT_MAX_BLOCKS {
             return Err(GpuError::invalid(format!("copy pool: a resident copier of {grid} blocks: 1 to {RESIDENT_MAX_BLOCKS}")));
         }
@@ -218,7 +237,7 @@ impl Resident {
             idle,
             ring: ManuallyDrop::new(ring),
             scratch: ManuallyDrop::new(scratch),
-            book: Mutex::new(Book::default()),
+            book: Mutex::new(Book { limit: slots - 1, ..Book::default() }),
             off: AtomicBool::new(false),
             asked: Mutex::new(Instant::now()),
         };
@@ -257,6 +276,10 @@ impl Resident {
     /// and every later one).
     pub(super) fn post(&self, table: OrderedCopy, flag: (u64, u32)) -> Result<Option<usize>> {
         let mut book = self.book.lock();
+        // Off since `takes` said yes: nothing published yet, the caller launches.
+        if self.off.load(Ordering::Acquire) {
+            return Ok(None);
+        }
         let Some((seq, slot)) = book.next() else { return Ok(None) };
         let arrivals = self.scratch.ptr() + (STRIDE * (1 + DEPTH as usize) + 64 * slot) as u64;
         let t = table.finish(arrivals, Some(flag));
@@ -285,8 +308,9 @@ impl Resident {
                         source: std::io::Error::new(
                             std::io::ErrorKind::TimedOut,
                             format!(
-                                "its grid on {} in state {s} after {RESIDENT_DEADLINE:?} (2: deciding to exit; 0-3 are the only states)",
-                                self.stream.device()
+                                "its grid on {} in state {s} after {:?} (2: deciding to exit; 0-3 are the only states)",
+                                self.stream.device(),
+                                t0.elapsed()
                             ),
                         ),
                     });
@@ -366,9 +390,9 @@ impl Resident {
 
     /// An error of the grid's stream (a fault), if any.
     /// Asks the stream at most once per [`super::FLAG_FALLBACK`] (a driver call; the
-    /// completion steps spin): `None` between. The copier is off from then on. Also checks,
-    /// [`START_WAIT`] after a launch, that every block started: if not, the copier turns off
-    /// (said once) and the tables posted wait for the missing blocks.
+    /// completion steps spin): `None` between. The copier is off from then on. Also checks
+    /// that every block of the last launch started: still short [`START_WAIT`] after it, the
+    /// copier turns off (said once) and the tables posted wait for the missing blocks.
     pub(super) fn fault(&self) -> Option<GpuError> {
         {
             let mut last = self.asked.try_lock()?;
@@ -387,7 +411,7 @@ impl Resident {
     /// [`START_WAIT`] passed (see [`Resident::fault`]).
     fn check_started(&self) {
         let Some(mut book) = self.book.try_lock() else { return };
-        let Some(at) = book.starting.filter(|at| at.elapsed() > START_WAIT) else { return };
+        let Some(at) = book.starting.filter(|at| at.elapsed() > Duration::from_millis(1)) else { return };
         let base = self.ring.ptr() as usize + STRIDE * (1 + DEPTH as usize);
         let started = (0..self.grid as usize)
             .filter(|b| {
@@ -401,9 +425,9 @@ impl Resident {
         if started == self.grid as usize {
             book.starting = None;
         } else if started == 0 && matches!(self.word(2).load(Ordering::Acquire), EXITED) {
-            // It ran and exited (idle) before this look: nothing to learn.
+            // The launch failed (the host wrote EXITED back): nothing started, nothing to learn.
             book.starting = None;
-        } else {
+        } else if at.elapsed() > START_WAIT {
             book.starting = None;
             self.stop(&GpuError::invalid(format!(
                 "only {started} of its {} blocks started {:?} after the launch on {} (the device is full: every block must stay on it)",
@@ -485,7 +509,7 @@ mod tests {
 
     #[test]
     fn a_slot_is_posted_again_only_once_its_table_completed() {
-        let mut b = Book::default();
+        let mut b = Book { limit: 64, ..Book::default() };
         let mut live = std::collections::VecDeque::new();
         for round in 0..3 * DEPTH {
             let (seq, slot) = b.next().expect("a free slot");
@@ -508,8 +532,17 @@ mod tests {
         assert_eq!(g.next_gen(), 1);
         g.gen = 0x7fff_fffe;
         assert_eq!((g.next_gen(), g.next_gen(), g.next_gen()), (0x7fff_ffff, 1, 2));
+        // At most `limit` in flight (below the pool's slots), whichever slots are free.
+        let mut l = Book { limit: 3, ..Book::default() };
+        for _ in 0..3 {
+            let (seq, slot) = l.next().unwrap();
+            l.posted(seq, slot);
+        }
+        assert_eq!(l.next(), None, "3 in flight: the limit");
+        l.completed(2);
+        assert!(l.next().is_some());
         // Numbers wrap.
-        let mut b = Book { posted: u32::MAX, ..Book::default() };
+        let mut b = Book { posted: u32::MAX, limit: 64, ..Book::default() };
         assert_eq!(b.next(), Some((0, 0)));
         b.posted(0, 0);
         assert_eq!(b.next(), Some((1, 1)));

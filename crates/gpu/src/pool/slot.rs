@@ -120,7 +120,8 @@ pub(super) struct Slot {
     pub(super) flag: Option<flags::SlotFlag>,
     /// Its arrival word for the ordered-copy kernel: the pool's buffer and the word's index.
     pub(super) arrivals: Option<(Arc<DeviceBuffer>, usize)>,
-    /// Retired after a failed event record: work may still be queued with no event after it,
+    /// Retired after a failed event record (work may still be queued with no event after it),
+    /// or after a resident-copier table it flagged failed (the grid may still write its flag),
     /// so dropping the slot leaks its buffers and flag rather than free them under it.
     pub(super) retired: AtomicBool,
 }
