@@ -150,6 +150,11 @@ impl GpuError {
         GpuError::Io { op, source }
     }
 
+    /// `Io` of `op` with a `TimedOut` error saying `msg`.
+    pub(crate) fn timed_out(op: &'static str, msg: impl Into<String>) -> Self {
+        GpuError::Io { op, source: std::io::Error::new(std::io::ErrorKind::TimedOut, msg.into()) }
+    }
+
     pub(crate) fn invalid(msg: impl Into<String>) -> Self {
         GpuError::InvalidArgument(msg.into())
     }

@@ -964,7 +964,7 @@ impl Shared {
                         self.cfg.admission_timeout
                     )
                 };
-                return Err(GpuError::io("copy pool admission", std::io::Error::new(std::io::ErrorKind::TimedOut, why)));
+                return Err(GpuError::timed_out("copy pool admission", why));
             }
             std::thread::yield_now();
         }

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::ordered::{OrderedCopy, ARRIVAL_BYTES, ORDERED_BLOCK};
-use super::slot::{drain, Slot};
+use super::slot::{drain, drain_timed_out, Slot};
 use crate::error::{GpuError, Result};
 use crate::memory::{DeviceBuffer, DeviceSlice, PinnedBuffer};
 use crate::module::{Function, KernelArgs};
@@ -325,20 +325,12 @@ impl Armed {
         self.doorbell().store(last, Ordering::Release);
         match drain(DRAIN_WAIT, || self.stream.query()) {
             Ok(()) => Ok(slots),
-            Err(r) => Err(GpuError::Io {
-                op: "copy pool: letting the armed launches go",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "their stream on {} still {} after {DRAIN_WAIT:?}",
-                        self.stream.device(),
-                        match r {
-                            Ok(_) => "running".to_string(),
-                            Err(e) => format!("failing ({e})"),
-                        }
-                    ),
-                ),
-            }),
+            Err(r) => Err(drain_timed_out(
+                "copy pool: letting the armed launches go",
+                format!("their stream on {}", self.stream.device()),
+                DRAIN_WAIT,
+                r,
+            )),
         }
     }
 

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ordered::{OrderedCopy, ORDERED_BLOCK};
-use super::slot::drain;
+use super::slot::{drain, drain_timed_out};
 use crate::error::{GpuError, Result};
 use crate::memory::{DeviceBuffer, PinnedBuffer};
 use crate::module::{Function, KernelArgs};
@@ -303,17 +303,14 @@ impl Resident {
                 // The grid holds this state for one fence and one read of host memory.
                 EXITING if t0.elapsed() < RESIDENT_DEADLINE => std::thread::yield_now(),
                 s => {
-                    self.stop(&GpuError::Io {
-                        op: "copy pool: posting to the resident copier",
-                        source: std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!(
-                                "its grid on {} in state {s} after {:?} (2: deciding to exit; 0-3 are the only states)",
-                                self.stream.device(),
-                                t0.elapsed()
-                            ),
+                    self.stop(&GpuError::timed_out(
+                        "copy pool: posting to the resident copier",
+                        format!(
+                            "its grid on {} in state {s} after {:?} (2: deciding to exit; 0-3 are the only states)",
+                            self.stream.device(),
+                            t0.elapsed()
                         ),
-                    });
+                    ));
                     return Ok(Some(slot));
                 }
             }
@@ -372,18 +369,15 @@ impl Resident {
     /// A table has waited [`RESIDENT_DEADLINE`]: its slot stays taken (the grid may still write
     /// it) and the copier is off from then on.
     pub(super) fn overdue(&self) -> GpuError {
-        let e = GpuError::Io {
-            op: "copy pool: waiting for the resident copier",
-            source: std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "a table posted to its grid of {} blocks on {} did not complete in {RESIDENT_DEADLINE:?} (state {})",
-                    self.grid,
-                    self.stream.device(),
-                    self.word(2).load(Ordering::Acquire)
-                ),
+        let e = GpuError::timed_out(
+            "copy pool: waiting for the resident copier",
+            format!(
+                "a table posted to its grid of {} blocks on {} did not complete in {RESIDENT_DEADLINE:?} (state {})",
+                self.grid,
+                self.stream.device(),
+                self.word(2).load(Ordering::Acquire)
             ),
-        };
+        );
         self.stop(&e);
         e
     }
@@ -454,19 +448,8 @@ impl Resident {
         self.word(1).store(1, Ordering::Release);
         let r = drain(DRAIN_WAIT, || self.stream.query());
         self.word(1).store(0, Ordering::Release);
-        r.map_err(|r| GpuError::Io {
-            op: "copy pool: stopping the resident copier",
-            source: std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "its grid on {} still {} after {DRAIN_WAIT:?}",
-                    self.stream.device(),
-                    match r {
-                        Ok(_) => "running".to_string(),
-                        Err(e) => format!("failing ({e})"),
-                    }
-                ),
-            ),
+        r.map_err(|r| {
+            drain_timed_out("copy pool: stopping the resident copier", format!("its grid on {}", self.stream.device()), DRAIN_WAIT, r)
         })
     }
 

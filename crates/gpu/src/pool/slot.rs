@@ -163,6 +163,16 @@ impl Drop for Slot {
     }
 }
 
+/// [`drain`]'s failure `r` after `limit` as a timed-out error of `op`: `what` (such as "its
+/// grid on GPU 0") still running, or failing with the error it answered.
+pub(super) fn drain_timed_out(op: &'static str, what: String, limit: Duration, r: Result<bool>) -> GpuError {
+    let state = match r {
+        Ok(_) => "running".to_string(),
+        Err(e) => format!("failing ({e})"),
+    };
+    GpuError::timed_out(op, format!("{what} still {state} after {limit:?}"))
+}
+
 /// Asks `query` (an event's or a stream's: has the work finished?) every 50 µs until it says
 /// so or `limit` passed. Errors: its last answer (`Ok(false)`: still running) or error.
 pub(super) fn drain(limit: Duration, mut query: impl FnMut() -> Result<bool>) -> std::result::Result<(), Result<bool>> {
