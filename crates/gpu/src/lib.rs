@@ -43,8 +43,8 @@ pub use memory::{DeviceBuffer, DeviceSlice, IpcMapping, PinnedBuffer, VmmAllocat
 pub use module::{Function, KernelArgs, KernelImages, Module, ModuleImage};
 pub use pool::{
     armed_depth, env_switch, env_text, submit_stats, CopyDone, CopyPool, CopyPoolConfig, CopySeg, Lane, PagedCopy, PagedRun, PagedSide,
-    SubmitStats, ARMED_ENV, ARMED_MAX, FLAGS_ENV, FLAG_FALLBACK, ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS, PAGED_INLINE_RUNS,
-    RESIDENT_DEADLINE, RESIDENT_ENV, RESIDENT_IDLE, RESIDENT_MAX_BLOCKS, SPIN_ENV,
+    SubmitStats, ARMED_ENV, ARMED_MAX, CARVEOUT_ENV, FLAGS_ENV, FLAG_FALLBACK, ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS,
+    PAGED_INLINE_RUNS, RESIDENT_CARVEOUT, RESIDENT_DEADLINE, RESIDENT_ENV, RESIDENT_IDLE, RESIDENT_MAX_BLOCKS, SPIN_ENV,
 };
 pub use runtime::{detect, detect_with, Runtime};
 pub use stream::{Event, Stream};

@@ -217,6 +217,20 @@ impl Function {
         unsafe { self.module.rt.raw().function_set_max_dynamic_shared(self.module.device, self.raw, bytes) }
     }
 
+    /// Prefers `percent` (0 to 100) of the largest shared-memory configuration for the
+    /// multiprocessors this kernel's blocks run on, or -1 for the driver's choice
+    /// (`CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`; a hint; nothing on HIP, whose
+    /// shared memory is apart from the L1 cache). A multiprocessor changes its split only when
+    /// it is empty, so a grid that stays on the device keeps its split for every block beside
+    /// it. Errors: a percent outside -1 to 100, the driver's.
+    pub fn set_shared_carveout(&self, percent: i32) -> Result<()> {
+        if !(-1..=100).contains(&percent) {
+            return Err(GpuError::invalid(format!("a shared-memory carveout of {percent}%: -1 (the driver's choice) or 0 to 100")));
+        }
+        // SAFETY: the function handle is live while its module is (we hold the module's Arc).
+        unsafe { self.module.rt.raw().function_set_shared_carveout(self.module.device, self.raw, percent) }
+    }
+
     /// Launches the kernel; see [`Runtime::launch`].
     ///
     /// # Safety

@@ -50,7 +50,7 @@ pub use armed::{ARMED_ENV, ARMED_MAX};
 pub use config::{env_switch, env_text, CopyPoolConfig, FLAGS_ENV, FLAG_FALLBACK, SPIN_ENV};
 pub use ordered::{ORDERED_ENV, ORDERED_REST_MAX, ORDERED_SEGS};
 pub use paged::{PagedCopy, PagedRun, PagedSide, PAGED_INLINE_RUNS};
-pub use resident::{RESIDENT_DEADLINE, RESIDENT_ENV, RESIDENT_IDLE, RESIDENT_MAX_BLOCKS};
+pub use resident::{CARVEOUT_ENV, RESIDENT_CARVEOUT, RESIDENT_DEADLINE, RESIDENT_ENV, RESIDENT_IDLE, RESIDENT_MAX_BLOCKS};
 pub use slot::Lane;
 use slot::Slot;
 pub use stats::{submit_stats, SubmitStats};
@@ -265,6 +265,7 @@ impl CopyPool {
             cfg.armed_depth = 0;
         }
         cfg.resident_blocks = resident::blocks(cfg.resident_blocks, env_text(RESIDENT_ENV)?.as_deref())?;
+        cfg.resident_carveout = resident::carveout(cfg.resident_carveout, env_text(CARVEOUT_ENV)?.as_deref())?;
         if !(Duration::from_millis(1)..=Duration::from_secs(10)).contains(&cfg.resident_idle) {
             return Err(GpuError::invalid(format!("copy pool: resident_idle {:?}: 1 ms to 10 s", cfg.resident_idle)));
         }
@@ -891,11 +892,19 @@ impl Shared {
             tracing::warn!(device = dev.0, "copy pool: a resident copier of {blocks} blocks asked for, but ordered batches do not use the ordered-copy kernel with flags here: each is launched when posted");
             return None;
         };
-        match resident::Resident::new(&self.rt, dev, f, blocks, self.cfg.resident_idle, sms, self.cfg.num_events) {
+        match resident::Resident::new(
+            &self.rt,
+            dev,
+            f,
+            (blocks, self.cfg.resident_idle, self.cfg.resident_carveout),
+            sms,
+            self.cfg.num_events,
+        ) {
             Ok(r) => {
                 tracing::info!(
                     device = dev.0,
                     blocks = r.grid(),
+                    carveout = self.cfg.resident_carveout,
                     "copy pool: ordered batches go to a resident copier (no driver call to post one)"
                 );
                 Some(r)

@@ -108,6 +108,7 @@ pub trait RawDriver: Send + Sync {
     unsafe fn module_unload(&self, dev: Device, module: u64) -> Result<()>;
     unsafe fn module_function(&self, dev: Device, module: u64, name: &CStr) -> Result<u64>;
     unsafe fn function_set_max_dynamic_shared(&self, dev: Device, func: u64, bytes: u32) -> Result<()>;
+    unsafe fn function_set_shared_carveout(&self, dev: Device, func: u64, percent: i32) -> Result<()>;
     unsafe fn launch(&self, dev: Device, func: u64, cfg: &LaunchConfig, stream: u64, params: *mut *mut c_void) -> Result<()>;
 }
 

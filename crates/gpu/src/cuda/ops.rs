@@ -584,6 +584,13 @@ impl RawDriver for CudaRuntime {
         self.check("cuFuncSetAttribute", unsafe { (self.api.cuFuncSetAttribute)(ptr(func), attr, v) })
     }
 
+    unsafe fn function_set_shared_carveout(&self, dev: Device, func: u64, percent: i32) -> Result<()> {
+        self.bind_ctx(dev)?;
+        let attr = cu::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT as c_uint;
+        // SAFETY: caller passes a live function.
+        self.check("cuFuncSetAttribute", unsafe { (self.api.cuFuncSetAttribute)(ptr(func), attr, percent) })
+    }
+
     unsafe fn launch(&self, dev: Device, func: u64, cfg: &LaunchConfig, stream: u64, params: *mut *mut c_void) -> Result<()> {
         self.bind_ctx(dev)?;
         let (g, b) = (cfg.grid, cfg.block);

@@ -531,6 +531,11 @@ impl RawDriver for HipRuntime {
         })
     }
 
+    // AMD GPUs keep LDS apart from the L1 cache: there is no split to prefer.
+    unsafe fn function_set_shared_carveout(&self, _dev: Device, _func: u64, _percent: i32) -> Result<()> {
+        Ok(())
+    }
+
     unsafe fn launch(&self, dev: Device, func: u64, cfg: &LaunchConfig, stream: u64, params: *mut *mut c_void) -> Result<()> {
         self.set(dev)?;
         let (g, b) = (cfg.grid, cfg.block);

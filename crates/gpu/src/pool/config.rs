@@ -98,6 +98,15 @@ pub struct CopyPoolConfig {
     /// between bursts (no launch when the next burst comes), shorter lets a device-wide
     /// synchronisation or a `cuMemFree` through sooner.
     pub resident_idle: Duration,
+    /// The shared-memory split the resident copier's grid asks of the multiprocessors it
+    /// stays on, in percent of the largest shared-memory configuration (-1: the driver's
+    /// choice; [`super::RESIDENT_CARVEOUT`] by default; see [`crate::Function::set_shared_carveout`]).
+    /// A multiprocessor changes its split only when empty, so one with a block of the grid
+    /// keeps it for every kernel beside it: with the driver's choice (the least shared memory
+    /// the copier needs), kernels that need more shared memory per block than that split
+    /// gives find no room there. The environment variable `MORI_GPU_POOL_RESIDENT_CARVEOUT`,
+    /// when set, overrides it.
+    pub resident_carveout: i32,
 }
 
 /// The environment variable that overrides [`CopyPoolConfig::host_flags`].
@@ -125,6 +134,7 @@ impl Default for CopyPoolConfig {
             armed_depth: 0,
             resident_blocks: 0,
             resident_idle: super::RESIDENT_IDLE,
+            resident_carveout: super::RESIDENT_CARVEOUT,
         }
     }
 }

@@ -49,6 +49,13 @@ use crate::{LaunchConfig, Runtime};
 /// off, else the grid's blocks, at most [`RESIDENT_MAX_BLOCKS`]).
 pub const RESIDENT_ENV: &str = "MORI_GPU_POOL_RESIDENT";
 
+/// The environment variable that overrides [`super::CopyPoolConfig::resident_carveout`].
+pub const CARVEOUT_ENV: &str = "MORI_GPU_POOL_RESIDENT_CARVEOUT";
+
+/// The resident grid's shared-memory split by default: the largest shared-memory
+/// configuration, so that the multiprocessors it holds keep room for any other kernel's blocks.
+pub const RESIDENT_CARVEOUT: i32 = 100;
+
 /// Most blocks of a resident grid.
 pub const RESIDENT_MAX_BLOCKS: u32 = 1024;
 
@@ -112,6 +119,21 @@ pub(super) fn blocks(configured: u32, env: Option<&str>) -> Result<u32> {
         )));
     }
     Ok(b)
+}
+
+/// `configured`, unless `env` (the value of [`CARVEOUT_ENV`]) says otherwise. Errors:
+/// `InvalidArgument` naming the input for a value that is not a number from -1 to 100.
+pub(super) fn carveout(configured: i32, env: Option<&str>) -> Result<i32> {
+    let (c, what) = match env.map(str::trim) {
+        None => (configured, "resident_carveout".to_string()),
+        Some(v) => (v.parse::<i32>().unwrap_or(i32::MIN), format!("{CARVEOUT_ENV}={v:?}")),
+    };
+    if !(-1..=100).contains(&c) {
+        return Err(GpuError::invalid(format!(
+            "copy pool: {what}: must be the resident copier's shared-memory split, -1 (the driver's choice) or 0 to 100 (percent)"
+        )));
+    }
+    Ok(c)
 }
 
 /// The sans-IO part: the last number posted, which table slots hold a table not yet complete,
@@ -192,14 +214,14 @@ pub(super) struct Resident {
 impl Resident {
     /// The stream, the ring and the scratch; no grid yet (the first post launches it). A grid
     /// above 4 blocks per multiprocessor (`sms` of them) is cut to that, said once.
-    /// Errors: the allocations', a ring that is not mapped, a grid of 0 blocks.
-    /// `slots`: the pool's event slots (at most `slots - 1` tables are in flight).
+    /// The grid's blocks, its idle time and its shared-memory split (percent, -1: the
+    /// driver's) come as one triple. Errors: the allocations', a ring that is not mapped, a
+    /// grid of 0 blocks, the split's. `slots`: the pool's event slots (at most `slots - 1` tables are in flight).
     pub(super) fn new(
         rt: &Arc<dyn Runtime>,
         dev: Device,
         f: Function,
-        grid: u32,
-        idle: Duration,
+        (grid, idle, carveout): (u32, Duration, i32),
         sms: u32,
         slots: usize,
     ) -> Result<Resident> {
@@ -221,6 +243,7 @@ impl Resident {
         } else {
             grid
         };
+        f.set_shared_carveout(carveout)?;
         let ring = rt.alloc_mapped(dev, STRIDE * (1 + DEPTH as usize) + 4 * RESIDENT_MAX_BLOCKS as usize)?;
         if ring.device_ptr().is_none() {
             return Err(GpuError::invalid(format!("copy pool: the resident copier's ring on {dev} is not mapped into the device")));
@@ -477,6 +500,19 @@ impl Resident {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_carveout_comes_from_the_config_unless_the_variable_says_otherwise() {
+        assert_eq!(carveout(100, None).unwrap(), 100);
+        assert_eq!(carveout(100, Some(" -1")).unwrap(), -1);
+        assert_eq!(carveout(-1, Some("0")).unwrap(), 0);
+        let e = carveout(100, Some("101")).unwrap_err().to_string();
+        assert!(e.contains("MORI_GPU_POOL_RESIDENT_CARVEOUT=\"101\"") && e.contains("-1") && e.contains("0 to 100"), "{e}");
+        let e = carveout(100, Some("half")).unwrap_err().to_string();
+        assert!(e.contains("\"half\""), "{e}");
+        let e = carveout(-2, None).unwrap_err().to_string();
+        assert!(e.contains("resident_carveout"), "{e}");
+    }
 
     #[test]
     fn the_blocks_come_from_the_config_unless_the_variable_says_otherwise() {

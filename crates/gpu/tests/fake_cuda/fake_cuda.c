@@ -916,7 +916,11 @@ API CUresult cuModuleGetFunction(void **f, void *mod, const char *name) {
     return OK;
 }
 API CUresult cuFuncSetAttribute(void *f, unsigned attr, int v) {
-    NEED_CTX; if (!f || attr != 8 || v < 0 || v > 232448) return INVALID_VALUE;
+    NEED_CTX;
+    if (!f) return INVALID_VALUE;
+    /* 8: the most dynamic shared memory; 9: the preferred shared-memory split (percent). */
+    if (attr == 9) return v >= -1 && v <= 100 ? OK : INVALID_VALUE;
+    if (attr != 8 || v < 0 || v > 232448) return INVALID_VALUE;
     return OK;
 }
 API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
