@@ -8,7 +8,8 @@
 # targets' baselines. After a failed run with the copier the later ones are skipped. A
 # fragment, sourced by scripts/gpu-machine.sh (B, OUT, step, rc); appends to
 # $OUT/resident.txt. RES_LEG and RES_DEC set the copier's blocks for the leg alone (two grids)
-# and for 2 x 4 (eight grids).
+# and for 2 x 4 (eight grids). Each copier run is made twice: with the default shared-memory
+# split (the largest) and with the driver's (MORI_GPU_POOL_RESIDENT_CARVEOUT=-1).
 rs_log="$OUT/resident.txt"
 # 60 s a bench (a stalled copier should not eat the run).
 rsl() { logged "$rs_log" 60 14 "$EP_RUN_DROP|^calls: |^spread|^host time" "$@"; }
@@ -17,31 +18,35 @@ rs_dec_blocks=${RES_DEC:-24}
 rs_rec=14448
 logged "$rs_log" 60 6 "^$" "mori-gpu resident copier" "$B/gpu" --ignored --test-threads=1 copy_pool_resident
 # rs_ab NAME ORDER BLOCKS ARGS...: bench_dispatch_combine ARGS --device-api once per letter of
-# ORDER: l launched per post (MORI_GPU_POOL_RESIDENT=0), r the copier of BLOCKS blocks.
+# ORDER: l launched per post (MORI_GPU_POOL_RESIDENT=0), r the copier of BLOCKS blocks, d the
+# same with the driver's shared-memory split.
 rs_ab() {
-  local name=$1 order=$2 blocks=$3 x v
+  local name=$1 order=$2 blocks=$3 x v c
   shift 3
   for x in $(echo "$order" | grep -o .); do
+    c=100
     case $x in
       l) v=0 ;;
       r) v=$blocks ;;
+      d) v=$blocks c=-1 ;;
     esac
-    if [ "$x" = r ] && [ "$rs_bad" = 1 ]; then
+    if [ "$x" != l ] && [ "$rs_bad" = 1 ]; then
       echo "--- $name, MORI_GPU_POOL_RESIDENT=$v: skipped (an earlier run with the copier failed)" | tee -a "$rs_log"
       continue
     fi
     local before=$rc
     rc=0
-    rsl "$name, MORI_GPU_POOL_RESIDENT=$v" env MORI_GPU_POOL_RESIDENT=$v "$B/bench_dispatch_combine" "$@" --device-api
-    [ "$x" = r ] && [ "$rc" != 0 ] && rs_bad=1
+    rsl "$name, MORI_GPU_POOL_RESIDENT=$v MORI_GPU_POOL_RESIDENT_CARVEOUT=$c" env MORI_GPU_POOL_RESIDENT=$v \
+      MORI_GPU_POOL_RESIDENT_CARVEOUT=$c "$B/bench_dispatch_combine" "$@" --device-api
+    [ "$x" != l ] && [ "$rc" != 0 ] && rs_bad=1
     [ "$before" != 0 ] && rc=$before
   done
 }
 rs_bad=0
 rs_leg="--world-size 2 --num-nodes 2 --zero-token-ranks 1 --remote-only-ranks 0 --iters 50 --warmup 5"
 for round in 1 2; do
-  ord=lr
-  [ "$round" = 2 ] && ord=rl
+  ord=lrd
+  [ "$round" = 2 ] && ord=drl
   for t in 32 128 512; do
     step "resident: round $round: T = $t, the leg alone against bench_engine at $((t * rs_rec)) B"
     # shellcheck disable=SC2086
@@ -61,8 +66,8 @@ step "resident: 2 x 4 decode over xgmi, the three schemes"
 round=0
 for kt in v1_ll async_ll v1 v1_ll; do
   round=$((round + 1))
-  ord=lr
-  [ $((round % 2)) = 0 ] && ord=rl
+  ord=lrd
+  [ $((round % 2)) = 0 ] && ord=drl
   # shellcheck disable=SC2086
   rs_ab "$kt decode xgmi ($round)" "$ord" "$rs_dec_blocks" --kernel-type "$kt" --num-nodes 2 $EP_DEC
 done
