@@ -118,6 +118,10 @@
 //           table s (an OrderedCopy) at byte 256 + (s % depth) * 256; then, at byte
 //           256 + depth * 256, a u32 per block, which block b sets to gen when it starts (the
 //           host counts them to learn whether the whole grid is on the device).
+//   In each table's slot, after the table, the grid writes three u64 GPU-clock stamps (ns):
+//   at slot byte 232 when block 0 saw the table posted, at 240 when it published the table to
+//   the other blocks, at 248 when the block that writes the flag was about to write it (the
+//   host may zero them with the table; they are written before the flag).
 //   Block 0 reads `posted` and each new table from the ring, copies the table into scratch
 //   (byte 256 + (s % depth) * 256) and publishes its number in the u64 at scratch byte 0
 //   (gen << 33 | exit << 32 | s); the other blocks read both from scratch, so only block 0
@@ -242,6 +246,12 @@ struct MoriMoreSh {
 #define MORI_RESIDENT_EXITING 2u
 #define MORI_RESIDENT_EXITED 3u
 #define MORI_RESIDENT_STRIDE 256u
+// Byte offsets in a table slot, after its OrderedCopy, of the GPU-clock stamps (u64 ns) of the
+// table's run: block 0 saw it posted, block 0 published it to the other blocks, the flag's
+// writer was about to write the flag.
+#define MORI_RESIDENT_SEEN 232u
+#define MORI_RESIDENT_RELAYED 240u
+#define MORI_RESIDENT_FLAGGED 248u
 
 // Copies count elements of T: this thread takes elements lane, lane + stride, ..., U loads in
 // flight at a time.
@@ -351,8 +361,9 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_paged_copy_inline(const MORI_GRID
 // system-scope fence (releasing them) and atomic; in the last block, thread 0's fence after it
 // (acquiring every block's) and a block barrier before the rest. Between two later segments,
 // every thread fences on both sides of a block barrier. Returns at once for a table it does
-// not take.
-MORI_DEVICE void mori_ordered_runs(const OrderedCopy& t, uint32_t run) {
+// not take. With `stamp` non-zero, the block that writes the flag first stores the GPU clock
+// (ns) there (the resident copier's timing; 0 for the launched kernels).
+MORI_DEVICE void mori_ordered_runs(const OrderedCopy& t, uint32_t run, uint64_t stamp) {
     if (t.n == 0 || t.n > MORI_ORDERED_SEGS) return;
     const uint32_t groups = t.groups > 1 ? t.groups : 1;
     if (groups > t.n || run == 0) return;
@@ -392,6 +403,7 @@ MORI_DEVICE void mori_ordered_runs(const OrderedCopy& t, uint32_t run) {
             if (flag) *(volatile uint32_t*)&arrivals[groups] = 0;
         }
         if (flag && t.flag != 0) {
+            if (stamp) *(volatile uint64_t*)stamp = mori_clock_ns();
             mori_fence_system();
             *(volatile uint32_t*)t.flag = t.flag_value;
         }
@@ -401,7 +413,7 @@ MORI_DEVICE void mori_ordered_runs(const OrderedCopy& t, uint32_t run) {
 MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy(const MORI_GRID_CONSTANT OrderedCopy t) {
     const uint32_t groups = t.groups > 1 ? t.groups : 1;
     if (mori_grid_dim() % groups != 0) return;
-    mori_ordered_runs(t, mori_grid_dim() / groups);
+    mori_ordered_runs(t, mori_grid_dim() / groups, 0);
 }
 
 // The armed form (see the ABI above): the table is read from `table` (host memory the device
@@ -417,7 +429,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_armed(const OrderedC
     // arriving could still be unscheduled when the host reuses this table slot.
     const uint32_t groups = t.groups > 1 ? t.groups : 1;
     if (mori_grid_dim() % groups != 0) return;
-    mori_ordered_runs(t, mori_grid_dim() / groups);
+    mori_ordered_runs(t, mori_grid_dim() / groups, 0);
 }
 
 // The word block 0 publishes in scratch for the other blocks (see the ABI above).
@@ -472,6 +484,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
     const uint32_t tid = mori_thread_idx();
     const bool lead = mori_block_idx() == 0;
     uint32_t seq = p.start;
+    uint64_t seen = 0; // block 0's thread 0: when it saw the table posted
     if (tid == 0) ring[(MORI_RESIDENT_STRIDE + p.depth * MORI_RESIDENT_STRIDE) / 4 + mori_block_idx()] = p.gen;
     if (lead && tid == 0) {
         *word = mori_resident_word(p.gen, 0, seq);
@@ -484,6 +497,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
             // Acquire: block 0 then reads the host's table, the others block 0's copy.
             if (lead) {
                 more.v = mori_resident_lead(p, ring, seq, since);
+                seen = mori_clock_ns();
                 mori_fence_system();
             } else {
                 more.v = mori_resident_follow(p, word, seq, since);
@@ -497,6 +511,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
         uint32_t* dst = (uint32_t*)&t;
         const uint32_t words = sizeof(OrderedCopy) / 4;
         if (lead) {
+            if (tid == 0) *(volatile uint64_t*)(p.ring + off + MORI_RESIDENT_SEEN) = seen;
             const volatile uint32_t* src = (const volatile uint32_t*)(p.ring + off);
             volatile uint32_t* rel = (volatile uint32_t*)(p.scratch + off);
             for (uint32_t i = tid; i < words; i += mori_block_dim()) {
@@ -509,6 +524,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
             if (tid == 0) {
                 mori_fence_device();
                 *word = mori_resident_word(p.gen, 0, seq);
+                *(volatile uint64_t*)(p.ring + off + MORI_RESIDENT_RELAYED) = mori_clock_ns();
             }
         } else {
             const volatile uint32_t* src = (const volatile uint32_t*)(p.scratch + off);
@@ -516,7 +532,7 @@ MORI_KERNEL MORI_LAUNCH_BOUNDS(1024) void mori_ordered_copy_resident(const MORI_
             mori_sync_block();
         }
         const uint32_t groups = t.groups > 1 ? t.groups : 1;
-        if (mori_grid_dim() % groups == 0) mori_ordered_runs(t, mori_grid_dim() / groups);
+        if (mori_grid_dim() % groups == 0) mori_ordered_runs(t, mori_grid_dim() / groups, p.ring + off + MORI_RESIDENT_FLAGGED);
         // Every thread is done with `t` and `more` before thread 0 waits for the next table.
         mori_sync_block();
         since = mori_clock_ns();

@@ -67,6 +67,7 @@ fn long_help_names_the_environment_switches() {
         "MORI_GPU_POOL_ORDERED_KERNEL=0",
         "MORI_GPU_POOL_ARMED",
         "MORI_GPU_POOL_RESIDENT",
+        "MORI_GPU_POOL_RESIDENT_CARVEOUT",
     ] {
         assert!(text.contains(var), "--help lacks {var}: {text}");
     }

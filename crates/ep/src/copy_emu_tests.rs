@@ -108,6 +108,10 @@ impl Host {
         // SAFETY: the slot lies inside the ring; its previous table completed (the tests wait
         // for each table's flag before its slot comes round again).
         unsafe { std::ptr::copy_nonoverlapping(t.as_ptr(), self.ring.ptr.add(STRIDE * (1 + slot)), t.len()) };
+        // The slot's three stamps after the table, zeroed (the grid writes them).
+        // SAFETY: bytes 232..256 of the slot lie inside the ring; the grid does not touch them
+        // before `posted` below.
+        unsafe { std::ptr::write_bytes(self.ring.ptr.add(STRIDE * (1 + slot) + 232), 0, 24) };
         fence(Ordering::SeqCst);
         self.word(0).store(seq, Ordering::Release);
         self.posted = seq;
@@ -125,6 +129,14 @@ impl Host {
         }
         self.launch();
         true
+    }
+
+    /// The stamps (seen, relayed, flagged: GPU clock, here the host's) of the last table
+    /// posted, read once its flag was seen.
+    fn stamps(&self) -> [u64; 3] {
+        let at = STRIDE * (1 + (self.posted % self.depth) as usize) + 232;
+        // SAFETY: inside the ring, 8-aligned; the grid wrote them before the flag.
+        [0, 8, 16].map(|o| unsafe { std::ptr::read_volatile(self.ring.ptr.add(at + o) as *const u64) })
     }
 
     /// Launches a grid after the last table the previous one ran (waiting for the previous
@@ -211,6 +223,8 @@ fn resident_grid_on_cpu_threads_runs_posted_tables_then_stops() {
     for k in 0..12 {
         let v = post(&mut h, k, &[]);
         wait_flag(&flags, 4 * k as usize, v, "one at a time");
+        let [seen, relayed, flagged] = h.stamps();
+        assert!(seen != 0 && seen <= relayed && relayed <= flagged, "table {k}: stamps {seen}, {relayed}, {flagged}");
     }
     assert_eq!(h.launches, 1, "one grid for tables posted one at a time");
     let vs: Vec<u32> = (12..16).map(|k| post(&mut h, k, &[])).collect();

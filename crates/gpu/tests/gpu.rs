@@ -1683,6 +1683,12 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
             st.ordered_launches, st.resident_posts, st.resident_launches
         ));
     }
+    // Every table's three stamps written, in order, before its flag.
+    let (relay, run, done) = st.resident_mean_us();
+    println!("{what}: per table, µs: {relay:.2} relaying it, {run:.2} running it (GPU clock), {done:.2} from the post to its completion seen (host clock)");
+    if st.resident_timed != 25 || st.resident_done_ns == 0 {
+        return fail(format!("{what}: {} of 25 tables timed by their stamps (post to done {done:.2} µs), expected all", st.resident_timed));
+    }
     // Stopped by disarm (as IoEngine::quiesce does), the grid is gone well before its idle
     // wait: memory is freed at once, and the next post launches a grid again.
     let t = Instant::now();

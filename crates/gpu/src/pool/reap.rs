@@ -60,7 +60,12 @@ impl Shared {
             let p = mine.swap_remove(i);
             if p.stream == RESIDENT_LANE {
                 match (dp.resident.as_ref(), r.as_ref()) {
-                    (Some(res), Ok(_)) => res.completed(p.table),
+                    (Some(res), Ok(_)) => {
+                        if let Some(spans) = res.spans(p.table) {
+                            stats::count_resident_spans(spans, Instant::now(), p.posted_at());
+                        }
+                        res.completed(p.table)
+                    }
                     // Failed by the deadline or a fault, the table may still run: its flag
                     // word is never handed out again.
                     (_, Err(_)) => {

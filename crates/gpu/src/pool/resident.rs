@@ -32,7 +32,7 @@
 use bytemuck::{Pod, Zeroable};
 use parking_lot::Mutex;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,6 +72,20 @@ pub(super) const DEPTH: u32 = 16;
 
 /// Bytes of a table slot and of the ring's header.
 const STRIDE: usize = 256;
+
+/// Where a table slot's three GPU-clock stamps start (after the 232-byte table).
+const STAMPS: usize = 232;
+const _: () = assert!(STAMPS + 24 == STRIDE && std::mem::size_of::<OrderedCopy>() == STAMPS);
+
+/// (seen to relayed, relayed to flagged) in ns from a table's stamps (seen, relayed, flagged,
+/// GPU clock), or None when one is 0 (not written) or they go backwards or span over a second
+/// (a stamp from another run).
+pub(super) fn stamp_spans([seen, relayed, flagged]: [u64; 3]) -> Option<(u64, u64)> {
+    if seen == 0 || relayed < seen || flagged < relayed || flagged - seen > 1_000_000_000 {
+        return None;
+    }
+    Some((relayed - seen, flagged - relayed))
+}
 
 /// How long after a launch every block must have started (else the copier turns off): the
 /// grid may wait behind the previous one's last blocks, another context's time slice or a
@@ -312,6 +326,10 @@ impl Resident {
         // before that table completed (every block reads a table before the last one arrives),
         // and it reads this one only after `posted` below.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        // Its stamps zeroed (a stamp the grid did not write then reads 0).
+        for w in 0..3 {
+            self.stamp(slot, w).store(0, Ordering::Relaxed);
+        }
         // The table's bytes before `posted` (a full fence: pinned memory may be write-combined).
         std::sync::atomic::fence(Ordering::SeqCst);
         self.word(0).store(seq, Ordering::Release);
@@ -387,6 +405,22 @@ impl Resident {
     /// The table in `slot` completed (its flag said so): the slot is free again.
     pub(super) fn completed(&self, slot: usize) {
         self.book.lock().completed(slot);
+    }
+
+    /// Stamp `w` (0 seen, 1 relayed, 2 flagged: kernels/README.md) of table slot `slot`.
+    fn stamp(&self, slot: usize, w: usize) -> &AtomicU64 {
+        let p = (self.ring.ptr() as usize + STRIDE * (1 + slot) + STAMPS + 8 * w) as *mut u64;
+        // SAFETY: the three words lie inside the live buffer's slot (STAMPS + 24 == STRIDE),
+        // 8-aligned (the buffer is page-aligned); the host only accesses them atomically, the
+        // device from outside.
+        unsafe { AtomicU64::from_ptr(p) }
+    }
+
+    /// The GPU-clock stamps of the table that completed in `slot` (read before
+    /// [`Resident::completed`] frees the slot): (seen to relayed, relayed to flagged) in ns, or
+    /// None when one is missing or they are out of order (see [`stamp_spans`]).
+    pub(super) fn spans(&self, slot: usize) -> Option<(u64, u64)> {
+        stamp_spans([0, 1, 2].map(|w| self.stamp(slot, w).load(Ordering::Acquire)))
     }
 
     /// A table has waited [`RESIDENT_DEADLINE`]: its slot stays taken (the grid may still write
@@ -500,6 +534,17 @@ impl Resident {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stamps_give_spans_only_when_all_three_are_written_in_order() {
+        assert_eq!(stamp_spans([1_000, 3_500, 10_000]), Some((2_500, 6_500)));
+        assert_eq!(stamp_spans([7, 7, 7]), Some((0, 0)));
+        assert_eq!(stamp_spans([0, 3_500, 10_000]), None, "seen not written");
+        assert_eq!(stamp_spans([1_000, 0, 10_000]), None, "relayed not written");
+        assert_eq!(stamp_spans([1_000, 3_500, 0]), None, "flagged not written");
+        assert_eq!(stamp_spans([5_000, 3_500, 10_000]), None, "backwards");
+        assert_eq!(stamp_spans([1, 2, 2_000_000_000]), None, "over a second");
+    }
 
     #[test]
     fn the_carveout_comes_from_the_config_unless_the_variable_says_otherwise() {

@@ -46,6 +46,18 @@ pub struct SubmitStats {
     pub resident_posts: u64,
     /// Grids of the resident copier launched (the first post, then one after each idle exit).
     pub resident_launches: u64,
+    /// Resident tables completed with all three GPU-clock stamps in order (kernels/README.md,
+    /// `mori_ordered_copy_resident`): the count behind the next three sums.
+    pub resident_timed: u64,
+    /// Sum over them of the GPU clock from block 0 seeing the table posted to publishing it to
+    /// the other blocks, ns.
+    pub resident_relay_ns: u64,
+    /// Sum over them of the GPU clock from publishing the table to its flag's write (every
+    /// block's copy, the arrivals, the last segments), ns.
+    pub resident_run_ns: u64,
+    /// Sum over them of the host clock from the post's return to a completion step seeing the
+    /// flag, ns.
+    pub resident_done_ns: u64,
 }
 
 impl SubmitStats {
@@ -65,7 +77,18 @@ impl SubmitStats {
             armed_fires: self.armed_fires.saturating_sub(earlier.armed_fires),
             resident_posts: self.resident_posts.saturating_sub(earlier.resident_posts),
             resident_launches: self.resident_launches.saturating_sub(earlier.resident_launches),
+            resident_timed: self.resident_timed.saturating_sub(earlier.resident_timed),
+            resident_relay_ns: self.resident_relay_ns.saturating_sub(earlier.resident_relay_ns),
+            resident_run_ns: self.resident_run_ns.saturating_sub(earlier.resident_run_ns),
+            resident_done_ns: self.resident_done_ns.saturating_sub(earlier.resident_done_ns),
         }
+    }
+
+    /// Mean µs per timed resident table of (relay, run, post to done): see the fields; zeros
+    /// when none.
+    pub fn resident_mean_us(&self) -> (f64, f64, f64) {
+        let n = self.resident_timed.max(1) as f64 * 1e3;
+        (self.resident_relay_ns as f64 / n, self.resident_run_ns as f64 / n, self.resident_done_ns as f64 / n)
     }
 
     /// Mean µs of an event query; 0 when none.
@@ -100,6 +123,10 @@ struct Queries {
     n: AtomicU64,
     ns: AtomicU64,
     flag_misses: AtomicU64,
+    resident_timed: AtomicU64,
+    resident_relay_ns: AtomicU64,
+    resident_run_ns: AtomicU64,
+    resident_done_ns: AtomicU64,
 }
 
 static SUBMITS: Submits = Submits {
@@ -113,7 +140,15 @@ static SUBMITS: Submits = Submits {
     resident: AtomicU64::new(0),
     resident_launches: AtomicU64::new(0),
 };
-static QUERIES: Queries = Queries { n: AtomicU64::new(0), ns: AtomicU64::new(0), flag_misses: AtomicU64::new(0) };
+static QUERIES: Queries = Queries {
+    n: AtomicU64::new(0),
+    ns: AtomicU64::new(0),
+    flag_misses: AtomicU64::new(0),
+    resident_timed: AtomicU64::new(0),
+    resident_relay_ns: AtomicU64::new(0),
+    resident_run_ns: AtomicU64::new(0),
+    resident_done_ns: AtomicU64::new(0),
+};
 
 /// The process's totals so far.
 pub fn submit_stats() -> SubmitStats {
@@ -130,6 +165,10 @@ pub fn submit_stats() -> SubmitStats {
         armed_fires: SUBMITS.armed.load(Ordering::Relaxed),
         resident_posts: SUBMITS.resident.load(Ordering::Relaxed),
         resident_launches: SUBMITS.resident_launches.load(Ordering::Relaxed),
+        resident_timed: QUERIES.resident_timed.load(Ordering::Relaxed),
+        resident_relay_ns: QUERIES.resident_relay_ns.load(Ordering::Relaxed),
+        resident_run_ns: QUERIES.resident_run_ns.load(Ordering::Relaxed),
+        resident_done_ns: QUERIES.resident_done_ns.load(Ordering::Relaxed),
     }
 }
 
@@ -164,6 +203,15 @@ pub(super) fn count_resident() {
 /// Counts one launch of a resident copier's grid.
 pub(super) fn count_resident_launch() {
     SUBMITS.resident_launches.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Counts one completed resident table's spans (relay, run: GPU clock, ns) and the host time
+/// from its post to its completion being seen.
+pub(super) fn count_resident_spans((relay, run): (u64, u64), done: Instant, posted: Instant) {
+    QUERIES.resident_timed.fetch_add(1, Ordering::Relaxed);
+    QUERIES.resident_relay_ns.fetch_add(relay, Ordering::Relaxed);
+    QUERIES.resident_run_ns.fetch_add(run, Ordering::Relaxed);
+    QUERIES.resident_done_ns.fetch_add(ns(posted, done), Ordering::Relaxed);
 }
 
 /// One completion step's tally, added to the totals once when dropped.
@@ -219,6 +267,10 @@ mod tests {
             armed_fires: 2,
             resident_posts: 1,
             resident_launches: 1,
+            resident_timed: 1,
+            resident_relay_ns: 1_000,
+            resident_run_ns: 3_000,
+            resident_done_ns: 9_000,
         };
         let b = SubmitStats {
             submissions: 6,
@@ -233,6 +285,10 @@ mod tests {
             armed_fires: 7,
             resident_posts: 4,
             resident_launches: 3,
+            resident_timed: 3,
+            resident_relay_ns: 3_000,
+            resident_run_ns: 11_000,
+            resident_done_ns: 29_000,
         };
         let d = b.since(&a);
         assert_eq!(
@@ -249,9 +305,15 @@ mod tests {
                 ordered_launches: 3,
                 armed_fires: 5,
                 resident_posts: 3,
-                resident_launches: 2
+                resident_launches: 2,
+                resident_timed: 2,
+                resident_relay_ns: 2_000,
+                resident_run_ns: 8_000,
+                resident_done_ns: 20_000,
             }
         );
+        assert_eq!(d.resident_mean_us(), (1.0, 4.0, 10.0));
+        assert_eq!(SubmitStats::default().resident_mean_us(), (0.0, 0.0, 0.0));
         assert_eq!(d.mean_us(), (0.1, 2.0, 0.2));
         assert_eq!(d.mean_query_us(), 0.01);
         assert_eq!(SubmitStats::default().mean_us(), (0.0, 0.0, 0.0));

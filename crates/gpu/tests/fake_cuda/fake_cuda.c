@@ -174,7 +174,10 @@ static int ordered_table_ok(const struct ordered_copy *t, uint64_t grid) {
 /* The segments in order (which keeps every group's order); the arrival words (one per group,
  * and one for the launch when there are several) must be 0 (as the kernel's last blocks find
  * them) and are left 0; then the flag, when given. */
-static void run_ordered(const struct ordered_copy *t) {
+static uint64_t now_ns(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec; }
+/* `stamp`, when not 0: where the resident grid's flag writer stores the clock just before the
+ * flag (kernels/README.md); the launched kernels pass 0. */
+static void run_ordered_stamped(const struct ordered_copy *t, uint64_t stamp) {
     uint32_t words = t->groups > 1 ? t->groups + 1 : 1;
     kernel_range("mori_ordered_copy", "arrival words", t->arrivals, 4 * words);
     for (uint32_t w = 0; w < words; w++) {
@@ -190,9 +193,12 @@ static void run_ordered(const struct ordered_copy *t) {
     }
     if (t->flag) {
         kernel_range("mori_ordered_copy", "flag", t->flag, 4);
+        if (stamp) *(volatile uint64_t *)(uintptr_t)stamp = now_ns();
+        __sync_synchronize();
         *(volatile uint32_t *)(uintptr_t)t->flag = t->flag_value;
     }
 }
+static void run_ordered(const struct ordered_copy *t) { run_ordered_stamped(t, 0); }
 
 static int new_memfd(uint64_t size) {
     int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
@@ -282,14 +288,19 @@ static void *resident_main(void *arg) {
     double since = now_ms();
     for (;;) {
         if (ring[0] != seq) {
+            const uint64_t seen = now_ns();
             seq++;
             __sync_synchronize(); /* the kernel's acquire after it sees a post */
+            const uint64_t slot = r->p.ring + 256 + (uint64_t)(seq & (r->p.depth - 1)) * 256;
             struct ordered_copy t;
-            memcpy(&t, (const void *)(uintptr_t)(r->p.ring + 256 + (uint64_t)(seq & (r->p.depth - 1)) * 256), sizeof t);
+            memcpy(&t, (const void *)(uintptr_t)slot, sizeof t);
+            /* The stamps after the table (kernels/README.md): seen, relayed, flagged. */
+            *(volatile uint64_t *)(uintptr_t)(slot + 232) = seen;
+            *(volatile uint64_t *)(uintptr_t)(slot + 240) = now_ns();
             pthread_mutex_lock(&mu);
             if (ordered_table_ok(&t, r->grid)) {
                 kernel_range("mori_ordered_copy_resident", "arrival words", t.arrivals, 4);
-                run_ordered(&t);
+                run_ordered_stamped(&t, slot + 248);
             }
             pthread_mutex_unlock(&mu);
             since = now_ms();

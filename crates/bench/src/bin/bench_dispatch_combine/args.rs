@@ -36,7 +36,11 @@ const ENV_HELP: &str = "Environment (inter-node on GPUs, --num-nodes above 1):
   MORI_GPU_POOL_ARMED           refused above 0 over xgmi (armed launches stall under the EP load)
   MORI_GPU_POOL_RESIDENT        blocks of a resident copier per proxy engine (default 0: each ordered
                                 batch is a launch): a grid that stays on the GPU and runs the batches
-                                the proxies write into host memory; the copy pools' line counts them";
+                                the proxies write into host memory; the copy pools' line counts them,
+                                the resident copier's line times them (GPU clock stamps)
+  MORI_GPU_POOL_RESIDENT_CARVEOUT
+                                its grid's shared-memory split, percent of the largest (default 100;
+                                -1: the driver's choice)";
 
 /// MORI-EP dispatch/combine benchmark, checked against the host reference: the GPU kernels
 /// (`--device gpu`: intranode, or V1 / V1-LL / AsyncLL across nodes with every rank on one

@@ -319,6 +319,13 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             pool.resident_launches
         );
     }
+    if pool.resident_timed > 0 {
+        let (relay, run, done) = pool.resident_mean_us();
+        println!(
+            "resident copier (timed iterations, {} tables with their stamps), µs each: {relay:.2} from seeing the table posted to relaying it to the grid, {run:.2} from there to its completion flag's write (GPU clock); {done:.2} from the post's return to the completion seen (host clock)",
+            pool.resident_timed
+        );
+    }
     let mut pk: Vec<String> = per_kernel.iter().map(|k| format!("{:.1}", k / timed.max(1) as f64)).collect();
     let in_window = ep.combine_in_window();
     if in_window {
@@ -346,6 +353,8 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
                 .and_then(|s| leg_spread(s, ph))
                 .map(|(n, lo, med, hi)| serde_json::json!({ "pairs": n, "min_us": lo, "median_us": med, "max_us": hi }))
         };
+        let (r_relay, r_run, r_done) = pool.resident_mean_us();
+        let resident = serde_json::json!({ "timed": pool.resident_timed, "relay_us": r_relay, "run_us": r_run, "done_us": r_done });
         let j = serde_json::json!({
             "kernel_type": KernelTypeArg::of(cfg.kernel_type).name(), "world_size": w, "num_nodes": nodes, "gpus_per_node": cfg.gpus_per_node,
             "num_tokens": a.num_tokens, "hidden": a.hidden, "num_experts": a.num_experts, "top_k": a.top_k,
@@ -369,7 +378,7 @@ pub fn run(a: &Args, cfg: &EpConfig) -> AnyResult<bool> {
             "busy_cores": busy_cores,
             "copy_pools": { "submissions": pool.submissions, "slot_wait_us": wait_us, "enqueue_us": enqueue_us,
                 "record_us": record_us, "max_submit_us_since_start": pool.max_submit_ns as f64 / 1e3, "flag_misses": pool.flag_misses,
-                "ordered_launches": pool.ordered_launches, "resident_posts": pool.resident_posts, "resident_launches": pool.resident_launches, "event_queries": pool.event_queries, "event_query_us": pool.mean_query_us() },
+                "ordered_launches": pool.ordered_launches, "resident_posts": pool.resident_posts, "resident_launches": pool.resident_launches, "resident_tables": resident, "event_queries": pool.event_queries, "event_query_us": pool.mean_query_us() },
             "legs": { "dispatch": legs(0), "combine": legs(1) },
             "ranks": rank_json,
             "check": ok,
