@@ -31,7 +31,7 @@ rs_ab() {
       d) v=$blocks c=-1 ;;
     esac
     if [ "$x" != l ] && [ "$rs_bad" = 1 ]; then
-      echo "--- $name, MORI_GPU_POOL_RESIDENT=$v: skipped (an earlier run with the copier failed)" | tee -a "$rs_log"
+      echo "--- $name, MORI_GPU_POOL_RESIDENT=$v MORI_GPU_POOL_RESIDENT_CARVEOUT=$c: skipped (an earlier run with the copier failed)" | tee -a "$rs_log"
       continue
     fi
     local before=$rc
@@ -59,9 +59,9 @@ for round in 1 2; do
 done
 step "resident: V1 and V1-LL, the leg alone, T = 128"
 # shellcheck disable=SC2086
-rs_ab "v1 2x1 leg alone T=128" lr "$rs_leg_blocks" --kernel-type v1 $EP_DEC $rs_leg
+rs_ab "v1 2x1 leg alone T=128" lrd "$rs_leg_blocks" --kernel-type v1 $EP_DEC $rs_leg
 # shellcheck disable=SC2086
-rs_ab "v1_ll 2x1 leg alone T=128" rl "$rs_leg_blocks" --kernel-type v1_ll $EP_DEC $rs_leg
+rs_ab "v1_ll 2x1 leg alone T=128" drl "$rs_leg_blocks" --kernel-type v1_ll $EP_DEC $rs_leg
 step "resident: 2 x 4 decode over xgmi, the three schemes"
 round=0
 for kt in v1_ll async_ll v1 v1_ll; do

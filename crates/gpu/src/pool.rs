@@ -238,8 +238,9 @@ impl CopyPool {
     /// ordered-copy kernel, set to 0), [`RESIDENT_ENV`] `cfg.resident_blocks` (which HIP, and a
     /// pool without the ordered-copy kernel or flags, set to 0). Errors: `InvalidArgument` for
     /// zero streams or events, an armed depth above [`ARMED_MAX`] or (where it arms) not below
-    /// `num_events`, resident blocks above [`RESIDENT_MAX_BLOCKS`] or a `resident_idle` outside
-    /// 1 ms to 10 s, a
+    /// `num_events`, resident blocks above [`RESIDENT_MAX_BLOCKS`], a `resident_idle` outside
+    /// 1 ms to 10 s or a `resident_carveout` (or [`CARVEOUT_ENV`]) outside -1 to 100 (checked
+    /// even where the copier is off), a
     /// `paged_inline_runs` (or that variable) that is not a number from 0 to
     /// [`PAGED_INLINE_RUNS`], or a [`SPIN_ENV`] or [`FLAGS_ENV`] other than 0 or 1 (any of
     /// the three not UTF-8 too); `Io` if the thread cannot be spawned.

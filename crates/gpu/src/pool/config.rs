@@ -102,10 +102,12 @@ pub struct CopyPoolConfig {
     /// stays on, in percent of the largest shared-memory configuration (-1: the driver's
     /// choice; [`super::RESIDENT_CARVEOUT`] by default; see [`crate::Function::set_shared_carveout`]).
     /// A multiprocessor changes its split only when empty, so one with a block of the grid
-    /// keeps it for every kernel beside it: with the driver's choice (the least shared memory
-    /// the copier needs), kernels that need more shared memory per block than that split
-    /// gives find no room there. The environment variable `MORI_GPU_POOL_RESIDENT_CARVEOUT`,
-    /// when set, overrides it.
+    /// keeps it for every kernel beside it: with the driver's choice (presumably little
+    /// shared memory: the copier needs 240 bytes a block), kernels that need more shared
+    /// memory per block than that split gives would find no room there (the likely cause of
+    /// the slowdown in docs/PERFORMANCE.md; not yet proven). A split the driver refuses is
+    /// logged and the grid runs with the driver's. The environment variable
+    /// `MORI_GPU_POOL_RESIDENT_CARVEOUT`, when set, overrides it.
     pub resident_carveout: i32,
 }
 

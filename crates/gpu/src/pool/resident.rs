@@ -139,7 +139,7 @@ pub(super) fn blocks(configured: u32, env: Option<&str>) -> Result<u32> {
 /// `InvalidArgument` naming the input for a value that is not a number from -1 to 100.
 pub(super) fn carveout(configured: i32, env: Option<&str>) -> Result<i32> {
     let (c, what) = match env.map(str::trim) {
-        None => (configured, "resident_carveout".to_string()),
+        None => (configured, format!("resident_carveout {configured}")),
         Some(v) => (v.parse::<i32>().unwrap_or(i32::MIN), format!("{CARVEOUT_ENV}={v:?}")),
     };
     if !(-1..=100).contains(&c) {
@@ -257,7 +257,10 @@ impl Resident {
         } else {
             grid
         };
-        f.set_shared_carveout(carveout)?;
+        // A hint: refused, the grid runs with the driver's split (said, not silent).
+        if let Err(e) = f.set_shared_carveout(carveout) {
+            tracing::warn!(device = dev.0, carveout, error = %e, "copy pool: the resident copier's shared-memory split of {carveout}% was refused: its grid keeps the driver's");
+        }
         let ring = rt.alloc_mapped(dev, STRIDE * (1 + DEPTH as usize) + 4 * RESIDENT_MAX_BLOCKS as usize)?;
         if ring.device_ptr().is_none() {
             return Err(GpuError::invalid(format!("copy pool: the resident copier's ring on {dev} is not mapped into the device")));
@@ -556,7 +559,7 @@ mod tests {
         let e = carveout(100, Some("half")).unwrap_err().to_string();
         assert!(e.contains("\"half\""), "{e}");
         let e = carveout(-2, None).unwrap_err().to_string();
-        assert!(e.contains("resident_carveout"), "{e}");
+        assert!(e.contains("resident_carveout -2"), "{e}");
     }
 
     #[test]
