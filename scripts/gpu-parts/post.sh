@@ -16,7 +16,7 @@ po_log="$OUT/post.txt"
 po() { logged "$po_log" 200 24 "^$|^rank |^│|^┌|^└|^├" "$@"; }
 dec="--num-tokens 128 --hidden 7168 --num-experts 256 --top-k 8 --dtype bf16"
 step "post: the copy pool's GPU test (completion by events, then by flags)"
-po "copy pool test" "$B/gpu" --ignored --exact copy_pool_copies_and_survives_a_panicking_callback --nocapture
+po "copy pool test" "$B/gpu" --ignored --exact pool::copy_pool_copies_and_survives_a_panicking_callback --nocapture
 for round in 1 2; do
   step "post: round $round: V1 decode over xgmi, events then flags"
   events_then_flags po "v1 decode xgmi ($round)" "$OUT/post-v1-$round" "$B/bench_dispatch_combine" --kernel-type v1 --num-nodes 2 $dec
