@@ -20,7 +20,7 @@ fn gpu_tests_pass_against_the_fake_driver() {
         "gpu",
         "gpu_tests::",
         &envs,
-        &[mori_gpu::ARMED_ENV, mori_gpu::RESIDENT_ENV, mori_gpu::FLAGS_ENV, mori_gpu::ORDERED_ENV],
+        &[mori_gpu::ARMED_ENV, mori_gpu::RESIDENT_ENV, mori_gpu::CARVEOUT_ENV, mori_gpu::FLAGS_ENV, mori_gpu::ORDERED_ENV],
     ) else {
         return;
     };
