@@ -218,6 +218,11 @@ pub(super) struct Resident {
     /// likewise.
     scratch: ManuallyDrop<DeviceBuffer>,
     book: Mutex<Book>,
+    /// Held by a post from its first look at the book to its end, and by
+    /// [`Resident::quiesce`] across its wait: posts and stops never overlap. The book itself is
+    /// held only while it changes, so a completion (which frees a slot) never waits for a
+    /// post's wait on a grid deciding to exit, or for a stop's drain.
+    posts: Mutex<()>,
     /// Set after a failed launch or a table past its deadline: later batches are launched as
     /// before (said once).
     off: AtomicBool,
@@ -278,6 +283,7 @@ impl Resident {
             ring: ManuallyDrop::new(ring),
             scratch: ManuallyDrop::new(scratch),
             book: Mutex::new(Book { limit: slots - 1, ..Book::default() }),
+            posts: Mutex::new(()),
             off: AtomicBool::new(false),
             asked: Mutex::new(Instant::now()),
         };
@@ -315,6 +321,7 @@ impl Resident {
     /// grid could see it and the copier is off from then on: the caller launches this batch
     /// and every later one).
     pub(super) fn post(&self, table: OrderedCopy, flag: (u64, u32)) -> Result<Option<usize>> {
+        let _posts = self.posts.lock();
         let mut book = self.book.lock();
         // Off since `takes` said yes: nothing published yet, the caller launches.
         if self.off.load(Ordering::Acquire) {
@@ -337,6 +344,7 @@ impl Resident {
         std::sync::atomic::fence(Ordering::SeqCst);
         self.word(0).store(seq, Ordering::Release);
         book.posted(seq, slot);
+        drop(book);
         // Store `posted`, fence, load `state`: the grid does the same the other way round.
         std::sync::atomic::fence(Ordering::SeqCst);
         let t0 = Instant::now();
@@ -359,6 +367,7 @@ impl Resident {
                 }
             }
         }
+        let mut book = self.book.lock();
         match self.launch(&mut book) {
             Ok(()) => Ok(Some(slot)),
             Err(e) => {
@@ -504,7 +513,7 @@ impl Resident {
     /// waits for it ([`DRAIN_WAIT`] at most); the next post launches one again. Posts wait
     /// meanwhile. Errors: `Io` (timed out) when the grid did not exit.
     pub(super) fn quiesce(&self) -> Result<()> {
-        let _book = self.book.lock();
+        let _posts = self.posts.lock();
         self.word(1).store(1, Ordering::Release);
         let r = drain(DRAIN_WAIT, || self.stream.query());
         self.word(1).store(0, Ordering::Release);
