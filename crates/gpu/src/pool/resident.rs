@@ -307,9 +307,16 @@ impl Resident {
 
     /// Whether `table` can be posted now: the copier is on, the kernel runs the table on this
     /// grid (its group count divides the grid, and the rest of its checks), and the next
-    /// table slot is free.
+    /// table slot is free. Waits for a post or a stop in progress first (the caller then takes
+    /// a pool slot: it must not hold one through another post's wait on an exiting grid or a
+    /// stop's drain).
     pub(super) fn takes(&self, table: &OrderedCopy) -> bool {
-        !self.off.load(Ordering::Relaxed) && table.takes(self.grid) && self.book.lock().next().is_some()
+        if self.off.load(Ordering::Relaxed) || !table.takes(self.grid) {
+            return false;
+        }
+        let _posts = self.posts.lock();
+        let next = self.book.lock().next();
+        next.is_some()
     }
 
     /// Writes `table` (its arrival words set here, its flag `flag`) into the next table slot
