@@ -262,33 +262,10 @@ fn copy_pool_armed_launches_copy_each_batch_with_no_launch_when_posted() -> R {
         ]
     };
     let s1 = mori_gpu::submit_stats();
-    let (tx, rx) = std::sync::mpsc::channel();
-    for g in 0..2u64 {
-        let tx = tx.clone();
-        // SAFETY: inside `a` and `b`, which outlive the waits below.
-        unsafe {
-            pool.copy_in_order_with(DEV, pair(g), move || {
-                move |r| {
-                    let _ = tx.send(r);
-                }
-            })
-        }?;
-    }
     let groups: Vec<Vec<CopySeg>> = vec![pair(2), pair(3)];
     let refs: Vec<&[CopySeg]> = groups.iter().map(|g| g.as_slice()).collect();
-    let mut done = 0;
-    let t = Instant::now();
-    while done < 2 {
-        pool.progress();
-        if let Ok(r) = rx.try_recv() {
-            r.map_err(|e| Fail(format!("{what}: a batch posted back to back: {e}")))?;
-            done += 1;
-        }
-        if t.elapsed() > WAIT_TIMEOUT {
-            return fail(format!("{what}: {done} of 2 batches posted back to back done after {WAIT_TIMEOUT:?}"));
-        }
-        std::thread::yield_now();
-    }
+    // SAFETY: inside `a` and `b`, which outlive the wait.
+    unsafe { ordered_all_wait(&pool, what, vec![pair(0), pair(1)]) }?;
     // The completion step arms again after its callbacks ran (on whichever thread ran it).
     let t = Instant::now();
     while t.elapsed() < Duration::from_millis(100) {
@@ -532,6 +509,41 @@ pub(super) unsafe fn ordered_wait(pool: &mori_gpu::CopyPool, what: &str, segs: V
         }?;
         Ok(())
     })
+}
+
+/// Queues `batches` as ordered batches of `pool` on `DEV` back to back (in flight together)
+/// and waits for all of them, driving the pool.
+///
+/// # Safety
+/// As `ordered_wait`, for every batch's segments.
+pub(super) unsafe fn ordered_all_wait(pool: &mori_gpu::CopyPool, what: &str, batches: Vec<Vec<mori_gpu::CopySeg>>) -> R {
+    let n = batches.len();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for segs in batches {
+        let tx = tx.clone();
+        // SAFETY: forwarded contract; every batch is waited for before returning.
+        unsafe {
+            pool.copy_in_order_with(DEV, segs, move || {
+                move |r| {
+                    let _ = tx.send(r);
+                }
+            })
+        }?;
+    }
+    let t = Instant::now();
+    let mut done = 0;
+    while done < n {
+        pool.progress();
+        if let Ok(r) = rx.try_recv() {
+            r.map_err(|e| Fail(format!("{what}: a batch posted back to back: {e}")))?;
+            done += 1;
+        }
+        if t.elapsed() > WAIT_TIMEOUT {
+            return fail(format!("{what}: {done} of {n} batches posted back to back done after {WAIT_TIMEOUT:?}"));
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
 }
 
 /// Queues `groups` as ordered batches of `pool` on `DEV` that go as one submission (packed

@@ -1,6 +1,6 @@
 //! The copy pool's resident copier on the GPU.
 
-use super::ordered::{groups_wait, ordered_wait};
+use super::ordered::{groups_wait, ordered_all_wait, ordered_wait};
 use super::*;
 
 /// The resident copier's tests pin their own pool configurations: the variables that would
@@ -82,31 +82,8 @@ fn copy_pool_resident_copier_runs_each_batch_with_no_launch_when_posted() -> R {
     // Four posted back to back (in flight together), then four in one post (four groups).
     rt.copy_htod(&a.slice(), &pattern(len, 90))?;
     rt.memset(&b.slice(), 0)?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    for g in 0..4u64 {
-        let tx = tx.clone();
-        // SAFETY: inside `a` and `b`, which outlive the waits below.
-        unsafe {
-            pool.copy_in_order_with(DEV, pair(g), move || {
-                move |r| {
-                    let _ = tx.send(r);
-                }
-            })
-        }?;
-    }
-    let t = Instant::now();
-    let mut done = 0;
-    while done < 4 {
-        pool.progress();
-        if let Ok(r) = rx.try_recv() {
-            r.map_err(|e| Fail(format!("{what}: a batch posted back to back: {e}")))?;
-            done += 1;
-        }
-        if t.elapsed() > WAIT_TIMEOUT {
-            return fail(format!("{what}: {done} of 4 batches posted back to back done after {WAIT_TIMEOUT:?}"));
-        }
-        std::thread::yield_now();
-    }
+    // SAFETY: inside `a` and `b`, which outlive the wait.
+    unsafe { ordered_all_wait(&pool, what, (0..4).map(pair).collect()) }?;
     verify("four back to back", 90, &[0, 1, 2, 3])?;
     rt.copy_htod(&a.slice(), &pattern(len, 91))?;
     rt.memset(&b.slice(), 0)?;
