@@ -231,11 +231,12 @@ pub(super) struct Resident {
 }
 
 impl Resident {
-    /// The stream, the ring and the scratch; no grid yet (the first post launches it). A grid
-    /// above 4 blocks per multiprocessor (`sms` of them) is cut to that, said once.
-    /// The grid's blocks, its idle time and its shared-memory split (percent, -1: the
-    /// driver's) come as one triple. Errors: the allocations', a ring that is not mapped, a
-    /// grid of 0 blocks, the split's. `slots`: the pool's event slots (at most `slots - 1` tables are in flight).
+    /// The stream, the ring and the scratch; no grid yet (the first post launches it). The
+    /// grid's blocks, its idle time and its shared-memory split (percent, -1: the driver's)
+    /// come as one triple; a grid above 4 blocks per multiprocessor (`sms` of them) is cut to
+    /// that, and a split the driver refuses is logged, each said once. `slots`: the pool's
+    /// event slots (at most `slots - 1` tables are in flight). Errors: the allocations', a
+    /// ring that is not mapped, a grid of 0 blocks, fewer than 2 slots.
     pub(super) fn new(
         rt: &Arc<dyn Runtime>,
         dev: Device,
